@@ -1,0 +1,130 @@
+"""Strict JSON for ``jsonb`` columns: validated in Python before any SQL.
+
+PostgreSQL rejects NaN/Infinity and ``"\\u0000"`` in jsonb with a server error that aborts the
+caller's transaction, and silently merges ``{1: …, "1": …}``. Checking here keeps the caller's
+transaction usable and names the offending path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+MAX_JSON_DEPTH = 100
+MAX_JSON_BYTES = 1024 * 1024
+
+
+class JsonValueError(ValueError):
+    """A JSON value that PostgreSQL's jsonb (or JSON itself) cannot hold.
+
+    Attributes:
+        field: The argument being checked (e.g. ``"data"``).
+        path: Where in the value, e.g. ``$.items[3].price``.
+        problem: What is wrong.
+    """
+
+    def __init__(self, field: str, path: str, problem: str) -> None:
+        self.field = field
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{field} at {path}: {problem}")
+
+
+class JsonTypeError(TypeError):
+    """A value of a type that has no JSON form (datetime, bytes, set, custom objects, …).
+
+    Attributes:
+        field: The argument being checked.
+        path: Where in the value.
+        problem: What is wrong.
+    """
+
+    def __init__(self, field: str, path: str, problem: str) -> None:
+        self.field = field
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{field} at {path}: {problem}")
+
+
+def _check_str(field: str, path: str, value: str) -> None:
+    if "\x00" in value:
+        raise JsonValueError(field, path, "NUL character (\\u0000) is not allowed in jsonb")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JsonValueError(field, path, "lone surrogate: not valid Unicode") from None
+
+
+def _walk(field: str, value: object, path: str, depth: int, active: set[int]) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        _check_str(field, path, value)
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise JsonValueError(field, path, f"{value!r} is not a JSON number")
+        return
+    if depth >= MAX_JSON_DEPTH:
+        raise JsonValueError(field, path, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, Mapping | list | tuple):
+        marker = id(value)
+        if marker in active:
+            raise JsonValueError(field, path, "circular reference")
+        active.add(marker)
+        try:
+            if isinstance(value, Mapping):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise JsonTypeError(
+                            field,
+                            path,
+                            f"object keys must be str, got {type(key).__name__} "
+                            "(keys that collide once stringified would be lost)",
+                        )
+                    _check_str(field, f"{path}[{json.dumps(key)[:60]}]", key)
+                    _walk(field, item, f"{path}.{key[:40]}", depth + 1, active)
+            else:
+                for index, item in enumerate(value):
+                    _walk(field, item, f"{path}[{index}]", depth + 1, active)
+        finally:
+            active.discard(marker)
+        return
+    raise JsonTypeError(field, path, f"{type(value).__name__} is not JSON serializable")
+
+
+def dump_json_object(
+    value: Mapping[str, Any] | None, *, field: str = "data", max_bytes: int = MAX_JSON_BYTES
+) -> str | None:
+    """Validate a JSON object and serialize it for a ``jsonb`` parameter.
+
+    Tuples become arrays. Strings are stored as given (no Unicode normalization).
+
+    Args:
+        value: A mapping with str keys and JSON values, or ``None``.
+        field: The argument's name, used in error messages.
+        max_bytes: Largest accepted serialized size in bytes.
+
+    Returns:
+        The compact JSON text, or ``None`` for ``None``.
+
+    Raises:
+        JsonTypeError: Not a mapping, a non-str key, or a non-JSON type.
+        JsonValueError: NaN/Infinity, NUL, lone surrogate, circular or too deep, too large.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise JsonTypeError(
+            field, "$", f"must be a JSON object (a mapping) or None, got {type(value).__name__}"
+        )
+    _walk(field, value, "$", 0, set())
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise JsonValueError(field, "$", f"{size} bytes serialized, more than {max_bytes}")
+    return text

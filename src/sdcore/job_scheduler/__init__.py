@@ -1,0 +1,62 @@
+"""The job scheduler: a distributed lease on PostgreSQL, one owner per logical run.
+
+Every replica that wants to run the same logical run ``{type, code, run_key}`` competes for one
+row with a unique lock key; only the winner runs it. The lease coordinates execution; it does not
+make external side effects exactly-once: use ``idempotency_key`` (and ``bullmq_job_id``) for that.
+"""
+
+from sdcore._json import JsonTypeError, JsonValueError
+from sdcore.job_scheduler._base import BaseJobScheduler
+from sdcore.job_scheduler._model import (
+    DEFAULT_HEARTBEAT_MS,
+    DEFAULT_LEASE_MS,
+    InvalidJobIdentityOptionsError,
+    InvalidJobLeaseOptionsError,
+    JobAcquired,
+    JobAcquireResult,
+    JobExecutionLease,
+    JobLease,
+    JobNotAcquired,
+    JobScheduler,
+    JobSchedulerError,
+    JobSchedulerStatus,
+    JobSchedulerType,
+    JobSchedulerUnavailableError,
+    LostJobLeaseError,
+    RunExclusiveResult,
+)
+from sdcore.job_scheduler._options import (
+    JobAcquireOptions,
+    bullmq_job_id,
+    idempotency_key,
+    lock_key,
+)
+from sdcore.job_scheduler._service import JobSchedulerDatabaseError, JobSchedulerService
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_MS",
+    "DEFAULT_LEASE_MS",
+    "BaseJobScheduler",
+    "InvalidJobIdentityOptionsError",
+    "InvalidJobLeaseOptionsError",
+    "JobAcquireOptions",
+    "JobAcquireResult",
+    "JobAcquired",
+    "JobExecutionLease",
+    "JobLease",
+    "JobNotAcquired",
+    "JobScheduler",
+    "JobSchedulerDatabaseError",
+    "JobSchedulerError",
+    "JobSchedulerService",
+    "JobSchedulerStatus",
+    "JobSchedulerType",
+    "JobSchedulerUnavailableError",
+    "JsonTypeError",
+    "JsonValueError",
+    "LostJobLeaseError",
+    "RunExclusiveResult",
+    "bullmq_job_id",
+    "idempotency_key",
+    "lock_key",
+]

@@ -1,0 +1,226 @@
+"""Values, enums and errors of the job scheduler lease."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_LEASE_MS: int = 900_000
+"""Default lease length: 15 minutes."""
+
+DEFAULT_HEARTBEAT_MS: int = 60_000
+"""Largest default heartbeat interval: 60 seconds (the default is ``min(60 s, lease / 3)``)."""
+
+MAX_SAFE_INTEGER: int = 2**53 - 1
+
+
+class JobSchedulerStatus(enum.StrEnum):
+    """State of one logical run."""
+
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAIL = "FAIL"
+
+
+class JobSchedulerType(enum.StrEnum):
+    """Kind of logical run: once per tick (``SCHEDULE``) or once per code, ever (``INITIAL``)."""
+
+    INITIAL = "INITIAL"
+    SCHEDULE = "SCHEDULE"
+
+
+class JobSchedulerError(Exception):
+    """Base class of every error raised by :mod:`sdcore.job_scheduler`."""
+
+
+class LostJobLeaseError(JobSchedulerError):
+    """The winner lost ownership of its run before it finished.
+
+    Another replica may own the run now (its lease expired by the database clock, or an operator
+    released it). Anything the old owner still writes must be fenced out by the resource.
+
+    Attributes:
+        job_id: The id of the lease row.
+        reason: Why the loss was detected.
+    """
+
+    def __init__(self, job_id: str, reason: str = "ownership was lost") -> None:
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(f"lost the lease of job {job_id}: {reason}")
+
+
+class InvalidJobLeaseOptionsError(JobSchedulerError, ValueError):
+    """Unsafe or malformed ``lease_ms`` / ``heartbeat_ms``.
+
+    Attributes:
+        field: The offending option.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class InvalidJobIdentityOptionsError(JobSchedulerError, ValueError):
+    """Ambiguous or malformed ``code`` / ``type`` / ``run_key`` / ``name``.
+
+    Attributes:
+        field: The offending option.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class JobSchedulerUnavailableError(JobSchedulerError, ConnectionError):
+    """The database could not be reached, or the outcome of a statement is unknown.
+
+    Raised by ``acquire`` when no statement could be confirmed; the cause is the driver error.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobScheduler:
+    """One row of the lease table (the entity).
+
+    ``owner_token`` is hidden from ``repr`` so that logging a row never leaks the capability.
+    """
+
+    TABLE_NAME: ClassVar[str] = "job_scheduler"
+
+    id: str
+    lock_key: str
+    idempotency_key: str
+    code: str
+    name: str | None
+    type: JobSchedulerType
+    run_key: str | None
+    status: JobSchedulerStatus
+    owner_token: str = field(repr=False)
+    fencing_token: int
+    data: dict[str, Any] | None
+    created_at: datetime
+    modified_at: datetime
+
+    @classmethod
+    def ddl(cls, table: str = "job_scheduler", schema: str | None = None) -> str:
+        """Return the DDL that creates the table, its constraints and indexes.
+
+        Args:
+            table: Table name (quoted safely).
+            schema: Schema name, or ``None`` for the connection's default schema.
+
+        Returns:
+            The SQL script applied by ``ensure_schema()`` and ``sdcore db upgrade``.
+        """
+        from sdcore.postgres import schema_sql
+
+        return schema_sql(table=table, schema=schema)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobLease:
+    """The fencing capability of one run: only the holder of ``owner_token`` may write the row."""
+
+    id: str
+    owner_token: str = field(repr=False)
+
+
+class _LeaseState:
+    """Mutable, thread-safe flag shared between ``run_exclusive`` and the callable."""
+
+    __slots__ = ("_lost", "reason")
+
+    def __init__(self) -> None:
+        self._lost = threading.Event()
+        self.reason: str | None = None
+
+    def mark_lost(self, reason: str) -> None:
+        if not self._lost.is_set():
+            self.reason = reason
+            self._lost.set()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobExecutionLease(JobLease):
+    """A :class:`JobLease` plus the stable ``idempotency_key`` and the ``fencing_token``.
+
+    Inside ``run_exclusive`` the lease also reports whether it is still held: a plain function
+    running in a worker thread should poll :attr:`is_held` (or call :meth:`raise_if_lost`) between
+    steps, because a thread cannot be cancelled.
+    """
+
+    idempotency_key: str
+    fencing_token: int
+    _state: _LeaseState = field(default_factory=_LeaseState, repr=False, compare=False)
+
+    @property
+    def is_held(self) -> bool:
+        """``False`` once ``run_exclusive`` detected that ownership was lost (or the run was cancelled)."""
+        return not self._state.lost
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`LostJobLeaseError` if ownership is known to be lost.
+
+        Raises:
+            LostJobLeaseError: The heartbeat saw the loss, or the run was cancelled.
+        """
+        if self._state.lost:
+            raise LostJobLeaseError(self.id, self._state.reason or "ownership was lost")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobAcquired:
+    """``acquire`` won: this process owns the run until it finalizes or the lease expires."""
+
+    acquired: Literal[True] = True
+    row: JobScheduler
+    id: str
+    owner_token: str = field(repr=False)
+    idempotency_key: str
+    fencing_token: int
+
+    @property
+    def lease(self) -> JobExecutionLease:
+        """The capability to heartbeat and finalize this run."""
+        return JobExecutionLease(
+            id=self.id,
+            owner_token=self.owner_token,
+            idempotency_key=self.idempotency_key,
+            fencing_token=self.fencing_token,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobNotAcquired:
+    """``acquire`` lost: another replica owns or already completed the run."""
+
+    acquired: Literal[False] = False
+
+
+JobAcquireResult = JobAcquired | JobNotAcquired
+"""Discriminated union: test ``result.acquired`` (mypy narrows on it)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunExclusiveResult(Generic[T]):
+    """Outcome of ``run_exclusive``: ``acquired=False`` means the callable was not called."""
+
+    acquired: bool
+    result: T | None = None
+

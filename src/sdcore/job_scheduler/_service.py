@@ -1,0 +1,410 @@
+"""``JobSchedulerService``: the lease on PostgreSQL (psycopg 3, psycopg_pool)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore._json import dump_json_object
+from sdcore.job_scheduler._base import BaseJobScheduler
+from sdcore.job_scheduler._model import (
+    JobAcquired,
+    JobAcquireResult,
+    JobLease,
+    JobNotAcquired,
+    JobScheduler,
+    JobSchedulerError,
+    JobSchedulerStatus,
+    JobSchedulerType,
+    JobSchedulerUnavailableError,
+)
+from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres._connections import HeldConnections
+from sdcore.postgres._dsn import redact_dsn, redact_text
+from sdcore.postgres._schema import apply_schema, qualified, schema_sql
+
+_NOT_ACQUIRED = JobNotAcquired()
+_STATUS = {member.value: member for member in JobSchedulerStatus}
+_TYPE = {member.value: member for member in JobSchedulerType}
+# A losing contender under a REPEATABLE READ / SERIALIZABLE default (should the session pin be
+# bypassed, e.g. by a pooler) gets a serialization failure: that is "not acquired", not an error.
+_LOSER_ERRORS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+class JobSchedulerDatabaseError(JobSchedulerError):
+    """The database refused a lease statement (missing table, missing privilege, …).
+
+    Attributes:
+        sqlstate: The PostgreSQL error code, if any.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)
+
+
+def _check_lease(lease: object) -> tuple[str, str]:
+    """Validate a lease before SQL: both parts must be UUID strings."""
+    if not isinstance(lease, JobLease):
+        raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
+    for field, value in (("lease.id", lease.id), ("lease.owner_token", lease.owner_token)):
+        if not isinstance(value, str) or len(value) != 36:
+            raise ValueError(f"{field} must be a UUID string")
+        try:
+            uuid.UUID(value)
+        except ValueError:
+            raise ValueError(f"{field} must be a UUID string") from None
+    return lease.id, lease.owner_token
+
+
+def _row(r: tuple[Any, ...]) -> JobScheduler:
+    return JobScheduler(
+        id=r[0],
+        lock_key=r[1],
+        idempotency_key=r[2],
+        code=r[3],
+        name=r[4],
+        type=_TYPE[r[5]],
+        run_key=r[6],
+        status=_STATUS[r[7]],
+        owner_token=r[8],
+        fencing_token=r[9],
+        data=r[10],
+        created_at=r[11],
+        modified_at=r[12],
+    )
+
+
+def _acquired(r: tuple[Any, ...]) -> JobAcquired:
+    row = _row(r)
+    return JobAcquired(
+        row=row,
+        id=row.id,
+        owner_token=row.owner_token,
+        idempotency_key=row.idempotency_key,
+        fencing_token=row.fencing_token,
+    )
+
+
+class JobSchedulerService(BaseJobScheduler):
+    """The distributed lease on PostgreSQL.
+
+    Build it over a pool the application owns, or use :meth:`connect`. Lease statements run in
+    their own autocommit transactions at READ COMMITTED on up to ``max_connections`` connections
+    the service keeps checked out of the pool while it is open (they are returned, with their
+    session settings reset, by :meth:`close`).
+
+    Args:
+        pool: An open ``psycopg_pool.AsyncConnectionPool``.
+        table: Table name (default ``job_scheduler``).
+        schema: Schema name, or ``None`` for the connection's ``search_path``.
+        max_connections: Connections held for lease statements (at most this many in flight).
+        statement_timeout_ms: Server-side timeout of each lease statement (0 = none).
+        logger_name: Logger for run and heartbeat events.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+        ValueError: ``max_connections`` or ``statement_timeout_ms`` out of range.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        table: str = JobScheduler.TABLE_NAME,
+        schema: str | None = None,
+        max_connections: int = 4,
+        statement_timeout_ms: int = 30_000,
+        logger_name: str = "sdcore.job_scheduler",
+    ) -> None:
+        super().__init__(logger_name=logger_name)
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError("max_connections must be an int")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if isinstance(statement_timeout_ms, bool) or not isinstance(statement_timeout_ms, int):
+            raise TypeError("statement_timeout_ms must be an int")
+        if not 0 <= statement_timeout_ms <= 2**31 - 1:
+            raise ValueError(f"statement_timeout_ms out of range: {statement_timeout_ms}")
+        self._table = table
+        self._schema = schema
+        self._sql = LeaseStatements.render(qualified(table, schema))
+        self._pool = pool
+        self._held = HeldConnections(
+            pool, size=max_connections, statement_timeout_ms=statement_timeout_ms
+        )
+        self._owned_pool = False
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        application_name: str = "sdcore",
+        **options: Any,
+    ) -> AsyncIterator[Self]:
+        """Open a pool for ``dsn`` and a service over it; close both on exit.
+
+        Args:
+            dsn: libpq connection string or URL.
+            min_size: Pool minimum size.
+            max_size: Pool maximum size (also the default ``max_connections``).
+            application_name: Shown in ``pg_stat_activity``.
+            **options: Passed to the constructor (``table``, ``schema``, …).
+
+        Yields:
+            The open service.
+
+        Raises:
+            JobSchedulerUnavailableError: The database cannot be reached (password redacted).
+        """
+        options.setdefault("max_connections", max_size)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "application_name": application_name},
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=30)
+        except Exception as exc:
+            await pool.close()
+            raise JobSchedulerUnavailableError(
+                f"cannot connect to {redact_dsn(dsn)}: {redact_text(str(exc), dsn)}"
+            ) from None
+        try:
+            service = cls(pool, **options)
+        except BaseException:
+            await pool.close()
+            raise
+        service._owned_pool = True
+        try:
+            yield service
+        finally:
+            await service.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Return the held connections (and close the pool if :meth:`connect` opened it)."""
+        await self._held.close()
+        if self._owned_pool:
+            await self._pool.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        """The connection pool the service uses."""
+        return self._pool
+
+    def schema_sql(self) -> str:
+        """Return the DDL of this service's table (what :meth:`ensure_schema` applies)."""
+        return schema_sql(table=self._table, schema=self._schema)
+
+    async def ensure_schema(self) -> None:
+        """Create the table, constraints and indexes if missing; safe from N replicas at once."""
+        try:
+            await apply_schema(self._pool, self.schema_sql())
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+
+    def _wrap(self, exc: psycopg.Error) -> JobSchedulerError:
+        sqlstate = exc.sqlstate
+        if isinstance(exc, pg_errors.UndefinedTable):
+            return JobSchedulerDatabaseError(
+                f"table {self._table!r} does not exist: call ensure_schema() or run "
+                "`sdcore db upgrade`",
+                sqlstate,
+            )
+        if isinstance(exc, psycopg.OperationalError) and not isinstance(
+            exc, pg_errors.InsufficientPrivilege
+        ):
+            return JobSchedulerUnavailableError(
+                f"database unavailable or statement timed out: {redact_text(str(exc))}"
+            )
+        return JobSchedulerDatabaseError(
+            f"lease statement refused ({sqlstate}): {redact_text(str(exc))}", sqlstate
+        )
+
+    async def _fetch(self, query: bytes, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        conn = await self._held.get()
+        try:
+            cur = await conn.execute(query, params)
+            row: tuple[Any, ...] | None = await cur.fetchone()
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
+        return row
+
+    async def _rowcount(self, query: bytes, params: tuple[Any, ...]) -> int:
+        conn = await self._held.get()
+        try:
+            cur = await conn.execute(query, params)
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
+        return cur.rowcount
+
+    async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
+        """Insert a new ``RUNNING`` row, or take over a ``FAIL`` / expired ``RUNNING`` row.
+
+        Expiry is judged by the database clock. Taking over rotates the owner token, adds one to
+        the fencing token, clears ``data`` and keeps the idempotency key. A ``SUCCESS`` row is
+        never taken over.
+
+        Args:
+            options: ``JobAcquireOptions`` or a mapping with the same keys.
+
+        Returns:
+            ``JobAcquired`` (with row, tokens and keys) or ``JobNotAcquired``.
+
+        Raises:
+            InvalidJobIdentityOptionsError: Bad identity, before any SQL.
+            InvalidJobLeaseOptionsError: Bad timing, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        opts = options if type(options) is JobAcquireOptions else coerce_options(options)
+        token = str(uuid.uuid4())
+        params = (
+            opts.lock_key,
+            opts.idempotency_key,
+            opts.code,
+            opts.name,
+            opts.type.value,
+            opts.run_key,
+            token,
+            opts.lease_ms,
+        )
+        try:
+            row = await self._fetch(self._sql.acquire, params)
+        except _LOSER_ERRORS:
+            return _NOT_ACQUIRED
+        except psycopg.OperationalError as exc:
+            if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
+                return await self._acquire_again(opts.lock_key, params, exc)
+            raise self._wrap(exc) from exc
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        return _NOT_ACQUIRED if row is None else _acquired(row)
+
+    async def _acquire_again(
+        self, lock_key: str, params: tuple[Any, ...], first: psycopg.Error
+    ) -> JobAcquireResult:
+        # The connection broke: the statement may or may not have committed. Our token is in
+        # the row only if it did; otherwise the same statement is a fresh, safe attempt.
+        try:
+            row = await self._fetch(self._sql.read_owned, (lock_key, params[6]))
+            if row is None:
+                row = await self._fetch(self._sql.acquire, params)
+        except _LOSER_ERRORS:
+            return _NOT_ACQUIRED
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from first
+        return _NOT_ACQUIRED if row is None else _acquired(row)
+
+    async def heartbeat(self, lease: JobLease) -> bool:
+        """Bump ``modified_at`` by the database clock if ``lease`` is the current RUNNING owner.
+
+        Args:
+            lease: The capability returned by ``acquire``.
+
+        Returns:
+            ``True`` if the lease was extended; ``False`` if ownership was lost.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached (twice).
+        """
+        params = _check_lease(lease)
+        for attempt in (1, 2):
+            try:
+                return await self._rowcount(self._sql.heartbeat, params) == 1
+            except psycopg.OperationalError as exc:
+                if attempt == 2 or exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                    raise self._wrap(exc) from exc
+            except psycopg.Error as exc:
+                raise self._wrap(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """Mark the run ``SUCCESS`` with an optional JSON object.
+
+        Args:
+            lease: The capability returned by ``acquire``.
+            data: A JSON object (str keys; no NaN/Infinity, no NUL) or ``None``.
+
+        Returns:
+            ``True`` if recorded; ``False`` if ownership was lost.
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+        """
+        return await self._finalize(lease, JobSchedulerStatus.SUCCESS, data)
+
+    async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """Mark the run ``FAIL`` so that any replica may take it at once.
+
+        Args:
+            lease: The capability returned by ``acquire``.
+            data: A JSON object or ``None`` (e.g. ``{"error": "…"}``).
+
+        Returns:
+            ``True`` if recorded; ``False`` if ownership was lost.
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+        """
+        return await self._finalize(lease, JobSchedulerStatus.FAIL, data)
+
+    async def _finalize(
+        self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
+    ) -> bool:
+        job_id, token = _check_lease(lease)
+        text = dump_json_object(data)
+        params = (status.value, text, job_id, token)
+        try:
+            return await self._rowcount(self._sql.finalize, params) == 1
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise self._wrap(exc) from exc
+            first: psycopg.Error = exc
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        # Ambiguous commit: never report success unless the row shows it.
+        try:
+            row = await self._fetch(self._sql.read_status, (job_id, token))
+            if row is None:
+                return False
+            if row[0] == status.value:
+                return True
+            if row[0] != JobSchedulerStatus.RUNNING.value:
+                return False
+            return await self._rowcount(self._sql.finalize, params) == 1
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from first

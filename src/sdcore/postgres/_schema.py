@@ -1,0 +1,154 @@
+"""The one source of truth for sdcore's tables, and race-safe schema creation."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from psycopg import sql
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+# One advisory lock serializes every sdcore schema change: 16 replicas running
+# CREATE TABLE IF NOT EXISTS at once otherwise fail on pg_type's unique index (RESEARCH.md).
+SCHEMA_LOCK_ID = int.from_bytes(hashlib.sha256(b"sdcore/schema").digest()[:8], "big", signed=True)
+
+MAX_IDENTIFIER_BYTES = 63
+
+_JOB_TABLE = """\
+CREATE TABLE IF NOT EXISTS {table} (
+    id              uuid         PRIMARY KEY DEFAULT gen_random_uuid(),
+    lock_key        text         NOT NULL,
+    idempotency_key text         NOT NULL,
+    code            varchar(64)  NOT NULL,
+    name            varchar(256),
+    type            text         NOT NULL,
+    run_key         text,
+    status          text         NOT NULL,
+    owner_token     uuid         NOT NULL,
+    fencing_token   bigint       NOT NULL DEFAULT 1,
+    data            jsonb,
+    created_at      timestamptz  NOT NULL DEFAULT clock_timestamp(),
+    modified_at     timestamptz  NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT {lock_key_unique} UNIQUE (lock_key),
+    CONSTRAINT {type_check} CHECK (type IN ('INITIAL', 'SCHEDULE')),
+    CONSTRAINT {status_check} CHECK (status IN ('RUNNING', 'SUCCESS', 'FAIL')),
+    CONSTRAINT {run_key_check} CHECK ((type = 'INITIAL') = (run_key IS NULL)),
+    CONSTRAINT {fencing_check} CHECK (fencing_token >= 1)
+);
+CREATE INDEX IF NOT EXISTS {code_idx} ON {table} (code, created_at DESC);
+CREATE INDEX IF NOT EXISTS {status_idx} ON {table} (status, modified_at);
+"""
+
+
+class InvalidIdentifierError(ValueError):
+    """A schema or table name that PostgreSQL would truncate or cannot hold."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+def check_identifier(field: str, value: object) -> str:
+    """Validate a configurable identifier (quoted later with ``sql.Identifier``).
+
+    Args:
+        field: The option name, for the message.
+        value: The identifier.
+
+    Returns:
+        The identifier, unchanged.
+
+    Raises:
+        InvalidIdentifierError: Not a str, empty, with NUL, or longer than 63 bytes.
+    """
+    if not isinstance(value, str):
+        raise InvalidIdentifierError(field, f"must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidIdentifierError(field, "must not be empty")
+    if "\x00" in value:
+        raise InvalidIdentifierError(field, "must not contain a NUL character")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidIdentifierError(field, "must be valid Unicode") from None
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidIdentifierError(
+            field, f"PostgreSQL would truncate it: {size} bytes, at most {MAX_IDENTIFIER_BYTES}"
+        )
+    return value
+
+
+def qualified(table: str, schema: str | None) -> sql.Identifier:
+    """Return the quoted ``schema.table`` (or ``table``) after validating both parts."""
+    check_identifier("table", table)
+    if schema is None:
+        return sql.Identifier(table)
+    return sql.Identifier(check_identifier("schema", schema), table)
+
+
+def _derived(table: str, suffix: str) -> sql.Identifier:
+    # Constraint and index names live in the table's schema; keep them within 63 bytes.
+    base = table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix) - 1].decode("utf-8", "ignore")
+    return sql.Identifier(f"{base}_{suffix}")
+
+
+def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> str:
+    """Return the idempotent DDL of the job scheduler table.
+
+    Args:
+        table: Table name.
+        schema: Schema name; ``None`` means the connection's default (``search_path``).
+
+    Returns:
+        A SQL script (``CREATE … IF NOT EXISTS``), safe to run more than once.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+    """
+    target = qualified(table, schema)
+    body = sql.SQL(_JOB_TABLE).format(  # noqa: S608 - identifiers only, quoted
+        table=target,
+        lock_key_unique=_derived(table, "lock_key_key"),
+        type_check=_derived(table, "type_check"),
+        status_check=_derived(table, "status_check"),
+        run_key_check=_derived(table, "run_key_check"),
+        fencing_check=_derived(table, "fencing_token_check"),
+        code_idx=_derived(table, "code_created_at_idx"),
+        status_idx=_derived(table, "status_modified_at_idx"),
+    )
+    parts: list[sql.Composable] = []
+    if schema is not None:
+        parts.append(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema))
+        )
+    parts.append(body)
+    return sql.Composed(parts).as_string(None)
+
+
+async def apply_schema(
+    target: AsyncConnection[object] | AsyncConnectionPool[AsyncConnection[object]],
+    script: str,
+) -> None:
+    """Run a DDL script in one transaction under sdcore's schema advisory lock.
+
+    Args:
+        target: A connection (must not be inside a transaction) or a pool.
+        script: The DDL, e.g. from :func:`schema_sql`.
+    """
+    from psycopg import AsyncConnection as _Conn
+
+    if isinstance(target, _Conn):
+        await _apply(target, script)
+        return
+    async with target.connection() as conn:
+        await _apply(conn, script)
+
+
+async def _apply(conn: AsyncConnection[object], script: str) -> None:
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
+        await conn.execute(script.encode("utf-8"))

@@ -1,0 +1,183 @@
+"""Public fakes for users' own unit tests: an in-memory job scheduler and a controllable clock.
+
+``InMemoryJobScheduler`` follows the same contract as ``JobSchedulerService`` (the project runs
+one contract suite against both), with ``clock`` playing the database clock.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sdcore._json import dump_json_object
+from sdcore.job_scheduler._base import BaseJobScheduler
+from sdcore.job_scheduler._model import (
+    JobAcquired,
+    JobAcquireResult,
+    JobLease,
+    JobNotAcquired,
+    JobScheduler,
+    JobSchedulerStatus,
+)
+from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+
+__all__ = ["FakeClock", "InMemoryJobScheduler"]
+
+
+class FakeClock:
+    """A wall clock that only moves when told to.
+
+    Args:
+        start: The initial instant (aware); defaults to 2026-01-01T00:00:00Z.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        start = start or datetime(2026, 1, 1, tzinfo=UTC)
+        if start.tzinfo is None:
+            raise ValueError("FakeClock needs an aware datetime")
+        self._now = start.astimezone(UTC)
+
+    def __call__(self) -> datetime:
+        """Return the current instant (aware, UTC)."""
+        return self._now
+
+    def advance(self, *, ms: int = 0, seconds: float = 0) -> datetime:
+        """Move the clock forward (or back, with negative values) and return the new instant."""
+        self._now += timedelta(milliseconds=ms, seconds=seconds)
+        return self._now
+
+    def set(self, instant: datetime) -> None:
+        """Jump to an aware instant."""
+        if instant.tzinfo is None:
+            raise ValueError("FakeClock needs an aware datetime")
+        self._now = instant.astimezone(UTC)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class InMemoryJobScheduler(BaseJobScheduler):
+    """The job scheduler contract in process memory, for unit tests.
+
+    Args:
+        clock: The "database clock": returns aware datetimes. Defaults to the system clock.
+        logger_name: Logger for run and heartbeat events.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+        logger_name: str = "sdcore.job_scheduler",
+    ) -> None:
+        super().__init__(logger_name=logger_name)
+        self._clock = clock
+        self._rows: dict[str, JobScheduler] = {}
+        self._by_id: dict[str, str] = {}
+
+    def rows(self) -> list[JobScheduler]:
+        """Return every row, oldest first."""
+        return sorted(self._rows.values(), key=lambda row: row.created_at)
+
+    def get(self, job_id: str) -> JobScheduler | None:
+        """Return the row with this id, if any."""
+        key = self._by_id.get(job_id)
+        return None if key is None else self._rows[key]
+
+    async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire`."""
+        opts = coerce_options(options)
+        now = self._clock()
+        token = str(uuid.uuid4())
+        current = self._rows.get(opts.lock_key)
+        if current is None:
+            row = JobScheduler(
+                id=str(uuid.uuid4()),
+                lock_key=opts.lock_key,
+                idempotency_key=opts.idempotency_key,
+                code=opts.code,
+                name=opts.name,
+                type=opts.type,
+                run_key=opts.run_key,
+                status=JobSchedulerStatus.RUNNING,
+                owner_token=token,
+                fencing_token=1,
+                data=None,
+                created_at=now,
+                modified_at=now,
+            )
+            self._by_id[row.id] = row.lock_key
+        else:
+            stale = current.status is JobSchedulerStatus.RUNNING and now - current.modified_at > (
+                timedelta(milliseconds=opts.lease_ms)
+            )
+            if not (current.status is JobSchedulerStatus.FAIL or stale):
+                return JobNotAcquired()
+            row = replace(
+                current,
+                status=JobSchedulerStatus.RUNNING,
+                owner_token=token,
+                fencing_token=current.fencing_token + 1,
+                name=opts.name,
+                data=None,
+                modified_at=now,
+            )
+        self._rows[row.lock_key] = row
+        return JobAcquired(
+            row=row,
+            id=row.id,
+            owner_token=token,
+            idempotency_key=row.idempotency_key,
+            fencing_token=row.fencing_token,
+        )
+
+    def _owned(self, lease: JobLease) -> JobScheduler | None:
+        if not isinstance(lease, JobLease):
+            raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
+        for field, value in (("lease.id", lease.id), ("lease.owner_token", lease.owner_token)):
+            try:
+                uuid.UUID(value)
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(f"{field} must be a UUID string") from None
+        row = self.get(lease.id)
+        if (
+            row is None
+            or row.owner_token != lease.owner_token
+            or row.status is not JobSchedulerStatus.RUNNING
+        ):
+            return None
+        return row
+
+    async def heartbeat(self, lease: JobLease) -> bool:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.heartbeat`."""
+        row = self._owned(lease)
+        if row is None:
+            return False
+        self._rows[row.lock_key] = replace(row, modified_at=self._clock())
+        return True
+
+    async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.complete`."""
+        return self._finish(lease, JobSchedulerStatus.SUCCESS, data)
+
+    async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.fail`."""
+        return self._finish(lease, JobSchedulerStatus.FAIL, data)
+
+    def _finish(
+        self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
+    ) -> bool:
+        text = dump_json_object(data)
+        row = self._owned(lease)
+        if row is None:
+            return False
+        stored = None if text is None else json.loads(text)
+        self._rows[row.lock_key] = replace(
+            row, status=status, data=stored, modified_at=self._clock()
+        )
+        return True
