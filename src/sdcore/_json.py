@@ -29,7 +29,8 @@ class JsonValueError(ValueError):
         self.field = field
         self.path = path
         self.problem = problem
-        super().__init__(f"{field} at {path}: {problem}")
+        shown = path if len(path) <= 120 else "…" + path[-119:]
+        super().__init__(f"{field} at {shown}: {problem}")
 
 
 class JsonTypeError(TypeError):
@@ -45,7 +46,8 @@ class JsonTypeError(TypeError):
         self.field = field
         self.path = path
         self.problem = problem
-        super().__init__(f"{field} at {path}: {problem}")
+        shown = path if len(path) <= 120 else "…" + path[-119:]
+        super().__init__(f"{field} at {shown}: {problem}")
 
 
 def _check_str(field: str, path: str, value: str) -> None:

@@ -9,7 +9,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 from sdcore.job_scheduler._model import (
     JobAcquireResult,
@@ -98,11 +98,25 @@ class BaseJobScheduler(abc.ABC):
         """
         return await self.fail(lease, data)
 
+    @overload
     async def run_exclusive(
         self,
         options: JobAcquireOptions | Mapping[str, Any],
-        fn: Callable[[JobExecutionLease], Awaitable[T] | T],
-    ) -> RunExclusiveResult[T]:
+        fn: Callable[[JobExecutionLease], Awaitable[T]],
+    ) -> RunExclusiveResult[T]: ...
+
+    @overload
+    async def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], T],
+    ) -> RunExclusiveResult[T]: ...
+
+    async def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], Any],
+    ) -> RunExclusiveResult[Any]:
         """Run ``fn`` on this replica only if it wins the run's lease.
 
         ``fn`` receives the :class:`JobExecutionLease`. An ``async`` function is awaited (and
@@ -232,7 +246,7 @@ class _Run:
                 raise self._lost_error()
             self.cancellable = True
             return cast("T", await result)
-        return cast("T", result)
+        return result
 
     async def _stop(self, beat: asyncio.Task[None] | None) -> None:
         if beat is None:

@@ -171,7 +171,7 @@ class JobExecutionLease(JobLease):
 
     @property
     def is_held(self) -> bool:
-        """``False`` once ``run_exclusive`` detected that ownership was lost (or the run was cancelled)."""
+        """``False`` once ``run_exclusive`` saw ownership lost (or the run was cancelled)."""
         return not self._state.lost
 
     def raise_if_lost(self) -> None:
@@ -223,4 +223,3 @@ class RunExclusiveResult(Generic[T]):
 
     acquired: bool
     result: T | None = None
-

@@ -177,9 +177,7 @@ class JobAcquireOptions:
         setattr_ = object.__setattr__
         code: object = self.code
         if not isinstance(code, str):
-            raise InvalidJobIdentityOptionsError(
-                "code", f"must be a str, got {_describe(code)}"
-            )
+            raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
         code = code.strip()
         if not code:
             raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
@@ -208,8 +206,7 @@ class JobAcquireOptions:
             if not isinstance(run_key, str):
                 raise InvalidJobIdentityOptionsError(
                     "run_key",
-                    "is required for SCHEDULE jobs and must be a str, "
-                    f"got {_describe(run_key)}",
+                    f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
                 )
             if not run_key:
                 raise InvalidJobIdentityOptionsError(

@@ -179,7 +179,7 @@ class JobSchedulerService(BaseJobScheduler):
         )
         try:
             await pool.open(wait=True, timeout=30)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - re-raised, redacted, as one error type
             await pool.close()
             raise JobSchedulerUnavailableError(
                 f"cannot connect to {redact_dsn(dsn)}: {redact_text(str(exc), dsn)}"
@@ -293,7 +293,7 @@ class JobSchedulerService(BaseJobScheduler):
             opts.idempotency_key,
             opts.code,
             opts.name,
-            opts.type.value,
+            str(opts.type),
             opts.run_key,
             token,
             opts.lease_ms,
@@ -342,7 +342,7 @@ class JobSchedulerService(BaseJobScheduler):
             try:
                 return await self._rowcount(self._sql.heartbeat, params) == 1
             except psycopg.OperationalError as exc:
-                if attempt == 2 or exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                if attempt == 2 or (exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown)):
                     raise self._wrap(exc) from exc
             except psycopg.Error as exc:
                 raise self._wrap(exc) from exc

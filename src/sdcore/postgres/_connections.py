@@ -54,7 +54,7 @@ class HeldConnections:
         self._idle: list[AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._statement_timeout = f"{statement_timeout_ms}ms"
-        self._restore: dict[int, tuple[bool, Any]] = {}
+        self._restore: dict[int, tuple[bool, Any]] = {}  # id(conn) -> (autocommit, row_factory)
         self._closed = False
 
     async def get(self) -> AsyncConnection[Any]:
@@ -101,15 +101,15 @@ class HeldConnections:
         return conn
 
     async def _return(self, conn: AsyncConnection[Any]) -> None:
-        autocommit, row_factory = self._restore.pop(id(conn), (None, None))
+        saved = self._restore.pop(id(conn), None)
         try:
             if not conn.closed and conn.pgconn.transaction_status == _IDLE:
                 await conn.execute(_SESSION_RESET)
-                if autocommit is not None:
-                    conn.row_factory = row_factory
-                    if conn.autocommit != autocommit:
-                        await conn.set_autocommit(autocommit)
-        except Exception:  # noqa: BLE001 - the pool checks and replaces a bad connection
+                if saved is not None:
+                    conn.row_factory = saved[1]
+                    if conn.autocommit != saved[0]:
+                        await conn.set_autocommit(saved[0])
+        except Exception:
             logger.debug("could not reset a held connection", exc_info=True)
             await conn.close()
         finally:

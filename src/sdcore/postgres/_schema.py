@@ -110,7 +110,7 @@ def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> st
         InvalidIdentifierError: A bad table or schema name.
     """
     target = qualified(table, schema)
-    body = sql.SQL(_JOB_TABLE).format(  # noqa: S608 - identifiers only, quoted
+    body = sql.SQL(_JOB_TABLE).format(
         table=target,
         lock_key_unique=_derived(table, "lock_key_key"),
         type_check=_derived(table, "type_check"),
@@ -122,9 +122,7 @@ def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> st
     )
     parts: list[sql.Composable] = []
     if schema is not None:
-        parts.append(
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema))
-        )
+        parts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema)))
     parts.append(body)
     return sql.Composed(parts).as_string(None)
 

@@ -22,6 +22,7 @@ from sdcore.job_scheduler._model import (
     JobNotAcquired,
     JobScheduler,
     JobSchedulerStatus,
+    JobSchedulerType,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 
@@ -102,7 +103,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 idempotency_key=opts.idempotency_key,
                 code=opts.code,
                 name=opts.name,
-                type=opts.type,
+                type=JobSchedulerType(opts.type),
                 run_key=opts.run_key,
                 status=JobSchedulerStatus.RUNNING,
                 owner_token=token,

@@ -1,0 +1,99 @@
+"""The public surface, pinned: a change here is an API change and shows in review."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sdcore
+import sdcore.job_scheduler
+import sdcore.postgres
+import sdcore.testing
+
+JOB_SCHEDULER = [
+    "DEFAULT_HEARTBEAT_MS",
+    "DEFAULT_LEASE_MS",
+    "BaseJobScheduler",
+    "InvalidJobIdentityOptionsError",
+    "InvalidJobLeaseOptionsError",
+    "JobAcquireOptions",
+    "JobAcquireResult",
+    "JobAcquired",
+    "JobExecutionLease",
+    "JobLease",
+    "JobNotAcquired",
+    "JobScheduler",
+    "JobSchedulerDatabaseError",
+    "JobSchedulerError",
+    "JobSchedulerService",
+    "JobSchedulerStatus",
+    "JobSchedulerType",
+    "JobSchedulerUnavailableError",
+    "JsonTypeError",
+    "JsonValueError",
+    "LostJobLeaseError",
+    "RunExclusiveResult",
+    "bullmq_job_id",
+    "idempotency_key",
+    "lock_key",
+]
+
+
+def test_job_scheduler_surface() -> None:
+    assert sdcore.job_scheduler.__all__ == JOB_SCHEDULER
+    for name in JOB_SCHEDULER:
+        assert hasattr(sdcore.job_scheduler, name)
+
+
+def test_seed_export_table_is_covered() -> None:
+    seed = [
+        "JobScheduler",
+        "JobSchedulerStatus",
+        "JobSchedulerType",
+        "JobAcquireOptions",
+        "JobAcquireResult",
+        "JobLease",
+        "JobExecutionLease",
+        "RunExclusiveResult",
+        "DEFAULT_LEASE_MS",
+        "DEFAULT_HEARTBEAT_MS",
+        "LostJobLeaseError",
+        "InvalidJobLeaseOptionsError",
+        "InvalidJobIdentityOptionsError",
+        "JobSchedulerService",
+    ]
+    assert set(seed) <= set(JOB_SCHEDULER)
+    assert sdcore.job_scheduler.DEFAULT_LEASE_MS == 900_000
+    assert sdcore.job_scheduler.DEFAULT_HEARTBEAT_MS == 60_000
+    assert list(sdcore.job_scheduler.JobSchedulerStatus) == ["RUNNING", "SUCCESS", "FAIL"]
+    assert list(sdcore.job_scheduler.JobSchedulerType) == ["INITIAL", "SCHEDULE"]
+
+
+def test_error_tree() -> None:
+    js = sdcore.job_scheduler
+    assert issubclass(js.InvalidJobLeaseOptionsError, ValueError)
+    assert issubclass(js.InvalidJobIdentityOptionsError, ValueError)
+    assert issubclass(js.JobSchedulerUnavailableError, ConnectionError)
+    for error in (
+        js.LostJobLeaseError,
+        js.InvalidJobLeaseOptionsError,
+        js.JobSchedulerDatabaseError,
+    ):
+        assert issubclass(error, js.JobSchedulerError)
+
+
+def test_other_surfaces() -> None:
+    assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler"]
+    assert "schema_sql" in sdcore.postgres.__all__
+    assert sdcore.__all__ == ["__version__"]
+
+
+def test_importing_sdcore_imports_no_optional_dependency() -> None:
+    code = (
+        "import sys, sdcore, sdcore.job_scheduler, sdcore.testing, sdcore.postgres;"
+        "opt = ('sqlalchemy', 'redis', 'bullmq', 'fastapi', 'cronsim');"
+        "bad = [m for m in opt if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,178 @@
+"""run_exclusive under faults, with the in-memory backend and injected failures (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from sdcore.job_scheduler import (
+    JobExecutionLease,
+    JobLease,
+    JobSchedulerStatus,
+    JobSchedulerUnavailableError,
+    LostJobLeaseError,
+)
+from sdcore.testing import InMemoryJobScheduler
+
+
+class Flaky(InMemoryJobScheduler):
+    """Heartbeats and finalizes that fail or stall on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heartbeat_failures = 0
+        self.heartbeats = 0
+        self.complete_failures = 0
+        self.complete_delay = 0.0
+
+    async def heartbeat(self, lease: JobLease) -> bool:
+        self.heartbeats += 1
+        if self.heartbeat_failures:
+            self.heartbeat_failures -= 1
+            raise JobSchedulerUnavailableError("injected: database unreachable")
+        return await super().heartbeat(lease)
+
+    async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        if self.complete_failures:
+            self.complete_failures -= 1
+            raise JobSchedulerUnavailableError("injected: connection lost")
+        await asyncio.sleep(self.complete_delay)
+        return await super().complete(lease, data)
+
+
+def _status(service: InMemoryJobScheduler) -> JobSchedulerStatus:
+    (row,) = service.rows()
+    return row.status
+
+
+async def test_transient_heartbeat_errors_are_logged_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = Flaky()
+    service.heartbeat_failures = 2
+
+    async def work(lease: JobExecutionLease) -> str:
+        await asyncio.sleep(0.5)
+        return "ok"
+
+    with caplog.at_level(logging.WARNING, logger="sdcore.job_scheduler"):
+        outcome = await service.run_exclusive(
+            {"code": "c", "run_key": "r", "lease_ms": 2000, "heartbeat_ms": 50}, work
+        )
+    assert outcome.result == "ok"
+    assert service.heartbeats >= 3
+    assert _status(service) is JobSchedulerStatus.SUCCESS
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert actions.count("heartbeat_error") == 2
+    assert all("owner_token" not in r.getMessage() for r in caplog.records)
+
+
+async def test_database_unreachable_longer_than_the_lease_counts_as_lost() -> None:
+    service = Flaky()
+    service.heartbeat_failures = 10**6
+    reached_end = False
+
+    async def work(lease: JobExecutionLease) -> None:
+        nonlocal reached_end
+        await asyncio.sleep(5)
+        reached_end = True
+
+    with pytest.raises(LostJobLeaseError, match="unreachable"):
+        await asyncio.wait_for(
+            service.run_exclusive(
+                {"code": "c", "run_key": "r", "lease_ms": 300, "heartbeat_ms": 50}, work
+            ),
+            5,
+        )
+    assert not reached_end
+
+
+async def test_finalize_is_retried_while_the_lease_may_still_hold() -> None:
+    service = Flaky()
+    service.complete_failures = 3
+    outcome = await service.run_exclusive(
+        {"code": "c", "run_key": "r", "lease_ms": 5000}, lambda lease: 7
+    )
+    assert outcome.result == 7
+    assert _status(service) is JobSchedulerStatus.SUCCESS
+
+
+async def test_finalize_that_cannot_be_recorded_before_expiry_is_a_loss() -> None:
+    service = Flaky()
+    service.complete_failures = 10**6
+    with pytest.raises(LostJobLeaseError, match="could not be recorded"):
+        await service.run_exclusive({"code": "c", "run_key": "r", "lease_ms": 300}, lambda lease: 7)
+    assert _status(service) is JobSchedulerStatus.RUNNING  # it will expire; never a false SUCCESS
+
+
+async def test_finalize_survives_repeated_cancellation() -> None:
+    service = Flaky()
+    service.complete_delay = 0.3
+    finished = asyncio.Event()
+
+    async def work(lease: JobExecutionLease) -> str:
+        finished.set()
+        return "ok"
+
+    task = asyncio.create_task(service.run_exclusive({"code": "c", "run_key": "r"}, work))
+    await finished.wait()
+    await asyncio.sleep(0.05)  # now inside the slow complete
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The work finished and its outcome was recorded despite two cancellations.
+    assert _status(service) is JobSchedulerStatus.SUCCESS
+
+
+async def test_heartbeat_interval_follows_the_options() -> None:
+    service = Flaky()
+
+    async def work(lease: JobExecutionLease) -> None:
+        await asyncio.sleep(0.55)
+
+    await service.run_exclusive(
+        {"code": "c", "run_key": "r", "lease_ms": 1000, "heartbeat_ms": 100}, work
+    )
+    assert 3 <= service.heartbeats <= 6
+
+
+async def test_heartbeat_zero_disables_it() -> None:
+    service = Flaky()
+
+    async def work(lease: JobExecutionLease) -> None:
+        await asyncio.sleep(0.2)
+
+    await service.run_exclusive(
+        {"code": "c", "run_key": "r", "lease_ms": 100, "heartbeat_ms": 0}, work
+    )
+    assert service.heartbeats == 0
+
+
+async def test_blocked_event_loop_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    service = Flaky()
+
+    async def work(lease: JobExecutionLease) -> None:
+        await asyncio.sleep(0.06)
+        import time
+
+        time.sleep(0.4)  # a blocking call inside async code (AS-01)
+        await asyncio.sleep(0.06)
+
+    with caplog.at_level(logging.WARNING, logger="sdcore.job_scheduler"):
+        await service.run_exclusive(
+            {"code": "c", "run_key": "r", "lease_ms": 3000, "heartbeat_ms": 100}, work
+        )
+    assert any(getattr(r, "action", None) == "heartbeat_late" for r in caplog.records)
+
+
+async def test_fn_must_be_callable() -> None:
+    service = InMemoryJobScheduler()
+    with pytest.raises(TypeError, match="callable"):
+        await service.run_exclusive({"code": "c", "run_key": "r"}, "not callable")  # type: ignore[call-overload]
+    assert service.rows() == []
