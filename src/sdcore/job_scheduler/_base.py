@@ -8,13 +8,14 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from sdcore.job_scheduler._model import (
     JobAcquireResult,
     JobExecutionLease,
     JobLease,
+    JobSchedulerStatus,
     JobSchedulerUnavailableError,
     LostJobLeaseError,
     RunExclusiveResult,
@@ -83,6 +84,10 @@ class BaseJobScheduler(abc.ABC):
     @abc.abstractmethod
     async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """Mark the run ``FAIL`` so another replica may take it at once; ``False`` if lost."""
+
+    @abc.abstractmethod
+    async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
+        """Return the status of each run that has a row, by ``lock_key`` (missing: no row)."""
 
     async def release(
         self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Self
@@ -231,9 +231,10 @@ class JobSchedulerService(BaseJobScheduler):
     def _wrap(self, exc: psycopg.Error) -> JobSchedulerError:
         sqlstate = exc.sqlstate
         if isinstance(exc, pg_errors.UndefinedTable):
+            where = f" --schema {self._schema}" if self._schema else ""
             return JobSchedulerDatabaseError(
                 f"table {self._table!r} does not exist: call ensure_schema() or run "
-                "`sdcore db upgrade`",
+                f"`sdcore db upgrade --table {self._table}{where}`",
                 sqlstate,
             )
         if isinstance(exc, psycopg.OperationalError) and not isinstance(
@@ -324,6 +325,39 @@ class JobSchedulerService(BaseJobScheduler):
         except psycopg.Error as exc:
             raise self._wrap(exc) from first
         return _NOT_ACQUIRED if row is None else _acquired(row)
+
+    async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
+        """Return the status of each run that has a row, by ``lock_key``.
+
+        Args:
+            lock_keys: Keys as in ``JobAcquireOptions.lock_key`` (at most 10,000).
+
+        Returns:
+            ``{lock_key: status}`` for the keys that have a row.
+
+        Raises:
+            ValueError: Too many keys or a key that is not a str.
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        keys = list(lock_keys)
+        if len(keys) > 10_000:
+            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
+        if not all(type(key) is str for key in keys):
+            raise ValueError("lock keys must be str")
+        if not keys:
+            return {}
+        conn = await self._held.get()
+        try:
+            cur = await conn.execute(self._sql.statuses, (keys,))
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            await self._held.put(conn, broken=conn.broken)
+            raise self._wrap(exc) from exc
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
+        return {key: _STATUS[status] for key, status in rows}
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """Bump ``modified_at`` by the database clock if ``lease`` is the current RUNNING owner.

@@ -52,6 +52,9 @@ WHERE id = %s::uuid AND owner_token = %s::uuid AND status = 'RUNNING'"""
 READ_STATUS = "SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid"
 
 
+STATUSES = "SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%s)"
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseStatements:
     """The lease statements rendered once for one table (no composition on the hot path)."""
@@ -61,6 +64,7 @@ class LeaseStatements:
     heartbeat: bytes
     finalize: bytes
     read_status: bytes
+    statuses: bytes
 
     @classmethod
     def render(cls, table: sql.Identifier) -> LeaseStatements:
@@ -76,4 +80,5 @@ class LeaseStatements:
             heartbeat=one(HEARTBEAT),
             finalize=one(FINALIZE),
             read_status=one(READ_STATUS),
+            statuses=one(STATUSES),
         )

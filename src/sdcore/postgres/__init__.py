@@ -6,6 +6,7 @@ from sdcore.postgres._schema import (
     InvalidIdentifierError,
     apply_schema,
     check_identifier,
+    derived_name,
     schema_sql,
 )
 
@@ -14,6 +15,7 @@ __all__ = [
     "InvalidIdentifierError",
     "apply_schema",
     "check_identifier",
+    "derived_name",
     "redact_dsn",
     "redact_text",
     "schema_sql",

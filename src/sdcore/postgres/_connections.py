@@ -24,15 +24,16 @@ logger = logging.getLogger(__name__)
 # Pinned per session, never per transaction: lease statements run in autocommit, so they read
 # clock_timestamp() at statement time, and a REPEATABLE READ / SERIALIZABLE role default would
 # make losing contenders raise serialization failures instead of returning "not acquired".
-_SESSION_SETUP = (
-    b"SELECT set_config('default_transaction_isolation', 'read committed', false),"
-    b" set_config('synchronous_commit', 'on', false),"
-    b" set_config('statement_timeout', %s, false),"
-    b" set_config('TimeZone', 'UTC', false)"
+_SESSION_SAVE = (
+    b"SELECT current_setting('default_transaction_isolation'),"
+    b" current_setting('synchronous_commit'),"
+    b" current_setting('statement_timeout'), current_setting('TimeZone')"
 )
-_SESSION_RESET = (
-    b"RESET default_transaction_isolation; RESET synchronous_commit;"
-    b" RESET statement_timeout; RESET TimeZone"
+_SESSION_SET = (
+    b"SELECT set_config('default_transaction_isolation', %s, false),"
+    b" set_config('synchronous_commit', %s, false),"
+    b" set_config('statement_timeout', %s, false),"
+    b" set_config('TimeZone', %s, false)"
 )
 
 _IDLE = pq.TransactionStatus.IDLE
@@ -54,7 +55,8 @@ class HeldConnections:
         self._idle: list[AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._statement_timeout = f"{statement_timeout_ms}ms"
-        self._restore: dict[int, tuple[bool, Any]] = {}  # id(conn) -> (autocommit, row_factory)
+        # id(conn) -> (autocommit, row_factory, session settings) to give back unchanged.
+        self._restore: dict[int, tuple[bool, Any, tuple[str, ...]]] = {}
         self._closed = False
 
     async def get(self) -> AsyncConnection[Any]:
@@ -88,13 +90,19 @@ class HeldConnections:
     async def _open(self) -> AsyncConnection[Any]:
         conn: AsyncConnection[Any] = await self._pool.getconn()
         try:
-            self._restore[id(conn)] = (conn.autocommit, conn.row_factory)
             if conn.pgconn.transaction_status != _IDLE:
                 await conn.rollback()
-            if not conn.autocommit:
+            autocommit, row_factory = conn.autocommit, conn.row_factory
+            if not autocommit:
                 await conn.set_autocommit(True)
             conn.row_factory = tuple_row
-            await conn.execute(_SESSION_SETUP, (self._statement_timeout,))
+            cur = await conn.execute(_SESSION_SAVE)
+            saved = await cur.fetchone()
+            assert saved is not None  # noqa: S101 - a SELECT without FROM returns one row
+            self._restore[id(conn)] = (autocommit, row_factory, tuple(saved))
+            await conn.execute(
+                _SESSION_SET, ("read committed", "on", self._statement_timeout, "UTC")
+            )
         except BaseException:
             await self._return(conn)
             raise
@@ -103,12 +111,11 @@ class HeldConnections:
     async def _return(self, conn: AsyncConnection[Any]) -> None:
         saved = self._restore.pop(id(conn), None)
         try:
-            if not conn.closed and conn.pgconn.transaction_status == _IDLE:
-                await conn.execute(_SESSION_RESET)
-                if saved is not None:
-                    conn.row_factory = saved[1]
-                    if conn.autocommit != saved[0]:
-                        await conn.set_autocommit(saved[0])
+            if saved is not None and not conn.closed and conn.pgconn.transaction_status == _IDLE:
+                await conn.execute(_SESSION_SET, saved[2])
+                conn.row_factory = saved[1]
+                if conn.autocommit != saved[0]:
+                    await conn.set_autocommit(saved[0])
         except Exception:
             logger.debug("could not reset a held connection", exc_info=True)
             await conn.close()

@@ -19,7 +19,7 @@ MAX_IDENTIFIER_BYTES = 63
 
 _JOB_TABLE = """\
 CREATE TABLE IF NOT EXISTS {table} (
-    id              uuid         PRIMARY KEY DEFAULT gen_random_uuid(),
+    id              uuid         NOT NULL DEFAULT gen_random_uuid(),
     lock_key        text         NOT NULL,
     idempotency_key text         NOT NULL,
     code            varchar(64)  NOT NULL,
@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     data            jsonb,
     created_at      timestamptz  NOT NULL DEFAULT clock_timestamp(),
     modified_at     timestamptz  NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT {pkey} PRIMARY KEY (id),
     CONSTRAINT {lock_key_unique} UNIQUE (lock_key),
     CONSTRAINT {type_check} CHECK (type IN ('INITIAL', 'SCHEDULE')),
     CONSTRAINT {status_check} CHECK (status IN ('RUNNING', 'SUCCESS', 'FAIL')),
@@ -90,10 +91,32 @@ def qualified(table: str, schema: str | None) -> sql.Identifier:
     return sql.Identifier(check_identifier("schema", schema), table)
 
 
+def derived_name(table: str, suffix: str) -> str:
+    """Return the name of a constraint or index of ``table``: ``{table}_{suffix}``.
+
+    When that exceeds 63 bytes the table part is clipped (at a character boundary) and an
+    8-hex-digit hash of the whole table name is added, so two long table names that share a
+    prefix never get the same index names (``CREATE INDEX IF NOT EXISTS`` would silently skip the
+    second table's indexes).
+
+    Args:
+        table: The validated table name.
+        suffix: ``lock_key_key``, ``pkey``, ``code_created_at_idx``, ...
+
+    Returns:
+        The unquoted name, at most 63 bytes.
+    """
+    name = f"{table}_{suffix}"
+    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha256(table.encode("utf-8")).hexdigest()[:8]
+    room = MAX_IDENTIFIER_BYTES - len(suffix.encode("utf-8")) - len(digest) - 2
+    base = table.encode("utf-8")[:room].decode("utf-8", "ignore")
+    return f"{base}_{digest}_{suffix}"
+
+
 def _derived(table: str, suffix: str) -> sql.Identifier:
-    # Constraint and index names live in the table's schema; keep them within 63 bytes.
-    base = table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix) - 1].decode("utf-8", "ignore")
-    return sql.Identifier(f"{base}_{suffix}")
+    return sql.Identifier(derived_name(table, suffix))
 
 
 def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> str:
@@ -112,6 +135,7 @@ def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> st
     target = qualified(table, schema)
     body = sql.SQL(_JOB_TABLE).format(
         table=target,
+        pkey=_derived(table, "pkey"),
         lock_key_unique=_derived(table, "lock_key_key"),
         type_check=_derived(table, "type_check"),
         status_check=_derived(table, "status_check"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -153,6 +153,10 @@ class InMemoryJobScheduler(BaseJobScheduler):
         ):
             return None
         return row
+
+    async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.statuses`."""
+        return {key: self._rows[key].status for key in lock_keys if key in self._rows}
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.heartbeat`."""

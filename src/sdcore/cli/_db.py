@@ -1,0 +1,212 @@
+"""Connections, driver-error translation and the ``sdcore db`` commands.
+
+Every message that may contain the connection string or a driver error passes through
+``redact_text`` before it is shown; the DSN itself is shown only through ``redact_dsn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from sdcore.cli import _queries as q
+from sdcore.cli._format import one_line
+from sdcore.cli._parser import DEFAULT_TABLE, UsageError
+from sdcore.postgres import SCHEMA_LOCK_ID, apply_schema, redact_dsn, redact_text, schema_sql
+
+APPLICATION_NAME = "sdcore-cli"
+DEFAULT_CONNECT_TIMEOUT_S = 10
+
+
+class CliError(Exception):
+    """An expected failure: printed as one ``sdcore: error: …`` line, exit status 1."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """Where the lease table lives: the connection string and the validated names."""
+
+    dsn: str
+    table: str
+    schema: str | None
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        """The quoted ``schema.table`` (or ``table``)."""
+        if self.schema is None:
+            return sql.Identifier(self.table)
+        return sql.Identifier(self.schema, self.table)
+
+    @property
+    def shown(self) -> str:
+        """The quoted name, for messages."""
+        return self.identifier.as_string(None)
+
+    def upgrade_command(self) -> str:
+        """The ``sdcore db upgrade`` invocation that creates this table."""
+        words = ["sdcore"]
+        if self.table != DEFAULT_TABLE:
+            words += ["--table", self.table]
+        if self.schema is not None:
+            words += ["--schema", self.schema]
+        return shlex.join([*words, "db", "upgrade"])
+
+
+def resolve_dsn(option: str | None, environ: Mapping[str, str]) -> str:
+    """Return ``--database-url``, else ``$DATABASE_URL``, checked to be a parsable conninfo.
+
+    Raises:
+        UsageError: Neither is set (or both are empty), or the string cannot be parsed. The
+            message never repeats the string: a parse error may quote a piece of a password.
+    """
+    dsn = option if option else environ.get("DATABASE_URL", "")
+    if not dsn:
+        raise UsageError(
+            "no database: pass --database-url URL or set DATABASE_URL "
+            "(use --database-url postgresql:// to rely on the PG* variables alone)"
+        )
+    source = "--database-url" if option else "DATABASE_URL"
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        raise UsageError(
+            f"{source} is not a valid libpq connection string (URL or key=value)"
+        ) from None
+    # libpq splits "postgresql://u:p@ss@host" at the first "@": the password's tail would be
+    # shown as part of the host name in every connection error.
+    if "@" in str(params.get("host", "")):
+        raise UsageError(
+            f"{source} has an '@' in its host name: percent-encode an '@' in the password as %40"
+        )
+    return dsn
+
+
+def _connect_kwargs(dsn: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"application_name": APPLICATION_NAME, "autocommit": True}
+    # An unreachable host must fail in seconds, unless the user chose a timeout.
+    if "connect_timeout" not in conninfo_to_dict(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
+        kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
+    return kwargs
+
+
+def describe_error(exc: psycopg.Error, target: Target) -> CliError:
+    """Turn a driver error into one redacted, actionable message."""
+    if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+        return CliError(f"table {target.shown} does not exist; run `{target.upgrade_command()}`")
+    detail = one_line(redact_text(str(exc), target.dsn))
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return CliError(f"permission denied: {detail}")
+    state = f" ({exc.sqlstate})" if exc.sqlstate else ""
+    return CliError(f"database error{state}: {detail}")
+
+
+def _cannot_connect(exc: Exception, dsn: str) -> CliError:
+    detail = one_line(redact_text(str(exc), dsn))
+    return CliError(f"cannot connect to {one_line(redact_dsn(dsn))}: {detail}")
+
+
+@contextmanager
+def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """Open an autocommit connection: every statement is its own short transaction.
+
+    Raises:
+        CliError: The database cannot be reached, or a statement failed.
+    """
+    try:
+        conn = psycopg.connect(target.dsn, **_connect_kwargs(target.dsn))
+    except psycopg.Error as exc:
+        raise _cannot_connect(exc, target.dsn) from None
+    try:
+        with conn:
+            yield conn
+    except psycopg.Error as exc:
+        raise describe_error(exc, target) from None
+
+
+def db_sql(target: Target) -> list[str]:
+    """Return the DDL lines of the table (what ``db upgrade`` applies)."""
+    return schema_sql(table=target.table, schema=target.schema).rstrip("\n").splitlines()
+
+
+def db_upgrade(target: Target) -> list[str]:
+    """Apply the DDL under sdcore's schema advisory lock and report what changed.
+
+    Raises:
+        CliError: The database cannot be reached or refused the DDL.
+    """
+    try:
+        return asyncio.run(_upgrade(target))
+    except psycopg.Error as exc:
+        raise describe_error(exc, target) from None
+
+
+async def _upgrade(target: Target) -> list[str]:
+    script = schema_sql(table=target.table, schema=target.schema)
+    try:
+        conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
+    except psycopg.Error as exc:
+        raise _cannot_connect(exc, target.dsn) from None
+    async with conn:
+        # The session lock is the one apply_schema takes per transaction (re-entrant for this
+        # session): holding it across the before/after reads makes the report true even when
+        # several replicas or operators upgrade at once.
+        await conn.execute(q.SCHEMA_LOCK, (SCHEMA_LOCK_ID,))
+        try:
+            before = await _inventory(conn, target)
+            await apply_schema(conn, script)
+            after = await _inventory(conn, target)
+        finally:
+            await conn.execute(q.SCHEMA_UNLOCK, (SCHEMA_LOCK_ID,))
+    return _report(target, before, after)
+
+
+@dataclass(frozen=True, slots=True)
+class _Inventory:
+    schema_exists: bool
+    table_exists: bool
+    indexes: int
+
+
+async def _inventory(conn: psycopg.AsyncConnection[Any], target: Target) -> _Inventory:
+    schema_exists = True
+    if target.schema is not None:
+        cur = await conn.execute(q.SCHEMA_EXISTS, (target.schema,))
+        row = await cur.fetchone()
+        schema_exists = bool(row and row[0])
+    oid = None
+    if schema_exists:
+        cur = await conn.execute(q.TABLE_OID, (target.shown,))
+        row = await cur.fetchone()
+        oid = row[0] if row else None
+    indexes = 0
+    if oid is not None:
+        cur = await conn.execute(q.INDEX_COUNT, (oid,))
+        row = await cur.fetchone()
+        indexes = int(row[0]) if row else 0
+    return _Inventory(schema_exists, oid is not None, indexes)
+
+
+def _report(target: Target, before: _Inventory, after: _Inventory) -> list[str]:
+    lines: list[str] = []
+    if target.schema is not None and not before.schema_exists:
+        lines.append(f"created schema {sql.Identifier(target.schema).as_string(None)}")
+    if not before.table_exists:
+        lines.append(f"created table {target.shown} with {after.indexes} indexes")
+    else:
+        added = after.indexes - before.indexes
+        if added > 0:
+            noun = "index" if added == 1 else "indexes"
+            lines.append(f"table {target.shown} exists; created {added} missing {noun}")
+    if not lines:
+        lines.append(f"table {target.shown} is up to date; nothing to do")
+    return lines

@@ -1,0 +1,124 @@
+"""``main(argv) -> int``: parse, dispatch, and turn expected failures into one stderr line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
+from sdcore.cli._format import one_line
+from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
+from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.postgres import redact_text
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``sdcore`` command line and return its exit status (never calls ``sys.exit``).
+
+    Args:
+        argv: Arguments without the program name; ``None`` means ``sys.argv[1:]``.
+
+    Returns:
+        0 on success, 1 on an error (cannot connect, missing table, job not released, …),
+        2 on a usage error (bad option, bad id, bad duration, no database URL), 130 when
+        interrupted.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ
+    secrets = _dsns_in(arguments, environ)
+    try:
+        _dispatch(parse_args(arguments), environ)
+    except HelpExit as exc:
+        return exc.status
+    except UsageError as exc:
+        _error(str(exc), secrets)
+        return EXIT_USAGE
+    except CliError as exc:
+        _error(str(exc), secrets)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _error("interrupted", secrets)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: not worth a message.
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - even a bug must not print a password
+        _error(f"unexpected {type(exc).__name__}: {exc} (this is a bug; please report it)", secrets)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def run() -> None:
+    """Console-script entry point: ``sys.exit(main())``."""
+    status = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = status or EXIT_ERROR
+    sys.exit(status)
+
+
+def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    command = (args.group, args.command)
+    if command == ("db", "sql"):
+        for line in db_sql(Target(dsn="", table=args.table, schema=args.schema)):
+            _emit(line)
+        return
+    target = Target(
+        dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
+    )
+    if command == ("db", "upgrade"):
+        for line in db_upgrade(target):
+            _emit(line)
+    elif command == ("jobs", "list"):
+        list_jobs(
+            target, _emit, code=args.code, status=args.status, limit=args.limit, as_json=args.json
+        )
+    elif command == ("jobs", "release"):
+        release_job(target, _emit, job_id=args.id, reason=args.reason)
+    elif command == ("jobs", "prune"):
+        options = PruneOptions(
+            older_than=args.older_than,
+            statuses=FINISHED_STATUSES if args.status is None else (args.status,),
+            batch_size=args.batch_size,
+            include_initial=args.include_initial,
+            dry_run=args.dry_run,
+        )
+        prune_jobs(target, _emit, options)
+    else:  # pragma: no cover - argparse only accepts the commands above
+        raise UsageError(f"unknown command {' '.join(command)}")
+
+
+def _emit(line: str) -> None:
+    try:
+        print(line)
+    except UnicodeEncodeError:
+        encoding = sys.stdout.encoding or "ascii"
+        print(line.encode(encoding, "backslashreplace").decode(encoding))
+
+
+def _dsns_in(arguments: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """Every connection string the user gave, so its password is masked in any message."""
+    found = [environ.get("DATABASE_URL", "")]
+    for index, word in enumerate(arguments):
+        if word == "--database-url" and index + 1 < len(arguments):
+            found.append(arguments[index + 1])
+        elif word.startswith("--database-url="):
+            found.append(word.partition("=")[2])
+    return [dsn for dsn in found if dsn]
+
+
+def _error(message: str, secrets: Sequence[str]) -> None:
+    for dsn in secrets:
+        message = redact_text(message, dsn)
+    print(f"sdcore: error: {one_line(redact_text(message))}", file=sys.stderr)

@@ -1,0 +1,261 @@
+"""The ``sdcore`` argument parser and the validators of its option values.
+
+Every value is checked here, before a connection is opened: a bad id, duration or table name is a
+usage error (exit 2) and never reaches SQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import NoReturn
+
+from sdcore.postgres import InvalidIdentifierError, check_identifier
+
+DEFAULT_TABLE = "job_scheduler"
+DEFAULT_LIST_LIMIT = 50
+MAX_LIST_LIMIT = 10_000
+DEFAULT_BATCH_SIZE = 1_000
+MAX_BATCH_SIZE = 100_000
+MAX_DURATION = timedelta(days=36_500)
+MAX_REASON_LENGTH = 1_000
+MAX_CODE_LENGTH = 64
+FINISHED_STATUSES = ("SUCCESS", "FAIL")
+ALL_STATUSES = ("RUNNING", *FINISHED_STATUSES)
+
+# Units in this order, each at most once: "1d12h" yes, "12h1d" and "1d1d" no. ASCII digits only
+# (``\d`` would accept Arabic-Indic digits), at most 9 per unit so int() is always cheap.
+_DURATION = re.compile(
+    r"(?:(?P<d>[0-9]{1,9})d)?(?:(?P<h>[0-9]{1,9})h)?(?:(?P<m>[0-9]{1,9})m)?(?:(?P<s>[0-9]{1,9})s)?"
+)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as written (exit status 2)."""
+
+
+class HelpExit(Exception):
+    """``--help`` was printed: stop with ``status`` instead of calling ``sys.exit``."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(status)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that raises instead of exiting, so ``main`` can return a code."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see `{self.prog} --help`)"
+        raise UsageError(message + hint)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            self._print_message(message)
+        raise HelpExit(status)
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a positive duration such as ``30d``, ``12h``, ``90m``, ``45s`` or ``1d12h``.
+
+    Args:
+        text: Digits followed by a unit (d, h, m, s), units in that order, each at most once.
+
+    Returns:
+        The duration.
+
+    Raises:
+        argparse.ArgumentTypeError: Empty, zero, negative, malformed or over 36,500 days.
+    """
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number and a unit (d, h, m, s), "
+            "for example 30d, 12h, 90m, 45s or 1d12h"
+        )
+    parts = {unit: int(value) for unit, value in match.groupdict(default="0").items()}
+    duration = timedelta(days=parts["d"], hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
+    if duration <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be greater than zero")
+    if duration > MAX_DURATION:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: at most {MAX_DURATION.days} days"
+        )
+    return duration
+
+
+def parse_job_id(text: str) -> str:
+    """Validate a job id (a UUID in its canonical 8-4-4-4-12 form) and return it lower-cased.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a canonical UUID.
+    """
+    if _UUID.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid job id {text[:80]!r}: expected a UUID such as "
+            "0b5f8a52-4c1e-4f43-9a43-6f1c2d3e4f50, as shown by `sdcore jobs list`"
+        )
+    return text.lower()
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,9}", text):
+            raise argparse.ArgumentTypeError(
+                f"invalid number {text[:40]!r}: expected {low}..{high}"
+            )
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: expected {low}..{high}")
+        return value
+
+    return parse
+
+
+def _identifier(field: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return check_identifier(field, text)
+        except InvalidIdentifierError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _text(field: str, limit: int, *, strip: bool = False) -> Callable[[str], str]:
+    # argv can hold lone surrogates (undecodable bytes) and NUL cannot reach PostgreSQL text.
+    def parse(text: str) -> str:
+        value = text.strip() if strip else text
+        if "\x00" in value:
+            raise argparse.ArgumentTypeError(f"invalid {field}: contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise argparse.ArgumentTypeError(f"invalid {field}: not valid UTF-8") from None
+        if not value:
+            raise argparse.ArgumentTypeError(f"invalid {field}: must not be empty")
+        if len(value) > limit:
+            raise argparse.ArgumentTypeError(f"invalid {field}: longer than {limit} characters")
+        return value
+
+    return parse
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # Accepted before and after the command. Below the top level the default is SUPPRESS, so
+    # a subcommand that does not repeat an option keeps the top-level value.
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("connection")
+    group.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=default(None),
+        help="libpq URL or key=value string (default: $DATABASE_URL)",
+    )
+    group.add_argument(
+        "--table",
+        type=_identifier("table"),
+        default=default(DEFAULT_TABLE),
+        help=f"lease table name (default: {DEFAULT_TABLE})",
+    )
+    group.add_argument(
+        "--schema",
+        type=_identifier("schema"),
+        default=default(None),
+        help="schema of the table (default: the connection's search_path)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of the whole ``sdcore`` command line."""
+    parser = _Parser(
+        prog="sdcore",
+        description="Operate sdcore's PostgreSQL job lease table.",
+        epilog="Errors: exit 1; usage errors: exit 2. Passwords are never printed.",
+    )
+    _connection_options(parser, top=True)
+    commands = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+
+    db = commands.add_parser("db", help="print or apply the schema")
+    db_commands = db.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sql_cmd = db_commands.add_parser("sql", help="print the DDL (no database needed)")
+    _connection_options(sql_cmd, top=False)
+    upgrade = db_commands.add_parser(
+        "upgrade", help="create the table and indexes if missing (race-safe, idempotent)"
+    )
+    _connection_options(upgrade, top=False)
+
+    jobs = commands.add_parser("jobs", help="inspect and operate job runs")
+    job_commands = jobs.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    listing = job_commands.add_parser("list", help="show runs, newest first")
+    _connection_options(listing, top=False)
+    listing.add_argument(
+        "--code", metavar="CODE", type=_text("code", MAX_CODE_LENGTH, strip=True), help="exact code"
+    )
+    listing.add_argument("--status", type=str.upper, choices=ALL_STATUSES, help="only this status")
+    listing.add_argument(
+        "--limit",
+        type=_int_in(1, MAX_LIST_LIMIT),
+        default=DEFAULT_LIST_LIMIT,
+        metavar="N",
+        help=f"at most this many rows, 1..{MAX_LIST_LIMIT} (default: {DEFAULT_LIST_LIMIT})",
+    )
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON object per line, full values"
+    )
+
+    release = job_commands.add_parser("release", help="mark a stuck RUNNING run FAIL")
+    _connection_options(release, top=False)
+    release.add_argument("id", type=parse_job_id, help="job id (UUID) from `sdcore jobs list`")
+    release.add_argument(
+        "--reason",
+        metavar="TEXT",
+        type=_text("reason", MAX_REASON_LENGTH),
+        help="stored in the row's data",
+    )
+
+    prune = job_commands.add_parser("prune", help="delete old finished runs")
+    _connection_options(prune, top=False)
+    prune.add_argument(
+        "--older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="finished before now minus this (database clock): 30d, 12h, 90m, 45s, 1d12h",
+    )
+    prune.add_argument(
+        "--status",
+        type=str.upper,
+        choices=FINISHED_STATUSES,
+        help="only this status (default: SUCCESS and FAIL; RUNNING is never pruned)",
+    )
+    prune.add_argument(
+        "--batch-size",
+        type=_int_in(1, MAX_BATCH_SIZE),
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"rows per DELETE transaction (default: {DEFAULT_BATCH_SIZE})",
+    )
+    prune.add_argument(
+        "--include-initial",
+        action="store_true",
+        help="also delete INITIAL rows (their job would run again!)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` (without the program name).
+
+    Raises:
+        UsageError: The command line is invalid.
+        HelpExit: Help was printed.
+    """
+    return build_parser().parse_args(list(argv))
