@@ -504,3 +504,18 @@ async def test_invalid_options_raise_before_anything_is_written(backend: Backend
         await backend.service.run_exclusive({"code": "c", "run_key": "r", "lease_ms": None}, work)
     assert not called
     assert await backend.count() == 0
+
+
+async def test_statuses_by_lock_key(backend: Backend) -> None:
+    done = await _acquire(backend, run_key="a")
+    assert await backend.service.complete(done.lease)
+    failed = await _acquire(backend, run_key="b")
+    assert await backend.service.fail(failed.lease)
+    await _acquire(backend, run_key="c")
+    keys = [_opts(run_key=k).lock_key for k in ("a", "b", "c", "d")]
+    assert await backend.service.statuses(keys) == {
+        keys[0]: JobSchedulerStatus.SUCCESS,
+        keys[1]: JobSchedulerStatus.FAIL,
+        keys[2]: JobSchedulerStatus.RUNNING,
+    }
+    assert await backend.service.statuses([]) == {}

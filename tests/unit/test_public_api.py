@@ -97,3 +97,23 @@ def test_importing_sdcore_imports_no_optional_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_scheduling_surface() -> None:
+    import sdcore.scheduling
+
+    assert sdcore.scheduling.__all__ == [
+        "CatchUp",
+        "CronExpression",
+        "InvalidScheduleError",
+        "MissedTick",
+        "Overlap",
+        "ScheduleInfo",
+        "ScheduleKind",
+        "ScheduleNotFoundError",
+        "ScheduleOptions",
+        "Scheduler",
+        "Tick",
+        "TickOutcome",
+        "format_run_key",
+    ]

@@ -1,0 +1,39 @@
+"""Cluster-safe scheduling: cron, interval, timeout and initial schedules on top of the lease.
+
+Every replica fires every tick; with a job scheduler exactly one replica runs it, because the
+tick's identity (schedule name + the *scheduled* UTC instant) is the same everywhere.
+Needs the ``sdcore[scheduling]`` extra (cronsim, tzdata).
+"""
+
+try:
+    import cronsim  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
+
+from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._expressions import CronExpression
+from sdcore.scheduling._runner import CatchUp, Overlap, TickOutcome
+from sdcore.scheduling._scheduler import (
+    MissedTick,
+    ScheduleInfo,
+    ScheduleNotFoundError,
+    ScheduleOptions,
+    Scheduler,
+)
+from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
+
+__all__ = [
+    "CatchUp",
+    "CronExpression",
+    "InvalidScheduleError",
+    "MissedTick",
+    "Overlap",
+    "ScheduleInfo",
+    "ScheduleKind",
+    "ScheduleNotFoundError",
+    "ScheduleOptions",
+    "Scheduler",
+    "Tick",
+    "TickOutcome",
+    "format_run_key",
+]

@@ -1,0 +1,197 @@
+"""Cron evaluation in a time zone, with cron's (cronie's) daylight-saving rules.
+
+Expressions are evaluated on naive *wall-clock* times with cronsim, then mapped to UTC here, so the
+DST rules are ours and the same for 5- and 6-field expressions:
+
+- a wall time in the spring-forward gap: a *fixed-time* job (neither the minute nor the hour field
+  starts with ``*``) runs once, at the instant the gap ends; a wildcard job skips it;
+- a wall time in the repeated fall-back hour: a fixed-time job runs once (the first copy); a
+  wildcard job runs in both copies (two distinct UTC instants).
+
+All arithmetic is done in UTC or on naive wall times; aware local datetimes are only built to ask
+``zoneinfo`` for offsets (``aware + timedelta`` would silently reset ``fold``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+MAX_EXPRESSION_LENGTH = 1024
+_SECOND = timedelta(seconds=1)
+
+
+class InvalidScheduleError(ValueError):
+    """A schedule that cannot be registered: bad expression, zone, name or option.
+
+    Attributes:
+        schedule: The schedule's name (or ``None`` if it had none yet).
+        problem: What is wrong.
+    """
+
+    def __init__(self, schedule: str | None, problem: str) -> None:
+        self.schedule = schedule
+        self.problem = problem
+        where = f"schedule {schedule!r}: " if schedule else ""
+        super().__init__(f"{where}{problem}")
+
+
+def load_zone(name: object, schedule: str | None = None) -> ZoneInfo:
+    """Return the IANA zone ``name`` or raise :class:`InvalidScheduleError`."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise InvalidScheduleError(schedule, f"time zone must be an IANA name, got {name!r:.80}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidScheduleError(schedule, f"unknown time zone {name!r:.80}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class CronSpec:
+    """A validated cron expression in a zone.
+
+    Attributes:
+        expression: The expression as given (macros kept).
+        zone: The zone it is evaluated in.
+        fields: The normalized 5 or 6 fields (macros expanded).
+        fixed: Whether DST gaps/repeats are handled as for a fixed-time job.
+    """
+
+    expression: str
+    zone: ZoneInfo
+    fields: tuple[str, ...] = field(repr=False)
+    fixed: bool = field(repr=False)
+
+    @classmethod
+    def parse(cls, expression: object, zone: ZoneInfo, schedule: str | None = None) -> CronSpec:
+        """Validate ``expression`` and check that it fires at all.
+
+        Raises:
+            InvalidScheduleError: Malformed, too long, or never firing.
+        """
+        if not isinstance(expression, str):
+            raise InvalidScheduleError(
+                schedule, f"cron expression must be a str, got {type(expression).__name__}"
+            )
+        if len(expression) > MAX_EXPRESSION_LENGTH or "\x00" in expression:
+            raise InvalidScheduleError(schedule, "cron expression is too long or contains NUL")
+        text = MACROS.get(expression.strip().lower(), expression.strip())
+        fields = tuple(text.split())
+        if len(fields) not in (5, 6):
+            raise InvalidScheduleError(
+                schedule,
+                f"cron expression {expression!r:.80} must have 5 fields (minute first) or 6 "
+                "(second first), or be a macro such as @daily",
+            )
+        normalized = " ".join(fields)
+        try:
+            CronSim(normalized, datetime(2000, 1, 1))  # noqa: DTZ001 - wall-clock evaluation
+        except CronSimError as exc:
+            raise InvalidScheduleError(
+                schedule, f"invalid cron expression {expression!r:.80}: {exc}"
+            ) from None
+        minute, hour = (fields[0], fields[1]) if len(fields) == 5 else (fields[1], fields[2])
+        spec = cls(
+            expression=expression,
+            zone=zone,
+            fields=fields,
+            fixed=not (minute.startswith("*") or hour.startswith("*")),
+        )
+        try:
+            spec.next_after(datetime(2000, 1, 1, tzinfo=UTC))
+        except (CronSimError, StopIteration):
+            raise InvalidScheduleError(
+                schedule, f"cron expression {expression!r:.80} never fires"
+            ) from None
+        return spec
+
+    def _wall_after(self, wall: datetime) -> datetime:
+        return next(CronSim(" ".join(self.fields), wall))
+
+    def next_after(self, after: datetime) -> datetime:
+        """Return the first fire instant strictly after ``after`` (aware), in UTC."""
+        after = after.astimezone(UTC)
+        local = after.astimezone(self.zone)
+        wall = local.replace(tzinfo=None, fold=0)
+        candidates = CronSim(" ".join(self.fields), wall)
+        for _ in range(100_000):  # a wildcard job skips at most one gap's worth of candidates
+            best = self._map(next(candidates), after)
+            if best is not None:
+                break
+        else:  # pragma: no cover - only for pathological zones
+            raise CronSimError("no fire time found")
+        if not self.fixed and local.fold == 0 and _is_ambiguous(wall, self.zone):
+            # `after` is in the first copy of a repeated period: the second copy begins earlier
+            # in wall time than `after`, so look for its first candidate too.
+            start, end = _repeated_period(after, self.zone)
+            second = self._wall_after(start - timedelta(microseconds=1))
+            if second < end:
+                instant = second.replace(tzinfo=self.zone, fold=1).astimezone(UTC)
+                if after < instant < best:
+                    best = instant
+        return best
+
+    def _map(self, wall: datetime, after: datetime) -> datetime | None:
+        """Map a wall-clock candidate to its UTC fire instant (or ``None`` to skip it)."""
+        first = wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
+        second = wall.replace(tzinfo=self.zone, fold=1).astimezone(UTC)
+        if first == second:
+            return first if first > after else None
+        if _exists(wall, self.zone):
+            # Ambiguous (fall-back): the first copy for everyone, the second for wildcard jobs.
+            if first > after:
+                return first
+            if not self.fixed and second > after:
+                return second
+            return None
+        # Nonexistent (spring-forward gap).
+        if not self.fixed:
+            return None
+        gap_end = _transition(second, first, self.zone)
+        return gap_end if gap_end > after else None
+
+
+def _exists(wall: datetime, zone: tzinfo) -> bool:
+    aware = wall.replace(tzinfo=zone, fold=0)
+    return aware.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == wall
+
+
+def _is_ambiguous(wall: datetime, zone: tzinfo) -> bool:
+    first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    return first != second and _exists(wall, zone)
+
+
+def _transition(before: datetime, after: datetime, zone: tzinfo) -> datetime:
+    """Return the first UTC instant in ``(before, after]`` whose UTC offset equals ``after``'s."""
+    target = after.astimezone(zone).utcoffset()
+    lo, hi = before, after
+    while hi - lo > _SECOND:
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(zone).utcoffset() == target:
+            hi = mid
+        else:
+            lo = mid
+    return hi.replace(microsecond=0)
+
+
+def _repeated_period(after: datetime, zone: tzinfo) -> tuple[datetime, datetime]:
+    """For ``after`` in the first copy of a repeated period, return its wall ``[start, end)``."""
+    wall = after.astimezone(zone).replace(tzinfo=None, fold=0)
+    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    transition = _transition(after, second, zone)
+    start = transition.astimezone(zone).replace(tzinfo=None, fold=0)
+    end = (transition - _SECOND).astimezone(zone).replace(tzinfo=None, fold=0) + _SECOND
+    return start, end

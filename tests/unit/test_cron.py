@@ -1,0 +1,245 @@
+"""Tick computation over real zone data: DST days, 5/6 fields, macros, grids, run keys."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdcore.scheduling import CronExpression, InvalidScheduleError, format_run_key
+from sdcore.scheduling._cron import CronSpec
+from sdcore.scheduling._triggers import CronTrigger, IntervalTrigger, expected_instants
+
+PARIS = ZoneInfo("Europe/Paris")
+# Hypothesis takes naive bounds and attaches the zone itself.
+_NAIVE_2000, _NAIVE_2020 = datetime(2000, 1, 1), datetime(2020, 1, 1)  # noqa: DTZ001
+_NAIVE_2035, _NAIVE_2100 = datetime(2035, 1, 1), datetime(2100, 1, 1)  # noqa: DTZ001
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def _day(expression: str, zone: ZoneInfo, day: str) -> list[str]:
+    """Local fire times on one local day (a * marks the second copy of a repeated hour)."""
+    spec = CronSpec.parse(expression, zone)
+    start = datetime.fromisoformat(day).replace(tzinfo=zone)
+    end = start + timedelta(days=1, hours=1)
+    out = []
+    for instant in expected_instants(
+        CronTrigger(spec), start.astimezone(UTC), end.astimezone(UTC), limit=10_000
+    ):
+        local = instant.astimezone(zone)
+        if local.date().isoformat() == day:
+            out.append(local.strftime("%H:%M:%S") + ("*" if local.fold else ""))
+    return out
+
+
+@pytest.mark.parametrize("expression", ["30 2 * * *", "0 30 2 * * *"], ids=["5-field", "6-field"])
+def test_paris_spring_forward_fixed_time_runs_once_when_the_gap_ends(expression: str) -> None:
+    assert _day(expression, PARIS, "2026-03-29") == ["03:00:00"]
+    assert _day(expression, PARIS, "2026-03-30") == ["02:30:00"]
+
+
+@pytest.mark.parametrize("expression", ["30 2 * * *", "0 30 2 * * *"], ids=["5-field", "6-field"])
+def test_paris_fall_back_fixed_time_runs_once(expression: str) -> None:
+    assert _day(expression, PARIS, "2026-10-25") == ["02:30:00"]
+
+
+def test_paris_hourly_on_dst_days() -> None:
+    spring = _day("0 * * * *", PARIS, "2026-03-29")
+    assert len(spring) == 23
+    assert "02:00:00" not in spring
+    autumn = _day("0 * * * *", PARIS, "2026-10-25")
+    assert len(autumn) == 25
+    assert autumn[:5] == ["00:00:00", "01:00:00", "02:00:00", "02:00:00*", "03:00:00"]
+
+
+def test_paris_quarter_hours_on_dst_days() -> None:
+    assert len(_day("*/15 * * * *", PARIS, "2026-03-29")) == 92
+    autumn = _day("*/15 * * * *", PARIS, "2026-10-25")
+    assert len(autumn) == 100
+    assert autumn[8:17] == [
+        "02:00:00",
+        "02:15:00",
+        "02:30:00",
+        "02:45:00",
+        "02:00:00*",
+        "02:15:00*",
+        "02:30:00*",
+        "02:45:00*",
+        "03:00:00",
+    ]
+
+
+def test_new_york() -> None:
+    assert _day("30 2 * * *", NEW_YORK, "2026-03-08") == ["03:00:00"]
+    assert _day("30 2 * * *", NEW_YORK, "2026-11-01") == ["02:30:00"]
+    assert _day("30 1 * * *", NEW_YORK, "2026-11-01") == ["01:30:00"]
+    assert _day("30 * * * *", NEW_YORK, "2026-11-01")[:4] == [
+        "00:30:00",
+        "01:30:00",
+        "01:30:00*",
+        "02:30:00",
+    ]
+    assert len(_day("0 * * * *", NEW_YORK, "2026-03-08")) == 23
+    assert len(_day("*/15 * * * *", NEW_YORK, "2026-11-01")) == 100
+
+
+def test_six_field_seconds_across_the_repeated_hour() -> None:
+    spec = CronSpec.parse("*/30 * * * * *", PARIS)
+    start = datetime(2026, 10, 25, 0, 59, 0, tzinfo=UTC)
+    ticks = expected_instants(CronTrigger(spec), start, start + timedelta(minutes=2), limit=100)
+    assert len(ticks) == 4
+    assert all(b - a == timedelta(seconds=30) for a, b in itertools.pairwise(ticks))
+
+
+def test_zones_with_odd_dst_do_not_loop() -> None:
+    for zone, day in [
+        ("Australia/Lord_Howe", "2026-04-05"),
+        ("Australia/Lord_Howe", "2026-10-04"),
+        ("Asia/Kolkata", "2026-03-29"),
+    ]:
+        assert len(_day("*/30 * * * *", ZoneInfo(zone), day)) in (46, 47, 48, 49, 50)
+        assert len(_day("30 1 * * *", ZoneInfo(zone), day)) == 1
+
+
+def test_nestjs_constants_have_the_nestjs_values() -> None:
+    values = {member.name: str(member) for member in CronExpression}
+    assert values["EVERY_DAY_AT_1AM"] == "0 01 * * *"
+    assert values["EVERY_30_SECONDS"] == "*/30 * * * * *"
+    assert values["EVERY_SECOND"] == "* * * * * *"
+    assert values["MONDAY_TO_FRIDAY_AT_09_30AM"] == "0 30 09 * * 1-5"
+    assert len(values) == 84
+    for member in CronExpression:
+        CronSpec.parse(member, PARIS)
+
+
+def test_seed_spring_expression_matches_nestjs_one() -> None:
+    nest = _day(CronExpression.EVERY_DAY_AT_1AM, PARIS, "2026-07-01")
+    spring = _day("0 0 1 * * *", PARIS, "2026-07-01")
+    assert nest == spring == ["01:00:00"]
+
+
+@pytest.mark.parametrize(
+    ("macro", "equivalent"),
+    [
+        ("@daily", "0 0 * * *"),
+        ("@hourly", "0 * * * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@monthly", "0 0 1 * *"),
+        ("@yearly", "0 0 1 1 *"),
+        ("@midnight", "0 0 * * *"),
+    ],
+)
+def test_macros(macro: str, equivalent: str) -> None:
+    after = datetime(2026, 5, 17, 13, 7, tzinfo=UTC)
+    assert CronSpec.parse(macro, PARIS).next_after(after) == CronSpec.parse(
+        equivalent, PARIS
+    ).next_after(after)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("61 * * * *", "minute"),
+        ("* 24 * * *", "hour"),
+        ("0 0 31 2 *", "day-of-month"),
+        ("0 0 30 2 *", "day-of-month"),
+        ("", "5 fields"),
+        ("* * * *", "5 fields"),
+        ("* * * * * * *", "5 fields"),
+        ("@reboot", "5 fields"),
+        ("x" * 2000, "too long"),
+        ("0 0 * * 8", "day-of-week"),
+    ],
+)
+def test_invalid_and_never_firing_expressions_are_rejected(expression: str, message: str) -> None:
+    with pytest.raises(InvalidScheduleError, match=message):
+        CronSpec.parse(expression, PARIS, "job")
+
+
+def test_non_string_expression() -> None:
+    with pytest.raises(InvalidScheduleError, match="must be a str"):
+        CronSpec.parse(5, PARIS)
+
+
+def test_interval_grid_is_shared_from_the_epoch() -> None:
+    trigger = IntervalTrigger(60_000)
+    after = datetime(2026, 7, 20, 3, 0, 59, 999_000, tzinfo=UTC)
+    assert trigger.next_after(after) == datetime(2026, 7, 20, 3, 1, tzinfo=UTC)
+    assert trigger.next_after(datetime(2026, 7, 20, 3, 1, tzinfo=UTC)) == datetime(
+        2026, 7, 20, 3, 2, tzinfo=UTC
+    )
+    assert trigger.run_key(datetime(2026, 7, 20, 3, 1, tzinfo=UTC)) == "2026-07-20T03:01:00Z"
+    sub = IntervalTrigger(250)
+    first = sub.next_after(after)
+    assert first == datetime(2026, 7, 20, 3, 1, tzinfo=UTC)
+    assert sub.run_key(sub.next_after(first) or first) == "2026-07-20T03:01:00.250Z"
+
+
+@settings(max_examples=200)
+@given(
+    st.datetimes(min_value=_NAIVE_2000, max_value=_NAIVE_2100, timezones=st.just(UTC)),
+    st.integers(min_value=1, max_value=10**8),
+)
+def test_interval_ticks_are_grid_points_after_now(after: datetime, every: int) -> None:
+    nxt = IntervalTrigger(every).next_after(after)
+    assert nxt is not None
+    assert after < nxt <= after + timedelta(milliseconds=every)
+    assert ((nxt - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)) % every == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.datetimes(min_value=_NAIVE_2020, max_value=_NAIVE_2035, timezones=st.just(UTC)),
+    st.sampled_from(
+        ["30 2 * * *", "0 * * * *", "*/15 * * * *", "*/20 * * * * *", "0 30 1 * * *", "@daily"]
+    ),
+    st.sampled_from(
+        ["Europe/Paris", "America/New_York", "Australia/Lord_Howe", "UTC", "Asia/Kolkata"]
+    ),
+)
+def test_next_fire_is_strictly_later_and_monotonic(
+    after: datetime, expression: str, zone: str
+) -> None:
+    spec = CronSpec.parse(expression, ZoneInfo(zone))
+    first = spec.next_after(after)
+    second = spec.next_after(first)
+    assert after < first < second
+    assert first - after <= timedelta(days=2)
+    # A run key names a UTC instant: no two fire instants share one.
+    assert format_run_key(first) != format_run_key(second)
+
+
+def test_run_keys_are_identical_across_processes_whatever_their_tz() -> None:
+    code = (
+        "from datetime import datetime, UTC;"
+        "from zoneinfo import ZoneInfo;"
+        "from sdcore.scheduling._cron import CronSpec;"
+        "from sdcore.scheduling import format_run_key;"
+        "from sdcore.job_scheduler import lock_key;"
+        "s = CronSpec.parse('30 2 * * *', ZoneInfo('Europe/Paris'));"
+        "t = datetime(2026, 10, 24, 12, tzinfo=UTC);"
+        "keys = [];"
+        "exec('for _ in range(3):\\n t = s.next_after(t); keys.append(format_run_key(t))');"
+        "print(keys, lock_key('nightly', keys[0]))"
+    )
+    outputs = set()
+    for tz, seed in [
+        ("UTC", "0"),
+        ("Asia/Kolkata", "1"),
+        ("America/New_York", "2"),
+        ("Pacific/Kiritimati", "3"),
+    ]:
+        env = {**os.environ, "TZ": tz, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
+    assert "2026-10-25T00:30:00Z" in outputs.pop()

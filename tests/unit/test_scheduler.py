@@ -1,0 +1,411 @@
+"""Scheduler behaviour with the in-memory lease: exclusivity, policies, failures, registry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, JobSchedulerUnavailableError
+from sdcore.scheduling import (
+    InvalidScheduleError,
+    ScheduleKind,
+    ScheduleNotFoundError,
+    Scheduler,
+    Tick,
+)
+from sdcore.testing import InMemoryJobScheduler
+
+
+def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
+    return Counter(row.status.value for row in jobs.rows() if row.code == code)
+
+
+async def test_every_tick_runs_once_across_replicas() -> None:
+    jobs = InMemoryJobScheduler()
+    ledger: list[tuple[str, int]] = []
+    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    for replica, scheduler in enumerate(schedulers):
+
+        @scheduler.interval(200, name="tick")
+        async def handler(tick: Tick, replica: int = replica) -> None:
+            assert tick.lease is not None
+            assert tick.run_key is not None
+            ledger.append((tick.run_key, replica))
+
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await asyncio.sleep(1.5)
+    per_tick = Counter(key for key, _ in ledger)
+    assert len(per_tick) >= 5
+    assert set(per_tick.values()) == {1}
+    assert _statuses(jobs, "tick")["RUNNING"] == 0
+
+
+async def test_without_jobs_every_process_runs_every_tick() -> None:
+    ledger: list[str] = []
+    a, b = Scheduler(), Scheduler()
+    for scheduler in (a, b):
+        scheduler.add_interval("tick", 200, lambda tick: ledger.append(tick.run_key or ""))
+    async with a, b:
+        await asyncio.sleep(0.9)
+    assert set(Counter(ledger).values()) == {2}
+
+
+async def test_run_key_is_the_scheduled_instant_not_now() -> None:
+    seen: list[Tick] = []
+    scheduler = Scheduler(jobs=InMemoryJobScheduler(), time_zone="Europe/Paris")
+
+    @scheduler.cron("* * * * * *", name="sec")
+    async def handler(tick: Tick) -> None:
+        seen.append(tick)
+
+    async with scheduler:
+        await asyncio.sleep(1.3)
+    assert seen
+    tick = seen[0]
+    assert tick.scheduled_at.microsecond == 0
+    assert tick.scheduled_at.tzinfo is UTC
+    assert tick.run_key == tick.scheduled_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (
+        tick.local_time.utcoffset()
+        == tick.scheduled_at.astimezone(tick.local_time.tzinfo).utcoffset()
+    )
+    assert str(tick.local_time.tzinfo) == "Europe/Paris"
+
+
+async def test_handler_errors_are_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    jobs = InMemoryJobScheduler()
+    calls = 0
+    scheduler = Scheduler(jobs=jobs)
+
+    @scheduler.interval(200, name="flaky")
+    async def handler(tick: Tick) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError(f"boom {tick.run_key}\nforged log line")
+
+    with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
+        async with scheduler:
+            await asyncio.sleep(0.9)
+    assert calls >= 3
+    failures = [r for r in caplog.records if getattr(r, "action", None) == "tick_failed"]
+    assert len(failures) == calls
+    assert all(r.schedule == "flaky" and r.run_key for r in failures)  # type: ignore[attr-defined]
+    assert all(r.getMessage().startswith("Scheduler: schedule 'flaky'") for r in failures)
+    assert _statuses(jobs, "flaky") == Counter({"FAIL": calls})
+
+
+async def test_sync_handlers_run_in_a_thread() -> None:
+    import threading
+
+    main = threading.get_ident()
+    threads: list[int] = []
+    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler.add_interval("sync", 200, lambda tick: threads.append(threading.get_ident()))
+    async with scheduler:
+        await asyncio.sleep(0.5)
+    assert threads
+    assert main not in threads
+
+
+@pytest.mark.parametrize(("overlap", "expect_overlap"), [("skip", False), ("allow", True)])
+async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool) -> None:
+    scheduler = Scheduler()
+    active = 0
+    peak = 0
+
+    async def slow(tick: Tick) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.5)
+        active -= 1
+
+    scheduler.add_interval("slow", 200, slow, overlap=overlap)  # type: ignore[arg-type]
+    async with scheduler:
+        await asyncio.sleep(1.3)
+    assert (peak > 1) is expect_overlap
+
+
+async def test_cluster_wide_overlap_skip() -> None:
+    jobs = InMemoryJobScheduler()
+    active = 0
+    peak = 0
+    runs = 0
+    schedulers = [Scheduler(jobs=jobs) for _ in range(2)]
+
+    async def slow(tick: Tick) -> None:
+        nonlocal active, peak, runs
+        active += 1
+        runs += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.5)
+        active -= 1
+
+    for scheduler in schedulers:
+        scheduler.add_interval("slow", 200, slow, overlap="skip_cluster", lease_ms=3000)
+    async with schedulers[0], schedulers[1]:
+        await asyncio.sleep(1.6)
+    assert runs >= 2
+    assert peak == 1
+
+
+async def test_failed_tick_is_retried_with_backoff() -> None:
+    jobs = InMemoryJobScheduler()
+    attempts: list[int] = []
+    scheduler = Scheduler(jobs=jobs)
+
+    @scheduler.cron("*/2 * * * * *", name="retry", retries=2, retry_backoff_ms=100)
+    async def handler(tick: Tick) -> None:
+        attempts.append(tick.attempt)
+        if tick.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    async with scheduler:
+        await asyncio.sleep(2.4)
+    assert attempts[:2] == [1, 2]
+    row = next(r for r in jobs.rows() if r.code == "retry")
+    assert row.status is JobSchedulerStatus.SUCCESS
+    assert row.fencing_token == 2
+
+
+async def test_retries_never_pass_the_next_tick() -> None:
+    attempts: list[int] = []
+    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+
+    @scheduler.interval(300, name="short", retries=5, retry_backoff_ms=250)
+    async def handler(tick: Tick) -> None:
+        attempts.append(tick.attempt)
+        raise RuntimeError("always")
+
+    async with scheduler:
+        await asyncio.sleep(0.65)
+    assert max(attempts) <= 2
+
+
+class _DownThenUp(InMemoryJobScheduler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    async def acquire(self, options: Any) -> Any:
+        if self.down:
+            raise JobSchedulerUnavailableError("injected: database down")
+        return await super().acquire(options)
+
+
+async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    jobs = _DownThenUp()
+    ran: list[str] = []
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval("tick", 200, lambda tick: ran.append(tick.run_key or ""))
+    with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
+        async with scheduler:
+            await asyncio.sleep(0.7)
+            assert not ran
+            jobs.down = False
+            await asyncio.sleep(0.7)
+    assert ran
+    assert any(getattr(r, "action", None) == "tick_not_run" for r in caplog.records)
+
+
+async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
+    jobs = InMemoryJobScheduler()
+    started = asyncio.Event()
+    scheduler = Scheduler(jobs=jobs, grace_period_ms=100)
+
+    @scheduler.interval(200, name="long")
+    async def handler(tick: Tick) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    async with scheduler:
+        await asyncio.wait_for(started.wait(), 2)
+    rows = [r for r in jobs.rows() if r.code == "long"]
+    assert rows
+    assert all(r.status is JobSchedulerStatus.FAIL for r in rows)
+
+
+async def test_graceful_shutdown_lets_short_runs_finish() -> None:
+    jobs = InMemoryJobScheduler()
+    started = asyncio.Event()
+    scheduler = Scheduler(jobs=jobs, grace_period_ms=2000)
+
+    @scheduler.interval(200, name="short")
+    async def handler(tick: Tick) -> None:
+        started.set()
+        await asyncio.sleep(0.3)
+
+    async with scheduler:
+        await asyncio.wait_for(started.wait(), 2)
+    assert {r.status for r in jobs.rows()} == {JobSchedulerStatus.SUCCESS}
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("latest", 1), ("all", 3), ("off", 0)])
+async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -> None:
+    jobs = InMemoryJobScheduler()
+    ran: list[str] = []
+    scheduler = Scheduler(jobs=jobs)
+    # Per-minute ticks, a window of three minutes: three ticks were missed.
+    scheduler.add_cron(
+        "m",
+        "* * * * *",
+        lambda tick: ran.append(tick.run_key or ""),
+        catch_up=mode,  # type: ignore[arg-type]
+        catch_up_window_ms=180_000,
+    )
+    now = datetime.now(UTC)
+    async with scheduler:
+        await asyncio.sleep(0.3)
+    recent = [k for k in ran if k < now.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    assert len(recent) == expected
+    if mode == "latest":
+        assert recent[0] == (now.replace(second=0, microsecond=0)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_catch_up_skips_ticks_that_already_succeeded() -> None:
+    jobs = InMemoryJobScheduler()
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    done = await jobs.acquire(
+        JobAcquireOptions(code="m", run_key=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    )
+    assert done.acquired
+    await jobs.complete(done.lease)
+    ran: list[str] = []
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_cron(
+        "m",
+        "* * * * *",
+        lambda tick: ran.append(tick.run_key or ""),
+        catch_up="latest",
+        catch_up_window_ms=120_000,
+    )
+    async with scheduler:
+        await asyncio.sleep(0.3)
+    assert ran == [(now - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")]
+
+
+async def test_missed_ticks_query() -> None:
+    jobs = InMemoryJobScheduler()
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_cron("m", "*/10 * * * *", lambda tick: None)
+    start = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
+    for minute, finish in [(0, "complete"), (10, "fail")]:
+        got = await jobs.acquire(
+            {
+                "code": "m",
+                "run_key": (start + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+        assert got.acquired
+        await getattr(jobs, finish)(got.lease)
+    missed = await scheduler.missed_ticks("m", start, start + timedelta(minutes=40))
+    assert [(m.run_key, m.status) for m in missed] == [
+        ("2026-07-20T03:10:00Z", JobSchedulerStatus.FAIL),
+        ("2026-07-20T03:20:00Z", None),
+        ("2026-07-20T03:30:00Z", None),
+    ]
+    with pytest.raises(ValueError, match="aware"):
+        await scheduler.missed_ticks("m", datetime(2026, 1, 1), datetime(2026, 1, 2))  # noqa: DTZ001
+    with pytest.raises(ValueError, match="more than"):
+        await scheduler.missed_ticks("m", start, start + timedelta(days=365))
+
+
+async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
+    jobs = InMemoryJobScheduler()
+    ran: list[str] = []
+    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    for i, scheduler in enumerate(schedulers):
+        scheduler.add_timeout("warm-up", 100, lambda tick, i=i: ran.append(f"timeout-{i}"))  # type: ignore[misc]
+        scheduler.add_initial("seed", lambda tick: ran.append("initial"))
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await asyncio.sleep(0.5)
+    # A second start of the cluster does not run the initial job again.
+    again = Scheduler(jobs=jobs)
+    again.add_initial("seed", lambda tick: ran.append("initial"))
+    async with again:
+        await asyncio.sleep(0.2)
+    assert sorted(ran) == ["initial", "timeout-0", "timeout-1", "timeout-2"]
+    (row,) = [r for r in jobs.rows() if r.code == "seed"]
+    assert row.run_key is None
+    assert row.status is JobSchedulerStatus.SUCCESS
+
+
+async def test_registry_lookup_stop_start_add_remove() -> None:
+    ran: list[str] = []
+    scheduler = Scheduler(time_zone="Europe/Paris")
+    scheduler.add_cron("nightly", "0 01 * * *", lambda tick: None)
+    scheduler.add_interval("fast", 200, lambda tick: ran.append("fast"))
+    info = scheduler.get("nightly")
+    assert info.kind is ScheduleKind.CRON
+    assert info.description == "0 01 * * *"
+    assert info.time_zone == "Europe/Paris"
+    assert info.next_fire_local is not None
+    assert info.next_fire_local.hour == 1
+    assert [i.name for i in scheduler.schedules()] == ["fast", "nightly"]
+    with pytest.raises(ScheduleNotFoundError):
+        scheduler.get("nope")
+    async with scheduler:
+        await asyncio.sleep(0.5)
+        scheduler.stop("fast")
+        assert not scheduler.get("fast").active
+        assert scheduler.get("fast").next_fire_at is None
+        count = len(ran)
+        await asyncio.sleep(0.5)
+        assert len(ran) == count
+        scheduler.start("fast")
+        scheduler.add_interval("late", 200, lambda tick: ran.append("late"))
+        await asyncio.sleep(0.5)
+        scheduler.remove("late")
+        assert "late" not in [i.name for i in scheduler.schedules()]
+    assert ran.count("fast") > count
+    assert "late" in ran
+
+
+@pytest.mark.parametrize(
+    ("register", "message"),
+    [
+        (lambda s: s.add_cron("a", "0 0 31 2 *", print), "day-of-month"),
+        (
+            lambda s: s.add_cron("a", "* * * * *", print, time_zone="Mars/Olympus"),
+            "unknown time zone",
+        ),
+        (lambda s: s.add_cron("", "* * * * *", print), "name"),
+        (lambda s: s.add_cron("x" * 65, "* * * * *", print), "64"),
+        (lambda s: s.add_interval("a", 0, print), "every_ms"),
+        (lambda s: s.add_interval("a", True, print), "every_ms"),
+        (lambda s: s.add_interval("a", 1000, print, retries=-1), "retries"),
+        (lambda s: s.add_interval("a", 1000, print, overlap="sometimes"), "sometimes"),
+        (
+            lambda s: s.add_interval("a", 1000, print, lease_ms=1000, heartbeat_ms=600),
+            "heartbeat_ms",
+        ),
+        (lambda s: s.add_interval("a", 1000, print, waitForCompletion=True), "unknown option"),
+        (lambda s: s.add_interval("a", 1000, print, exclusive=True), "needs a job scheduler"),
+        (lambda s: s.add_initial("a", print), "need a job scheduler"),
+        (lambda s: s.add_interval("a", 1000, "not callable"), "callable"),
+    ],
+)
+def test_bad_registrations_fail_clearly(register: Any, message: str) -> None:
+    scheduler = Scheduler()
+    with pytest.raises(InvalidScheduleError, match=message):
+        register(scheduler)
+    assert scheduler.schedules() == []
+
+
+def test_duplicate_names_fail() -> None:
+    scheduler = Scheduler()
+    scheduler.add_interval("a", 1000, print)
+    with pytest.raises(InvalidScheduleError, match="already exists"):
+        scheduler.add_cron("a", "* * * * *", print)
+
+
+def test_unknown_default_zone() -> None:
+    with pytest.raises(InvalidScheduleError, match="unknown time zone"):
+        Scheduler(time_zone="Nowhere/City")
