@@ -11,12 +11,17 @@ from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
 from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+class DemoFailedError(CliError):
+    """The demo's verdict found a doubled or missed tick."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,10 +74,16 @@ def run() -> None:
 
 
 def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
-    command = (args.group, args.command)
+    command = (args.group, getattr(args, "command", ""))
     if command == ("db", "sql"):
         for line in db_sql(Target(dsn="", table=args.table, schema=args.schema)):
             _emit(line)
+        return
+    if args.group == "demo":
+        _demo(args, environ)
+        return
+    if command == ("schedules", "list"):
+        list_schedules(args.app, _emit)
         return
     target = Target(
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
@@ -95,8 +106,29 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
             dry_run=args.dry_run,
         )
         prune_jobs(target, _emit, options)
+    elif command == ("schedules", "runs"):
+        schedule_runs(target, args.app, args.name, args.limit, _emit)
+    elif command == ("schedules", "missed"):
+        missed_ticks(target, args.app, args.name, args.since, args.until, _emit)
     else:  # pragma: no cover - argparse only accepts the commands above
         raise UsageError(f"unknown command {' '.join(command)}")
+
+
+def _demo(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    try:
+        from sdcore.demo import DemoOptions, EmbeddedUnavailableError, run_demo
+    except ImportError as exc:
+        raise CliError(f"the demo needs its extra: pip install 'sdcore[demo]' ({exc})") from None
+    url = args.database_url or environ.get("DATABASE_URL") or None
+    options = DemoOptions(
+        replicas=args.replicas, duration_s=args.duration, database_url=url, kill=not args.no_kill
+    )
+    try:
+        status = run_demo(options, _emit)
+    except (EmbeddedUnavailableError, RuntimeError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    if status:
+        raise DemoFailedError("the demo saw a tick run twice or not at all (see the verdict)")
 
 
 def _emit(line: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
 from sdcore.postgres import InvalidIdentifierError, check_identifier
@@ -248,7 +248,81 @@ def build_parser() -> argparse.ArgumentParser:
         help="also delete INITIAL rows (their job would run again!)",
     )
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run N replicas of one per-second schedule, kill one, and judge: each tick once?",
+    )
+    _connection_options(demo, top=False)
+    demo.add_argument(
+        "--replicas", type=_int_in(2, 16), default=3, metavar="N", help="replica processes (2..16)"
+    )
+    demo.add_argument(
+        "--duration",
+        type=_int_in(10, 600),
+        default=30,
+        metavar="SECONDS",
+        help="seconds of ticks to watch (10..600, default 30)",
+    )
+    demo.add_argument("--no-kill", action="store_true", help="do not SIGKILL a replica half-way")
+
+    schedules = commands.add_parser("schedules", help="inspect the schedules of an application")
+    schedule_commands = schedules.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, text in (
+        ("list", "schedules with their next fire time (UTC and local)"),
+        ("runs", "recent runs of one schedule"),
+        ("missed", "expected ticks of one schedule without a SUCCESS row"),
+    ):
+        command = schedule_commands.add_parser(name, help=text)
+        _connection_options(command, top=False)
+        command.add_argument(
+            "--app",
+            required=True,
+            metavar="MODULE:ATTRIBUTE",
+            help="where the Scheduler is, e.g. myapp.tasks:scheduler",
+        )
+        if name != "list":
+            command.add_argument("name", type=_text("name", MAX_CODE_LENGTH), help="schedule name")
+        if name == "runs":
+            command.add_argument(
+                "--limit",
+                type=_int_in(1, MAX_LIST_LIMIT),
+                default=20,
+                metavar="N",
+                help="at most this many runs (default 20)",
+            )
+        if name == "missed":
+            command.add_argument(
+                "--since",
+                type=parse_since,
+                required=True,
+                metavar="WHEN",
+                help="ISO instant with a zone (2026-07-01T00:00:00Z) or a duration ago (24h)",
+            )
+            command.add_argument(
+                "--until",
+                type=parse_since,
+                metavar="WHEN",
+                help="end of the range (default: now)",
+            )
     return parser
+
+
+def parse_since(text: str) -> datetime:
+    """Parse an aware ISO instant, or a duration meaning "that long ago"."""
+    try:
+        return datetime.now(UTC) - parse_duration(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid instant {text!r:.60}: use ISO 8601 with a zone or a duration like 24h"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"instant {text!r:.60} needs a zone (e.g. Z or +02:00)")
+    return value.astimezone(UTC)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

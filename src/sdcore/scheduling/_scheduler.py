@@ -516,7 +516,7 @@ class Scheduler:
                 continue
             start = now - timedelta(milliseconds=policy.catch_up_window_ms)
             try:
-                missed = await self._missed(entry, start, now)
+                missed = await self._missed(entry, start, now, self._jobs)
             except (JobSchedulerError, ValueError) as exc:
                 self._log.warning(
                     "schedule %r: catch-up skipped: %s",
@@ -542,18 +542,28 @@ class Scheduler:
         entry = self._entry(name)
         return expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
 
-    async def missed_ticks(self, name: str, start: datetime, end: datetime) -> list[MissedTick]:
+    async def missed_ticks(
+        self, name: str, start: datetime, end: datetime, *, jobs: BaseJobScheduler | None = None
+    ) -> list[MissedTick]:
         """Return the ticks of ``name`` in ``[start, end)`` that have no ``SUCCESS`` row.
+
+        Args:
+            name: The schedule.
+            start: Range start (aware, inclusive).
+            end: Range end (aware, exclusive).
+            jobs: The job scheduler to ask (default: the scheduler's own).
 
         Raises:
             ScheduleNotFoundError: Unknown schedule.
             InvalidScheduleError: No job scheduler, or not a cron/interval schedule.
             ValueError: Unaware bounds or more than 10,000 ticks.
         """
-        return await self._missed(self._entry(name), start, end)
+        return await self._missed(self._entry(name), start, end, jobs or self._jobs)
 
-    async def _missed(self, entry: _Entry, start: datetime, end: datetime) -> list[MissedTick]:
-        if self._jobs is None or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
+    async def _missed(
+        self, entry: _Entry, start: datetime, end: datetime, jobs: BaseJobScheduler | None
+    ) -> list[MissedTick]:
+        if jobs is None or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
             raise InvalidScheduleError(
                 entry.name, "missed ticks need jobs and a cron or interval schedule"
             )
@@ -563,7 +573,7 @@ class Scheduler:
             run_key = entry.trigger.run_key(instant)
             assert run_key is not None  # noqa: S101 - cron and interval ticks always have one
             keys[JobAcquireOptions(code=entry.name, run_key=run_key).lock_key] = (instant, run_key)
-        statuses = await self._jobs.statuses(list(keys))
+        statuses = await jobs.statuses(list(keys))
         return [
             MissedTick(scheduled_at=instant, run_key=run_key, status=statuses.get(key))
             for key, (instant, run_key) in keys.items()
