@@ -216,10 +216,13 @@ class TickRunner:
                 executed = await self._attempt(name, kind, handler, policy, current)
             except asyncio.CancelledError:
                 raise
+            except LostJobLeaseError as exc:
+                # Another replica may own the tick now; whatever it does is the tick's outcome.
+                self._log_error("lease lost during the run", name, current, exc, "tick_lease_lost")
+                return TickOutcome(ran=True, succeeded=False, attempts=attempt)
             except JobSchedulerError as exc:
-                # Database down, lease lost…: logged; the loop goes on, catch-up decides later.
+                # Database down…: logged; the loop goes on, catch-up decides later.
                 self._log_error("tick not run here", name, current, exc, "tick_not_run")
-                ran = ran or isinstance(exc, LostJobLeaseError)
                 executed = None
             except Exception as exc:  # noqa: BLE001 - a handler error must not kill the loop
                 self._log_error("tick failed", name, current, exc, "tick_failed", trace=True)
