@@ -409,3 +409,60 @@ def test_duplicate_names_fail() -> None:
 def test_unknown_default_zone() -> None:
     with pytest.raises(InvalidScheduleError, match="unknown time zone"):
         Scheduler(time_zone="Nowhere/City")
+
+
+async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
+    jobs = InMemoryJobScheduler()
+    grid = 500
+    now = datetime.now(UTC)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    past = epoch + timedelta(
+        milliseconds=((now - epoch) // timedelta(milliseconds=grid) - 2) * grid
+    )
+    run_key = past.strftime("%Y-%m-%dT%H:%M:%S.") + f"{past.microsecond // 1000:03d}Z"
+    # A replica took this tick and died: the row stays RUNNING until its lease expires.
+    dead = await jobs.acquire({"code": "s", "run_key": run_key, "lease_ms": 1000})
+    assert dead.acquired
+    ran: list[str] = []
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval(
+        "s",
+        grid,
+        lambda tick: ran.append(tick.run_key or ""),
+        catch_up="all",
+        catch_up_window_ms=5_000,
+        lease_ms=1000,
+    )
+    async with scheduler:
+        await asyncio.sleep(2.6)
+    assert ran.count(run_key) == 1
+    row = next(r for r in jobs.rows() if r.run_key == run_key)
+    assert row.status is JobSchedulerStatus.SUCCESS
+    assert row.fencing_token == 2
+    assert set(Counter(ran).values()) == {1}
+
+
+async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
+    """SC-04: a replica whose loop is blocked across ticks uses the schedule's keys."""
+    import time
+
+    seen: list[Tick] = []
+    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler.add_interval("grid", 300, lambda tick: seen.append(tick))
+
+    async def block(tick: Tick) -> None:
+        time.sleep(0.65)  # blocks the event loop (deliberately) across two grid points
+
+    scheduler.add_interval("blocker", 1000, block, exclusive=False)
+    async with scheduler:
+        await asyncio.sleep(2.2)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert seen
+    for tick in seen:
+        assert (tick.scheduled_at - epoch) // timedelta(milliseconds=1) % 300 == 0
+        assert (
+            tick.run_key
+            == tick.scheduled_at.strftime("%Y-%m-%dT%H:%M:%S.")
+            + f"{tick.scheduled_at.microsecond // 1000:03d}Z"
+        )
+    assert len({t.run_key for t in seen}) == len(seen)

@@ -223,10 +223,17 @@ class JobSchedulerService(BaseJobScheduler):
 
     async def ensure_schema(self) -> None:
         """Create the table, constraints and indexes if missing; safe from N replicas at once."""
+        # On a held connection: the held ones may be all the pool has (max_connections == max_size).
+        conn = await self._held.get()
         try:
-            await apply_schema(self._pool, self.schema_sql())
+            await apply_schema(conn, self.schema_sql())
         except psycopg.Error as exc:
+            await self._held.put(conn, broken=conn.broken)
             raise self._wrap(exc) from exc
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
 
     def _wrap(self, exc: psycopg.Error) -> JobSchedulerError:
         sqlstate = exc.sqlstate

@@ -180,6 +180,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self._started_at: datetime | None = None
         self._closing = False
 
@@ -414,14 +415,16 @@ class Scheduler:
                 self._arm(entry, now)
         await self._catch_up(now)
         self._loop_task = asyncio.create_task(self._loop(), name="sdcore-scheduler")
+        self._sweep_task = asyncio.create_task(self._sweep(), name="sdcore-scheduler-sweep")
 
     async def aclose(self) -> None:
         """Stop firing, let running handlers finish within the grace period, then cancel them."""
         self._closing = True
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.wait({self._loop_task})
-            self._loop_task = None
+        for task in (self._loop_task, self._sweep_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait({task})
+        self._loop_task = self._sweep_task = None
         running = {task for entry in self._entries.values() for task in entry.running}
         if running:
             _, pending = await asyncio.wait(running, timeout=self._grace)
@@ -451,7 +454,15 @@ class Scheduler:
                 due, _, version, entry = heapq.heappop(self._heap)
                 if version != entry.version or not entry.active or entry.name not in self._entries:
                     continue
-                self._fire(entry, due, now)
+                try:
+                    self._fire(entry, due, now)
+                except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+                    self._log.exception(
+                        "schedule %r: could not fire; it is stopped",
+                        entry.name,
+                        extra={"action": "fire_failed", "schedule": entry.name},
+                    )
+                    entry.active = False
             delay = _MAX_SLEEP
             if self._heap:
                 delay = min(delay, max(0.0, (self._heap[0][0] - self._clock()).total_seconds()))
@@ -505,18 +516,29 @@ class Scheduler:
         entry.running.add(task)
         task.add_done_callback(entry.running.discard)
 
-    async def _catch_up(self, now: datetime) -> None:
-        for entry in self._entries.values():
+    def _catch_up_entries(self) -> list[_Entry]:
+        return [
+            entry
+            for entry in self._entries.values()
+            if entry.active
+            and entry.policy.catch_up is not CatchUp.OFF
+            and entry.policy.exclusive
+            and entry.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+        ]
+
+    async def _catch_up(self, now: datetime, *, sweep: bool = False) -> None:
+        """Run missed ticks of catch-up schedules.
+
+        At start-up every tick of the window without ``SUCCESS`` counts. A periodic *sweep* (every
+        ``lease_ms``) only takes ticks that never started or were left ``RUNNING`` (their owner
+        died; the lease decides whether they expired) — ``FAIL`` is the retry policy's business.
+        """
+        for entry in self._catch_up_entries():
             policy = entry.policy
-            if (
-                policy.catch_up is CatchUp.OFF
-                or not policy.exclusive
-                or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
-            ):
-                continue
             start = now - timedelta(milliseconds=policy.catch_up_window_ms)
+            end = now - timedelta(seconds=1) if sweep else now
             try:
-                missed = await self._missed(entry, start, now, self._jobs)
+                missed = await self._missed(entry, start, end, self._jobs)
             except (JobSchedulerError, ValueError) as exc:
                 self._log.warning(
                     "schedule %r: catch-up skipped: %s",
@@ -525,15 +547,30 @@ class Scheduler:
                     extra={"action": "catch_up_failed", "schedule": entry.name},
                 )
                 continue
-            chosen = missed[-1:] if policy.catch_up is CatchUp.LATEST else missed
+            if sweep:
+                missed = [tick for tick in missed if tick.status is not JobSchedulerStatus.FAIL]
+            chosen = missed[-1:] if policy.catch_up is CatchUp.LATEST else missed[-100:]
             for tick in chosen:
-                self._log.info(
-                    "schedule %r: catching up missed tick %r",
+                self._log.log(
+                    logging.DEBUG if sweep and tick.status is not None else logging.INFO,
+                    "schedule %r: catching up missed tick %r (%s)",
                     entry.name,
                     tick.run_key,
+                    "never started" if tick.status is None else tick.status.value,
                     extra={"action": "catch_up", "schedule": entry.name, "run_key": tick.run_key},
                 )
                 self._spawn(entry, tick.scheduled_at, entry.next_at)
+
+    async def _sweep(self) -> None:
+        while True:
+            entries = self._catch_up_entries()
+            interval = max(1.0, min((e.policy.lease_ms for e in entries), default=30_000) / 1000)
+            await asyncio.sleep(interval)
+            if entries:
+                try:
+                    await self._catch_up(self._clock(), sweep=True)
+                except Exception:  # noqa: BLE001 - the sweep must outlive a bad round
+                    self._log.exception("catch-up sweep failed", extra={"action": "sweep_failed"})
 
     # --- missed ticks ------------------------------------------------------------------------
 
