@@ -89,6 +89,10 @@ class BaseJobScheduler(abc.ABC):
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """Return the status of each run that has a row, by ``lock_key`` (missing: no row)."""
 
+    @abc.abstractmethod
+    async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
+        """Return the run's status if the row still carries this lease's token, else ``None``."""
+
     async def release(
         self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA
     ) -> bool:
@@ -224,8 +228,20 @@ class _Run:
         if self.cancel_requested:
             self.task.uncancel()
         if not await self._finalize(self.service.complete, None):
-            raise self._lost_error()
+            # The callable may have completed the run itself, in its own transaction
+            # (complete_in + outbox): that is success, not a loss.
+            if await self._owned_status() is not JobSchedulerStatus.SUCCESS:
+                raise self._lost_error()
         return result
+
+    async def _owned_status(self) -> JobSchedulerStatus | None:
+        try:
+            status, cancelled = await _settle(self.service.status_of(self.lease))
+        except JobSchedulerUnavailableError:
+            return None
+        if cancelled:
+            self.task.cancel()
+        return status
 
     def _lost_error(self) -> LostJobLeaseError:
         return LostJobLeaseError(self.lease.id, self.lease._state.reason or "ownership was lost")

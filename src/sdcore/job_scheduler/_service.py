@@ -423,6 +423,49 @@ class JobSchedulerService(BaseJobScheduler):
         """
         return await self._finalize(lease, JobSchedulerStatus.FAIL, data)
 
+    async def complete_in(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        lease: JobLease,
+        data: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Mark the run ``SUCCESS`` inside the caller's transaction on ``conn``.
+
+        Use it to record a run's outcome and its effects (outbox rows, business rows) atomically:
+        if ownership was lost the UPDATE matches nothing, this returns ``False``, and the caller
+        rolls back — a fenced-out owner can neither complete nor publish. ``run_exclusive``
+        accepts a run its callable completed this way.
+
+        Args:
+            conn: A psycopg connection, normally inside ``conn.transaction()``.
+            lease: The capability returned by ``acquire`` / given to the callable.
+            data: A JSON object or ``None``.
+
+        Returns:
+            ``True`` if the row is now ``SUCCESS`` (once the caller commits).
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+        """
+        job_id, token = _check_lease(lease)
+        params = (JobSchedulerStatus.SUCCESS.value, dump_json_object(data), job_id, token)
+        cur = await conn.execute(self._sql.finalize, params)
+        return cur.rowcount == 1
+
+    async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
+        """Return the run's status if the row still carries this lease's token, else ``None``.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        params = _check_lease(lease)
+        try:
+            row = await self._fetch(self._sql.read_status, params)
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        return None if row is None else _STATUS[row[0]]
+
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> bool:

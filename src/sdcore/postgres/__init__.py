@@ -7,6 +7,7 @@ from sdcore.postgres._schema import (
     apply_schema,
     check_identifier,
     derived_name,
+    outbox_schema_sql,
     schema_sql,
 )
 
@@ -16,6 +17,7 @@ __all__ = [
     "apply_schema",
     "check_identifier",
     "derived_name",
+    "outbox_schema_sql",
     "redact_dsn",
     "redact_text",
     "schema_sql",

@@ -44,6 +44,32 @@ CREATE INDEX IF NOT EXISTS {status_idx} ON {table} (status, modified_at);
 """
 
 
+_OUTBOX_TABLE = """\
+CREATE TABLE IF NOT EXISTS {table} (
+    id              bigint       GENERATED ALWAYS AS IDENTITY,
+    idempotency_key text         NOT NULL,
+    queue           text         NOT NULL,
+    name            text         NOT NULL,
+    job_id          text         NOT NULL,
+    payload         jsonb        NOT NULL,
+    options         jsonb        NOT NULL DEFAULT '{{}}',
+    status          text         NOT NULL DEFAULT 'PENDING',
+    attempts        integer      NOT NULL DEFAULT 0,
+    max_attempts    integer      NOT NULL,
+    next_attempt_at timestamptz  NOT NULL DEFAULT clock_timestamp(),
+    claimed_until   timestamptz,
+    last_error      text,
+    created_at      timestamptz  NOT NULL DEFAULT clock_timestamp(),
+    published_at    timestamptz,
+    CONSTRAINT {pkey} PRIMARY KEY (id),
+    CONSTRAINT {key_unique} UNIQUE (idempotency_key),
+    CONSTRAINT {status_check} CHECK (status IN ('PENDING', 'PUBLISHED', 'DEAD'))
+);
+CREATE INDEX IF NOT EXISTS {due_idx} ON {table} (next_attempt_at, id) WHERE status = 'PENDING';
+CREATE INDEX IF NOT EXISTS {published_idx} ON {table} (published_at) WHERE status = 'PUBLISHED';
+"""
+
+
 class InvalidIdentifierError(ValueError):
     """A schema or table name that PostgreSQL would truncate or cannot hold."""
 
@@ -143,6 +169,35 @@ def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> st
         fencing_check=_derived(table, "fencing_token_check"),
         code_idx=_derived(table, "code_created_at_idx"),
         status_idx=_derived(table, "status_modified_at_idx"),
+    )
+    parts: list[sql.Composable] = []
+    if schema is not None:
+        parts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema)))
+    parts.append(body)
+    return sql.Composed(parts).as_string(None)
+
+
+def outbox_schema_sql(*, table: str = "outbox", schema: str | None = None) -> str:
+    """Return the idempotent DDL of the outbox table.
+
+    Args:
+        table: Table name.
+        schema: Schema name; ``None`` means the connection's default (``search_path``).
+
+    Returns:
+        A SQL script (``CREATE … IF NOT EXISTS``), safe to run more than once.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+    """
+    target = qualified(table, schema)
+    body = sql.SQL(_OUTBOX_TABLE).format(
+        table=target,
+        pkey=_derived(table, "pkey"),
+        key_unique=_derived(table, "idempotency_key_key"),
+        status_check=_derived(table, "status_check"),
+        due_idx=_derived(table, "due_idx"),
+        published_idx=_derived(table, "published_idx"),
     )
     parts: list[sql.Composable] = []
     if schema is not None:

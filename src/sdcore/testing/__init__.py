@@ -26,7 +26,7 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 
-__all__ = ["FakeClock", "InMemoryJobScheduler"]
+__all__ = ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
 
 
 class FakeClock:
@@ -158,6 +158,14 @@ class InMemoryJobScheduler(BaseJobScheduler):
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.statuses`."""
         return {key: self._rows[key].status for key in lock_keys if key in self._rows}
 
+    async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.status_of`."""
+        self._owned(lease)  # validates the lease
+        row = self.get(lease.id)
+        if row is None or row.owner_token != lease.owner_token:
+            return None
+        return row.status
+
     async def heartbeat(self, lease: JobLease) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.heartbeat`."""
         row = self._owned(lease)
@@ -186,3 +194,38 @@ class InMemoryJobScheduler(BaseJobScheduler):
             row, status=status, data=stored, modified_at=self._clock()
         )
         return True
+
+
+class RecordingPublisher:
+    """An outbox publisher for tests: keeps messages in memory, deduplicated by job id like BullMQ.
+
+    Attributes:
+        jobs: ``{(queue, job_id): message}`` of everything published (first publish wins).
+        publishes: Every publish call's messages, duplicates included.
+        unavailable: While ``True``, every publish raises ``PublisherUnavailableError``.
+        fail: Job names whose messages fail (with ``ValueError``), as a poison message would.
+    """
+
+    def __init__(self) -> None:
+        from sdcore.outbox import OutboxMessage
+
+        self.jobs: dict[tuple[str, str], OutboxMessage] = {}
+        self.publishes: list[OutboxMessage] = []
+        self.unavailable = False
+        self.fail: set[str] = set()
+
+    async def publish(self, messages: Sequence[Any]) -> list[BaseException | None]:
+        """Record ``messages``; see the class attributes for injected failures."""
+        from sdcore.outbox import PublisherUnavailableError
+
+        if self.unavailable:
+            raise PublisherUnavailableError("injected: broker unavailable")
+        results: list[BaseException | None] = []
+        for message in messages:
+            self.publishes.append(message)
+            if message.name in self.fail:
+                results.append(ValueError(f"injected: {message.name} is poison"))
+                continue
+            self.jobs.setdefault((message.queue, message.job_id), message)
+            results.append(None)
+        return results

@@ -1,0 +1,365 @@
+"""``OutboxRelay``: publish committed outbox rows, at least once, in every replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.job_scheduler._base import error_text
+from sdcore.outbox._model import OutboxMessage, Publisher, PublisherUnavailableError
+from sdcore.outbox._outbox import Outbox
+from sdcore.postgres import redact_text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayState:
+    """What the relay has been doing (for health checks)."""
+
+    running: bool
+    listening: bool
+    broker_available: bool
+    published: int
+    failed: int
+    last_publish_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxStats:
+    """Row counts of the outbox table."""
+
+    pending: int
+    due: int
+    dead: int
+    published: int
+    oldest_pending_age_s: float | None
+
+
+def _ms(name: str, value: int, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int of at least {minimum}, got {value!r:.40}")
+    return value
+
+
+class OutboxRelay:
+    """Claims due rows in short transactions, publishes them, marks them published.
+
+    Run one in every replica: ``FOR UPDATE SKIP LOCKED`` plus a claim time keep relays off each
+    other's rows. It wakes on ``LISTEN/NOTIFY`` (the outbox notifies on commit) and polls every
+    ``poll_interval_ms`` as a fallback. A message that fails is retried after
+    ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the outbox's
+    ``max_attempts``; rows behind it keep flowing. When the broker is unreachable the relay backs
+    off (up to ``unavailable_max_ms``) without counting attempts. Published rows older than
+    ``retention_ms`` are pruned.
+
+    Args:
+        pool: Connection pool for the outbox's database.
+        publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
+        outbox: The outbox table (default ``Outbox()``).
+        batch_size: Rows per claim.
+        poll_interval_ms: Fallback polling period.
+        claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
+            after this long (they are re-published with the same job id).
+        retry_base_ms: First retry delay of a failed message.
+        retry_max_ms: Largest retry delay.
+        unavailable_max_ms: Largest back-off while the broker or database is down.
+        retention_ms: Keep published rows this long.
+        prune_every_ms: How often to prune.
+        logger_name: Logger for relay events.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        publisher: Publisher,
+        *,
+        outbox: Outbox | None = None,
+        batch_size: int = 100,
+        poll_interval_ms: int = 1_000,
+        claim_ms: int = 30_000,
+        retry_base_ms: int = 1_000,
+        retry_max_ms: int = 300_000,
+        unavailable_max_ms: int = 30_000,
+        retention_ms: int = 7 * 24 * 3600 * 1000,
+        prune_every_ms: int = 3600 * 1000,
+        logger_name: str = "sdcore.outbox",
+    ) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self.outbox = outbox or Outbox()
+        self._batch = _ms("batch_size", batch_size, 1)
+        self._poll = _ms("poll_interval_ms", poll_interval_ms, 10) / 1000
+        self._claim_ms = _ms("claim_ms", claim_ms, 100)
+        self._retry_base = _ms("retry_base_ms", retry_base_ms, 1)
+        self._retry_max = _ms("retry_max_ms", retry_max_ms, 1)
+        self._unavailable_max = _ms("unavailable_max_ms", unavailable_max_ms, 10) / 1000
+        self._retention = _ms("retention_ms", retention_ms, 0)
+        self._prune_every = _ms("prune_every_ms", prune_every_ms, 1000) / 1000
+        self._log = logging.getLogger(logger_name)
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False
+        self._broker_available = True
+        self._published = 0
+        self._failed = 0
+        self._last_publish_at: datetime | None = None
+        self._last_error: str | None = None
+
+    @property
+    def state(self) -> RelayState:
+        """A snapshot of the relay's state."""
+        return RelayState(
+            running=self._task is not None and not self._task.done(),
+            listening=self._listening,
+            broker_available=self._broker_available,
+            published=self._published,
+            failed=self._failed,
+            last_publish_at=self._last_publish_at,
+            last_error=self._last_error,
+        )
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start relaying in the background."""
+        if self._task is not None:
+            return
+        self._stopping = False
+        self._listener = asyncio.create_task(self._listen(), name="sdcore-outbox-listen")
+        self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Finish the batch in flight (publish and mark), then stop; cancel after ``grace_s``."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            done, _ = await asyncio.wait({self._task}, timeout=grace_s)
+            if not done:
+                self._task.cancel()
+                await asyncio.wait({self._task})
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.wait({self._listener})
+        self._task = self._listener = None
+        self._listening = False
+
+    async def run_once(self) -> int:
+        """Claim one batch of due rows, publish it, record the outcome.
+
+        Returns:
+            How many rows were claimed (0: nothing due).
+
+        Raises:
+            PublisherUnavailableError: The broker is down (the claims were released).
+            psycopg.Error: The database is down.
+        """
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(self.outbox.sql.claim, (self._claim_ms, self._batch))
+            rows = await cur.fetchall()
+        if not rows:
+            return 0
+        messages = [
+            OutboxMessage(
+                id=r[0],
+                idempotency_key=r[1],
+                queue=r[2],
+                name=r[3],
+                job_id=r[4],
+                payload=r[5],
+                options=r[6],
+                attempts=r[7],
+                max_attempts=r[8],
+                created_at=r[9],
+            )
+            for r in rows
+        ]
+        try:
+            results = list(await self._publisher.publish(messages))
+        except PublisherUnavailableError as exc:
+            await self._execute(
+                self.outbox.sql.unclaim, (error_text(exc)[:2000], [m.id for m in messages])
+            )
+            raise
+        except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
+            results = [exc] * len(messages)
+        if len(results) != len(messages):
+            error = RuntimeError("publisher returned the wrong number of results")
+            results = [error] * len(messages)
+        await self._record(messages, results)
+        return len(messages)
+
+    async def _record(
+        self, messages: list[OutboxMessage], results: list[BaseException | None]
+    ) -> None:
+        published = [m.id for m, r in zip(messages, results, strict=True) if r is None]
+        failed = [(m, r) for m, r in zip(messages, results, strict=True) if r is not None]
+        if published:
+            await self._execute(self.outbox.sql.published, (published,))
+            self._published += len(published)
+            self._last_publish_at = datetime.now(UTC)
+        if failed:
+            ids = [m.id for m, _ in failed]
+            errors = [error_text(r)[:2000] for _, r in failed]
+            delays = [
+                min(self._retry_base * 2 ** max(m.attempts - 1, 0), self._retry_max)
+                for m, _ in failed
+            ]
+            await self._execute(self.outbox.sql.failed, (ids, errors, delays))
+            self._failed += len(failed)
+            for message, error in failed:
+                dead = message.attempts >= message.max_attempts
+                self._log.log(
+                    logging.ERROR if dead else logging.WARNING,
+                    "outbox message %d (%r on queue %r) %s: %s",
+                    message.id,
+                    message.name,
+                    message.queue,
+                    "is DEAD" if dead else f"failed (attempt {message.attempts})",
+                    error_text(error)[:300],
+                    extra={
+                        "action": "outbox_dead" if dead else "outbox_publish_failed",
+                        "outbox_id": message.id,
+                        "idempotency_key": message.idempotency_key,
+                        "queue": message.queue,
+                    },
+                )
+
+    async def _execute(self, query: bytes, params: tuple[Any, ...]) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute(query, params)
+
+    async def stats(self) -> OutboxStats:
+        """Count rows by status (one query)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(self.outbox.sql.stats)
+            row = await cur.fetchone()
+        assert row is not None  # noqa: S101 - an aggregate always returns one row
+        age = None if row[4] is None else float(row[4])
+        return OutboxStats(
+            pending=row[0], due=row[1], dead=row[2], published=row[3], oldest_pending_age_s=age
+        )
+
+    async def prune(self) -> int:
+        """Delete published rows older than the retention, in batches; return how many."""
+        total = 0
+        while True:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(self.outbox.sql.prune, (self._retention, 1000))
+                deleted = int(cur.rowcount)
+            total += deleted
+            if deleted < 1000:
+                return total
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = 0.0
+        next_prune = loop.time() + self._prune_every
+        while not self._stopping:
+            try:
+                claimed = await self.run_once()
+            except PublisherUnavailableError as exc:
+                backoff = self._back_off(backoff, "broker unavailable", exc)
+                self._broker_available = False
+                await self._sleep(backoff)
+                continue
+            except (psycopg.Error, OSError) as exc:
+                backoff = self._back_off(backoff, "database unavailable", exc)
+                await self._sleep(backoff)
+                continue
+            except Exception as exc:  # noqa: BLE001 - the relay must outlive a bad round
+                self._log.exception("outbox relay round failed", extra={"action": "relay_error"})
+                backoff = self._back_off(backoff, "unexpected error", exc)
+                await self._sleep(backoff)
+                continue
+            backoff = 0.0
+            self._broker_available = True
+            if loop.time() >= next_prune:
+                next_prune = loop.time() + self._prune_every
+                with contextlib.suppress(psycopg.Error):
+                    pruned = await self.prune()
+                    if pruned:
+                        self._log.info("pruned %d published outbox row(s)", pruned)
+            if claimed >= self._batch:
+                continue
+            await self._sleep(self._poll)
+
+    def _back_off(self, current: float, what: str, exc: BaseException) -> float:
+        delay = min(max(current * 2, 0.5), self._unavailable_max)
+        self._last_error = redact_text(error_text(exc)[:500])
+        self._log.warning(
+            "outbox relay: %s, retrying in %.1f s: %s",
+            what,
+            delay,
+            self._last_error,
+            extra={"action": "relay_backoff"},
+        )
+        return delay
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        if self._stopping:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+
+    async def _connect_args(self) -> tuple[str, dict[str, Any]]:
+        # psycopg_pool accepts a str or a (possibly async) callable for both.
+        conninfo: Any = self._pool.conninfo
+        kwargs: Any = self._pool.kwargs
+        if callable(conninfo):
+            conninfo = conninfo()
+        if callable(kwargs):
+            kwargs = kwargs()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        return str(conninfo), {**(kwargs or {}), "autocommit": True}
+
+    async def _listen(self) -> None:
+        """Keep a LISTEN connection; every notification wakes the relay. Reconnect on failure."""
+        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel))
+        while True:
+            try:
+                conninfo, kwargs = await self._connect_args()
+                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+                async with conn:
+                    await conn.execute(statement)
+                    self._listening = True
+                    self._wake.set()  # catch up on anything committed while not listening
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - polling covers the gap; log and reconnect
+                self._log.info(
+                    "outbox relay: LISTEN connection lost (%s); polling until it is back",
+                    redact_text(error_text(exc)[:200]),
+                    extra={"action": "relay_listen_lost"},
+                )
+            finally:
+                self._listening = False
+            await asyncio.sleep(1.0)
