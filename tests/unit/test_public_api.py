@@ -83,7 +83,7 @@ def test_error_tree() -> None:
 
 
 def test_other_surfaces() -> None:
-    assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler"]
+    assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
     assert sdcore.__all__ == ["__version__"]
 

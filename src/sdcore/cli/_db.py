@@ -22,7 +22,14 @@ from psycopg.conninfo import conninfo_to_dict
 from sdcore.cli import _queries as q
 from sdcore.cli._format import one_line
 from sdcore.cli._parser import DEFAULT_TABLE, UsageError
-from sdcore.postgres import SCHEMA_LOCK_ID, apply_schema, redact_dsn, redact_text, schema_sql
+from sdcore.postgres import (
+    SCHEMA_LOCK_ID,
+    apply_schema,
+    outbox_schema_sql,
+    redact_dsn,
+    redact_text,
+    schema_sql,
+)
 
 APPLICATION_NAME = "sdcore-cli"
 DEFAULT_CONNECT_TIMEOUT_S = 10
@@ -133,25 +140,36 @@ def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         raise describe_error(exc, target) from None
 
 
-def db_sql(target: Target) -> list[str]:
-    """Return the DDL lines of the table (what ``db upgrade`` applies)."""
-    return schema_sql(table=target.table, schema=target.schema).rstrip("\n").splitlines()
+def db_sql(target: Target, outbox_table: str | None = None) -> list[str]:
+    """Return the DDL lines of the table(s) (what ``db upgrade`` applies)."""
+    lines = schema_sql(table=target.table, schema=target.schema).rstrip("\n").splitlines()
+    if outbox_table is not None:
+        outbox = outbox_schema_sql(table=outbox_table, schema=target.schema)
+        lines += ["", *outbox.rstrip("\n").splitlines()]
+    return lines
 
 
-def db_upgrade(target: Target) -> list[str]:
+def db_upgrade(target: Target, outbox_table: str | None = None) -> list[str]:
     """Apply the DDL under sdcore's schema advisory lock and report what changed.
 
     Raises:
         CliError: The database cannot be reached or refused the DDL.
     """
     try:
-        return asyncio.run(_upgrade(target))
+        lines = asyncio.run(_upgrade(target))
+        if outbox_table is not None:
+            outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema)
+            lines += asyncio.run(
+                _upgrade(outbox, outbox_schema_sql(table=outbox_table, schema=target.schema))
+            )
+        return lines
     except psycopg.Error as exc:
         raise describe_error(exc, target) from None
 
 
-async def _upgrade(target: Target) -> list[str]:
-    script = schema_sql(table=target.table, schema=target.schema)
+async def _upgrade(target: Target, script: str | None = None) -> list[str]:
+    if script is None:
+        script = schema_sql(table=target.table, schema=target.schema)
     try:
         conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
     except psycopg.Error as exc:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
+from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
 from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
@@ -76,7 +77,8 @@ def run() -> None:
 def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     command = (args.group, getattr(args, "command", ""))
     if command == ("db", "sql"):
-        for line in db_sql(Target(dsn="", table=args.table, schema=args.schema)):
+        target = Target(dsn="", table=args.table, schema=args.schema)
+        for line in db_sql(target, args.outbox_table if args.outbox else None):
             _emit(line)
         return
     if args.group == "demo":
@@ -89,7 +91,7 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
     )
     if command == ("db", "upgrade"):
-        for line in db_upgrade(target):
+        for line in db_upgrade(target, args.outbox_table if args.outbox else None):
             _emit(line)
     elif command == ("jobs", "list"):
         list_jobs(
@@ -106,12 +108,29 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
             dry_run=args.dry_run,
         )
         prune_jobs(target, _emit, options)
+    elif args.group in ("outbox", "relay"):
+        _outbox(args, target, environ)
     elif command == ("schedules", "runs"):
         schedule_runs(target, args.app, args.name, args.limit, _emit)
     elif command == ("schedules", "missed"):
         missed_ticks(target, args.app, args.name, args.since, args.until, _emit)
     else:  # pragma: no cover - argparse only accepts the commands above
         raise UsageError(f"unknown command {' '.join(command)}")
+
+
+def _outbox(args: argparse.Namespace, target: Target, environ: Mapping[str, str]) -> None:
+    outbox = Target(dsn=target.dsn, table=args.outbox_table, schema=target.schema)
+    if args.group == "relay":
+        url = args.redis_url or environ.get("REDIS_URL")
+        if not url:
+            raise UsageError("the relay needs Redis: --redis-url or REDIS_URL")
+        run_relay(outbox, _emit, redis_url=url, prefix=args.prefix, batch_size=args.batch_size)
+    elif args.command == "list":
+        chosen = args.status or ["PENDING", "DEAD"]
+        statuses = ["PENDING", "DEAD", "PUBLISHED"] if "ALL" in chosen else sorted(set(chosen))
+        list_outbox(outbox, _emit, statuses=statuses, limit=args.limit, as_json=args.json)
+    else:
+        retry_outbox(outbox, _emit, args.id)
 
 
 def _demo(args: argparse.Namespace, environ: Mapping[str, str]) -> None:

@@ -189,6 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
         "upgrade", help="create the table and indexes if missing (race-safe, idempotent)"
     )
     _connection_options(upgrade, top=False)
+    for command in (sql_cmd, upgrade):
+        command.add_argument(
+            "--outbox", action="store_true", help="also the transactional outbox table"
+        )
+        command.add_argument(
+            "--outbox-table",
+            type=_identifier("outbox table"),
+            default="outbox",
+            metavar="NAME",
+            help="outbox table name (default: outbox; in --schema)",
+        )
 
     jobs = commands.add_parser("jobs", help="inspect and operate job runs")
     job_commands = jobs.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -248,6 +259,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="also delete INITIAL rows (their job would run again!)",
     )
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+    outbox = commands.add_parser("outbox", help="inspect and retry transactional outbox rows")
+    outbox_commands = outbox.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    outbox_list = outbox_commands.add_parser("list", help="pending and dead rows, newest first")
+    outbox_retry = outbox_commands.add_parser("retry", help="make a DEAD row due again")
+    relay = commands.add_parser("relay", help="run the outbox relay until SIGTERM")
+    for command in (outbox_list, outbox_retry, relay):
+        _connection_options(command, top=False)
+        command.add_argument(
+            "--outbox-table",
+            type=_identifier("outbox table"),
+            default="outbox",
+            metavar="NAME",
+            help="outbox table name (default: outbox; in --schema)",
+        )
+    outbox_list.add_argument(
+        "--status",
+        type=str.upper,
+        choices=("PENDING", "DEAD", "PUBLISHED", "ALL"),
+        action="append",
+        help="repeatable; default: PENDING and DEAD",
+    )
+    outbox_list.add_argument(
+        "--limit",
+        type=_int_in(1, MAX_LIST_LIMIT),
+        default=DEFAULT_LIST_LIMIT,
+        metavar="N",
+        help=f"at most this many rows (default: {DEFAULT_LIST_LIMIT})",
+    )
+    outbox_list.add_argument("--json", action="store_true", help="one JSON object per line")
+    outbox_retry.add_argument("id", type=_int_in(1, 2**63 - 1), help="outbox row id")
+    relay.add_argument("--redis-url", metavar="URL", help="Redis URL (default: $REDIS_URL)")
+    relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
+    relay.add_argument(
+        "--batch-size", type=_int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
+    )
 
     demo = commands.add_parser(
         "demo",

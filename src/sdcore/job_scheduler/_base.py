@@ -227,11 +227,13 @@ class _Run:
         await self._stop(beat)
         if self.cancel_requested:
             self.task.uncancel()
-        if not await self._finalize(self.service.complete, None):
-            # The callable may have completed the run itself, in its own transaction
-            # (complete_in + outbox): that is success, not a loss.
-            if await self._owned_status() is not JobSchedulerStatus.SUCCESS:
-                raise self._lost_error()
+        # The callable may have completed the run itself, in its own transaction
+        # (complete_in + outbox): that is success, not a loss.
+        if (
+            not await self._finalize(self.service.complete, None)
+            and await self._owned_status() is not JobSchedulerStatus.SUCCESS
+        ):
+            raise self._lost_error()
         return result
 
     async def _owned_status(self) -> JobSchedulerStatus | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -51,18 +52,19 @@ class JobSchedulerDatabaseError(JobSchedulerError):
         super().__init__(message)
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def _check_lease(lease: object) -> tuple[str, str]:
     """Validate a lease before SQL: both parts must be UUID strings."""
     if not isinstance(lease, JobLease):
         raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
-    for field, value in (("lease.id", lease.id), ("lease.owner_token", lease.owner_token)):
-        if not isinstance(value, str) or len(value) != 36:
-            raise ValueError(f"{field} must be a UUID string")
-        try:
-            uuid.UUID(value)
-        except ValueError:
-            raise ValueError(f"{field} must be a UUID string") from None
-    return lease.id, lease.owner_token
+    job_id, token = lease.id, lease.owner_token
+    if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
+        raise ValueError("lease.id must be a UUID string")
+    if not isinstance(token, str) or _UUID.fullmatch(token) is None:
+        raise ValueError("lease.owner_token must be a UUID string")
+    return job_id, token
 
 
 def _row(r: tuple[Any, ...]) -> JobScheduler:
@@ -262,7 +264,7 @@ class JobSchedulerService(BaseJobScheduler):
         except BaseException:
             await self._held.put(conn, broken=conn.broken)
             raise
-        await self._held.put(conn)
+        self._held.release(conn)
         return row
 
     async def _rowcount(self, query: bytes, params: tuple[Any, ...]) -> int:
@@ -272,7 +274,7 @@ class JobSchedulerService(BaseJobScheduler):
         except BaseException:
             await self._held.put(conn, broken=conn.broken)
             raise
-        await self._held.put(conn)
+        self._held.release(conn)
         return cur.rowcount
 
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:

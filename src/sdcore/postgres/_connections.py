@@ -58,6 +58,7 @@ class HeldConnections:
         # id(conn) -> (autocommit, row_factory, session settings) to give back unchanged.
         self._restore: dict[int, tuple[bool, Any, tuple[str, ...]]] = {}
         self._closed = False
+        self._returning: set[asyncio.Task[None]] = set()
 
     async def get(self) -> AsyncConnection[Any]:
         """Return a held connection, waiting for a free slot if all are busy."""
@@ -69,6 +70,20 @@ class HeldConnections:
         except BaseException:
             self._slots.release()
             raise
+
+    def release(self, conn: AsyncConnection[Any]) -> None:
+        """Give back a connection after a statement that succeeded (the hot path: no await).
+
+        A connection that is not idle (or the holder closed meanwhile) is handed to :meth:`put`
+        in the background, which returns it to the pool.
+        """
+        if self._closed or conn.closed or conn.pgconn.transaction_status != _IDLE:
+            task = asyncio.get_running_loop().create_task(self.put(conn, broken=True))
+            self._returning.add(task)
+            task.add_done_callback(self._returning.discard)
+            return
+        self._idle.append(conn)
+        self._slots.release()
 
     async def put(self, conn: AsyncConnection[Any], *, broken: bool = False) -> None:
         """Give a connection back; a broken or non-idle one returns to the pool for replacement."""
@@ -83,6 +98,8 @@ class HeldConnections:
     async def close(self) -> None:
         """Return every idle connection to the pool, with its session settings reset."""
         self._closed = True
+        if self._returning:
+            await asyncio.wait(set(self._returning))
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._return(conn)
