@@ -117,3 +117,62 @@ def test_scheduling_surface() -> None:
         "TickOutcome",
         "format_run_key",
     ]
+
+
+def test_events_outbox_fastapi_surfaces() -> None:
+    import sdcore.events
+    import sdcore.fastapi
+    import sdcore.outbox
+
+    assert sdcore.events.__all__ == [
+        "MAX_EVENT_NAME_LENGTH",
+        "EventBus",
+        "EventError",
+        "EventLoopRequiredError",
+        "InvalidEventNameError",
+        "InvalidListenerError",
+        "Listener",
+        "Subscription",
+        "UnknownEventError",
+    ]
+    assert sdcore.outbox.__all__ == [
+        "DEFAULT_CHANNEL",
+        "DEFAULT_KEEP",
+        "InvalidOutboxMessageError",
+        "Outbox",
+        "OutboxEntry",
+        "OutboxError",
+        "OutboxMessage",
+        "OutboxRelay",
+        "OutboxStats",
+        "OutboxStatus",
+        "Publisher",
+        "PublisherUnavailableError",
+        "RelayState",
+        "check_options",
+    ]
+    assert sdcore.fastapi.__all__ == [
+        "ComponentHealth",
+        "EventsDep",
+        "JobsDep",
+        "OutboxDep",
+        "SchedulerDep",
+        "Sdcore",
+        "SdcoreDep",
+        "get_events",
+        "get_jobs",
+        "get_outbox",
+        "get_scheduler",
+        "get_sdcore",
+        "health_router",
+        "install",
+    ]
+
+
+def test_sdcore_fastapi_without_redis_imports_no_queue_package() -> None:
+    code = (
+        "import sys, sdcore.fastapi, sdcore.outbox, sdcore.events;"
+        "print(','.join(m for m in ('bullmq', 'redis', 'sdcore.queues') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
