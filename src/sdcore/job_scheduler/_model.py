@@ -54,8 +54,8 @@ class LostJobLeaseError(JobSchedulerError):
         super().__init__(f"lost the lease of job {job_id}: {reason}")
 
 
-class InvalidJobLeaseOptionsError(JobSchedulerError, ValueError):
-    """Unsafe or malformed ``lease_ms`` / ``heartbeat_ms``.
+class _InvalidOptionError(JobSchedulerError, ValueError):
+    """An option that failed validation (raised before any SQL).
 
     Attributes:
         field: The offending option.
@@ -68,18 +68,12 @@ class InvalidJobLeaseOptionsError(JobSchedulerError, ValueError):
         super().__init__(f"invalid {field}: {problem}")
 
 
-class InvalidJobIdentityOptionsError(JobSchedulerError, ValueError):
-    """Ambiguous or malformed ``code`` / ``type`` / ``run_key`` / ``name``.
+class InvalidJobLeaseOptionsError(_InvalidOptionError):
+    """Unsafe or malformed ``lease_ms`` / ``heartbeat_ms`` (``.field``, ``.problem``)."""
 
-    Attributes:
-        field: The offending option.
-        problem: What is wrong with it.
-    """
 
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
+class InvalidJobIdentityOptionsError(_InvalidOptionError):
+    """Ambiguous or malformed ``code``, ``type``, ``run_key`` or ``name``."""
 
 
 class JobSchedulerUnavailableError(JobSchedulerError, ConnectionError):

@@ -145,6 +145,19 @@ def _derived(table: str, suffix: str) -> sql.Identifier:
     return sql.Identifier(derived_name(table, suffix))
 
 
+def _render(template: str, table: str, schema: str | None, names: dict[str, str]) -> str:
+    """Fill a DDL template: ``{table}`` plus constraint/index names derived from the table."""
+    body = sql.SQL(template).format(
+        table=qualified(table, schema),
+        **{placeholder: _derived(table, suffix) for placeholder, suffix in names.items()},
+    )
+    parts: list[sql.Composable] = []
+    if schema is not None:
+        parts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema)))
+    parts.append(body)
+    return sql.Composed(parts).as_string(None)
+
+
 def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> str:
     """Return the idempotent DDL of the job scheduler table.
 
@@ -158,52 +171,29 @@ def schema_sql(*, table: str = "job_scheduler", schema: str | None = None) -> st
     Raises:
         InvalidIdentifierError: A bad table or schema name.
     """
-    target = qualified(table, schema)
-    body = sql.SQL(_JOB_TABLE).format(
-        table=target,
-        pkey=_derived(table, "pkey"),
-        lock_key_unique=_derived(table, "lock_key_key"),
-        type_check=_derived(table, "type_check"),
-        status_check=_derived(table, "status_check"),
-        run_key_check=_derived(table, "run_key_check"),
-        fencing_check=_derived(table, "fencing_token_check"),
-        code_idx=_derived(table, "code_created_at_idx"),
-        status_idx=_derived(table, "status_modified_at_idx"),
-    )
-    parts: list[sql.Composable] = []
-    if schema is not None:
-        parts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema)))
-    parts.append(body)
-    return sql.Composed(parts).as_string(None)
+    names = {
+        "pkey": "pkey",
+        "lock_key_unique": "lock_key_key",
+        "type_check": "type_check",
+        "status_check": "status_check",
+        "run_key_check": "run_key_check",
+        "fencing_check": "fencing_token_check",
+        "code_idx": "code_created_at_idx",
+        "status_idx": "status_modified_at_idx",
+    }
+    return _render(_JOB_TABLE, table, schema, names)
 
 
 def outbox_schema_sql(*, table: str = "outbox", schema: str | None = None) -> str:
-    """Return the idempotent DDL of the outbox table.
-
-    Args:
-        table: Table name.
-        schema: Schema name; ``None`` means the connection's default (``search_path``).
-
-    Returns:
-        A SQL script (``CREATE … IF NOT EXISTS``), safe to run more than once.
-
-    Raises:
-        InvalidIdentifierError: A bad table or schema name.
-    """
-    target = qualified(table, schema)
-    body = sql.SQL(_OUTBOX_TABLE).format(
-        table=target,
-        pkey=_derived(table, "pkey"),
-        key_unique=_derived(table, "idempotency_key_key"),
-        status_check=_derived(table, "status_check"),
-        due_idx=_derived(table, "due_idx"),
-        published_idx=_derived(table, "published_idx"),
-    )
-    parts: list[sql.Composable] = []
-    if schema is not None:
-        parts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {};\n").format(sql.Identifier(schema)))
-    parts.append(body)
-    return sql.Composed(parts).as_string(None)
+    """Return the idempotent DDL of the outbox table (arguments as :func:`schema_sql`)."""
+    names = {
+        "pkey": "pkey",
+        "key_unique": "idempotency_key_key",
+        "status_check": "status_check",
+        "due_idx": "due_idx",
+        "published_idx": "published_idx",
+    }
+    return _render(_OUTBOX_TABLE, table, schema, names)
 
 
 async def apply_schema(
