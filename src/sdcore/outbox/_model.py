@@ -122,9 +122,18 @@ def _keep(field: str, value: object) -> object:
     if value is False:
         return False
     if isinstance(value, int) and not isinstance(value, bool):
+        if value == 0:
+            raise InvalidOutboxMessageError(
+                field, "0 keeps no job (like True): a re-published job would run again"
+            )
         return _non_negative_int(field, value, 10**9)
     if isinstance(value, Mapping) and value and set(value) <= {"age", "count"}:
-        return {k: _non_negative_int(f"{field}.{k}", v, 10**9) for k, v in value.items()}
+        kept = {k: _non_negative_int(f"{field}.{k}", v, 10**9) for k, v in value.items()}
+        if 0 in kept.values():
+            raise InvalidOutboxMessageError(
+                field, "an age or count of 0 removes jobs at once, ending deduplication"
+            )
+        return kept
     raise InvalidOutboxMessageError(field, "must be False, a count, or {'age': s, 'count': n}")
 
 

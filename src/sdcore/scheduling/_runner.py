@@ -17,6 +17,7 @@ from sdcore.job_scheduler import (
     JobAcquireOptions,
     JobExecutionLease,
     JobSchedulerError,
+    JobSchedulerStatus,
     JobSchedulerType,
     LostJobLeaseError,
 )
@@ -231,13 +232,16 @@ class TickRunner:
             else:
                 if executed:
                     return TickOutcome(ran=True, succeeded=True, attempts=attempt)
-                if executed is False and policy.retries == 0:
+                if executed is False and (
+                    policy.retries == 0 or await self._finished_elsewhere(name, kind, policy, tick)
+                ):
                     return TickOutcome(ran=ran, succeeded=False, attempts=attempt)
             if attempt > policy.retries:
                 break
             delay = policy.retry_backoff_ms * 2 ** (attempt - 1) / 1000
             if deadline is not None and clock() + timedelta(seconds=delay) >= deadline:
-                self.log.info(
+                self.log.log(
+                    logging.INFO if ran else logging.DEBUG,
                     "schedule %r run %r: no retry, the next tick is due first",
                     name,
                     tick.run_key,
@@ -246,6 +250,19 @@ class TickRunner:
                 break
             await asyncio.sleep(delay)
         return TickOutcome(ran=ran, succeeded=False, attempts=attempts)
+
+    async def _finished_elsewhere(
+        self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick
+    ) -> bool:
+        """After losing the race: is the tick already done (no retry needed from here)?"""
+        if self.jobs is None:
+            return True
+        key = _options(name, kind, policy, tick.run_key).lock_key
+        try:
+            status = (await self.jobs.statuses([key])).get(key)
+        except JobSchedulerError:
+            return False
+        return status is JobSchedulerStatus.SUCCESS
 
     async def _attempt(
         self, name: str, kind: ScheduleKind, handler: Handler, policy: RunPolicy, tick: Tick

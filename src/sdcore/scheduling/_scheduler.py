@@ -537,8 +537,9 @@ class Scheduler:
             policy = entry.policy
             start = now - timedelta(milliseconds=policy.catch_up_window_ms)
             end = now - timedelta(seconds=1) if sweep else now
+            limit = 10 if policy.catch_up is CatchUp.LATEST else 1000
             try:
-                missed = await self._missed(entry, start, end, self._jobs)
+                missed = await self._missed(entry, start, end, self._jobs, keep_last=limit)
             except (JobSchedulerError, ValueError) as exc:
                 self._log.warning(
                     "schedule %r: catch-up skipped: %s",
@@ -598,13 +599,22 @@ class Scheduler:
         return await self._missed(self._entry(name), start, end, jobs or self._jobs)
 
     async def _missed(
-        self, entry: _Entry, start: datetime, end: datetime, jobs: BaseJobScheduler | None
+        self,
+        entry: _Entry,
+        start: datetime,
+        end: datetime,
+        jobs: BaseJobScheduler | None,
+        *,
+        keep_last: int | None = None,
     ) -> list[MissedTick]:
         if jobs is None or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
             raise InvalidScheduleError(
                 entry.name, "missed ticks need jobs and a cron or interval schedule"
             )
-        instants = expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
+        if keep_last is None:
+            instants = expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
+        else:
+            instants = expected_instants(entry.trigger, start, end, limit=keep_last, keep_last=True)
         keys: dict[str, tuple[datetime, str]] = {}
         for instant in instants:
             run_key = entry.trigger.run_key(instant)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -156,20 +157,32 @@ def make_tick(name: str, trigger: Trigger, zone: ZoneInfo, instant: datetime) ->
 
 
 def expected_instants(
-    trigger: Trigger, start: datetime, end: datetime, *, limit: int
+    trigger: Trigger, start: datetime, end: datetime, *, limit: int, keep_last: bool = False
 ) -> list[datetime]:
     """Return the fire instants in ``[start, end)``.
 
+    Args:
+        trigger: The schedule's trigger.
+        start: Inclusive start (aware).
+        end: Exclusive end (aware).
+        limit: Most instants returned.
+        keep_last: Return the last ``limit`` instants instead of failing when there are more
+            (scans at most 100 times ``limit``).
+
     Raises:
-        ValueError: More than ``limit`` instants, or an unaware bound.
+        ValueError: More than ``limit`` instants (unless ``keep_last``), or an unaware bound.
     """
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("start and end must be aware datetimes")
-    instants: list[datetime] = []
+    instants: deque[datetime] = deque(maxlen=limit if keep_last else None)
+    scanned = 0
     current = trigger.next_after(start - timedelta(microseconds=1))
     while current is not None and current < end:
-        if len(instants) >= limit:
+        if not keep_last and len(instants) >= limit:
             raise ValueError(f"more than {limit} ticks in the range; narrow it")
+        scanned += 1
+        if scanned > 100 * limit:
+            raise ValueError(f"more than {100 * limit} ticks in the range; narrow it")
         instants.append(current)
         current = trigger.next_after(current)
-    return instants
+    return list(instants)

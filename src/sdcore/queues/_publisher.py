@@ -1,0 +1,260 @@
+"""``BullMQPublisher``: the outbox relay's way into BullMQ queues."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from redis.asyncio import Redis
+
+from sdcore.job_scheduler._base import error_text
+from sdcore.outbox import OutboxMessage, PublisherUnavailableError
+from sdcore.postgres import redact_text
+from sdcore.queues._bullmq import Queue
+from sdcore.queues._errors import JobRejectedError, JobTooLargeError
+from sdcore.queues._redis import (
+    RedisServerInfo,
+    check_client,
+    check_redis_server,
+    connect,
+    is_unavailable,
+)
+
+DEFAULT_PREFIX = "bull"
+DEFAULT_MAX_JOB_BYTES = 1024 * 1024
+
+
+def check_prefix(prefix: object) -> str:
+    """Validate a BullMQ key prefix (``bull`` by default; keys are ``{prefix}:{queue}:…``)."""
+    if not isinstance(prefix, str) or not prefix or len(prefix) > 200 or "\x00" in prefix:
+        raise ValueError("prefix must be a non-empty str of at most 200 characters")
+    return prefix
+
+
+class BullMQPublisher:
+    """Publish outbox messages as BullMQ jobs; implements :class:`sdcore.outbox.Publisher`.
+
+    Each message becomes ``queue.add(message.name, message.payload, {**message.options,
+    "jobId": message.job_id})``: the job id comes from the idempotency key (``sd-`` + SHA-256
+    hex, accepted by Node's BullMQ), so re-publishing a message after a relay crash is a no-op
+    while the job is kept (``removeOnComplete``/``removeOnFail`` by age, a week by default).
+    Messages of one queue go in one ``addBulk`` (a MULTI/EXEC pipeline); if that fails for a
+    reason other than Redis being unavailable, they are re-sent one by one so the failure is
+    attributed to the message that caused it.
+
+    Errors: Redis unreachable, timing out, out of memory (``-OOM``), loading, read-only or
+    refusing writes raise :class:`~sdcore.outbox.PublisherUnavailableError` (the relay backs off
+    without counting an attempt). A message-specific problem is returned in that message's slot:
+    :class:`JobTooLargeError` (data over ``max_job_bytes``), :class:`JobRejectedError`, or the
+    error BullMQ raised.
+
+    Use :meth:`from_url`, or pass a ``redis.asyncio.Redis`` created with
+    ``decode_responses=True`` (the publisher does not close a client it was given).
+
+    Args:
+        redis: The client.
+        prefix: BullMQ key prefix (must match the workers').
+        max_job_bytes: Largest compact JSON of a job's data; bigger messages fail (and become
+            dead in the outbox) instead of blocking the queue behind them.
+        check_server: Check the eviction policy and persistence once, on first use.
+        logger_name: Logger for warnings.
+
+    Raises:
+        RedisClientError: ``redis`` is not a ``redis.asyncio.Redis`` with ``decode_responses``.
+        ValueError: A bad prefix or limit.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+        check_server: bool = True,
+        logger_name: str = "sdcore.queues",
+    ) -> None:
+        if isinstance(max_job_bytes, bool) or not isinstance(max_job_bytes, int):
+            raise TypeError("max_job_bytes must be an int")
+        if not 2 <= max_job_bytes <= 512 * 1024 * 1024:
+            raise ValueError("max_job_bytes must be from 2 to 512 MiB (Redis' proto-max-bulk-len)")
+        self._redis = check_client(redis)
+        self._prefix = check_prefix(prefix)
+        self._max_job_bytes = max_job_bytes
+        self._check = check_server
+        self._logger_name = logger_name
+        self._log = logging.getLogger(logger_name)
+        self._owns_client = False
+        self._queues: dict[str, Any] = {}
+        self._server: RedisServerInfo | None = None
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+        socket_timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+        check_server: bool = True,
+        logger_name: str = "sdcore.queues",
+    ) -> BullMQPublisher:
+        """Create a publisher with its own client (closed by :meth:`close`).
+
+        The client fails fast: a command that gets no answer within ``socket_timeout_s`` is an
+        ambiguous publish, treated as unavailable (the relay re-publishes; the job id dedups).
+
+        Args:
+            url: ``redis://[user:password@]host:port/db``, ``rediss://…`` or ``unix://…``.
+            prefix: BullMQ key prefix.
+            max_job_bytes: See the class.
+            socket_timeout_s: Per-command timeout.
+            connect_timeout_s: Connection timeout.
+            check_server: See the class.
+            logger_name: Logger for warnings.
+        """
+        client = connect(
+            url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s
+        )
+        publisher = cls(
+            client,
+            prefix=prefix,
+            max_job_bytes=max_job_bytes,
+            check_server=check_server,
+            logger_name=logger_name,
+        )
+        publisher._owns_client = True
+        return publisher
+
+    @property
+    def server(self) -> RedisServerInfo | None:
+        """What the start-up check read (``None`` until it ran)."""
+        return self._server
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Run the server check now; if Redis is down, retry it on the next publish.
+
+        Never raises because Redis is unreachable: the application starts and the relay keeps
+        its rows until Redis is back.
+        """
+        try:
+            await self._ensure_checked()
+        except PublisherUnavailableError as exc:
+            self._log.warning(
+                "Redis is not reachable yet (%s); the publisher will retry",
+                redact_text(error_text(exc.__cause__ or exc)[:300]),
+                extra={"action": "redis_unavailable"},
+            )
+
+    async def close(self) -> None:
+        """Close the client if the publisher created it (queues hold no other resource)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queues.clear()
+        if self._owns_client:
+            await self._redis.aclose()
+
+    def _queue(self, name: str) -> Any:
+        queue = self._queues.get(name)
+        if queue is None:
+            # Queue.close() would close the shared client, so queues are never closed one by one.
+            queue = Queue(name, {"connection": self._redis, "prefix": self._prefix})
+            self._queues[name] = queue
+        return queue
+
+    async def _ensure_checked(self) -> None:
+        if self._server is not None or not self._check:
+            return
+        try:
+            self._server = await check_redis_server(self._redis, logger_name=self._logger_name)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise PublisherUnavailableError(f"Redis unavailable: {error_text(exc)}") from exc
+            raise
+
+    def _job(self, message: OutboxMessage) -> dict[str, Any]:
+        size = len(json.dumps(message.payload, separators=(",", ":"), allow_nan=False).encode())
+        if size > self._max_job_bytes:
+            raise JobTooLargeError(message.job_id, size, self._max_job_bytes)
+        return {
+            "name": message.name,
+            "data": message.payload,
+            "opts": {**message.options, "jobId": message.job_id},
+        }
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> list[BaseException | None]:
+        """Add each message as a BullMQ job; a job id that already exists is left as it is.
+
+        Args:
+            messages: Claimed outbox rows.
+
+        Returns:
+            ``None`` per message now in Redis (added or already there), or the error that
+            stopped that message.
+
+        Raises:
+            PublisherUnavailableError: Redis is down, timing out or refusing writes; some
+                messages of the batch may already be in Redis (publishing them again is a no-op).
+        """
+        if self._closed:
+            raise RuntimeError("the publisher is closed")
+        results: list[BaseException | None] = [None] * len(messages)
+        if not messages:
+            return results
+        await self._ensure_checked()
+        by_queue: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for index, message in enumerate(messages):
+            try:
+                job = self._job(message)
+            except (ValueError, TypeError) as exc:
+                results[index] = exc
+                continue
+            by_queue.setdefault(message.queue, []).append((index, job))
+        for queue_name, jobs in by_queue.items():
+            queue = self._queue(queue_name)
+            try:
+                added = await queue.addBulk([job for _, job in jobs])
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise PublisherUnavailableError(
+                        f"Redis unavailable: {redact_text(error_text(exc))}"
+                    ) from exc
+                await self._add_one_by_one(queue, jobs, results)
+                continue
+            for (index, job), result in zip(jobs, added, strict=True):
+                if isinstance(result.id, int) and result.id < 0:
+                    results[index] = JobRejectedError(job["opts"]["jobId"], result.id)
+        return results
+
+    async def _add_one_by_one(
+        self,
+        queue: Any,
+        jobs: list[tuple[int, dict[str, Any]]],
+        results: list[BaseException | None],
+    ) -> None:
+        for index, job in jobs:
+            try:
+                await queue.add(job["name"], job["data"], job["opts"])
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise PublisherUnavailableError(
+                        f"Redis unavailable: {redact_text(error_text(exc))}"
+                    ) from exc
+                results[index] = exc

@@ -1,0 +1,235 @@
+"""Redis clients, the server checks run at start, and which errors mean "Redis is unavailable"."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from sdcore.queues._errors import RedisClientError
+
+_SCHEMES = frozenset({"redis", "rediss", "unix"})
+
+# Replies that say "Redis cannot take writes right now", not "this message is bad": out of
+# memory, loading, a failing RDB save, a read-only replica, a busy script, cluster trouble, ACL
+# or auth problems. redis-py maps some to classes; inside a Lua script or a pipeline the code can
+# also arrive in the middle of the message, hence the substrings.
+_UNAVAILABLE_CLASSES: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,  # includes AuthenticationError, BusyLoadingError
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,  # includes MasterDownError
+    redis_errors.NoPermissionError,
+    OSError,  # includes ConnectionRefusedError, socket errors
+    TimeoutError,  # asyncio.TimeoutError in 3.11
+)
+_UNAVAILABLE_TEXT = (
+    "command not allowed when used memory",
+    "OOM ",
+    "MISCONF",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "NOPERM",
+    "NOAUTH",
+)
+
+
+def queues_enabled(redis_url: str | None) -> bool:
+    """Tell whether queue features are configured (the seed's ``registerWhen(REDIS_URL)``).
+
+    The library never reads environment variables: pass ``os.environ.get("REDIS_URL")``.
+    ``None`` or a blank string means "no queues"; anything else must be a Redis URL, so a typo
+    (``localhost:6379``) fails at start instead of silently turning the queues off.
+
+    Args:
+        redis_url: The configured Redis URL, or ``None``.
+
+    Returns:
+        ``True`` when a Redis URL is set.
+
+    Raises:
+        ValueError: A non-blank value that is not a ``redis://``, ``rediss://`` or ``unix://`` URL.
+    """
+    if redis_url is None or not redis_url.strip():
+        return False
+    scheme = urlsplit(redis_url.strip()).scheme.lower()
+    if scheme not in _SCHEMES:
+        raise ValueError(
+            "the Redis URL must start with redis://, rediss:// or unix:// "
+            f"(got scheme {scheme or 'none'!r})"
+        )
+    return True
+
+
+def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> Redis:
+    """Create a ``redis.asyncio`` client for BullMQ that fails fast when Redis is down.
+
+    ``decode_responses=True`` (BullMQ needs it), two quick retries of a connection error (a stale
+    pooled socket), then the error surfaces so the outbox relay can back off.
+
+    Raises:
+        ValueError: Not a Redis URL, or a timeout out of range.
+    """
+    if not queues_enabled(url):
+        raise ValueError("a Redis URL is required")
+    if not 0 < socket_timeout_s <= 3600 or not 0 < connect_timeout_s <= 3600:
+        raise ValueError("timeouts must be positive numbers of seconds (at most 3600)")
+    client: Redis = Redis.from_url(
+        url.strip(),
+        decode_responses=True,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        # Only connection errors are retried here; a timeout surfaces at once (an ambiguous
+        # publish: the relay retries it later and the job id deduplicates it).
+        retry=Retry(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            2,
+            supported_errors=(redis_errors.ConnectionError,),
+        ),
+        health_check_interval=30,
+    )
+    return client
+
+
+def check_client(client: object) -> Redis:
+    """Check that ``client`` is a ``redis.asyncio.Redis`` with ``decode_responses=True``.
+
+    Without it BullMQ's Python client silently misreads replies (``Queue.getJob`` returns
+    ``None`` for a job that exists).
+
+    Raises:
+        RedisClientError: Another type, or ``decode_responses`` off.
+    """
+    if not isinstance(client, Redis):
+        raise RedisClientError(
+            f"expected a redis.asyncio.Redis, got {type(client).__module__}."
+            f"{type(client).__qualname__}"
+        )
+    if not client.connection_pool.connection_kwargs.get("decode_responses"):
+        raise RedisClientError(
+            "create it with decode_responses=True (BullMQ reads str replies; with bytes,"
+            " Queue.getJob() returns None for jobs that exist)"
+        )
+    return client
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Tell whether an error means Redis cannot take writes now (retry later, not the message)."""
+    if isinstance(exc, _UNAVAILABLE_CLASSES):
+        return True
+    if isinstance(exc, redis_errors.ResponseError):
+        text = str(exc)
+        return any(marker in text for marker in _UNAVAILABLE_TEXT)
+    return False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedisServerInfo:
+    """What the start-up check read from Redis.
+
+    Attributes:
+        version: ``redis_version``.
+        maxmemory_policy: The eviction policy (``None`` if the server hides it).
+        aof_enabled: Whether the append-only file is on (``None`` if hidden).
+        rdb_snapshots: Whether RDB save points are configured (``None`` if ``CONFIG`` is
+            not allowed).
+    """
+
+    version: str | None
+    maxmemory_policy: str | None
+    aof_enabled: bool | None
+    rdb_snapshots: bool | None
+
+    @property
+    def eviction_safe(self) -> bool:
+        """``maxmemory-policy noeviction``: Redis never drops a job's keys to make room."""
+        return self.maxmemory_policy == "noeviction"
+
+
+def _flag(value: Any) -> bool | None:
+    if value is None:
+        return None
+    try:
+        return int(value) == 1
+    except (TypeError, ValueError):
+        return None
+
+
+async def check_redis_server(
+    client: Redis, *, logger_name: str = "sdcore.queues"
+) -> RedisServerInfo:
+    """Read ``INFO`` (and ``CONFIG GET save``) and warn about settings that lose jobs.
+
+    Warns (``extra={"action": "redis_eviction_policy"}``) unless ``maxmemory-policy`` is
+    ``noeviction``: any other policy lets Redis delete job hashes, locks and queue lists under
+    memory pressure. Warns (``action="redis_persistence"``) when the append-only file is off: a
+    Redis restart then loses the jobs added since the last RDB snapshot (or all of them without
+    snapshots), although the outbox already marked them published.
+
+    Args:
+        client: A ``redis.asyncio`` client (``decode_responses=True``).
+        logger_name: Where the warnings go.
+
+    Returns:
+        What was read.
+
+    Raises:
+        redis.exceptions.RedisError: Redis cannot be reached.
+    """
+    log = logging.getLogger(logger_name)
+    try:
+        info: dict[str, Any] = await client.info()
+    except redis_errors.ResponseError as exc:  # INFO denied by an ACL: report "unknown"
+        if is_unavailable(exc) and not isinstance(exc, redis_errors.NoPermissionError):
+            raise
+        info = {}
+    rdb: bool | None
+    try:
+        saved = await client.config_get("save")
+        rdb = bool(str(saved.get("save", "")).strip())
+    except redis_errors.ResponseError:  # CONFIG is often renamed or denied on managed Redis
+        rdb = None
+    policy = info.get("maxmemory_policy")
+    result = RedisServerInfo(
+        version=None if info.get("redis_version") is None else str(info["redis_version"]),
+        maxmemory_policy=None if policy is None else str(policy),
+        aof_enabled=_flag(info.get("aof_enabled")),
+        rdb_snapshots=rdb,
+    )
+    if not result.eviction_safe:
+        log.warning(
+            "Redis maxmemory-policy is %s, not noeviction: under memory pressure Redis may evict"
+            " BullMQ keys (jobs, locks, queue lists) and lose or corrupt jobs; set"
+            " maxmemory-policy noeviction",
+            result.maxmemory_policy or "unknown",
+            extra={"action": "redis_eviction_policy", "maxmemory_policy": result.maxmemory_policy},
+        )
+    if result.aof_enabled is False:
+        if result.rdb_snapshots:
+            risk = "a crash loses the jobs added since the last RDB snapshot"
+        else:
+            risk = "a restart loses every job (no AOF, no RDB snapshots)"
+        log.warning(
+            "Redis persistence is weak: appendonly is off, %s, although the outbox has marked"
+            " them published; set appendonly yes, appendfsync everysec",
+            risk,
+            extra={
+                "action": "redis_persistence",
+                "aof_enabled": result.aof_enabled,
+                "rdb_snapshots": result.rdb_snapshots,
+            },
+        )
+    return result
