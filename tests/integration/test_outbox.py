@@ -80,6 +80,7 @@ async def test_a_rolled_back_transaction_publishes_nothing(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+
         async def fail_after_enqueue() -> None:
             async with conn.transaction():
                 assert await _enqueue(conn, "gone")
@@ -413,3 +414,28 @@ async def test_outbox_options_are_validated() -> None:
         Outbox(channel="")
     with pytest.raises(ValueError, match="batch_size"):
         OutboxRelay(None, RecordingPublisher(), batch_size=0)  # type: ignore[arg-type]
+
+
+async def test_quiet_outbox_sends_no_notify_and_is_found_by_polling(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    quiet = Outbox(notify=False)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN sdcore_outbox")
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
+            assert await quiet.enqueue_once(
+                conn, idempotency_key="q1", queue="q", name="n", payload={}
+            )
+            assert not await quiet.enqueue_once(
+                conn, idempotency_key="q1", queue="q", name="n", payload={}
+            )
+        heard = [n async for n in listener.notifies(timeout=0.3)]
+        assert heard == []
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
+            assert await Outbox().enqueue_once(
+                conn, idempotency_key="loud", queue="q", name="n", payload={}
+            )
+        heard = [n async for n in listener.notifies(timeout=1, stop_after=1)]
+        assert [n.channel for n in heard] == ["sdcore_outbox"]
+    publisher = RecordingPublisher()
+    assert await OutboxRelay(pool, publisher, outbox=quiet).run_once() == 2

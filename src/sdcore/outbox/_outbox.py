@@ -52,6 +52,10 @@ class Outbox:
         schema: Schema, or ``None`` for the connection's ``search_path``.
         channel: ``NOTIFY`` channel that wakes relays.
         max_attempts: Publish attempts before a row becomes ``DEAD``.
+        notify: Send ``NOTIFY`` with each insert so relays wake at once. PostgreSQL serializes
+            the commits of notifying transactions (a server-wide lock held until the commit is
+            flushed), so many concurrent writers enqueue faster with ``notify=False`` and a
+            relay ``poll_interval_ms`` of 100–250 ms.
 
     Raises:
         InvalidIdentifierError: A bad table, schema or channel name.
@@ -65,6 +69,7 @@ class Outbox:
         schema: str | None = None,
         channel: str = DEFAULT_CHANNEL,
         max_attempts: int = 10,
+        notify: bool = True,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise TypeError("max_attempts must be an int")
@@ -74,6 +79,7 @@ class Outbox:
         self.schema = schema
         self.channel = check_identifier("channel", channel)
         self.max_attempts = max_attempts
+        self.notify = bool(notify)
         self.sql = OutboxStatements.render(qualified(table, schema))
 
     def schema_sql(self) -> str:
@@ -153,7 +159,8 @@ class Outbox:
             self.max_attempts,
             self.channel,
         )
-        cur = await conn.execute(self.sql.enqueue, params)
+        query = self.sql.enqueue if self.notify else self.sql.enqueue_quiet
+        cur = await conn.execute(query, params)
         return await cur.fetchone() is not None
 
     async def _enqueue_sqlalchemy(self, conn: Any, row: _Prepared) -> bool:
@@ -171,8 +178,9 @@ class Outbox:
             )
         # Through session.execute, never a raw driver connection taken before the session's
         # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
+        query = self.sql.enqueue_named if self.notify else self.sql.enqueue_quiet_named
         result = await conn.execute(
-            text(self.sql.enqueue_named),
+            text(query),
             {
                 "key": row.key,
                 "queue": row.queue,

@@ -27,6 +27,19 @@ WITH inserted AS (
 )
 SELECT id, pg_notify(:channel, '') FROM inserted"""
 
+# Without NOTIFY (Outbox(notify=False)): relays find the row by polling.
+ENQUEUE_QUIET = """\
+INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, %s::text"""
+
+ENQUEUE_QUIET_NAMED = """\
+INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts)
+VALUES (:key, :queue, :name, :job_id, CAST(:payload AS jsonb), CAST(:options AS jsonb), :max)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, CAST(:channel AS text)"""
+
 # Claim due rows for claim_ms: a short autocommit statement, no transaction held across Redis
 # I/O. SKIP LOCKED and the claim time keep concurrent relays off each other's rows; a relay
 # that dies leaves its claims to expire. No "id > cursor": a row that commits late is still due.
@@ -92,6 +105,8 @@ class OutboxStatements:
 
     enqueue: bytes
     enqueue_named: str
+    enqueue_quiet: bytes
+    enqueue_quiet_named: str
     claim: bytes
     published: bytes
     failed: bytes
@@ -111,6 +126,8 @@ class OutboxStatements:
         return cls(
             enqueue=one(ENQUEUE).encode(),
             enqueue_named=one(ENQUEUE_NAMED),
+            enqueue_quiet=one(ENQUEUE_QUIET).encode(),
+            enqueue_quiet_named=one(ENQUEUE_QUIET_NAMED),
             claim=one(CLAIM).encode(),
             published=one(PUBLISHED).encode(),
             failed=one(FAILED).encode(),
