@@ -325,6 +325,7 @@ class JobSchedulerService(BaseJobScheduler):
     ) -> JobAcquireResult:
         # The connection broke: the statement may or may not have committed. Our token is in
         # the row only if it did; otherwise the same statement is a fresh, safe attempt.
+        await self._held.reset_idle()
         try:
             row = await self._fetch(self._sql.read_owned, (lock_key, params[6]))
             if row is None:
@@ -387,6 +388,7 @@ class JobSchedulerService(BaseJobScheduler):
             except psycopg.OperationalError as exc:
                 if attempt == 2 or (exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown)):
                     raise self._wrap(exc) from exc
+                await self._held.reset_idle()
             except psycopg.Error as exc:
                 raise self._wrap(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -483,6 +485,7 @@ class JobSchedulerService(BaseJobScheduler):
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
         # Ambiguous commit: never report success unless the row shows it.
+        await self._held.reset_idle()
         try:
             row = await self._fetch(self._sql.read_status, (job_id, token))
             if row is None:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Any
 
-from psycopg import AsyncConnection, pq
+from psycopg import AsyncConnection, OperationalError, pq
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -104,7 +104,29 @@ class HeldConnections:
         for conn in idle:
             await self._return(conn)
 
+    async def reset_idle(self) -> None:
+        """Close every idle held connection (after one broke, the others are suspect too).
+
+        A server restart or ``pg_terminate_backend`` kills every session at once; retrying on the
+        next idle one would only fail again. The pool replaces closed connections.
+        """
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self._restore.pop(id(conn), None)
+            await conn.close()
+            await self._pool.putconn(conn)
+
     async def _open(self) -> AsyncConnection[Any]:
+        # The session set-up doubles as a liveness check: a pooled connection that the server
+        # already closed fails it, goes back to the pool (which discards it), and we try again.
+        for _ in range(2):
+            try:
+                return await self._open_one()
+            except OperationalError:
+                continue
+        return await self._open_one()
+
+    async def _open_one(self) -> AsyncConnection[Any]:
         conn: AsyncConnection[Any] = await self._pool.getconn()
         try:
             if conn.pgconn.transaction_status != _IDLE:
@@ -121,7 +143,11 @@ class HeldConnections:
                 _SESSION_SET, ("read committed", "on", self._statement_timeout, "UTC")
             )
         except BaseException:
-            await self._return(conn)
+            if conn.broken:
+                self._restore.pop(id(conn), None)
+                await self._pool.putconn(conn)
+            else:
+                await self._return(conn)
             raise
         return conn
 
