@@ -466,3 +466,19 @@ async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
             + f"{tick.scheduled_at.microsecond // 1000:03d}Z"
         )
     assert len({t.run_key for t in seen}) == len(seen)
+
+
+def test_stop_start_cycles_do_not_grow_the_timer_heap() -> None:
+    async def run() -> int:
+        scheduler = Scheduler()
+        scheduler.add_cron("daily", "0 3 * * *", lambda tick: None)
+        async with scheduler:
+            for _ in range(5000):
+                scheduler.stop("daily")
+                scheduler.start("daily")
+            for i in range(500):
+                scheduler.add_interval(f"tmp{i}", 3_600_000, lambda tick: None)
+                scheduler.remove(f"tmp{i}")
+            return len(scheduler._heap)
+
+    assert asyncio.run(run()) <= 2 * 1 + 64 + 1

@@ -445,7 +445,21 @@ class Scheduler:
         entry.next_at = entry.trigger.next_after(after)
         if entry.next_at is not None:
             heapq.heappush(self._heap, (entry.next_at, next(self._seq), entry.version, entry))
+            self._compact()
         self._wake.set()
+
+    def _compact(self) -> None:
+        # stop/start/remove leave stale heap entries until their due time (a day, for a daily
+        # job): rebuild the heap once they outnumber the live schedules.
+        if len(self._heap) > 2 * len(self._entries) + 64:
+            self._heap = [
+                item
+                for item in self._heap
+                if item[2] == item[3].version
+                and item[3].active
+                and self._entries.get(item[3].name) is item[3]
+            ]
+            heapq.heapify(self._heap)
 
     async def _loop(self) -> None:
         while True:
