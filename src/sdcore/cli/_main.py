@@ -7,7 +7,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
+from sdcore.cli._db import (
+    CliError,
+    Target,
+    db_sql,
+    db_status,
+    db_upgrade,
+    format_migration_status,
+    resolve_dsn,
+)
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
 from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
@@ -78,7 +86,8 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     command = (args.group, getattr(args, "command", ""))
     if command == ("db", "sql"):
         target = Target(dsn="", table=args.table, schema=args.schema)
-        for line in db_sql(target, args.outbox_table if args.outbox else None):
+        outbox_table = args.outbox_table if args.outbox else None
+        for line in db_sql(target, outbox_table, per_migration=args.migrations):
             _emit(line)
         return
     if args.group == "demo":
@@ -92,6 +101,10 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     )
     if command == ("db", "upgrade"):
         for line in db_upgrade(target, args.outbox_table if args.outbox else None):
+            _emit(line)
+    elif command == ("db", "status"):
+        statuses = db_status(target, args.outbox_table if args.outbox else None)
+        for line in format_migration_status(statuses, as_json=args.json):
             _emit(line)
     elif command == ("jobs", "list"):
         list_jobs(

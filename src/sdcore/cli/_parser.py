@@ -186,10 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     sql_cmd = db_commands.add_parser("sql", help="print the DDL (no database needed)")
     _connection_options(sql_cmd, top=False)
     upgrade = db_commands.add_parser(
-        "upgrade", help="create the table and indexes if missing (race-safe, idempotent)"
+        "upgrade", help="apply pending migrations (race-safe; a 0.1.0 table is upgraded in place)"
     )
     _connection_options(upgrade, top=False)
-    for command in (sql_cmd, upgrade):
+    status = db_commands.add_parser(
+        "status", help="show applied and pending migrations (changes nothing)"
+    )
+    _connection_options(status, top=False)
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    sql_cmd.add_argument(
+        "--migrations",
+        action="store_true",
+        help="each migration's own script, recording itself in sdcore_migrations",
+    )
+    for command in (sql_cmd, upgrade, status):
         command.add_argument(
             "--outbox", action="store_true", help="also the transactional outbox table"
         )

@@ -25,7 +25,7 @@ from sdcore.outbox._model import (
     job_id_v2,
 )
 from sdcore.outbox._sql import OutboxStatements
-from sdcore.postgres import apply_schema, check_identifier, outbox_schema_sql
+from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
 from sdcore.postgres._schema import qualified
 
 if TYPE_CHECKING:
@@ -148,8 +148,8 @@ class Outbox:
     async def ensure_schema(
         self, target: psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]
     ) -> None:
-        """Create the table and indexes if missing (one transaction, sdcore's schema lock)."""
-        await apply_schema(target, self.schema_sql() + _interim_0002(self.table, self.schema))
+        """Apply the outbox table's pending migrations (race-safe; a 0.1.0 table is upgraded)."""
+        await migrate(target, "outbox", table=self.table, schema=self.schema)
 
     def _prepare(
         self,
@@ -359,31 +359,3 @@ def _check_key(key: object) -> str:
     key_text, _, _ = check_identity(key, "q", "n")
     return key_text
 
-
-def _interim_0002(table: str, schema: str | None) -> str:
-    # Until the migrations runner lands on main: the 0002 migration is idempotent, so it is
-    # applied after the 0.1.0 DDL on every ensure_schema.
-    import re
-    from importlib import resources
-
-    from psycopg import sql
-
-    from sdcore.postgres import derived_name
-
-    text = (
-        resources.files("sdcore.postgres")
-        .joinpath("sql", "migrations", "outbox", "0002_claims_digests_tombstones.sql")
-        .read_text(encoding="utf-8")
-    )
-
-    def fill(match: re.Match[str]) -> str:
-        placeholder = match.group(0)[1:-1]
-        if placeholder == "table":
-            return qualified(table, schema).as_string(None)
-        kind, suffix = placeholder.split(":", 1)
-        name = derived_name(table, suffix)
-        if kind == "object" and schema is not None:
-            return sql.Identifier(schema, name).as_string(None)
-        return sql.Identifier(name).as_string(None)
-
-    return re.sub(r"\{(?:table|(?:name|object):[a-z0-9_]+)\}", fill, text)
