@@ -43,7 +43,7 @@ from sdcore.outbox import (
     check_options,
 )
 from sdcore.outbox._model import job_id_v2
-from sdcore.postgres import outbox_schema_sql
+from sdcore.postgres import migrations
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from sdcore.testing import RecordingPublisher
 
@@ -223,7 +223,7 @@ async def test_rows_written_by_0_1_0_keep_their_job_ids(
     """A 0.1.0 table with a pending row takes the migration; the row is published as ``sd-…``."""
     async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
         async with pool.connection() as conn:
-            await conn.execute(outbox_schema_sql().encode())
+            await conn.execute(migrations("outbox")[0].render(table="outbox").encode())
             await conn.execute(
                 "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options,"
                 " max_attempts) VALUES ('legacy', 'q', 'n', %s, '{\"a\": 1}', %s, 10)",

@@ -358,4 +358,3 @@ class Outbox:
 def _check_key(key: object) -> str:
     key_text, _, _ = check_identity(key, "q", "n")
     return key_text
-
