@@ -173,13 +173,22 @@ def _check_text(field: str, value: object, limit: int) -> str:
     return value
 
 
+def check_key(idempotency_key: object) -> str:
+    """Validate an idempotency key.
+
+    Raises:
+        InvalidOutboxMessageError: Naming ``idempotency_key``.
+    """
+    return _check_text("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+
+
 def check_identity(idempotency_key: object, queue: object, name: object) -> tuple[str, str, str]:
     """Validate the key, the queue name and the job name.
 
     Raises:
         InvalidOutboxMessageError: Naming the argument.
     """
-    key = _check_text("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+    key = check_key(idempotency_key)
     queue_name = _check_text("queue", queue, 100)
     if not _QUEUE_NAME.fullmatch(queue_name):
         raise InvalidOutboxMessageError(

@@ -20,6 +20,7 @@ from sdcore.outbox._model import (
     OutboxTransactionRequiredError,
     check_exact_numbers,
     check_identity,
+    check_key,
     check_namespace,
     check_options,
     job_id_v2,
@@ -133,7 +134,7 @@ class Outbox:
             InvalidOutboxMessageError: A bad key.
             ValueError: The outbox has no namespace.
         """
-        key = _check_key(idempotency_key)
+        key = check_key(idempotency_key)
         if self.namespace is None:
             raise ValueError(
                 "this Outbox has no namespace: its job ids are derived from the database, schema"
@@ -353,8 +354,3 @@ class Outbox:
                 await self._insert(conn, row)
             done = True
         return done
-
-
-def _check_key(key: object) -> str:
-    key_text, _, _ = check_identity(key, "q", "n")
-    return key_text
