@@ -134,11 +134,13 @@ def test_runtime_refuses_a_pool_it_would_exhaust() -> None:
 
 async def test_runtime_start_twice_is_an_error_and_stop_is_idempotent(pg_dsn: str) -> None:
     runtime = Runtime(database_url=pg_dsn, pool_max_size=2)
+    states = []
     async with runtime:
-        assert runtime.started
+        states.append(runtime.started)
         with pytest.raises(RuntimeStateError, match="already started"):
             await runtime.start()
         health = await runtime.health()
         assert health["database"].ok
-    assert not runtime.started
+    states.append(runtime.started)
+    assert states == [True, False]
     await runtime.stop()
