@@ -93,7 +93,7 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["Runtime", "__version__"]
+    assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
     assert sdcore.Runtime is sdcore.runtime.Runtime
 
