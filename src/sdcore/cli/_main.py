@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sdcore.cli._db import (
     CliError,
@@ -20,6 +21,7 @@ from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
 from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
 from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.cli._run import RunOptions, run_app
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
 
@@ -92,6 +94,16 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         return
     if args.group == "demo":
         _demo(args, environ)
+        return
+    if args.group == "run":
+        run_options = RunOptions(
+            spec=args.app,
+            scheduler=not args.no_scheduler,
+            relay=not args.no_relay,
+            processors=not args.no_processors,
+            ready_file=Path(args.ready_file) if args.ready_file else None,
+        )
+        run_app(run_options, _emit)
         return
     if command == ("schedules", "list"):
         list_schedules(args.app, _emit)

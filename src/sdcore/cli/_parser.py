@@ -306,6 +306,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=_int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
     )
 
+    run = commands.add_parser(
+        "run",
+        help="run an application's Runtime (schedules, relay, processors) until SIGTERM",
+        description=(
+            "Import MODULE:ATTR — a sdcore Runtime, a Scheduler, an app with sdcore installed, or "
+            "a factory returning one — and run it as a long-lived worker process. SIGTERM or "
+            "SIGINT stops it gracefully."
+        ),
+    )
+    run.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.worker:runtime")
+    run.add_argument("--no-scheduler", action="store_true", help="do not run the schedules")
+    run.add_argument("--no-relay", action="store_true", help="do not run the outbox relay")
+    run.add_argument("--no-processors", action="store_true", help="do not run the queue processors")
+    run.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write the pid here once started, remove it at exit (for an exec readiness probe)",
+    )
+
     demo = commands.add_parser(
         "demo",
         help="run N replicas of one per-second schedule, kill one, and judge: each tick once?",
