@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import uuid
 from dataclasses import dataclass
@@ -13,13 +12,13 @@ from types import TracebackType
 from typing import Any, Self
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.job_scheduler._base import error_text
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
+from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import OutboxMessage, Publisher, PublisherUnavailableError
 from sdcore.outbox._outbox import Outbox
-from sdcore.postgres import redact_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +144,13 @@ class OutboxRelay:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._listening = False
+        self._notifications = Notifications(
+            pool,
+            channel=self.outbox.channel,
+            wake=self._wake,
+            listen_dsn=listen_dsn,
+            logger=self._log,
+        )
         self._broker_available = True
         self._published = 0
         self._failed = 0
@@ -157,7 +162,7 @@ class OutboxRelay:
         """A snapshot of the relay's state."""
         return RelayState(
             running=self._task is not None and not self._task.done(),
-            listening=self._listening,
+            listening=self._notifications.listening,
             broker_available=self._broker_available,
             published=self._published,
             failed=self._failed,
@@ -184,7 +189,9 @@ class OutboxRelay:
         self._stopping = False
         self._stop_event.clear()
         if self._listen_dsn is not None or not self._transaction_pooling:
-            self._listener = asyncio.create_task(self._listen(), name="sdcore-outbox-listen")
+            self._listener = asyncio.create_task(
+                self._notifications.run(), name="sdcore-outbox-listen"
+            )
         self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -201,7 +208,6 @@ class OutboxRelay:
             self._listener.cancel()
             await asyncio.wait({self._listener})
         self._task = self._listener = None
-        self._listening = False
 
     async def run_once(self) -> int:
         """Claim one batch of due rows, publish it, record the outcome.
@@ -414,44 +420,3 @@ class OutboxRelay:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._stop_event.wait()
-
-    async def _connect_args(self) -> tuple[str, dict[str, Any]]:
-        if self._listen_dsn is not None:
-            return self._listen_dsn, {"autocommit": True}
-        # psycopg_pool accepts a str or a (possibly async) callable for both.
-        conninfo: Any = self._pool.conninfo
-        kwargs: Any = self._pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-        if callable(kwargs):
-            kwargs = kwargs()
-        if inspect.isawaitable(conninfo):
-            conninfo = await conninfo
-        if inspect.isawaitable(kwargs):
-            kwargs = await kwargs
-        return str(conninfo), {**(kwargs or {}), "autocommit": True}
-
-    async def _listen(self) -> None:
-        """Keep a LISTEN connection; every notification wakes the relay. Reconnect on failure."""
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel))
-        while True:
-            try:
-                conninfo, kwargs = await self._connect_args()
-                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-                async with conn:
-                    await conn.execute(statement)
-                    self._listening = True
-                    self._wake.set()  # catch up on anything committed while not listening
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - polling covers the gap; log and reconnect
-                self._log.info(
-                    "outbox relay: LISTEN connection lost (%s); polling until it is back",
-                    redact_text(error_text(exc)[:200]),
-                    extra={"action": "relay_listen_lost"},
-                )
-            finally:
-                self._listening = False
-            await asyncio.sleep(1.0)
