@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -20,7 +23,7 @@ def test_list_shows_next_fire_times_in_utc_and_local(capsys: pytest.CaptureFixtu
     assert "Europe/Paris" in out
     line = next(line for line in out.splitlines() if line.startswith("mark-overdue-tasks"))
     assert "T01:00:00+0" in line  # local time 01:00 in Paris
-    assert "+00:00" in line  # and the same instant in UTC
+    assert "T00:00:00Z" in line or "T23:00:00Z" in line  # the same instant in UTC, with Z
     assert "refresh-stats" in out
 
 
@@ -119,3 +122,73 @@ def test_missed_unknown_schedule(pg_dsn: str, capsys: pytest.CaptureFixture[str]
         == 1
     )
     assert "no schedule named" in capsys.readouterr().err
+
+
+def test_list_json_has_stable_keys_and_z_times(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedules", "list", "--app", APP, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {row["name"] for row in rows} == {"mark-overdue-tasks", "refresh-stats"}
+    for row in rows:
+        assert list(row) == [
+            "name",
+            "kind",
+            "schedule",
+            "time_zone",
+            "exclusive",
+            "active",
+            "running",
+            "next_fire_at",
+            "next_fire_local",
+        ]
+        assert row["next_fire_at"].endswith("Z")
+    nightly = next(row for row in rows if row["name"] == "mark-overdue-tasks")
+    assert nightly["kind"] == "cron"
+    assert "T01:00:00+0" in nightly["next_fire_local"]
+
+
+def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(pg_dsn)
+    base = ["--database-url", pg_dsn, "schedules"]
+    assert main([*base, "runs", "mark-overdue-tasks", "--app", APP, "--json"]) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [run["run_key"] for run in runs] == ["2026-07-21T23:00:00Z", "2026-07-20T23:00:00Z"]
+    assert all(run["modified_at"].endswith("Z") for run in runs)
+    window = ["--since", "2026-07-20T00:00:00Z", "--until", "2026-07-23T00:00:00Z"]
+    assert main([*base, "missed", "mark-overdue-tasks", "--app", APP, *window, "--json"]) == 0
+    missed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert missed == [
+        {"run_key": "2026-07-21T23:00:00Z", "scheduled_at": "2026-07-21T23:00:00Z",
+         "status": "FAIL"},
+        {"run_key": "2026-07-22T23:00:00Z", "scheduled_at": "2026-07-22T23:00:00Z",
+         "status": None},
+    ]
+
+
+def test_missed_refuses_a_schedule_that_left_no_rows(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(pg_dsn)  # rows for mark-overdue-tasks only
+    code = main(
+        ["--database-url", pg_dsn, "schedules", "missed", "refresh-stats", "--app", APP,
+         "--since", "1h"]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""  # not 60 "never started" lines
+    assert "no run of 'refresh-stats' is recorded" in captured.err
+    assert "not exclusive" in captured.err
+
+
+def test_missing_scheduling_extra_is_not_called_a_bug(tmp_path: object) -> None:
+    # Simulate an install without cronsim: a module named cronsim that fails to import.
+    code = (
+        "import sys; sys.modules['cronsim'] = None\n"
+        "from sdcore.cli import main\n"
+        f"raise SystemExit(main(['schedules', 'list', '--app', {APP!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert "pip install 'sdcore[scheduling]'" in done.stderr
+    assert "bug" not in done.stderr

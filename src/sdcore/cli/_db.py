@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.cli import _queries as q
 from sdcore.cli._format import one_line
-from sdcore.cli._parser import DEFAULT_TABLE, UsageError
+from sdcore.cli._parser import DEFAULT_OUTBOX_TABLE, DEFAULT_TABLE, UsageError
 from sdcore.postgres import (
     SCHEMA_LOCK_ID,
     apply_schema,
@@ -41,11 +41,19 @@ class CliError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """Where the lease table lives: the connection string and the validated names."""
+    """Where a table lives: the connection string and the validated names.
+
+    Attributes:
+        dsn: The connection string.
+        table: The table (the lease table, or the outbox table when ``outbox``).
+        schema: Its schema, or ``None`` for the ``search_path``.
+        outbox: Whether ``table`` is a transactional outbox table (changes the fix hints).
+    """
 
     dsn: str
     table: str
     schema: str | None
+    outbox: bool = False
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -62,11 +70,16 @@ class Target:
     def upgrade_command(self) -> str:
         """The ``sdcore db upgrade`` invocation that creates this table."""
         words = ["sdcore"]
-        if self.table != DEFAULT_TABLE:
+        if not self.outbox and self.table != DEFAULT_TABLE:
             words += ["--table", self.table]
         if self.schema is not None:
             words += ["--schema", self.schema]
-        return shlex.join([*words, "db", "upgrade"])
+        words += ["db", "upgrade"]
+        if self.outbox:
+            words.append("--outbox")
+            if self.table != DEFAULT_OUTBOX_TABLE:
+                words += ["--outbox-table", self.table]
+        return shlex.join(words)
 
 
 def resolve_dsn(option: str | None, environ: Mapping[str, str]) -> str:
@@ -111,6 +124,12 @@ def describe_error(exc: psycopg.Error, target: Target) -> CliError:
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
         return CliError(f"table {target.shown} does not exist; run `{target.upgrade_command()}`")
     detail = one_line(redact_text(str(exc), target.dsn))
+    if isinstance(exc, pg_errors.UndefinedColumn):
+        kind = "an sdcore outbox table" if target.outbox else "an sdcore lease table"
+        return CliError(
+            f"table {target.shown} is not {kind} ({detail}); check --schema"
+            f"{' and --outbox-table' if target.outbox else ' and --table'}"
+        )
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return CliError(f"permission denied: {detail}")
     state = f" ({exc.sqlstate})" if exc.sqlstate else ""
@@ -158,7 +177,7 @@ def db_upgrade(target: Target, outbox_table: str | None = None) -> list[str]:
     try:
         lines = asyncio.run(_upgrade(target))
         if outbox_table is not None:
-            outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema)
+            outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema, outbox=True)
             lines += asyncio.run(
                 _upgrade(outbox, outbox_schema_sql(table=outbox_table, schema=target.schema))
             )

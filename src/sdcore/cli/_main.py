@@ -7,11 +7,20 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from sdcore import __version__
+from sdcore.cli._completion import completion_script
 from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
+from sdcore.cli._logging import cli_logging
 from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
-from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.cli._parser import (
+    FINISHED_STATUSES,
+    HelpExit,
+    UsageError,
+    build_parser,
+    parse_args,
+)
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
 
@@ -39,8 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ
     secrets = _dsns_in(arguments, environ)
+    if not arguments:
+        build_parser(__version__).print_help(sys.stderr)
+        return EXIT_USAGE
     try:
-        _dispatch(parse_args(arguments), environ)
+        args = parse_args(arguments, __version__)
+        with cli_logging(args.log_level, as_json=args.log_json, secrets=secrets):
+            _dispatch(args, environ)
     except HelpExit as exc:
         return exc.status
     except UsageError as exc:
@@ -81,11 +95,15 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         for line in db_sql(target, args.outbox_table if args.outbox else None):
             _emit(line)
         return
+    if args.group == "completion":
+        for line in completion_script(build_parser(__version__), args.shell):
+            _emit(line)
+        return
     if args.group == "demo":
         _demo(args, environ)
         return
     if command == ("schedules", "list"):
-        list_schedules(args.app, _emit)
+        list_schedules(args.app, _emit, as_json=args.json)
         return
     target = Target(
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
@@ -111,15 +129,17 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     elif args.group in ("outbox", "relay"):
         _outbox(args, target, environ)
     elif command == ("schedules", "runs"):
-        schedule_runs(target, args.app, args.name, args.limit, _emit)
+        schedule_runs(target, args.app, args.name, args.limit, _emit, as_json=args.json)
     elif command == ("schedules", "missed"):
-        missed_ticks(target, args.app, args.name, args.since, args.until, _emit)
+        missed_ticks(
+            target, args.app, args.name, args.since, args.until, _emit, as_json=args.json
+        )
     else:  # pragma: no cover - argparse only accepts the commands above
         raise UsageError(f"unknown command {' '.join(command)}")
 
 
 def _outbox(args: argparse.Namespace, target: Target, environ: Mapping[str, str]) -> None:
-    outbox = Target(dsn=target.dsn, table=args.outbox_table, schema=target.schema)
+    outbox = Target(dsn=target.dsn, table=args.outbox_table, schema=target.schema, outbox=True)
     if args.group == "relay":
         url = args.redis_url or environ.get("REDIS_URL")
         if not url:
