@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -192,3 +193,49 @@ def test_missing_scheduling_extra_is_not_called_a_bug(tmp_path: object) -> None:
     assert done.returncode == 1
     assert "pip install 'sdcore[scheduling]'" in done.stderr
     assert "bug" not in done.stderr
+
+
+def test_every_listing_json_pipes_into_jq(pg_dsn: str) -> None:
+    """Each listing's --json, through a real pipe into jq; every *_at value is UTC with Z."""
+    import shutil
+
+    from sdcore.outbox import Outbox
+
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.fail("jq is needed for this test (apt-get install jq)", pytrace=False)
+    _seed(pg_dsn)
+    assert main(["--database-url", pg_dsn, "db", "upgrade", "--outbox"]) == 0
+
+    async def enqueue() -> None:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await Outbox().enqueue_once(
+                conn, idempotency_key="k1", queue="mail", name="send", payload={}
+            )
+
+    asyncio.run(enqueue())
+    window = "--since 2026-07-20T00:00:00Z --until 2026-07-23T00:00:00Z"
+    commands = {
+        "jobs list": "jobs list --json",
+        "outbox list": "outbox list --json",
+        "schedules list": f"schedules list --app {APP} --json",
+        "schedules runs": f"schedules runs mark-overdue-tasks --app {APP} --json",
+        "schedules missed": f"schedules missed mark-overdue-tasks --app {APP} {window} --json",
+    }
+    check = (
+        '[to_entries[] | select(.key | endswith("_at")) | .value | select(. != null)]'
+        ' | all(endswith("Z"))'
+    )
+    env = {**os.environ, "DATABASE_URL": pg_dsn}
+    for label, command in commands.items():
+        pipeline = f"set -o pipefail; {sys.executable} -m sdcore.cli {command} | {jq} -e '{check}'"
+        done = subprocess.run(
+            ["bash", "-c", pipeline], capture_output=True, text=True, timeout=60, env=env,
+            check=False,
+        )
+        assert done.returncode == 0, (label, done.stdout, done.stderr)
+        verdicts = done.stdout.split()
+        assert verdicts, label  # at least one row listed
+        assert set(verdicts) == {"true"}, (label, done.stdout)
