@@ -375,3 +375,47 @@ def test_npm_cron_presets(preset: str, after: str, expected: list[str]) -> None:
 def test_every_15_minutes_is_documented_as_sdcore_only() -> None:
     assert "EVERY_15_MINUTES" in (CronExpression.__doc__ or "")
     assert str(CronExpression.EVERY_15_MINUTES) == "0 */15 * * * *"
+
+
+def _field(draw: st.DrawFn, low: int, high: int) -> str:
+    a = draw(st.integers(low, high))
+    b = draw(st.integers(a, high))
+    step = draw(st.integers(1, 12))
+    return draw(
+        st.sampled_from(
+            ["*", f"*/{step}", f"{a}", f"{a}-{b}", f"{a},{b}", f"{a}-{b}/{step}", f"{low}-{high}"]
+        )
+    )
+
+
+@st.composite
+def _day_fields(draw: st.DrawFn) -> tuple[str, str]:
+    return _field(draw, 1, 31), _field(draw, 0, 7)
+
+
+def _npm_days(dom: str, dow: str, start: datetime, count: int) -> list[str]:
+    """npm cron 4.4.0's day rule, written out from its _getNextDateFrom, as an oracle."""
+    from cronsim.cronsim import Field
+
+    days = {int(v) for v in Field.DAY.parse(dom)}
+    weekdays = {int(v) % 7 for v in Field.DOW.parse(dow)}
+    dom_restricted, dow_restricted = len(days) != 31, len(weekdays) != 7
+    out: list[str] = []
+    day = start
+    while len(out) < count:
+        day += timedelta(days=1)
+        in_dom, in_dow = day.day in days, day.isoweekday() % 7 in weekdays
+        skip = (not in_dom and dom_restricted and not (in_dow and dow_restricted)) or (
+            not in_dow and dow_restricted and not (in_dom and dom_restricted)
+        )
+        if not skip:
+            out.append(day.strftime("%m-%d%a"))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_day_fields())
+def test_nestjs_day_rule_matches_npm_cron(fields: tuple[str, str]) -> None:
+    dom, dow = fields
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    assert _next_days(f"0 0 {dom} * {dow}", "nestjs", count=8) == _npm_days(dom, dow, start, 8)
