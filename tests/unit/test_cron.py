@@ -397,8 +397,9 @@ def _npm_days(dom: str, dow: str, start: datetime, count: int) -> list[str]:
     """npm cron 4.4.0's day rule, written out from its _getNextDateFrom, as an oracle."""
     from cronsim.cronsim import Field
 
-    days = {int(v) for v in Field.DAY.parse(dom)}
-    weekdays = {int(v) % 7 for v in Field.DOW.parse(dow)}
+    # The strategy draws no L, W or # items, so every parsed item is an int.
+    days = {v for v in Field.DAY.parse(dom) if isinstance(v, int)}
+    weekdays = {v % 7 for v in Field.DOW.parse(dow) if isinstance(v, int)}
     dom_restricted, dow_restricted = len(days) != 31, len(weekdays) != 7
     out: list[str] = []
     day = start
