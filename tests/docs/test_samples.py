@@ -12,6 +12,9 @@ The conventions a sample follows (documented in docs/index.md, "Code samples"):
   if at all, from ``REDIS_URL``.
 - A program that runs until stopped prints a line containing ``Ctrl-C`` once it is ready; the test
   then sends SIGINT and expects exit status 0 (a clean stop, no traceback).
+- A block that defines ``test_…`` functions is a test module: it is saved as ``test_sample.py``
+  and run with ``pytest`` (``asyncio_mode = "auto"``, as the testing how-to says to configure),
+  and every test in it must pass.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if asyncio.iscoroutine(result):
     asyncio.run(result)
 """
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+_TEST_FUNCTION = re.compile(r"^(async )?def test_", re.MULTILINE)
 _FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>[A-Za-z0-9_+-]*)\s*$")
 
 
@@ -145,10 +149,18 @@ def test_every_program_is_valid_python(sample: Sample) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sample", PROGRAMS, ids=[sample.id for sample in PROGRAMS])
 def test_program_runs_as_written(sample: Sample, pg_dsn: str, tmp_path: Path) -> None:
-    script = tmp_path / "sample.py"
+    tests = _TEST_FUNCTION.search(sample.code) is not None
+    script = tmp_path / ("test_sample.py" if tests else "sample.py")
     script.write_text(sample.code, encoding="utf-8")
     command = [sys.executable, str(script)]
-    if _has_top_level_await(sample.code):
+    if tests:
+        command = [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+            str(tmp_path), "-c", os.devnull, "-o", "asyncio_mode=auto", "-o",
+            "asyncio_default_fixture_loop_scope=function", "-W", "error",
+            str(script),
+        ]
+    elif _has_top_level_await(sample.code):
         runner = tmp_path / "_await_runner.py"
         runner.write_text(_AWAIT_RUNNER.format(flags=int(_TOP_LEVEL_AWAIT)), encoding="utf-8")
         command = [sys.executable, str(runner), str(script)]
