@@ -239,3 +239,20 @@ def test_every_listing_json_pipes_into_jq(pg_dsn: str) -> None:
         verdicts = done.stdout.split()
         assert verdicts, label  # at least one row listed
         assert set(verdicts) == {"true"}, (label, done.stdout)
+
+
+def test_missed_check_exits_3_when_ticks_are_missed(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(pg_dsn)  # 2026-07-20T23:00Z SUCCESS, 2026-07-21T23:00Z FAIL
+    base = ["--database-url", pg_dsn, "schedules", "missed", "mark-overdue-tasks", "--app", APP]
+    clean = ["--since", "2026-07-20T12:00:00Z", "--until", "2026-07-21T00:00:00Z"]
+    assert main([*base, *clean, "--check"]) == 0
+    assert "0 missed tick(s)" in capsys.readouterr().out
+    missed = ["--since", "2026-07-20T12:00:00Z", "--until", "2026-07-22T00:00:00Z"]
+    assert main([*base, *missed]) == 0  # without --check: a report, not a verdict
+    capsys.readouterr()
+    assert main([*base, *missed, "--check"]) == 3
+    captured = capsys.readouterr()
+    assert "2026-07-21T23:00:00Z  FAIL" in captured.out
+    assert "1 missed tick(s) of 'mark-overdue-tasks'" in captured.err

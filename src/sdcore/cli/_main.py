@@ -37,11 +37,16 @@ from sdcore.postgres import redact_text
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_MISSED = 3
 EXIT_INTERRUPTED = 130
 
 
 class DemoFailedError(CliError):
     """The demo's verdict found a doubled or missed tick."""
+
+
+class MissedTicksError(CliError):
+    """``schedules missed --check`` found missed ticks (exit status 3)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 on success, 1 on an error (cannot connect, missing table, job not released, …),
-        2 on a usage error (bad option, bad id, bad duration, no database URL), 130 when
-        interrupted.
+        2 on a usage error (bad option, bad id, bad duration, no database URL), 3 when
+        ``schedules missed --check`` found missed ticks, 130 when interrupted.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ
@@ -70,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         _error(str(exc), secrets)
         return EXIT_USAGE
+    except MissedTicksError as exc:
+        _error(str(exc), secrets)
+        return EXIT_MISSED
     except CliError as exc:
         _error(str(exc), secrets)
         return EXIT_ERROR
@@ -156,9 +164,11 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     elif command == ("schedules", "runs"):
         schedule_runs(target, args.app, args.name, args.limit, _emit, as_json=args.json)
     elif command == ("schedules", "missed"):
-        missed_ticks(
+        missed = missed_ticks(
             target, args.app, args.name, args.since, args.until, _emit, as_json=args.json
         )
+        if args.check and missed:
+            raise MissedTicksError(f"{missed} missed tick(s) of {args.name!r}")
     else:  # pragma: no cover - argparse only accepts the commands above
         raise UsageError(f"unknown command {' '.join(command)}")
 

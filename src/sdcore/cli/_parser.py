@@ -431,6 +431,11 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
                 metavar="WHEN",
                 help="end of the range (default: now)",
             )
+            command.add_argument(
+                "--check",
+                action="store_true",
+                help="exit status 3 if any tick is missed (for monitoring probes)",
+            )
     return parser
 
 

@@ -162,8 +162,11 @@ def missed_ticks(
     emit: Emit,
     *,
     as_json: bool = False,
-) -> None:
+) -> int:
     """Print the expected ticks of ``name`` in ``[since, until)`` that have no SUCCESS row.
+
+    Returns:
+        How many ticks are missed.
 
     A schedule with no lease row at all is refused rather than listed tick by tick: a
     non-exclusive schedule (a Scheduler without ``jobs=``, or ``exclusive=False``) never writes
@@ -218,10 +221,11 @@ def missed_ticks(
                     }
                 )
             )
-        return
+        return len(found)
     rows = [
         [m.run_key, "never started" if m.status is None else m.status.value] for m in found
     ]
     for line in render_table(["run_key", "state"], rows, {}):
         emit(line)
     emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")
+    return len(found)
