@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -22,6 +22,11 @@ from psycopg.conninfo import conninfo_to_dict
 from sdcore.cli import _queries as q
 from sdcore.cli._format import json_line, one_line, render_table, utc_iso
 from sdcore.cli._parser import DEFAULT_OUTBOX_TABLE, DEFAULT_TABLE, UsageError
+from sdcore.job_scheduler import (
+    JobSchedulerDatabaseError,
+    JobSchedulerUnavailableError,
+    LeaseAdmin,
+)
 from sdcore.postgres import (
     SCHEMA_LOCK_ID,
     MigrationStatus,
@@ -36,6 +41,9 @@ from sdcore.postgres import (
 from sdcore.postgres._migrations import Component
 
 APPLICATION_NAME = "sdcore-cli"
+_UNDEFINED_TABLE = pg_errors.UndefinedTable.sqlstate
+_INVALID_SCHEMA = pg_errors.InvalidSchemaName.sqlstate
+_INSUFFICIENT_PRIVILEGE = pg_errors.InsufficientPrivilege.sqlstate
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
@@ -169,6 +177,42 @@ def _tables(target: Target, outbox_table: str | None) -> list[tuple[Component, T
         outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema, outbox=True)
         tables.append(("outbox", outbox))
     return tables
+
+
+AsyncConn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+def run_admin(target: Target, operation: Callable[[LeaseAdmin, AsyncConn], Awaitable[T]]) -> T:
+    """Run one :class:`LeaseAdmin` operation on a fresh autocommit connection.
+
+    Raises:
+        CliError: The database cannot be reached, the table is missing, or a statement failed
+            (one redacted line, with the fix when there is one).
+    """
+
+    async def run() -> T:
+        admin = LeaseAdmin(table=target.table, schema=target.schema)
+        try:
+            conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
+        except psycopg.Error as exc:
+            raise _cannot_connect(exc, target.dsn) from None
+        async with conn:
+            return await operation(admin, conn)
+
+    try:
+        return asyncio.run(run())
+    except JobSchedulerDatabaseError as exc:
+        if exc.sqlstate in (_UNDEFINED_TABLE, _INVALID_SCHEMA):
+            raise CliError(
+                f"table {target.shown} does not exist; run `{target.upgrade_command()}`"
+            ) from None
+        detail = one_line(redact_text(str(exc), target.dsn))
+        if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
+            raise CliError(f"permission denied: {detail}") from None
+        raise CliError(f"database error ({exc.sqlstate}): {detail}") from None
+    except JobSchedulerUnavailableError as exc:
+        raise CliError(one_line(redact_text(str(exc), target.dsn))) from None
 
 
 def db_sql(
