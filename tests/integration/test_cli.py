@@ -656,3 +656,31 @@ def test_default_log_level_is_warning_as_text(
     [line] = shown.err.splitlines()
     assert line.endswith(" WARNING myapp: clock is odd")
     assert line.split(" ")[0].endswith("Z")
+
+
+def test_json_log_records_with_exceptions_and_odd_extras(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+    from datetime import UTC, datetime
+
+    from sdcore.cli._logging import cli_logging
+
+    log = logging.getLogger("sdcore.test.cli_logging")
+    with cli_logging("INFO", as_json=True, secrets=["postgresql://u:s3cr3t@h/db"]):
+        try:
+            raise ValueError("boom with s3cr3t")
+        except ValueError:
+            log.exception(
+                "failed", extra={"when": datetime(2026, 7, 20, tzinfo=UTC), "schedule": "nightly"}
+            )
+        log.debug("not shown")
+    log.warning("after the block: not ours")
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("{")]
+    record = json.loads(line)
+    assert record["level"] == "ERROR"
+    assert record["schedule"] == "nightly"
+    assert record["when"].startswith("2026-07-20")  # not JSON: shown as its str()
+    assert "ValueError: boom with ***" in record["message"]
+    assert "s3cr3t" not in err
