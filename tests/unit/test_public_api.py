@@ -8,12 +8,14 @@ import sys
 import sdcore
 import sdcore.job_scheduler
 import sdcore.postgres
+import sdcore.runtime
 import sdcore.testing
 
 JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
     "BaseJobScheduler",
+    "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
     "JobAcquireOptions",
@@ -22,6 +24,8 @@ JOB_SCHEDULER = [
     "JobExecutionLease",
     "JobLease",
     "JobNotAcquired",
+    "JobNotFoundError",
+    "JobNotRunningError",
     "JobScheduler",
     "JobSchedulerDatabaseError",
     "JobSchedulerError",
@@ -31,8 +35,12 @@ JOB_SCHEDULER = [
     "JobSchedulerUnavailableError",
     "JsonTypeError",
     "JsonValueError",
+    "LeaseAdmin",
     "LostJobLeaseError",
+    "PruneReport",
+    "ReleasedRun",
     "RunExclusiveResult",
+    "RunRecord",
     "bullmq_job_id",
     "idempotency_key",
     "lock_key",
@@ -85,7 +93,9 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["__version__"]
+    assert sdcore.__all__ == ["Runtime", "__version__"]
+    assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
+    assert sdcore.Runtime is sdcore.runtime.Runtime
 
 
 def test_importing_sdcore_imports_no_optional_dependency() -> None:
