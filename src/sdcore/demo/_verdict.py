@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from sdcore.demo._replica import SCHEDULE
-from sdcore.postgres import schema_sql
+from sdcore.postgres import migrate
 
 JOBS_TABLE = "sdcore_demo_jobs"
 LEDGER_TABLE = "sdcore_demo_ledger"
@@ -71,10 +72,15 @@ class Verdict:
         return not self.doubled and not self.missed
 
 
+async def _migrate(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await migrate(conn, "lease", table=JOBS_TABLE)
+
+
 def prepare(dsn: str) -> None:
-    """Create (or empty) the demo's lease table and ledger."""
+    """Create or upgrade (sdcore's migrations), then empty, the demo's lease table and ledger."""
+    asyncio.run(_migrate(dsn))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(schema_sql(table=JOBS_TABLE).encode())
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, run_key text NOT NULL,"
