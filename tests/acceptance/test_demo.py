@@ -147,14 +147,20 @@ def _check_window(text: str) -> None:
     assert not [line for line in after if TICK.search(line)], after
 
 
+def _demo_processes() -> set[int]:
+    # Only this venv's: other checkouts on the machine may run their own demos meanwhile.
+    venv = str(Path(sys.executable).parent)
+    return {pid for pid, line in _cmdlines().items() if "sdcore.demo." in line and venv in line}
+
+
 @pytest.fixture
 def leftovers() -> Iterator[None]:
-    """Fail if a replica or a demo folder of this test outlives it."""
-    before = {pid for pid, line in _cmdlines().items() if "sdcore.demo." in line}
+    """Fail if a keeper or a replica started by this test outlives it."""
+    before = _demo_processes()
     yield
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        now = {pid for pid, line in _cmdlines().items() if "sdcore.demo." in line} - before
+        now = _demo_processes() - before
         if not [pid for pid in now if _alive(pid)]:
             return
         time.sleep(0.2)
@@ -276,7 +282,7 @@ def test_kill_9_of_the_demo_leaves_nothing_behind() -> None:
     demo.wait_for("all replicas ready")
     postmaster = int((root / "data" / "postmaster.pid").read_text().split()[0])
     keeper = int((root / "keeper.pid").read_text())
-    replicas = [pid for pid, line in _cmdlines().items() if "sdcore.demo._replica" in line]
+    replicas = [pid for pid in _demo_processes() if "_replica" in _cmdlines().get(pid, "")]
     assert replicas
     demo.process.kill()  # SIGKILL: no finally, no atexit
     demo.finish()
