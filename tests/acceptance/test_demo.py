@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sdcore.demo import DemoOptions, compute_verdict, run_demo
+from sdcore.demo import compute_verdict
 from sdcore.demo._embedded import PREFIX, remove_stale
 from sdcore.demo._server import SERVER_USER
 from sdcore.demo._verdict import LEDGER_TABLE, prepare
@@ -371,12 +371,3 @@ def test_verdict_names_a_takeover(pg_dsn: str) -> None:
     assert takeover.started_by == [(1, 11, 1)]
     assert takeover.finished_by == (2, 22)
     assert takeover.fencing_token == 2
-
-
-@pytest.mark.slow
-def test_run_demo_in_process_against_a_database(pg_dsn: str) -> None:
-    lines: list[str] = []
-    status = run_demo(DemoOptions(replicas=2, duration_s=10, database_url=pg_dsn), lines.append)
-    text = "\n".join(lines)
-    assert status == 0, text
-    assert "PASS" in text
