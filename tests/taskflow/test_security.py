@@ -152,6 +152,17 @@ def test_a_body_under_the_limit_reaches_the_app(make_settings: SettingsFactory) 
     assert response.status_code == 201, response.text
 
 
+def test_responses_are_nosniff_and_api_responses_not_cached() -> None:
+    client = TestClient(create_app(_settings()))
+    api = client.get(f"/v1/tasks/{uuid.UUID(int=1)}")
+    assert api.status_code == 401
+    assert api.headers["x-content-type-options"] == "nosniff"
+    assert api.headers["cache-control"] == "no-store"
+    docs = client.get("/openapi.json")
+    assert docs.headers["x-content-type-options"] == "nosniff"
+    assert "cache-control" not in docs.headers
+
+
 # --------------------------------------------------------------------------- text (L1)
 
 

@@ -11,6 +11,9 @@ security review measured ~400 MB of memory for one 100 MB body). Here, in order:
    count passes the limit), and replayed to the application.
 
 A reverse proxy should enforce a limit too (nginx ``client_max_body_size``).
+
+Every response also gets ``X-Content-Type-Options: nosniff``, and ``/v1`` responses (per-user
+data) ``Cache-Control: no-store``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self._bounded(scope, receive, _with_headers(send, private=_is_api(scope["path"])))
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.settings.max_body_bytes
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         declared = headers.get("content-length", "")
@@ -53,7 +59,7 @@ class BodyLimit:
             await self._too_large(scope, receive, send)
             return
         has_body = (declared not in ("", "0")) or "transfer-encoding" in headers
-        if has_body and (scope["path"].startswith("/v1/") or scope["path"] == "/v1"):
+        if has_body and _is_api(scope["path"]):
             failure = self._anonymous(headers.get("authorization", ""))
             if failure is not None:
                 response = problem(
@@ -114,3 +120,24 @@ class BodyLimit:
             headers={"Connection": "close"},
         )
         await response(scope, receive, send)
+
+
+def _is_api(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+def _with_headers(send: Send, *, private: bool) -> Send:
+    extra = [(b"x-content-type-options", b"nosniff")]
+    if private:
+        extra.append((b"cache-control", b"no-store"))
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            names = {name.lower() for name, _ in message.get("headers", [])}
+            message["headers"] = [
+                *message.get("headers", []),
+                *((name, value) for name, value in extra if name not in names),
+            ]
+        await send(message)
+
+    return sending
