@@ -278,7 +278,7 @@ class _LiveView:
             self.seen.add(str(run_key))
             label = _color(int(str(number)), f"replica-{number} (pid {pid})", self.tty)
             line = f"  tick {run_key}  ran on {label}  fencing_token={fencing}"
-            if self.killed is not None and self.killed[1] == run_key:
+            if self.killed is not None and self.killed[1] == run_key and int(str(fencing)) > 1:
                 line += f"  ← took over from the killed replica-{self.killed[0]}"
             self.out(line)
 
