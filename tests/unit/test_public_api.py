@@ -115,6 +115,7 @@ def test_scheduling_surface() -> None:
     assert sdcore.scheduling.__all__ == [
         "CatchUp",
         "CronExpression",
+        "DayRule",
         "InvalidScheduleError",
         "MissedTick",
         "Overlap",
