@@ -93,6 +93,8 @@ async def test_an_abandoned_attempt_is_taken_over_whatever_the_budget(
     await asyncio.sleep(0.3)
     taken, attempt = await store.acquire_attempt(options, budget)
     assert (taken.acquired, attempt) == (True, 2)
+    assert taken.acquired
+    assert first.acquired
     assert taken.fencing_token == first.fencing_token + 1
 
 

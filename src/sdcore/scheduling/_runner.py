@@ -80,6 +80,7 @@ class TickRunner:
         tick: Tick,
         deadline: datetime | None,
         clock: Callable[[], datetime],
+        record_skip: bool = True,
     ) -> TickOutcome:
         """Run ``tick`` within its attempt budget; never raises except ``CancelledError``.
 
@@ -91,6 +92,8 @@ class TickRunner:
             tick: The tick.
             deadline: Retries never start at or after this instant (the next tick).
             clock: Wall clock (UTC).
+            record_skip: Record the tick as skipped if the cluster overlap guard refuses it
+                (a regular fire; a catch-up start stays pending instead).
         """
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
@@ -99,7 +102,7 @@ class TickRunner:
             return self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
         if policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive:
-            return await self._guarded(name, kind, policy, tick, body)
+            return await self._guarded(name, kind, policy, tick, body, record_skip)
         return await body()
 
     async def record_skipped(
@@ -120,6 +123,7 @@ class TickRunner:
         policy: RunPolicy,
         tick: Tick,
         body: Callable[[], Awaitable[TickOutcome]],
+        record_skip: bool,
     ) -> TickOutcome:
         """Cluster-wide overlap guard: a second lease per schedule, released after the run.
 
@@ -144,7 +148,8 @@ class TickRunner:
                 tick.run_key,
                 extra={"action": "tick_overlap_skipped", "schedule": name, "run_key": tick.run_key},
             )
-            await self.record_skipped(name, kind, policy, tick, "overlap")
+            if record_skip:
+                await self.record_skipped(name, kind, policy, tick, "overlap")
             return TickOutcome(ran=False, succeeded=False, attempts=0)
         lease = guard.lease
         work = asyncio.ensure_future(body())

@@ -127,7 +127,7 @@ class Supervisor:
         if due in entry.in_flight:
             return False  # this very tick is already running here
         tick = make_tick(entry.name, entry.trigger, entry.zone, due)
-        if entry.running and entry.policy.overlap is Overlap.SKIP:
+        if entry.running and entry.policy.overlap is not Overlap.ALLOW:
             self._log.log(
                 logging.INFO if path is StartPath.FIRE else logging.DEBUG,
                 "schedule %r run %r: skipped, the previous run is still running here (%s)",
@@ -158,6 +158,7 @@ class Supervisor:
                 tick=tick,
                 deadline=deadline,
                 clock=self._clock,
+                record_skip=path is StartPath.FIRE,
             ),
             f"sdcore-tick:{entry.name}",
         )
@@ -206,9 +207,11 @@ class Supervisor:
             return
         end = now - _SWEEP_MARGIN
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
-        since = max(entry.active_since, window_start, entry.swept_until or entry.active_since)
+        # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
+        active = entry.active_since + timedelta(microseconds=1)
+        since = max(active, window_start, entry.swept_until or active)
         if entry.policy.catch_up is CatchUp.LATEST:
-            since = max(entry.active_since, window_start)
+            since = max(active, window_start)
         try:
             fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
             consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
@@ -230,7 +233,7 @@ class Supervisor:
         entry.pending = set(instants)
         entry.offered = set()
         for instant in instants:
-            if entry.running and entry.policy.overlap is Overlap.SKIP:
+            if entry.running and entry.policy.overlap is not Overlap.ALLOW:
                 break  # the rest start one after the other (see start_tick's done callback)
             entry.offered.add(instant)
             tick = make_tick(entry.name, entry.trigger, entry.zone, instant)
