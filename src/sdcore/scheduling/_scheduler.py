@@ -8,10 +8,9 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Self, TypeVar, Unpack
 from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
@@ -20,8 +19,10 @@ from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, load_zone
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
-    Overlap,
     RunPolicy,
+    ScheduleInfo,
+    ScheduleNotFoundError,
+    ScheduleOptions,
     StartPath,
     build_policy,
     check_ms,
@@ -49,53 +50,6 @@ __all__ = [
 
 H = TypeVar("H", bound=Handler)
 _MAX_SLEEP = 30.0
-
-
-class ScheduleOptions(TypedDict, total=False):
-    """Per-schedule options (all optional; see the scheduling docs).
-
-    Attributes:
-        exclusive: Run each tick on one replica only (default: ``True`` when the scheduler has
-            ``jobs``).
-        overlap: ``"skip"`` (default), ``"allow"`` or ``"skip_cluster"``.
-        catch_up: ``"off"`` (default), ``"latest"`` or ``"all"`` missed ticks.
-        catch_up_window_ms: How far back catch-up looks (default 1 hour, at most 31 days).
-        retries: Further runs of a failed tick across the cluster, never past the next tick
-            (default 0, at most 100).
-        retry_backoff_ms: Wait before the first retry, doubled each time (default 1,000).
-        jitter_ms: Random delay of the fire moment; the run key is unchanged (default 0).
-        lease_ms: Lease of each tick (default: the scheduler's).
-        heartbeat_ms: Heartbeat interval (default ``min(60 s, lease_ms // 3)``).
-    """
-
-    exclusive: bool
-    overlap: Overlap | Literal["skip", "allow", "skip_cluster"]
-    catch_up: CatchUp | Literal["off", "latest", "all"]
-    catch_up_window_ms: int
-    retries: int
-    retry_backoff_ms: int
-    jitter_ms: int
-    lease_ms: int
-    heartbeat_ms: int
-
-
-class ScheduleNotFoundError(KeyError):
-    """No schedule has this name."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleInfo:
-    """A schedule as the registry lists it."""
-
-    name: str
-    kind: ScheduleKind
-    description: str
-    time_zone: str
-    exclusive: bool
-    active: bool
-    running: int
-    next_fire_at: datetime | None
-    next_fire_local: datetime | None
 
 
 class Scheduler:
