@@ -239,6 +239,8 @@ class Scheduler:
     def stop(self, name: str) -> None:
         """Stop firing a schedule (a run in progress goes on)."""
         entry = self._entry(name)
+        if entry.active and self._started_at is not None:
+            entry.stopped_at = self._clock()
         entry.active = False
         entry.version += 1
         entry.next_at = None
@@ -246,13 +248,18 @@ class Scheduler:
     def start(self, name: str) -> None:
         """Resume a stopped schedule from its next fire time after now.
 
-        Ticks that fell while it was stopped are not caught up by the sweep.
+        Ticks that fell while it was stopped are not caught up; exclusive ones without a row are
+        recorded as skipped (``"paused"``).
         """
         entry = self._entry(name)
         if not entry.active:
             entry.active = True
             if self._started_at is not None:
-                self._arm(entry, self._clock())
+                now = self._clock()
+                if entry.stopped_at is not None:
+                    self._sup.record_paused(entry, entry.stopped_at, now)
+                entry.stopped_at = None
+                self._arm(entry, now)
 
     def remove(self, name: str) -> None:
         """Stop and forget a schedule (a run in progress goes on; ``aclose`` still awaits it)."""
