@@ -15,11 +15,10 @@ from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
-from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
-    RunPolicy,
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
@@ -38,15 +37,6 @@ from sdcore.scheduling._triggers import (
     Trigger,
     expected_instants,
 )
-
-__all__ = [
-    "MissedTick",
-    "RunPolicy",
-    "ScheduleInfo",
-    "ScheduleNotFoundError",
-    "ScheduleOptions",
-    "Scheduler",
-]
 
 H = TypeVar("H", bound=Handler)
 _MAX_SLEEP = 30.0
@@ -101,11 +91,19 @@ class Scheduler:
         *,
         name: str | None = None,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> Callable[[H], H]:
-        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants)."""
+        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants).
+
+        ``day_rule`` chooses how day-of-month and day-of-week combine: ``"vixie"`` (default,
+        as cronie) or ``"nestjs"`` (as npm ``cron``); see :class:`DayRule`.
+        """
         return self._decorator(
-            lambda h, n: self.add_cron(n, expression, h, time_zone=time_zone, **options), name
+            lambda h, n: self.add_cron(
+                n, expression, h, time_zone=time_zone, day_rule=day_rule, **options
+            ),
+            name,
         )
 
     def interval(
@@ -138,12 +136,13 @@ class Scheduler:
         handler: Handler,
         *,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> None:
         """Register a cron schedule (see :meth:`cron`); usable while running."""
         check_name(name)
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
-        spec = CronSpec.parse(expression, zone, name)
+        spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
         self._add(name, CronTrigger(spec), handler, zone, options)
 
     def add_interval(
