@@ -11,7 +11,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
 from sdcore.scheduling._catch_up import MissedTick
-from sdcore.scheduling._cron import DayRule, InvalidScheduleError
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
 from sdcore.scheduling._policy import (
     CatchUp,
@@ -36,6 +36,7 @@ __all__ = [
     "ScheduleNotFoundError",
     "ScheduleOptions",
     "Scheduler",
+    "SchedulingError",
     "Tick",
     "TickOutcome",
     "format_run_key",
