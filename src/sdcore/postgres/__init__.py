@@ -1,6 +1,14 @@
-"""PostgreSQL plumbing shared by every sdcore feature: schema, DSN handling, held connections."""
+"""PostgreSQL plumbing shared by every sdcore feature: schema, DSNs, pools, held connections."""
 
 from sdcore.postgres._dsn import redact_dsn, redact_text
+from sdcore.postgres._pool import (
+    DatabaseConnectError,
+    PoolSettings,
+    SdcorePool,
+    create_pool,
+    open_pool,
+)
+from sdcore.postgres._pooling import POOLER_SQLSTATES
 from sdcore.postgres._schema import (
     SCHEMA_LOCK_ID,
     InvalidIdentifierError,
@@ -12,11 +20,17 @@ from sdcore.postgres._schema import (
 )
 
 __all__ = [
+    "POOLER_SQLSTATES",
     "SCHEMA_LOCK_ID",
+    "DatabaseConnectError",
     "InvalidIdentifierError",
+    "PoolSettings",
+    "SdcorePool",
     "apply_schema",
     "check_identifier",
+    "create_pool",
     "derived_name",
+    "open_pool",
     "outbox_schema_sql",
     "redact_dsn",
     "redact_text",
