@@ -148,24 +148,26 @@ def test_bad_identifiers_are_usage_errors(cli: Cli, option: tuple[str, str]) -> 
 def test_db_upgrade_creates_the_table_then_is_idempotent(cli: Cli, pg_dsn: str) -> None:
     first = cli("--database-url", pg_dsn, "db", "upgrade")
     assert first.code == 0, first.err
-    assert first.out == 'created table "job_scheduler" with 4 indexes\n'
+    assert first.lines == [
+        'created table "job_scheduler" with 4 indexes',
+        'applied lease migration 0001_initial to "job_scheduler"',
+    ]
 
     second = cli("--database-url", pg_dsn, "db", "upgrade")
     assert second.code == 0, second.err
     assert "nothing to do" in second.out
     assert rows(pg_dsn) == {}
 
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute('DROP INDEX "job_scheduler_status_modified_at_idx"')
-    repaired = cli("--database-url", pg_dsn, "db", "upgrade")
-    assert repaired.out == 'table "job_scheduler" exists; created 1 missing index\n'
-
 
 def test_db_upgrade_in_a_schema_then_list(cli: Cli, pg_dsn: str) -> None:
     names = ["--database-url", pg_dsn, "--schema", "ops", "--table", "leases"]
     result = cli(*names, "db", "upgrade")
     assert result.code == 0, result.err
-    assert result.lines == ['created schema "ops"', 'created table "ops"."leases" with 4 indexes']
+    assert result.lines[:2] == [
+        'created schema "ops"',
+        'created table "ops"."leases" with 4 indexes',
+    ]
+    assert result.lines[2:] == ['applied lease migration 0001_initial to "ops"."leases"']
     listed = cli(*names, "jobs", "list")
     assert (listed.code, listed.out) == (0, "no jobs found\n")
 

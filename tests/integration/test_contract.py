@@ -26,6 +26,7 @@ from sdcore.job_scheduler import (
     LostJobLeaseError,
 )
 from sdcore.testing import FakeClock, InMemoryJobScheduler
+from tests.integration.test_migrations import DDL_0_1_0, LEGACY_CODE, SEED_0_1_0
 
 
 @dataclass
@@ -64,12 +65,17 @@ async def _memory_backend() -> Backend:
     return Backend("memory", service, age, read, count)
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "postgres-upgraded-from-0.1.0"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         yield await _memory_backend()
         return
     dsn: str = request.getfixturevalue("pg_dsn")
+    if request.param == "postgres-upgraded-from-0.1.0":
+        # The 0.1.0 tables with unrelated rows; ensure_schema() below migrates them in place.
+        with psycopg.connect(dsn, autocommit=True) as setup:
+            setup.execute(DDL_0_1_0.read_bytes())
+            setup.execute(SEED_0_1_0)
     async with JobSchedulerService.connect(dsn) as service:
         await service.ensure_schema()
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -93,7 +99,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
                 return dict(zip((*keys, "name", "idempotency_key"), row, strict=True))
 
             async def count() -> int:
-                cur = await conn.execute("SELECT count(*) FROM job_scheduler")
+                cur = await conn.execute(
+                    "SELECT count(*) FROM job_scheduler WHERE code <> %s", (LEGACY_CODE,)
+                )
                 row = await cur.fetchone()
                 assert row is not None
                 return int(row[0])

@@ -8,6 +8,7 @@ import sys
 import sdcore
 import sdcore.job_scheduler
 import sdcore.postgres
+import sdcore.runtime
 import sdcore.testing
 
 JOB_SCHEDULER = [
@@ -85,7 +86,9 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["__version__"]
+    assert sdcore.__all__ == ["Runtime", "__version__"]
+    assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
+    assert sdcore.Runtime is sdcore.runtime.Runtime
 
 
 def test_importing_sdcore_imports_no_optional_dependency() -> None:

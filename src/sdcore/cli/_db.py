@@ -20,16 +20,20 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.cli import _queries as q
-from sdcore.cli._format import one_line
+from sdcore.cli._format import json_line, one_line, render_table, utc_iso
 from sdcore.cli._parser import DEFAULT_TABLE, UsageError
 from sdcore.postgres import (
     SCHEMA_LOCK_ID,
-    apply_schema,
+    MigrationStatus,
+    migrate,
+    migration_scripts,
+    migration_status,
     outbox_schema_sql,
     redact_dsn,
     redact_text,
     schema_sql,
 )
+from sdcore.postgres._migrations import Component
 
 APPLICATION_NAME = "sdcore-cli"
 DEFAULT_CONNECT_TIMEOUT_S = 10
@@ -140,52 +144,94 @@ def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         raise describe_error(exc, target) from None
 
 
-def db_sql(target: Target, outbox_table: str | None = None) -> list[str]:
-    """Return the DDL lines of the table(s) (what ``db upgrade`` applies)."""
-    lines = schema_sql(table=target.table, schema=target.schema).rstrip("\n").splitlines()
+def _tables(target: Target, outbox_table: str | None) -> list[tuple[Component, Target]]:
+    tables: list[tuple[Component, Target]] = [("lease", target)]
     if outbox_table is not None:
-        outbox = outbox_schema_sql(table=outbox_table, schema=target.schema)
-        lines += ["", *outbox.rstrip("\n").splitlines()]
+        tables.append(("outbox", Target(dsn=target.dsn, table=outbox_table, schema=target.schema)))
+    return tables
+
+
+def db_sql(
+    target: Target, outbox_table: str | None = None, *, per_migration: bool = False
+) -> list[str]:
+    """Return the DDL lines of the table(s) (what ``db upgrade`` applies to an empty database).
+
+    With ``per_migration``, each migration's own script instead, each recording itself in
+    ``sdcore_migrations`` so that ``db upgrade`` sees a database migrated by another tool as
+    up to date.
+    """
+    lines: list[str] = []
+    for component, table in _tables(target, outbox_table):
+        if lines:
+            lines.append("")
+        if per_migration:
+            for _, script in migration_scripts(component, table=table.table, schema=table.schema):
+                lines += [*script.rstrip("\n").splitlines(), ""]
+            lines.pop()
+            continue
+        sql_text = schema_sql if component == "lease" else outbox_schema_sql
+        lines += sql_text(table=table.table, schema=table.schema).rstrip("\n").splitlines()
     return lines
 
 
 def db_upgrade(target: Target, outbox_table: str | None = None) -> list[str]:
-    """Apply the DDL under sdcore's schema advisory lock and report what changed.
+    """Apply the pending migrations under sdcore's schema advisory lock and report them.
 
     Raises:
-        CliError: The database cannot be reached or refused the DDL.
+        CliError: The database cannot be reached or refused a migration.
     """
+    lines: list[str] = []
     try:
-        lines = asyncio.run(_upgrade(target))
-        if outbox_table is not None:
-            outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema)
-            lines += asyncio.run(
-                _upgrade(outbox, outbox_schema_sql(table=outbox_table, schema=target.schema))
-            )
+        for component, table in _tables(target, outbox_table):
+            lines += asyncio.run(_upgrade(table, component))
         return lines
     except psycopg.Error as exc:
         raise describe_error(exc, target) from None
 
 
-async def _upgrade(target: Target, script: str | None = None) -> list[str]:
-    if script is None:
-        script = schema_sql(table=target.table, schema=target.schema)
+def db_status(target: Target, outbox_table: str | None = None) -> list[MigrationStatus]:
+    """Return the applied and pending migrations of the table(s); changes nothing.
+
+    Raises:
+        CliError: The database cannot be reached.
+    """
+    try:
+        return [
+            asyncio.run(_status(table, component))
+            for component, table in _tables(target, outbox_table)
+        ]
+    except psycopg.Error as exc:
+        raise describe_error(exc, target) from None
+
+
+async def _status(target: Target, component: Component) -> MigrationStatus:
     try:
         conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
     except psycopg.Error as exc:
         raise _cannot_connect(exc, target.dsn) from None
     async with conn:
-        # The session lock is the one apply_schema takes per transaction (re-entrant for this
+        return await migration_status(conn, component, table=target.table, schema=target.schema)
+
+
+async def _upgrade(target: Target, component: Component) -> list[str]:
+    try:
+        conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
+    except psycopg.Error as exc:
+        raise _cannot_connect(exc, target.dsn) from None
+    async with conn:
+        # The session lock is the one migrate() takes per transaction (re-entrant for this
         # session): holding it across the before/after reads makes the report true even when
         # several replicas or operators upgrade at once.
         await conn.execute(q.SCHEMA_LOCK, (SCHEMA_LOCK_ID,))
         try:
             before = await _inventory(conn, target)
-            await apply_schema(conn, script)
+            applied = await migrate(conn, component, table=target.table, schema=target.schema)
             after = await _inventory(conn, target)
         finally:
             await conn.execute(q.SCHEMA_UNLOCK, (SCHEMA_LOCK_ID,))
-    return _report(target, before, after)
+    lines = _report(target, before, after, bool(applied))
+    lines += [f"applied {component} migration {m.name} to {target.shown}" for m in applied]
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +260,9 @@ async def _inventory(conn: psycopg.AsyncConnection[Any], target: Target) -> _Inv
     return _Inventory(schema_exists, oid is not None, indexes)
 
 
-def _report(target: Target, before: _Inventory, after: _Inventory) -> list[str]:
+def _report(
+    target: Target, before: _Inventory, after: _Inventory, migrated: bool
+) -> list[str]:
     lines: list[str] = []
     if target.schema is not None and not before.schema_exists:
         lines.append(f"created schema {sql.Identifier(target.schema).as_string(None)}")
@@ -225,6 +273,40 @@ def _report(target: Target, before: _Inventory, after: _Inventory) -> list[str]:
         if added > 0:
             noun = "index" if added == 1 else "indexes"
             lines.append(f"table {target.shown} exists; created {added} missing {noun}")
-    if not lines:
+    if not lines and not migrated:
         lines.append(f"table {target.shown} is up to date; nothing to do")
+    return lines
+
+
+def format_migration_status(statuses: list[MigrationStatus], *, as_json: bool) -> list[str]:
+    """Render ``db status``: one block per table, or one JSON object per table with ``--json``."""
+    lines: list[str] = []
+    for status in statuses:
+        shown = Target(dsn="", table=status.table, schema=status.schema).shown
+        if as_json:
+            lines.append(
+                json_line(
+                    {
+                        "component": status.component,
+                        "table": status.table,
+                        "schema": status.schema,
+                        "up_to_date": status.up_to_date,
+                        "applied": [
+                            {"name": a.name, "applied_at": utc_iso(a.applied_at, precise=True)}
+                            for a in status.applied
+                        ],
+                        "pending": [m.name for m in status.pending],
+                        "modified": list(status.modified),
+                        "unknown": list(status.unknown),
+                    }
+                )
+            )
+            continue
+        rows = [[a.name, "applied", utc_iso(a.applied_at)] for a in status.applied]
+        rows += [[m.name, "pending", ""] for m in status.pending]
+        state = "up to date" if status.up_to_date else f"{len(status.pending)} pending"
+        lines.append(f"{status.component} table {shown}: {state}")
+        lines += ["  " + line for line in render_table(["migration", "state", "applied"], rows, {})]
+        lines += [f"  warning: {name} changed since it was applied" for name in status.modified]
+        lines += [f"  note: {name} was applied by a newer sdcore" for name in status.unknown]
     return lines

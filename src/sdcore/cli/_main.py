@@ -6,12 +6,22 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from sdcore.cli._db import CliError, Target, db_sql, db_upgrade, resolve_dsn
+from sdcore.cli._db import (
+    CliError,
+    Target,
+    db_sql,
+    db_status,
+    db_upgrade,
+    format_migration_status,
+    resolve_dsn,
+)
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
 from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
 from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.cli._run import RunOptions, run_app
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
 
@@ -78,11 +88,22 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     command = (args.group, getattr(args, "command", ""))
     if command == ("db", "sql"):
         target = Target(dsn="", table=args.table, schema=args.schema)
-        for line in db_sql(target, args.outbox_table if args.outbox else None):
+        outbox_table = args.outbox_table if args.outbox else None
+        for line in db_sql(target, outbox_table, per_migration=args.migrations):
             _emit(line)
         return
     if args.group == "demo":
         _demo(args, environ)
+        return
+    if args.group == "run":
+        run_options = RunOptions(
+            spec=args.app,
+            scheduler=not args.no_scheduler,
+            relay=not args.no_relay,
+            processors=not args.no_processors,
+            ready_file=Path(args.ready_file) if args.ready_file else None,
+        )
+        run_app(run_options, _emit)
         return
     if command == ("schedules", "list"):
         list_schedules(args.app, _emit)
@@ -92,6 +113,10 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     )
     if command == ("db", "upgrade"):
         for line in db_upgrade(target, args.outbox_table if args.outbox else None):
+            _emit(line)
+    elif command == ("db", "status"):
+        statuses = db_status(target, args.outbox_table if args.outbox else None)
+        for line in format_migration_status(statuses, as_json=args.json):
             _emit(line)
     elif command == ("jobs", "list"):
         list_jobs(

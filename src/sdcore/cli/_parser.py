@@ -186,10 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     sql_cmd = db_commands.add_parser("sql", help="print the DDL (no database needed)")
     _connection_options(sql_cmd, top=False)
     upgrade = db_commands.add_parser(
-        "upgrade", help="create the table and indexes if missing (race-safe, idempotent)"
+        "upgrade", help="apply pending migrations (race-safe; a 0.1.0 table is upgraded in place)"
     )
     _connection_options(upgrade, top=False)
-    for command in (sql_cmd, upgrade):
+    status = db_commands.add_parser(
+        "status", help="show applied and pending migrations (changes nothing)"
+    )
+    _connection_options(status, top=False)
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    sql_cmd.add_argument(
+        "--migrations",
+        action="store_true",
+        help="each migration's own script, recording itself in sdcore_migrations",
+    )
+    for command in (sql_cmd, upgrade, status):
         command.add_argument(
             "--outbox", action="store_true", help="also the transactional outbox table"
         )
@@ -294,6 +304,25 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
     relay.add_argument(
         "--batch-size", type=_int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
+    )
+
+    run = commands.add_parser(
+        "run",
+        help="run an application's Runtime (schedules, relay, processors) until SIGTERM",
+        description=(
+            "Import MODULE:ATTR — a sdcore Runtime, a Scheduler, an app with sdcore installed, or "
+            "a factory returning one — and run it as a long-lived worker process. SIGTERM or "
+            "SIGINT stops it gracefully."
+        ),
+    )
+    run.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.worker:runtime")
+    run.add_argument("--no-scheduler", action="store_true", help="do not run the schedules")
+    run.add_argument("--no-relay", action="store_true", help="do not run the outbox relay")
+    run.add_argument("--no-processors", action="store_true", help="do not run the queue processors")
+    run.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write the pid here once started, remove it at exit (for an exec readiness probe)",
     )
 
     demo = commands.add_parser(

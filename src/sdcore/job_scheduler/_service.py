@@ -28,10 +28,11 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres import migrate, schema_sql
 from sdcore.postgres._connections import HeldConnections
 from sdcore.postgres._dsn import redact_text
 from sdcore.postgres._pool import DatabaseConnectError, PoolSettings, create_pool, open_pool
-from sdcore.postgres._schema import apply_schema, qualified, schema_sql
+from sdcore.postgres._schema import qualified
 
 _NOT_ACQUIRED = JobNotAcquired()
 _STATUS = {member.value: member for member in JobSchedulerStatus}
@@ -255,11 +256,14 @@ class JobSchedulerService(BaseJobScheduler):
         return schema_sql(table=self._table, schema=self._schema)
 
     async def ensure_schema(self) -> None:
-        """Create the table, constraints and indexes if missing; safe from N replicas at once."""
+        """Apply the lease table's pending migrations; safe from N replicas at once.
+
+        A table created by sdcore 0.1.0 is upgraded in place, every row kept.
+        """
         # On a held connection: the held ones may be all the pool has (max_connections == max_size).
         conn = await self._held.get()
         try:
-            await apply_schema(conn, self.schema_sql())
+            await migrate(conn, "lease", table=self._table, schema=self._schema)
         except psycopg.Error as exc:
             await self._held.put(conn, broken=conn.broken)
             raise self._wrap(exc) from exc

@@ -14,7 +14,7 @@ from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease, bullmq_job_id
 from sdcore.outbox._model import InvalidOutboxMessageError, check_identity, check_options
 from sdcore.outbox._sql import OutboxStatements
-from sdcore.postgres import apply_schema, check_identifier, outbox_schema_sql
+from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
 from sdcore.postgres._schema import qualified
 
 if TYPE_CHECKING:
@@ -89,8 +89,8 @@ class Outbox:
     async def ensure_schema(
         self, target: psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]
     ) -> None:
-        """Create the table and indexes if missing (one transaction, sdcore's schema lock)."""
-        await apply_schema(target, self.schema_sql())
+        """Apply the outbox table's pending migrations (race-safe; a 0.1.0 table is upgraded)."""
+        await migrate(target, "outbox", table=self.table, schema=self.schema)
 
     def _prepare(
         self,

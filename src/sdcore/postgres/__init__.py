@@ -1,6 +1,19 @@
-"""PostgreSQL plumbing shared by every sdcore feature: schema, DSNs, pools, held connections."""
+"""PostgreSQL plumbing shared by every sdcore feature: migrations, DSNs, pools, connections."""
 
 from sdcore.postgres._dsn import redact_dsn, redact_text
+from sdcore.postgres._migrations import (
+    AppliedMigration,
+    Migration,
+    MigrationError,
+    MigrationStatus,
+    full_sql,
+    migrate,
+    migration_scripts,
+    migration_status,
+    migrations,
+    outbox_schema_sql,
+    schema_sql,
+)
 from sdcore.postgres._pool import (
     DatabaseConnectError,
     PoolSettings,
@@ -15,21 +28,28 @@ from sdcore.postgres._schema import (
     apply_schema,
     check_identifier,
     derived_name,
-    outbox_schema_sql,
-    schema_sql,
 )
 
 __all__ = [
     "POOLER_SQLSTATES",
     "SCHEMA_LOCK_ID",
+    "AppliedMigration",
     "DatabaseConnectError",
     "InvalidIdentifierError",
+    "Migration",
+    "MigrationError",
+    "MigrationStatus",
     "PoolSettings",
     "SdcorePool",
     "apply_schema",
     "check_identifier",
     "create_pool",
     "derived_name",
+    "full_sql",
+    "migrate",
+    "migration_scripts",
+    "migration_status",
+    "migrations",
     "open_pool",
     "outbox_schema_sql",
     "redact_dsn",
