@@ -91,8 +91,11 @@ def prepared_db(pg_dsn: str) -> str:
 class Polluter:
     """Connections through the same PgBouncer that keep SET-ting session settings."""
 
-    def __init__(self, dsn: str, connections: int = 3) -> None:
+    def __init__(
+        self, dsn: str, connections: int = 3, statements: tuple[str, ...] = POLLUTION
+    ) -> None:
         self._dsn = dsn
+        self._statements = statements
         self._count = connections
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -103,7 +106,7 @@ class Polluter:
         try:
             with psycopg.connect(self._dsn, autocommit=True, prepare_threshold=None) as conn:
                 while not self._stop.is_set():
-                    for statement in POLLUTION:
+                    for statement in self._statements:
                         conn.execute(statement.encode())
                         self.statements += 1
                     time.sleep(0.001)
@@ -290,3 +293,35 @@ def test_prepared_statements_through_transaction_pooling_name_the_switch(
     _report(f"without transaction_pooling=True: {len(seen)} errors, first: {seen[:1]}")
     assert seen, "expected PgBouncer transaction pooling to break server-side prepares"
     assert all("transaction_pooling=True" in text for text in seen), seen
+
+
+def test_runtime_switch_through_transaction_pooling(prepared_db: str) -> None:
+    """``Sdcore(transaction_pooling=True)``: migrations, lease writes and the pool through it."""
+    from sdcore.fastapi import Sdcore
+
+    host, port, dbname = _upstream(prepared_db)
+    with pgbouncer(upstream_host=host, upstream_port=port, mode="transaction", pool_size=2) as pgb:
+        dsn = pgb.dsn(dbname)
+
+        async def run() -> None:
+            runtime = Sdcore(
+                database_url=dsn, transaction_pooling=True, pool_max_size=4, scheduler=False
+            )
+            assert runtime.pool.kwargs["prepare_threshold"] is None  # type: ignore[index]
+            async with runtime:
+                for index in range(8):
+                    outcome = await runtime.jobs.run_exclusive(
+                        {"code": "runtime-pgb", "run_key": f"r{index}"}, lambda lease: None
+                    )
+                    assert outcome.acquired
+
+        # Not search_path: the outbox's migrations use the pool as it is (name a schema there).
+        with Polluter(dsn, connections=2, statements=POLLUTION[:-1]):
+            asyncio.run(run())
+    with psycopg.connect(prepared_db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT sync_commit, stmt_timeout, count(*) FROM lease_audit WHERE code = %s"
+            " GROUP BY 1, 2",
+            ("runtime-pgb",),
+        ).fetchall()
+    assert rows == [("on", "30s", 16)]

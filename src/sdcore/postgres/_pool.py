@@ -229,11 +229,12 @@ async def open_pool(pool: SdcorePool) -> None:
             probe = await AsyncConnection.connect(dsn, **kwargs)
         except psycopg.Error as exc:
             permanent = _PERMANENT.search(str(exc)) is not None
-            if permanent or time.monotonic() + delay >= deadline:
+            left = deadline - time.monotonic()
+            if permanent or left <= 0:
                 raise DatabaseConnectError(
                     dsn=redact_dsn(dsn), reason=_reason(exc, dsn), permanent=permanent
                 ) from None
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, settings.reconnect_max_delay_ms / 1000)
             continue
         await probe.close()

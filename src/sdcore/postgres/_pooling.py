@@ -14,9 +14,11 @@ A multi-statement message is one implicit transaction: the pooler keeps it on on
 connection, the ``LOCAL`` settings hold for exactly that transaction (and are gone when it
 commits), the commit waits as ``synchronous_commit = on`` says, and PostgreSQL restarts the
 statement timer for each statement of the message, so the statement gets sdcore's timeout. One
-round trip, no prepared statement, nothing left behind. Measured against the same statement alone
-through PgBouncer 1.18 it costs ~1 % (a pipeline of separate statements: 18-22 %, see
+round trip, no prepared statement, nothing left behind. Measured against the same statement
+alone through PgBouncer 1.18 it costs ~1 % (a pipeline of separate statements: 18-22 %, see
 ``docs/benchmarks.md``). Parameters are bound on the client (psycopg's ``ClientCursor``).
+Inside an explicit transaction (the migrations) the ``set_config`` part is sent ahead of each
+statement instead.
 
 Both cursors also name the likely cause of the protocol errors a transaction-mode pooler produces
 when a client uses server-side prepared statements.
@@ -106,16 +108,19 @@ def statement_prelude(
         sql.SQL("set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
         for name, value in settings
     )
-    select = sql.SQL("SELECT {}").format(calls).as_bytes(conn)
-    return b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; " + select + b"; "
+    return sql.SQL("SELECT {}; ").format(calls).as_bytes(conn)
+
+
+_ISOLATION = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; "
 
 
 class PoolerSafeCursor(AsyncClientCursor[Any]):
     """Runs each statement outside a transaction as one self-contained implicit transaction.
 
     Use a subclass from :func:`pooler_safe_cursor`, which sets ``prelude``. Inside an explicit
-    transaction (``conn.transaction()``) statements are sent as they are: the transaction is
-    already pinned to one server connection.
+    transaction (``conn.transaction()``, e.g. migrations) the settings are re-applied ahead of
+    each statement (``SET LOCAL`` semantics, isolation as the transaction began): the
+    transaction is already pinned to one server connection.
     """
 
     prelude: bytes = b""
@@ -129,13 +134,17 @@ class PoolerSafeCursor(AsyncClientCursor[Any]):
         binary: bool | None = None,
     ) -> Self:
         conn = self.connection
+        status = conn.pgconn.transaction_status
+        if status == _IDLE:
+            prelude, skip = _ISOLATION + self.prelude, 2
+        elif status == pq.TransactionStatus.INTRANS:
+            prelude, skip = self.prelude, 1
+        else:  # a failed transaction: let the server say so
+            prelude, skip = b"", 0
+        if params is not None:
+            # The whole message goes through client-side %s interpolation.
+            prelude = prelude.replace(b"%", b"%%")
         try:
-            if not self.prelude or conn.pgconn.transaction_status != _IDLE:
-                return await super().execute(query, params, prepare=False, binary=binary)
-            prelude = self.prelude
-            if params is not None:
-                # The whole message goes through client-side %s interpolation.
-                prelude = prelude.replace(b"%", b"%%")
             await super().execute(
                 prelude + _as_bytes(query, conn), params, prepare=False, binary=binary
             )
@@ -144,9 +153,8 @@ class PoolerSafeCursor(AsyncClientCursor[Any]):
             if better is None:
                 raise
             raise better from exc
-        # Skip the results of SET TRANSACTION and of the set_config SELECT.
-        self.nextset()
-        self.nextset()
+        for _ in range(skip):
+            self.nextset()
         return self
 
 
