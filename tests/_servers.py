@@ -289,7 +289,9 @@ def replicated_pair(*, synchronous: bool) -> Iterator[tuple[Postgres, Postgres]]
                 "--no-sync",
             ]
         )
-        _configure(standby, {"cluster_name": "'standby1'"})
+        # pg_basebackup copied the primary's synchronous_standby_names: once promoted, the
+        # standby would wait for a synchronous standby of its own, and every commit would hang.
+        _configure(standby, {"cluster_name": "'standby1'", "synchronous_standby_names": "''"})
         standby.datadir.chmod(0o700)
         standby.start()
         _wait_streaming(primary, synchronous=synchronous)
