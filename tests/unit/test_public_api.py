@@ -15,6 +15,7 @@ JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
     "BaseJobScheduler",
+    "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
     "JobAcquireOptions",
@@ -23,6 +24,8 @@ JOB_SCHEDULER = [
     "JobExecutionLease",
     "JobLease",
     "JobNotAcquired",
+    "JobNotFoundError",
+    "JobNotRunningError",
     "JobScheduler",
     "JobSchedulerDatabaseError",
     "JobSchedulerError",
@@ -32,8 +35,12 @@ JOB_SCHEDULER = [
     "JobSchedulerUnavailableError",
     "JsonTypeError",
     "JsonValueError",
+    "LeaseAdmin",
     "LostJobLeaseError",
+    "PruneReport",
+    "ReleasedRun",
     "RunExclusiveResult",
+    "RunRecord",
     "bullmq_job_id",
     "idempotency_key",
     "lock_key",
@@ -86,7 +93,7 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["Runtime", "__version__"]
+    assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
     assert sdcore.Runtime is sdcore.runtime.Runtime
 
@@ -108,6 +115,7 @@ def test_scheduling_surface() -> None:
     assert sdcore.scheduling.__all__ == [
         "CatchUp",
         "CronExpression",
+        "DayRule",
         "InvalidScheduleError",
         "MissedTick",
         "Overlap",

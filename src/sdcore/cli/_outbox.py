@@ -24,6 +24,8 @@ HEADERS = (
     "idempotency_key",
     "last_error",
 )
+# The database answered the check a moment ago: a pool that still cannot open is a new outage.
+OPEN_TIMEOUT_S = 10
 WIDTHS = {"name": 24, "idempotency_key": 28, "last_error": 60}
 _LIST = """\
 SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key, job_id,
@@ -86,6 +88,21 @@ def retry_outbox(target: Target, emit: Emit, row_id: int) -> None:
     emit(f"outbox row {row_id} is PENDING again and due now")
 
 
+def check_outbox(target: Target) -> None:
+    """Check, in seconds, that the database answers and ``target`` is an outbox table.
+
+    The relay's pool would retry a bad database for its whole open timeout and its loop would
+    treat a missing table as an outage forever; one direct connection fails fast with the cause.
+
+    Raises:
+        CliError: Cannot connect, the table is missing (with the command that creates it), or
+            it is not an outbox table.
+    """
+    query = sql.SQL(_LIST).format(table=target.identifier)
+    with connection(target) as conn:
+        conn.execute(query, ([], 0))
+
+
 def run_relay(
     target: Target,
     emit: Emit,
@@ -101,14 +118,17 @@ def run_relay(
     URL is a transaction-mode pooler such as PgBouncer).
 
     Raises:
-        CliError: The extra is missing, or the database / Redis cannot be reached at start.
+        CliError: The extra is missing, or the database / Redis cannot be reached at start, or
+            the outbox table is missing.
     """
     try:
         from sdcore.queues import BullMQPublisher
     except ImportError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(f"the relay needs its extra: {exc}") from None
     from sdcore.outbox import OutboxRelay
     from sdcore.postgres import DatabaseConnectError, PoolSettings, create_pool, open_pool
+
+    check_outbox(target)
 
     async def relay() -> None:
         stop = asyncio.Event()
@@ -121,12 +141,13 @@ def run_relay(
             max_size=4,
             application_name="sdcore-relay",
             transaction_pooling=transaction_pooling,
+            open_timeout_ms=OPEN_TIMEOUT_S * 1000,
         )
         pool = create_pool(target.dsn, settings)
         try:
             await open_pool(pool)
         except DatabaseConnectError as exc:
-            raise CliError(str(exc)) from None
+            raise CliError(f"cannot connect to the database: {exc.reason}") from None
         publisher = BullMQPublisher.from_url(redis_url, prefix=prefix)
         relay = OutboxRelay(pool, publisher, outbox=outbox, batch_size=batch_size)
         async with pool, publisher, relay:

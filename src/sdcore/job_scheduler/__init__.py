@@ -6,6 +6,15 @@ make external side effects exactly-once: use ``idempotency_key`` (and ``bullmq_j
 """
 
 from sdcore._json import JsonTypeError, JsonValueError
+from sdcore.job_scheduler._admin import (
+    InvalidAdminRequestError,
+    JobNotFoundError,
+    JobNotRunningError,
+    LeaseAdmin,
+    PruneReport,
+    ReleasedRun,
+    RunRecord,
+)
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
@@ -37,6 +46,7 @@ __all__ = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
     "BaseJobScheduler",
+    "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
     "JobAcquireOptions",
@@ -45,6 +55,8 @@ __all__ = [
     "JobExecutionLease",
     "JobLease",
     "JobNotAcquired",
+    "JobNotFoundError",
+    "JobNotRunningError",
     "JobScheduler",
     "JobSchedulerDatabaseError",
     "JobSchedulerError",
@@ -54,8 +66,12 @@ __all__ = [
     "JobSchedulerUnavailableError",
     "JsonTypeError",
     "JsonValueError",
+    "LeaseAdmin",
     "LostJobLeaseError",
+    "PruneReport",
+    "ReleasedRun",
     "RunExclusiveResult",
+    "RunRecord",
     "bullmq_job_id",
     "idempotency_key",
     "lock_key",
