@@ -166,21 +166,28 @@ class HeldConnections:
                 await conn.set_autocommit(True)
             conn.row_factory = tuple_row
             saved: tuple[str, ...] | None = None
-            cursor_class = self._cursor_class or await self._first_connection(conn)
             if self.transaction_pooling:
                 conn.prepare_threshold = None
-            else:
+                self._restore[id(conn)] = (
+                    autocommit,
+                    row_factory,
+                    cursor_factory,
+                    prepare_threshold,
+                    None,
+                )
+            cursor_class = self._cursor_class or await self._first_connection(conn)
+            if not self.transaction_pooling:
                 cur = await conn.execute(_SESSION_SAVE)
                 row = await cur.fetchone()
                 assert row is not None  # noqa: S101 - a SELECT without FROM returns one row
                 saved = tuple(row)
-            self._restore[id(conn)] = (
-                autocommit,
-                row_factory,
-                cursor_factory,
-                prepare_threshold,
-                saved,
-            )
+                self._restore[id(conn)] = (
+                    autocommit,
+                    row_factory,
+                    cursor_factory,
+                    prepare_threshold,
+                    saved,
+                )
             if not self.transaction_pooling:
                 await conn.execute(
                     _SESSION_SET, ("read committed", "on", self._statement_timeout, "UTC")
