@@ -115,7 +115,8 @@ def run_relay(
     """Run an outbox relay until SIGTERM / SIGINT, publishing to BullMQ on ``redis_url``.
 
     With ``transaction_pooling`` the relay's pool sends no server-side prepared statement (the
-    URL is a transaction-mode pooler such as PgBouncer).
+    URL is a transaction-mode pooler such as PgBouncer) and the relay polls instead of LISTENing
+    (a notification cannot reach it through such a pooler).
 
     Raises:
         CliError: The extra is missing, or the database / Redis cannot be reached at start, or
@@ -149,7 +150,13 @@ def run_relay(
         except DatabaseConnectError as exc:
             raise CliError(f"cannot connect to the database: {exc.reason}") from None
         publisher = BullMQPublisher.from_url(redis_url, prefix=prefix)
-        relay = OutboxRelay(pool, publisher, outbox=outbox, batch_size=batch_size)
+        relay = OutboxRelay(
+            pool,
+            publisher,
+            outbox=outbox,
+            batch_size=batch_size,
+            transaction_pooling=transaction_pooling,
+        )
         async with pool, publisher, relay:
             emit(f"relaying {escape(target.shown)} to BullMQ ({escape(prefix)}); SIGTERM stops")
             await stop.wait()
