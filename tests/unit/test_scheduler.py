@@ -21,6 +21,28 @@ from sdcore.scheduling import (
 from sdcore.testing import InMemoryJobScheduler
 
 
+class _ShiftedClock:
+    """The system clock, shifted by ``offset`` (to write rows "in the past")."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+async def _seen_long_ago(code: str) -> InMemoryJobScheduler:
+    """A store where ``code`` already ran a day ago: catch-up applies (the schedule existed)."""
+    clock = _ShiftedClock()
+    jobs = InMemoryJobScheduler(clock=clock)
+    clock.offset = -timedelta(days=1)
+    old = await jobs.acquire({"code": code, "run_key": "2000-01-01T00:00:00Z"})
+    assert old.acquired
+    await jobs.complete(old.lease)
+    clock.offset = timedelta(0)
+    return jobs
+
+
 def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
     return Counter(row.status.value for row in jobs.rows() if row.code == code)
 
@@ -249,7 +271,7 @@ async def test_graceful_shutdown_lets_short_runs_finish() -> None:
 
 @pytest.mark.parametrize(("mode", "expected"), [("latest", 1), ("all", 3), ("off", 0)])
 async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = await _seen_long_ago("m")
     ran: list[str] = []
     scheduler = Scheduler(jobs=jobs)
     # Per-minute ticks, a window of three minutes: three ticks were missed.
@@ -269,8 +291,8 @@ async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -
         assert recent[0] == (now.replace(second=0, microsecond=0)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def test_catch_up_skips_ticks_that_already_succeeded() -> None:
-    jobs = InMemoryJobScheduler()
+async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
+    jobs = await _seen_long_ago("m")
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     done = await jobs.acquire(
         JobAcquireOptions(code="m", run_key=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -288,7 +310,9 @@ async def test_catch_up_skips_ticks_that_already_succeeded() -> None:
     )
     async with scheduler:
         await asyncio.sleep(0.3)
-    assert ran == [(now - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")]
+    # The latest tick of the window succeeded: "latest" has nothing to do (the tick before it is
+    # not the "latest" one; before 0.2 it ran, and each sweep walked one tick further back).
+    assert ran == []
 
 
 async def test_missed_ticks_query() -> None:

@@ -6,6 +6,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -14,6 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._json import dump_json_object
+from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, TickStatements
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
@@ -140,6 +142,7 @@ class JobSchedulerService(BaseJobScheduler):
         self._table = table
         self._schema = schema
         self._sql = LeaseStatements.render(qualified(table, schema))
+        self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
         self._held = HeldConnections(
             pool, size=max_connections, statement_timeout_ms=statement_timeout_ms
@@ -473,6 +476,120 @@ class JobSchedulerService(BaseJobScheduler):
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
         return None if row is None else _STATUS[row[0]]
+
+    # --- scheduler tick operations (sdcore.scheduling; see _attempts.py) ---------------------
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """``acquire`` within a tick's attempt budget (needs migration ``lease/0003``).
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+            JobSchedulerDatabaseError: The database refused the statement (e.g. no
+                ``attempts`` column: run ``sdcore db upgrade``).
+        """
+        token = str(uuid.uuid4())
+        params = (
+            options.lock_key,
+            options.idempotency_key,
+            options.code,
+            options.name,
+            str(options.type),
+            options.run_key,
+            token,
+            options.lease_ms,
+            budget.max_attempts,
+            budget.backoff_ms,
+        )
+        try:
+            row = await self._fetch(self._tick_sql.acquire_attempt, params)
+        except _LOSER_ERRORS:
+            return _NOT_ACQUIRED, 0
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise self._wrap(exc) from exc
+            # Ambiguous commit: our token is in the row only if the statement committed.
+            await self._held.reset_idle()
+            try:
+                owned = await self._fetch(self._sql.read_owned, (options.lock_key, token))
+            except psycopg.Error as again:
+                raise self._wrap(again) from exc
+            if owned is None:
+                return _NOT_ACQUIRED, 0
+            records = await self.tick_records([options.lock_key])
+            record = records.get(options.lock_key)
+            return _acquired(owned), 1 if record is None else record.attempts
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        if row is None:
+            return _NOT_ACQUIRED, 0
+        return _acquired(row[:-1]), int(row[-1])
+
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        """Record a tick as skipped (``FAIL``, 0 attempts) if it has no row; ``True`` if written.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        params = (
+            options.lock_key,
+            options.idempotency_key,
+            options.code,
+            options.name,
+            str(options.type),
+            options.run_key,
+            str(uuid.uuid4()),
+            dump_json_object({"skipped": reason}),
+        )
+        try:
+            return await self._rowcount(self._tick_sql.record_skipped, params) == 1
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+
+    async def first_seen(self, code: str) -> datetime | None:
+        """Return when the oldest row of ``code`` was created, if any.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        try:
+            row = await self._fetch(self._tick_sql.first_seen, (code,))
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        return None if row is None else row[0]
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        """Return what the table says about each tick that has a row, by ``lock_key``.
+
+        Raises:
+            ValueError: More than 10,000 keys or a key that is not a str.
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        keys = list(lock_keys)
+        if len(keys) > 10_000:
+            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
+        if not all(type(key) is str for key in keys):
+            raise ValueError("lock keys must be str")
+        if not keys:
+            return {}
+        conn = await self._held.get()
+        try:
+            cur = await conn.execute(self._tick_sql.tick_records, (keys,))
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            await self._held.put(conn, broken=conn.broken)
+            raise self._wrap(exc) from exc
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
+        return {
+            key: TickRecord(
+                status=_STATUS[status], attempts=attempts, skipped=skipped, released=bool(released)
+            )
+            for key, status, attempts, skipped, released in rows
+        }
 
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None

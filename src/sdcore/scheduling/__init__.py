@@ -10,11 +10,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
+from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._cron import InvalidScheduleError
 from sdcore.scheduling._expressions import CronExpression
-from sdcore.scheduling._runner import CatchUp, Overlap, TickOutcome
+from sdcore.scheduling._policy import CatchUp, Overlap
+from sdcore.scheduling._runner import TickOutcome
 from sdcore.scheduling._scheduler import (
-    MissedTick,
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
