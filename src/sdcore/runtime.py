@@ -31,7 +31,7 @@ from sdcore.events import EventBus
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
 from sdcore.postgres import redact_dsn, redact_text
-from sdcore.scheduling import Scheduler
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
     from sdcore.queues import BullMQPublisher, Processor, Workers
@@ -76,6 +76,9 @@ class Runtime:
             it, so the application's own ``runtime.pool.connection()`` always finds one.
         grace_period_ms: How long running ticks and jobs may finish at shutdown.
         outbox: The outbox table (default ``Outbox()``).
+        schedules_listen: Control-plane changes (pause, trigger, stored schedules…) arrive by
+            LISTEN/NOTIFY and by polling every second; ``False`` polls only (PgBouncer
+            transaction pooling, where LISTEN is unavailable).
         logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
 
     Raises:
@@ -100,6 +103,7 @@ class Runtime:
         pool_max_size: int = 10,
         grace_period_ms: int = 10_000,
         outbox: Outbox | None = None,
+        schedules_listen: bool = True,
         logger_name: str | None = None,
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
@@ -125,6 +129,10 @@ class Runtime:
         self.jobs = JobSchedulerService(self.pool, max_connections=max(1, pool_max_size // 2))
         self.scheduler = Scheduler(
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
+        )
+        self.schedule_store = PostgresScheduleStore(self.pool)
+        self.control = ScheduleControl(
+            self.scheduler, self.schedule_store, listen=bool(schedules_listen)
         )
         self.events = EventBus()
         self.outbox = outbox or Outbox()
@@ -183,11 +191,20 @@ class Runtime:
             if self._ensure_schema:
                 await self.jobs.ensure_schema()
                 await self.outbox.ensure_schema(self.pool)
+                await self.schedule_store.ensure_schema()
             if self.redis_url is not None:
                 await self._start_queues(self.redis_url, stack)
             if self.run_scheduler:
-                await self.scheduler.start_all()
+                # The control plane first (a paused schedule must not fire at start-up), and
+                # stopped first (no trigger or backfill starts a tick into a closing scheduler).
+                await self.control.start()
+                try:
+                    await self.scheduler.start_all()
+                except BaseException:
+                    await self.control.aclose()
+                    raise
                 stack.push_async_callback(self._step, "scheduler", self.scheduler.aclose)
+                stack.push_async_callback(self._step, "schedule control", self.control.aclose)
         except BaseException:
             await stack.aclose()
             self.relay = self.workers = self.publisher = None
@@ -204,9 +221,10 @@ class Runtime:
     async def stop(self) -> None:
         """Stop everything in reverse order; each step's failure is logged and the rest still run.
 
-        Order: scheduler (running ticks finish within the grace period, then are cancelled and
-        marked FAIL) → workers (running jobs finish) → relay (the batch in flight is marked) →
-        publisher → events drained → job scheduler → pool. A no-op when not started.
+        Order: schedule control (trigger/backfill coordinators cancelled; another replica takes
+        a backfill over) → scheduler (running ticks finish within the grace period, then are
+        cancelled and marked FAIL) → workers (running jobs finish) → relay (the batch in flight is
+        marked) → publisher → events drained → job scheduler → pool. A no-op when not started.
         """
         stack, self._stack = self._stack, None
         if stack is None:

@@ -89,7 +89,9 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     if command == ("db", "sql"):
         target = Target(dsn="", table=args.table, schema=args.schema)
         outbox_table = args.outbox_table if args.outbox else None
-        for line in db_sql(target, outbox_table, per_migration=args.migrations):
+        for line in db_sql(
+            target, outbox_table, per_migration=args.migrations, schedules=args.schedules
+        ):
             _emit(line)
         return
     if args.group == "demo":
@@ -112,10 +114,14 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
     )
     if command == ("db", "upgrade"):
-        for line in db_upgrade(target, args.outbox_table if args.outbox else None):
+        for line in db_upgrade(
+            target, args.outbox_table if args.outbox else None, schedules=args.schedules
+        ):
             _emit(line)
     elif command == ("db", "status"):
-        statuses = db_status(target, args.outbox_table if args.outbox else None)
+        statuses = db_status(
+            target, args.outbox_table if args.outbox else None, schedules=args.schedules
+        )
         for line in format_migration_status(statuses, as_json=args.json):
             _emit(line)
     elif command == ("jobs", "list"):

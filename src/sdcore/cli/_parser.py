@@ -204,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--outbox", action="store_true", help="also the transactional outbox table"
         )
         command.add_argument(
+            "--schedules",
+            action="store_true",
+            help="also the schedules control-plane tables (sdcore_schedules…; in --schema)",
+        )
+        command.add_argument(
             "--outbox-table",
             type=_identifier("outbox table"),
             default="outbox",

@@ -151,6 +151,7 @@ class ScheduleControl:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._originals: dict[str, Handler] = {}
         self._last_beat = 0.0
+        self._closing = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -180,6 +181,7 @@ class ScheduleControl:
             raise RuntimeError("this ScheduleControl is already started")
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._closing = False
         sched = self.scheduler
         sched._sup.gate = self._gate
         sched._wrap = self._wrap_handler
@@ -203,6 +205,8 @@ class ScheduleControl:
 
     async def aclose(self) -> None:
         """Stop polling, cancel coordinators (another replica takes a backfill over), leave."""
+        self._closing = True
+        self._wake.set()
         for task in (self._loop_task, self._listen_task, *self._tasks):
             if task is not None:
                 task.cancel()
@@ -343,7 +347,7 @@ class ScheduleControl:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         self._last_beat = loop.time()
-        while True:
+        while not self._closing:
             try:
                 await self.poll()
                 if loop.time() - self._last_beat >= self._heartbeat_s:
@@ -355,11 +359,13 @@ class ScheduleControl:
             except Exception:  # noqa: BLE001 - the loop must outlive a bad round
                 self._log.exception("control plane poll failed", extra={"action": "poll_failed"})
             self._wake.clear()
+            # Not asyncio.timeout: on Python 3.11 a cancel() racing its expiry is swallowed as
+            # a TimeoutError, and aclose() would wait for this loop forever.
+            waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                async with asyncio.timeout(self._poll_s):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+                await asyncio.wait({waiter}, timeout=self._poll_s)
+            finally:
+                waiter.cancel()
 
     async def poll(self) -> None:
         """Apply every change since the last poll and start the open actions this replica can."""
