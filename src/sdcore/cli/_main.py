@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sdcore.cli._control import CONTROL_COMMANDS, run_control
 from sdcore.cli._db import (
     CliError,
     Target,
@@ -107,7 +108,7 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         )
         run_app(run_options, _emit)
         return
-    if command == ("schedules", "list"):
+    if command == ("schedules", "list") and args.app:
         list_schedules(args.app, _emit)
         return
     target = Target(
@@ -141,6 +142,8 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         prune_jobs(target, _emit, options)
     elif args.group in ("outbox", "relay"):
         _outbox(args, target, environ)
+    elif args.group == "schedules" and args.command in (*CONTROL_COMMANDS, "list"):
+        run_control(args, target, _emit)
     elif command == ("schedules", "runs"):
         schedule_runs(target, args.app, args.name, args.limit, _emit)
     elif command == ("schedules", "missed"):

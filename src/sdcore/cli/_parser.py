@@ -358,9 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
         _connection_options(command, top=False)
         command.add_argument(
             "--app",
-            required=True,
+            required=name != "list",
             metavar="MODULE:ATTRIBUTE",
-            help="where the Scheduler is, e.g. myapp.tasks:scheduler",
+            help="where the Scheduler is, e.g. myapp.tasks:scheduler"
+            + (" (list: without it, the cluster's schedules from the database)" * (name == "list")),
         )
         if name != "list":
             command.add_argument("name", type=_text("name", MAX_CODE_LENGTH), help="schedule name")
@@ -386,6 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="WHEN",
                 help="end of the range (default: now)",
             )
+        if name == "list":
+            command.add_argument("--json", action="store_true", help="one JSON object per line")
+    from sdcore.cli._control import add_control_commands  # imports this module
+
+    add_control_commands(schedule_commands, lambda c: _connection_options(c, top=False))
     return parser
 
 
