@@ -10,9 +10,11 @@ sqlalchemy, cronsim).
 
 from typing import TYPE_CHECKING, Any
 
+from sdcore.exceptions import SdcoreError
+
 __version__ = "0.1.0"
 
-__all__ = ["Runtime", "__version__"]
+__all__ = ["Runtime", "SdcoreError", "__version__"]
 
 if TYPE_CHECKING:
     from sdcore.runtime import Runtime

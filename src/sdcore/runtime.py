@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Self
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.events import EventBus
+from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
 from sdcore.postgres import redact_dsn, redact_text
@@ -41,7 +42,7 @@ __all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
 HEALTH_CHECK_TIMEOUT_S = 2.0
 
 
-class RuntimeStateError(RuntimeError):
+class RuntimeStateError(SdcoreError, RuntimeError):
     """A runtime that cannot be built or started as configured."""
 
 

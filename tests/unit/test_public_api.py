@@ -98,7 +98,7 @@ def test_other_surfaces() -> None:
         "RecordingPublisher",
     ]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["Runtime", "__version__"]
+    assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
     assert sdcore.Runtime is sdcore.runtime.Runtime
 
@@ -122,6 +122,7 @@ def test_scheduling_surface() -> None:
         "CatchUp",
         "ControlAction",
         "CronExpression",
+        "DayRule",
         "InMemoryScheduleStore",
         "InvalidScheduleError",
         "MissedTick",

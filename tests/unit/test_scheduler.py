@@ -19,6 +19,7 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.testing import InMemoryJobScheduler
+from tests.unit._looptime import in_loop_time, loop_clock
 
 
 class _ShiftedClock:
@@ -47,10 +48,11 @@ def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
     return Counter(row.status.value for row in jobs.rows() if row.code == code)
 
 
+@in_loop_time
 async def test_every_tick_runs_once_across_replicas() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     ledger: list[tuple[str, int]] = []
-    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for replica, scheduler in enumerate(schedulers):
 
         @scheduler.interval(200, name="tick")
@@ -67,9 +69,10 @@ async def test_every_tick_runs_once_across_replicas() -> None:
     assert _statuses(jobs, "tick")["RUNNING"] == 0
 
 
+@in_loop_time
 async def test_without_jobs_every_process_runs_every_tick() -> None:
     ledger: list[str] = []
-    a, b = Scheduler(), Scheduler()
+    a, b = Scheduler(clock=loop_clock()), Scheduler(clock=loop_clock())
     for scheduler in (a, b):
         scheduler.add_interval("tick", 200, lambda tick: ledger.append(tick.run_key or ""))
     async with a, b:
@@ -77,9 +80,12 @@ async def test_without_jobs_every_process_runs_every_tick() -> None:
     assert set(Counter(ledger).values()) == {2}
 
 
+@in_loop_time
 async def test_run_key_is_the_scheduled_instant_not_now() -> None:
     seen: list[Tick] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler(), time_zone="Europe/Paris")
+    scheduler = Scheduler(
+        clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()), time_zone="Europe/Paris"
+    )
 
     @scheduler.cron("* * * * * *", name="sec")
     async def handler(tick: Tick) -> None:
@@ -99,12 +105,13 @@ async def test_run_key_is_the_scheduled_instant_not_now() -> None:
     assert str(tick.local_time.tzinfo) == "Europe/Paris"
 
 
+@in_loop_time
 async def test_handler_errors_are_logged_and_the_loop_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     calls = 0
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
     @scheduler.interval(200, name="flaky")
     async def handler(tick: Tick) -> None:
@@ -137,8 +144,9 @@ async def test_sync_handlers_run_in_a_thread() -> None:
 
 
 @pytest.mark.parametrize(("overlap", "expect_overlap"), [("skip", False), ("allow", True)])
+@in_loop_time
 async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool) -> None:
-    scheduler = Scheduler()
+    scheduler = Scheduler(clock=loop_clock())
     active = 0
     peak = 0
 
@@ -155,12 +163,13 @@ async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool
     assert (peak > 1) is expect_overlap
 
 
+@in_loop_time
 async def test_cluster_wide_overlap_skip() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     active = 0
     peak = 0
     runs = 0
-    schedulers = [Scheduler(jobs=jobs) for _ in range(2)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
 
     async def slow(tick: Tick) -> None:
         nonlocal active, peak, runs
@@ -178,10 +187,11 @@ async def test_cluster_wide_overlap_skip() -> None:
     assert peak == 1
 
 
+@in_loop_time
 async def test_failed_tick_is_retried_with_backoff() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     attempts: list[int] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
     @scheduler.cron("*/2 * * * * *", name="retry", retries=2, retry_backoff_ms=100)
     async def handler(tick: Tick) -> None:
@@ -197,9 +207,10 @@ async def test_failed_tick_is_retried_with_backoff() -> None:
     assert row.fencing_token == 2
 
 
+@in_loop_time
 async def test_retries_never_pass_the_next_tick() -> None:
     attempts: list[int] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler = Scheduler(clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()))
 
     @scheduler.interval(300, name="short", retries=5, retry_backoff_ms=250)
     async def handler(tick: Tick) -> None:
@@ -212,8 +223,8 @@ async def test_retries_never_pass_the_next_tick() -> None:
 
 
 class _DownThenUp(InMemoryJobScheduler):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock=clock)
         self.down = True
 
     async def acquire(self, options: Any) -> Any:
@@ -222,10 +233,11 @@ class _DownThenUp(InMemoryJobScheduler):
         return await super().acquire(options)
 
 
+@in_loop_time
 async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureFixture) -> None:
-    jobs = _DownThenUp()
+    jobs = _DownThenUp(clock=loop_clock())
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     scheduler.add_interval("tick", 200, lambda tick: ran.append(tick.run_key or ""))
     with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
         async with scheduler:
@@ -237,10 +249,11 @@ async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureF
     assert any(getattr(r, "action", None) == "tick_not_run" for r in caplog.records)
 
 
+@in_loop_time
 async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
-    scheduler = Scheduler(jobs=jobs, grace_period_ms=100)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100)
 
     @scheduler.interval(200, name="long")
     async def handler(tick: Tick) -> None:
@@ -254,10 +267,11 @@ async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
     assert all(r.status is JobSchedulerStatus.FAIL for r in rows)
 
 
+@in_loop_time
 async def test_graceful_shutdown_lets_short_runs_finish() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
-    scheduler = Scheduler(jobs=jobs, grace_period_ms=2000)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=2000)
 
     @scheduler.interval(200, name="short")
     async def handler(tick: Tick) -> None:
@@ -341,17 +355,18 @@ async def test_missed_ticks_query() -> None:
         await scheduler.missed_ticks("m", start, start + timedelta(days=365))
 
 
+@in_loop_time
 async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     ran: list[str] = []
-    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for i, scheduler in enumerate(schedulers):
         scheduler.add_timeout("warm-up", 100, lambda tick, i=i: ran.append(f"timeout-{i}"))  # type: ignore[misc]
         scheduler.add_initial("seed", lambda tick: ran.append("initial"))
     async with schedulers[0], schedulers[1], schedulers[2]:
         await asyncio.sleep(0.5)
     # A second start of the cluster does not run the initial job again.
-    again = Scheduler(jobs=jobs)
+    again = Scheduler(clock=loop_clock(), jobs=jobs)
     again.add_initial("seed", lambda tick: ran.append("initial"))
     async with again:
         await asyncio.sleep(0.2)
@@ -361,9 +376,10 @@ async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
     assert row.status is JobSchedulerStatus.SUCCESS
 
 
+@in_loop_time
 async def test_registry_lookup_stop_start_add_remove() -> None:
     ran: list[str] = []
-    scheduler = Scheduler(time_zone="Europe/Paris")
+    scheduler = Scheduler(clock=loop_clock(), time_zone="Europe/Paris")
     scheduler.add_cron("nightly", "0 01 * * *", lambda tick: None)
     scheduler.add_interval("fast", 200, lambda tick: ran.append("fast"))
     info = scheduler.get("nightly")
@@ -435,10 +451,11 @@ def test_unknown_default_zone() -> None:
         Scheduler(time_zone="Nowhere/City")
 
 
+@in_loop_time
 async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     grid = 500
-    now = datetime.now(UTC)
+    now = loop_clock()()
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     past = epoch + timedelta(
         milliseconds=((now - epoch) // timedelta(milliseconds=grid) - 2) * grid
@@ -448,7 +465,7 @@ async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
     dead = await jobs.acquire({"code": "s", "run_key": run_key, "lease_ms": 1000})
     assert dead.acquired
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     scheduler.add_interval(
         "s",
         grid,

@@ -1,5 +1,5 @@
-"""Scheduling policies, driven by loop time (``looptime``): the ten reproductions of issue 10 and
-the policy matrix (overlap × catch-up × retries × start path).
+"""Scheduling policies, driven by loop time (``looptime``, see ``_looptime.py``): the ten
+reproductions of issue 10 and the policy matrix (overlap × catch-up × retries × start path).
 
 Every scheduler and the in-memory lease read one clock derived from the event loop's (fake) time,
 so hours of schedule run in milliseconds and nothing depends on the machine's load.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,18 +19,9 @@ from sdcore.job_scheduler import JobAcquireOptions, JobLease, JobSchedulerStatus
 from sdcore.job_scheduler._options import JS_TRIM_CHARS, js_trim
 from sdcore.scheduling import InvalidScheduleError, Scheduler, Tick
 from sdcore.testing import InMemoryJobScheduler
+from tests.unit._looptime import BASE, in_loop_time, loop_clock
 
-pytestmark = pytest.mark.looptime
-
-BASE = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
 Clock = Callable[[], datetime]
-
-
-def loop_clock(offset_ms: int = 0) -> Clock:
-    """Wall clock = BASE + loop time (+ a skew)."""
-    loop = asyncio.get_running_loop()
-    skew = timedelta(milliseconds=offset_ms)
-    return lambda: BASE + timedelta(seconds=loop.time()) + skew
 
 
 def key(code: str, run_key: str) -> str:
@@ -48,6 +39,7 @@ async def seen_before(jobs: InMemoryJobScheduler, code: str) -> None:
 
 
 @pytest.mark.parametrize(("retries", "most"), [(0, 1), (2, 3)])
+@in_loop_time
 async def test_r1_a_failed_tick_runs_at_most_retries_plus_one_times(
     retries: int, most: int
 ) -> None:
@@ -82,6 +74,7 @@ async def test_r1_a_failed_tick_runs_at_most_retries_plus_one_times(
             assert row.status is JobSchedulerStatus.FAIL
 
 
+@in_loop_time
 async def test_r2_the_sweep_obeys_overlap_skip_and_skips_are_recorded() -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r2")
@@ -105,6 +98,7 @@ async def test_r2_the_sweep_obeys_overlap_skip_and_skips_are_recorded() -> None:
     assert all(m.skipped == "overlap" and m.attempts == 0 for m in missed), missed
 
 
+@in_loop_time
 async def test_r3_latest_catches_up_at_any_frequency() -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r3")
@@ -124,6 +118,7 @@ async def test_r3_latest_catches_up_at_any_frequency() -> None:
     ]
 
 
+@in_loop_time
 async def test_r4_latest_never_walks_back_through_the_window() -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r4")
@@ -143,6 +138,7 @@ async def test_r4_latest_never_walks_back_through_the_window() -> None:
     assert set(Counter(ran).values()) == {1}
 
 
+@in_loop_time
 async def test_r5_a_schedule_removed_while_the_sweep_awaits_does_not_run() -> None:
     class Slow(InMemoryJobScheduler):
         async def tick_records(self, lock_keys: Any) -> Any:
@@ -178,6 +174,7 @@ async def test_r5_a_schedule_removed_while_the_sweep_awaits_does_not_run() -> No
     assert ran == []
 
 
+@in_loop_time
 async def test_r6_aclose_waits_for_the_run_of_a_removed_schedule() -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     finished: list[str] = []
@@ -195,6 +192,7 @@ async def test_r6_aclose_waits_for_the_run_of_a_removed_schedule() -> None:
     assert all(r.status is JobSchedulerStatus.SUCCESS for r in jobs.rows())
 
 
+@in_loop_time
 async def test_r7_a_second_start_works_and_a_double_start_raises() -> None:
     ran: list[str] = []
 
@@ -228,6 +226,7 @@ async def test_r7_a_second_start_works_and_a_double_start_raises() -> None:
     ],
     ids=["every", "delay", "window", "backoff", "retries", "jitter"],
 )
+@in_loop_time
 async def test_r8_huge_numbers_fail_at_registration_even_at_run_time(register: Any) -> None:
     async def noop(tick: Tick) -> None:
         return None
@@ -243,11 +242,11 @@ async def test_r8_huge_numbers_fail_at_registration_even_at_run_time(register: A
         await asyncio.sleep(1.5)
 
 
+@in_loop_time
 async def test_r9_the_overlap_guard_reacts_to_a_refused_heartbeat() -> None:
     guards: set[str] = set()
 
     class Refusing(InMemoryJobScheduler):
-
         async def acquire(self, options: Any) -> Any:
             got = await super().acquire(options)
             if got.acquired and got.row.run_key == "overlap-guard":
@@ -327,6 +326,7 @@ CATCH_UPS = {"off": 0, "latest": 1, "all": 5}
 
 @pytest.mark.parametrize("overlap", OVERLAPS)
 @pytest.mark.parametrize("catch_up", list(CATCH_UPS))
+@in_loop_time
 async def test_matrix_catch_up_start_path(overlap: str, catch_up: str) -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     await asyncio.sleep(30)
@@ -366,6 +366,7 @@ async def test_matrix_catch_up_start_path(overlap: str, catch_up: str) -> None:
 
 
 @pytest.mark.parametrize("overlap", OVERLAPS)
+@in_loop_time
 async def test_matrix_fire_path(overlap: str) -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     runs: Counter[str] = Counter()
@@ -402,6 +403,7 @@ async def test_matrix_fire_path(overlap: str) -> None:
 
 @pytest.mark.parametrize("retries", [0, 1, 3])
 @pytest.mark.parametrize("path", ["fire", "catch_up", "sweep"])
+@in_loop_time
 async def test_matrix_retries_per_path(retries: int, path: str) -> None:
     jobs = InMemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r")
@@ -447,3 +449,32 @@ async def test_matrix_retries_per_path(retries: int, path: str) -> None:
         "r", BASE + timedelta(minutes=1), BASE + timedelta(minutes=1, seconds=1)
     )
     assert [(m.status, m.attempts) for m in missed] == [(JobSchedulerStatus.FAIL, attempts)]
+
+
+@pytest.mark.parametrize("catch_up", list(CATCH_UPS))
+@in_loop_time
+async def test_matrix_pause_path(catch_up: str) -> None:
+    """Ticks that fall while a schedule is stopped are not run by any path (the sweep looks only
+    at ticks since it was started again) and are recorded as skipped (``"paused"``)."""
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    await seen_before(jobs, "p")
+    ran: Counter[str] = Counter()
+
+    async def work(tick: Tick) -> None:
+        ran[tick.run_key or ""] += 1
+
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock(), lease_ms=2000)
+    scheduler.add_interval("p", 1000, work, catch_up=catch_up, lease_ms=2000)  # type: ignore[arg-type]
+    async with scheduler:
+        await asyncio.sleep(3.5)  # 03:00:01 … 03:00:03 run
+        scheduler.stop("p")
+        await asyncio.sleep(5)  # 03:00:04 … 03:00:08 fall while stopped
+        scheduler.start("p")
+        await asyncio.sleep(10)
+    paused = [f"2026-07-20T03:00:0{s}Z" for s in range(4, 9)]
+    assert all(ran[key] == 0 for key in paused), ran
+    assert set(ran.values()) == {1}
+    missed = await scheduler.missed_ticks(
+        "p", BASE + timedelta(seconds=1), BASE + timedelta(seconds=18)
+    )
+    assert [(m.run_key, m.skipped) for m in missed] == [(key, "paused") for key in paused]

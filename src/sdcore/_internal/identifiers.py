@@ -6,10 +6,12 @@ import hashlib
 
 from psycopg import sql
 
+from sdcore.exceptions import SdcoreError
+
 MAX_IDENTIFIER_BYTES = 63
 
 
-class InvalidIdentifierError(ValueError):
+class InvalidIdentifierError(SdcoreError, ValueError):
     """A schema or table name that PostgreSQL would truncate or cannot hold."""
 
     def __init__(self, field: str, problem: str) -> None:

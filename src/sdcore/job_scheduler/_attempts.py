@@ -68,7 +68,8 @@ VALUES (%s, %s, %s, %s, %s, %s, 'FAIL', %s::uuid, 1, %s::jsonb, clock_timestamp(
 ON CONFLICT (lock_key) DO NOTHING"""
 
 TICK_RECORDS = """\
-SELECT lock_key, status, attempts, j.data ->> 'skipped', {released}
+SELECT lock_key, status, attempts, j.data ->> 'skipped', {released},
+       extract(epoch FROM clock_timestamp() - j.modified_at)::float8 * 1000
 FROM {table} AS j WHERE lock_key = ANY(%s)"""
 
 # When did a schedule first leave a row (catch-up never reaches back before it)?
@@ -108,12 +109,15 @@ class TickRecord:
         attempts: Runs started for the tick (0: recorded as skipped, never run).
         skipped: Why the tick was skipped (``"overlap"``), if it was recorded as skipped.
         released: An operator (or ``release()``) reopened the tick.
+        age_ms: Milliseconds since the row last changed, by the database clock (how much of a
+            retry backoff has passed).
     """
 
     status: JobSchedulerStatus
     attempts: int
     skipped: str | None
     released: bool
+    age_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

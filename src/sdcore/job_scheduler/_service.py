@@ -586,9 +586,13 @@ class JobSchedulerService(BaseJobScheduler):
         await self._held.put(conn)
         return {
             key: TickRecord(
-                status=_STATUS[status], attempts=attempts, skipped=skipped, released=bool(released)
+                status=_STATUS[status],
+                attempts=attempts,
+                skipped=skipped,
+                released=bool(released),
+                age_ms=float(age),
             )
-            for key, status, attempts, skipped, released in rows
+            for key, status, attempts, skipped, released, age in rows
         }
 
     async def _finalize(

@@ -20,19 +20,20 @@ from sdcore.scheduling._control import (
     ScheduleState,
     ScheduleStore,
 )
-from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError
 from sdcore.scheduling._expressions import CronExpression
 from sdcore.scheduling._memory_store import InMemoryScheduleStore
 from sdcore.scheduling._pg_store import PostgresScheduleStore
 from sdcore.scheduling._plane import ScheduleControl
-from sdcore.scheduling._policy import CatchUp, Overlap
-from sdcore.scheduling._runner import TickOutcome
-from sdcore.scheduling._scheduler import (
+from sdcore.scheduling._policy import (
+    CatchUp,
+    Overlap,
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
-    Scheduler,
 )
+from sdcore.scheduling._runner import TickOutcome
+from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "CatchUp",
     "ControlAction",
     "CronExpression",
+    "DayRule",
     "InMemoryScheduleStore",
     "InvalidScheduleError",
     "MissedTick",

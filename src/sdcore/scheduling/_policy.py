@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal, TypedDict
 
 from sdcore.job_scheduler import (
     DEFAULT_HEARTBEAT_MS,
@@ -19,6 +20,7 @@ from sdcore.job_scheduler import (
 from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget
 from sdcore.job_scheduler._options import js_trim, resolve_timing
 from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._triggers import ScheduleKind
 
 # Node's timers hold at most 2**31 - 1 ms (24.8 days); NestJS's setInterval/setTimeout silently
 # turn a longer delay into 1 ms. sdcore refuses such periods instead.
@@ -95,6 +97,53 @@ class RunPolicy:
     def backoff_s(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (doubling, capped)."""
         return float(min(self.retry_backoff_ms * 2 ** max(attempt - 1, 0), MAX_BACKOFF_MS)) / 1000
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """Per-schedule options (all optional; see the scheduling docs).
+
+    Attributes:
+        exclusive: Run each tick on one replica only (default: ``True`` when the scheduler has
+            ``jobs``).
+        overlap: ``"skip"`` (default), ``"allow"`` or ``"skip_cluster"``.
+        catch_up: ``"off"`` (default), ``"latest"`` or ``"all"`` missed ticks.
+        catch_up_window_ms: How far back catch-up looks (default 1 hour, at most 31 days).
+        retries: Further runs of a failed tick across the cluster, never past the next tick
+            (default 0, at most 100).
+        retry_backoff_ms: Wait before the first retry, doubled each time (default 1,000).
+        jitter_ms: Random delay of the fire moment; the run key is unchanged (default 0).
+        lease_ms: Lease of each tick (default: the scheduler's).
+        heartbeat_ms: Heartbeat interval (default ``min(60 s, lease_ms // 3)``).
+    """
+
+    exclusive: bool
+    overlap: Overlap | Literal["skip", "allow", "skip_cluster"]
+    catch_up: CatchUp | Literal["off", "latest", "all"]
+    catch_up_window_ms: int
+    retries: int
+    retry_backoff_ms: int
+    jitter_ms: int
+    lease_ms: int
+    heartbeat_ms: int
+
+
+class ScheduleNotFoundError(KeyError):
+    """No schedule has this name."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleInfo:
+    """A schedule as the registry lists it."""
+
+    name: str
+    kind: ScheduleKind
+    description: str
+    time_zone: str
+    exclusive: bool
+    active: bool
+    running: int
+    next_fire_at: datetime | None
+    next_fire_local: datetime | None
 
 
 def check_ms(

@@ -213,6 +213,7 @@ class TickRunner:
         attempt = 0
         # Local tries: each is an attempt *offer*; the row's budget decides whether it runs.
         for local in range(1, 2 * policy.retries + 2):
+            ran_now = False
             try:
                 attempt, executed = await self._attempt(
                     name, kind, handler, policy, replace(tick, attempt=local)
@@ -229,7 +230,7 @@ class TickRunner:
                 self._log_error(
                     "tick failed", name, current, failed.error, "tick_failed", trace=True
                 )
-                ran = True
+                ran = ran_now = True
                 executed = None
             except JobSchedulerError as exc:
                 # Database down…: logged; the loop goes on, catch-up decides later.
@@ -239,7 +240,8 @@ class TickRunner:
                 return TickOutcome(ran=True, succeeded=True, attempts=attempt)
             if policy.retries == 0 or local > 2 * policy.retries:
                 break
-            wait = await self._retry_wait(name, kind, policy, tick, executed, attempt)
+            failed_here = executed is None and ran_now
+            wait = await self._retry_wait(name, kind, policy, tick, attempt, failed_here)
             if wait is None:
                 break
             if deadline is not None and clock() + timedelta(seconds=wait) >= deadline:
@@ -260,10 +262,16 @@ class TickRunner:
         kind: ScheduleKind,
         policy: RunPolicy,
         tick: Tick,
-        executed: bool | None,
         attempt: int,
+        failed_here: bool,
     ) -> float | None:
-        """Seconds until the next offer, or ``None`` when the tick needs nothing more from us."""
+        """Seconds until the next offer, or ``None`` when the tick needs nothing more from us.
+
+        The row's budget decides who may run the next attempt; this only decides when to ask.
+        Replicas offer it when the backoff ends by the database clock; the replica whose attempt
+        just failed asks a little later, so that another replica usually runs the retry (a tick
+        failing because of one bad replica gets completed by a good one).
+        """
         if self.jobs is None or not policy.exclusive:
             return policy.backoff_s(attempt) if 0 < attempt <= policy.retries else None
         key = tick_options(name, kind, policy, tick.run_key).lock_key
@@ -275,11 +283,17 @@ class TickRunner:
             return policy.backoff_s(1)
         if record.status is JobSchedulerStatus.SUCCESS:
             return None
-        if record.status is JobSchedulerStatus.FAIL and record.attempts >= policy.retries + 1:
-            return None if not record.released else 0.0
         if record.status is JobSchedulerStatus.RUNNING:
-            return policy.backoff_s(1)
-        return policy.backoff_s(record.attempts)
+            return policy.backoff_s(max(record.attempts, 1))
+        if record.released:
+            return 0.0
+        if record.attempts >= policy.retries + 1:
+            return None
+        backoff = policy.backoff_s(record.attempts) if record.attempts else 0.0
+        wait = max(0.0, backoff - record.age_ms / 1000) + 0.01
+        if failed_here:
+            wait += min(backoff / 4, 0.5) + 0.05
+        return wait
 
     async def _attempt(
         self, name: str, kind: ScheduleKind, handler: Handler, policy: RunPolicy, tick: Tick

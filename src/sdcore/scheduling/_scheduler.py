@@ -8,20 +8,20 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Self, TypeVar, Unpack
 from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
-from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
-    Overlap,
-    RunPolicy,
+    ScheduleInfo,
+    ScheduleNotFoundError,
+    ScheduleOptions,
     StartPath,
     build_policy,
     check_ms,
@@ -38,65 +38,9 @@ from sdcore.scheduling._triggers import (
     expected_instants,
 )
 
-__all__ = [
-    "MissedTick",
-    "RunPolicy",
-    "ScheduleInfo",
-    "ScheduleNotFoundError",
-    "ScheduleOptions",
-    "Scheduler",
-]
-
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=Callable[..., Any])
 _MAX_SLEEP = 30.0
-
-
-class ScheduleOptions(TypedDict, total=False):
-    """Per-schedule options (all optional; see the scheduling docs).
-
-    Attributes:
-        exclusive: Run each tick on one replica only (default: ``True`` when the scheduler has
-            ``jobs``).
-        overlap: ``"skip"`` (default), ``"allow"`` or ``"skip_cluster"``.
-        catch_up: ``"off"`` (default), ``"latest"`` or ``"all"`` missed ticks.
-        catch_up_window_ms: How far back catch-up looks (default 1 hour, at most 31 days).
-        retries: Further runs of a failed tick across the cluster, never past the next tick
-            (default 0, at most 100).
-        retry_backoff_ms: Wait before the first retry, doubled each time (default 1,000).
-        jitter_ms: Random delay of the fire moment; the run key is unchanged (default 0).
-        lease_ms: Lease of each tick (default: the scheduler's).
-        heartbeat_ms: Heartbeat interval (default ``min(60 s, lease_ms // 3)``).
-    """
-
-    exclusive: bool
-    overlap: Overlap | Literal["skip", "allow", "skip_cluster"]
-    catch_up: CatchUp | Literal["off", "latest", "all"]
-    catch_up_window_ms: int
-    retries: int
-    retry_backoff_ms: int
-    jitter_ms: int
-    lease_ms: int
-    heartbeat_ms: int
-
-
-class ScheduleNotFoundError(KeyError):
-    """No schedule has this name."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleInfo:
-    """A schedule as the registry lists it."""
-
-    name: str
-    kind: ScheduleKind
-    description: str
-    time_zone: str
-    exclusive: bool
-    active: bool
-    running: int
-    next_fire_at: datetime | None
-    next_fire_local: datetime | None
 
 
 class Scheduler:
@@ -152,11 +96,19 @@ class Scheduler:
         *,
         name: str | None = None,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> Callable[[H], H]:
-        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants)."""
+        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants).
+
+        ``day_rule`` chooses how day-of-month and day-of-week combine: ``"vixie"`` (default,
+        as cronie) or ``"nestjs"`` (as npm ``cron``); see :class:`DayRule`.
+        """
         return self._decorator(
-            lambda h, n: self.add_cron(n, expression, h, time_zone=time_zone, **options), name
+            lambda h, n: self.add_cron(
+                n, expression, h, time_zone=time_zone, day_rule=day_rule, **options
+            ),
+            name,
         )
 
     def interval(
@@ -215,12 +167,13 @@ class Scheduler:
         handler: Handler,
         *,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> None:
         """Register a cron schedule (see :meth:`cron`); usable while running."""
         check_name(name)
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
-        spec = CronSpec.parse(expression, zone, name)
+        spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
         self._add(name, CronTrigger(spec), handler, zone, options)
 
     def add_interval(
@@ -318,6 +271,8 @@ class Scheduler:
     def stop(self, name: str) -> None:
         """Stop firing a schedule (a run in progress goes on)."""
         entry = self._entry(name)
+        if entry.active and self._started_at is not None:
+            entry.stopped_at = self._clock()
         entry.active = False
         entry.version += 1
         entry.next_at = None
@@ -325,13 +280,18 @@ class Scheduler:
     def start(self, name: str) -> None:
         """Resume a stopped schedule from its next fire time after now.
 
-        Ticks that fell while it was stopped are not caught up by the sweep.
+        Ticks that fell while it was stopped are not caught up; exclusive ones without a row are
+        recorded as skipped (``"paused"``).
         """
         entry = self._entry(name)
         if not entry.active:
             entry.active = True
             if self._started_at is not None:
-                self._arm(entry, self._clock())
+                now = self._clock()
+                if entry.stopped_at is not None:
+                    self._sup.record_paused(entry, entry.stopped_at, now)
+                entry.stopped_at = None
+                self._arm(entry, now)
 
     def remove(self, name: str) -> None:
         """Stop and forget a schedule (a run in progress goes on; ``aclose`` still awaits it)."""

@@ -17,7 +17,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
-from sdcore.scheduling._catch_up import at_start, candidates, to_start
+from sdcore.scheduling._catch_up import (
+    MAX_CATCH_UP,
+    at_start,
+    candidates,
+    latest_instants,
+    to_start,
+)
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
 from sdcore.scheduling._runner import Handler, TickOutcome, TickRunner
 from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
@@ -41,6 +47,7 @@ class Entry:
         "policy",
         "removed",
         "running",
+        "stopped_at",
         "swept_until",
         "trigger",
         "version",
@@ -66,6 +73,7 @@ class Entry:
         self.swept_until: datetime | None = None
         self.pending: set[datetime] = set()
         self.offered: set[datetime] = set()
+        self.stopped_at: datetime | None = None
 
     @property
     def catches_up(self) -> bool:
@@ -294,6 +302,33 @@ class Supervisor:
                 },
             )
             self.start_tick(entry, instant, path, deadline=entry.next_at)
+
+    def record_paused(self, entry: Entry, since: datetime, until: datetime) -> None:
+        """Record the ticks that fell while ``entry`` was stopped as skipped (``"paused"``).
+
+        Only ticks without a row are written: another replica that was not paused may have run
+        them, or may still take the skip record over (it costs no attempt).
+        """
+        if (
+            self._jobs is None
+            or not entry.policy.exclusive
+            or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+            or until <= since
+        ):
+            return
+        try:
+            instants = latest_instants(entry.trigger, since, until, MAX_CATCH_UP)
+        except ValueError:
+            return
+
+        async def record() -> None:
+            for instant in instants:
+                tick = make_tick(entry.name, entry.trigger, entry.zone, instant)
+                await self._runner.record_skipped(
+                    entry.name, entry.kind, entry.policy, tick, "paused"
+                )
+
+        self._own(record(), f"sdcore-paused:{entry.name}")
 
     def _drain(self, entry: Entry) -> None:
         if entry.removed or not entry.active or entry.running:

@@ -211,6 +211,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 attempts=self._attempts.get(key, 1),
                 skipped=None if skipped is None else str(skipped),
                 released=_released(row.data),
+                age_ms=(self._clock() - row.modified_at) / timedelta(milliseconds=1),
             )
         return records
 
