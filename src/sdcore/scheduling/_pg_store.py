@@ -144,17 +144,23 @@ class PostgresScheduleStore:
         names = [d.name for d in declared]
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql["expire_replicas"], (10 * self.live_ms,))
-            await conn.execute(
-                self._sql["sync_schedules"],
-                (
-                    names,
-                    [d.kind for d in declared],
-                    [d.expression for d in declared],
-                    [d.time_zone for d in declared],
-                    [json.dumps(dict(d.options)) for d in declared],
-                    [d.fingerprint for d in declared],
-                ),
+            cur = await conn.execute(
+                self._sql["changed_names"], (names, [d.fingerprint for d in declared])
             )
+            changed = {r[0] for r in await cur.fetchall()}
+            fresh = [d for d in declared if d.name in changed]
+            if fresh:
+                await conn.execute(
+                    self._sql["sync_schedules"],
+                    (
+                        [d.name for d in fresh],
+                        [d.kind for d in fresh],
+                        [d.expression for d in fresh],
+                        [d.time_zone for d in fresh],
+                        [json.dumps(dict(d.options)) for d in fresh],
+                        [d.fingerprint for d in fresh],
+                    ),
+                )
             await conn.execute(
                 self._sql["upsert_replica"],
                 (replica.replica_id, replica.host, replica.pid, list(replica.handlers)),

@@ -8,16 +8,27 @@
 SELECT pg_advisory_xact_lock(%s)
 
 -- name: sync_schedules
--- One statement for every code-declared schedule of a replica (arrays of equal length).
+-- One statement for every code-declared schedule of a replica (arrays of equal length). Only
+-- new or changed definitions are written: a restart of the same code locks no row.
 INSERT INTO {table} AS s (name, origin, kind, expression, time_zone, options, fingerprint)
 SELECT u.n, 'code', u.k, u.e, u.z, u.o::jsonb, u.f
 FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
      AS u(n, k, e, z, o, f)
+LEFT JOIN {table} AS old ON old.name = u.n
+WHERE old.name IS NULL OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
 ON CONFLICT (name) DO UPDATE
 SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED.time_zone,
     options = EXCLUDED.options, fingerprint = EXCLUDED.fingerprint,
     updated_at = clock_timestamp()
 WHERE s.origin = 'code' AND s.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint
+
+-- name: changed_names
+-- Which of a replica's declared schedules are new or changed (names and fingerprints only: the
+-- full definitions are sent for these alone).
+SELECT u.n
+FROM unnest(%s::text[], %s::text[]) AS u(n, f)
+LEFT JOIN {table} AS old ON old.name = u.n
+WHERE old.name IS NULL OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
 
 -- name: upsert_replica
 INSERT INTO {replicas} AS r (replica_id, host, pid, handlers)
