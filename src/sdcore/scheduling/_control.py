@@ -271,7 +271,8 @@ class ScheduleStore(Protocol):
         ...
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
-        """Rows changed after revision ``since`` (removed ones too), or every live row."""
+        """Rows changed after revision ``since`` (removed ones too), or (``None``) every live
+        row that is paused or stored."""
         ...
 
     async def row(self, name: str) -> ScheduleRow | None:

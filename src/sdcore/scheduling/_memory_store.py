@@ -139,7 +139,11 @@ class InMemoryScheduleStore:
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         if since is None:
-            return [r for r in self._rows.values() if r.removed_at is None]
+            return [
+                r
+                for r in self._rows.values()
+                if r.removed_at is None and (r.paused or r.origin == "stored")
+            ]
         return sorted(
             (r for r in self._rows.values() if r.revision > since), key=lambda r: r.revision
         )

@@ -152,6 +152,7 @@ class ScheduleControl:
         self._originals: dict[str, Handler] = {}
         self._last_beat = 0.0
         self._closing = False
+        self._since = datetime.now(UTC)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class ScheduleControl:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._closing = False
+        self._since = datetime.now(UTC) - timedelta(seconds=5)  # clock skew with the database
         sched = self.scheduler
         sched._sup.gate = self._gate
         sched._wrap = self._wrap_handler
@@ -420,7 +422,8 @@ class ScheduleControl:
             )
         if not now_paused and row.resumed_at is not None and not initial:
             seen = self._resumed.get(row.name)
-            if (seen is None or row.resumed_at > seen) and row.paused_at is not None:
+            fresh = was or row.resumed_at >= self._since
+            if fresh and (seen is None or row.resumed_at > seen) and row.paused_at is not None:
                 self._resumed[row.name] = row.resumed_at
                 self._log.info(
                     "schedule %r resumed",

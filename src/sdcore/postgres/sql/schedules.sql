@@ -69,9 +69,10 @@ SELECT name, origin, kind, expression, time_zone, options, handler, args, finger
 FROM {table} WHERE revision > %s ORDER BY revision
 
 -- name: rows_all
+-- What a starting replica must know: the paused schedules and the stored ones.
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
        paused_at, resumed_at, removed_at, revision
-FROM {table} WHERE removed_at IS NULL
+FROM {table} WHERE removed_at IS NULL AND (paused OR origin = 'stored')
 
 -- name: row
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
