@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 import time
 from pathlib import Path
@@ -137,7 +138,9 @@ async def bench_propagation(dsn: str, replicas: int, rounds: int, *, listen: boo
                 if time.perf_counter() - began > 10:
                     raise RuntimeError("an action did not propagate within 10 s")
                 await asyncio.sleep(0.001)
-            await asyncio.sleep(0.05)
+            # A random phase against the replicas' 1 s poll timers (else poll-only would always
+            # land just after a poll and measure ~1 s).
+            await asyncio.sleep(random.uniform(0.05, 1.05))
         return delays
     finally:
         for control in controls:
