@@ -22,26 +22,11 @@ from sdcore.testing import InMemoryJobScheduler
 from tests.unit._looptime import in_loop_time, loop_clock
 
 
-class _ShiftedClock:
-    """The system clock, shifted by ``offset`` (to write rows "in the past")."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-
-async def _seen_long_ago(code: str) -> InMemoryJobScheduler:
-    """A store where ``code`` already ran a day ago: catch-up applies (the schedule existed)."""
-    clock = _ShiftedClock()
-    jobs = InMemoryJobScheduler(clock=clock)
-    clock.offset = -timedelta(days=1)
+async def _seen_at_start(jobs: InMemoryJobScheduler, code: str) -> None:
+    """Give ``code`` a row at time 0: the schedule existed, so catch-up applies to it."""
     old = await jobs.acquire({"code": code, "run_key": "2000-01-01T00:00:00Z"})
     assert old.acquired
     await jobs.complete(old.lease)
-    clock.offset = timedelta(0)
-    return jobs
 
 
 def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
@@ -284,10 +269,13 @@ async def test_graceful_shutdown_lets_short_runs_finish() -> None:
 
 
 @pytest.mark.parametrize(("mode", "expected"), [("latest", 1), ("all", 3), ("off", 0)])
+@in_loop_time
 async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -> None:
-    jobs = await _seen_long_ago("m")
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    await _seen_at_start(jobs, "m")
+    await asyncio.sleep(3 * 60 + 30)  # 03:01, 03:02, 03:03 missed while every replica was down
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
     # Per-minute ticks, a window of three minutes: three ticks were missed.
     scheduler.add_cron(
         "m",
@@ -296,25 +284,23 @@ async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -
         catch_up=mode,  # type: ignore[arg-type]
         catch_up_window_ms=180_000,
     )
-    now = datetime.now(UTC)
     async with scheduler:
         await asyncio.sleep(0.3)
-    recent = [k for k in ran if k < now.strftime("%Y-%m-%dT%H:%M:%SZ")]
-    assert len(recent) == expected
+    assert len(ran) == expected
     if mode == "latest":
-        assert recent[0] == (now.replace(second=0, microsecond=0)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert ran == ["2026-07-20T03:03:00Z"]
 
 
+@in_loop_time
 async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
-    jobs = await _seen_long_ago("m")
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    done = await jobs.acquire(
-        JobAcquireOptions(code="m", run_key=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    )
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    await _seen_at_start(jobs, "m")
+    await asyncio.sleep(3 * 60 + 30)
+    done = await jobs.acquire(JobAcquireOptions(code="m", run_key="2026-07-20T03:03:00Z"))
     assert done.acquired
     await jobs.complete(done.lease)
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
     scheduler.add_cron(
         "m",
         "* * * * *",
