@@ -676,7 +676,7 @@ class ScheduleControl:
             if (
                 record is None
                 or record.released
-                or (record.status is JobSchedulerStatus.FAIL and record.attempts == 0)
+                or (record.attempts == 0 and record.skipped == "paused")
             ):
                 chosen.append(instant)
         if entry.policy.catch_up is CatchUp.LATEST:
