@@ -350,6 +350,8 @@ class ScheduleControl:
         loop = asyncio.get_running_loop()
         self._last_beat = loop.time()
         while not self._closing:
+            # Cleared before the poll: a notification arriving during it wakes the next one.
+            self._wake.clear()
             try:
                 await self.poll()
                 if loop.time() - self._last_beat >= self._heartbeat_s:
@@ -360,7 +362,6 @@ class ScheduleControl:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive a bad round
                 self._log.exception("control plane poll failed", extra={"action": "poll_failed"})
-            self._wake.clear()
             # Not asyncio.timeout: on Python 3.11 a cancel() racing its expiry is swallowed as
             # a TimeoutError, and aclose() would wait for this loop forever.
             waiter = asyncio.ensure_future(self._wake.wait())
