@@ -78,8 +78,8 @@ class Runtime:
         grace_period_ms: How long running ticks and jobs may finish at shutdown.
         outbox: The outbox table (default ``Outbox()``).
         schedules_listen: Control-plane changes (pause, trigger, stored schedules…) arrive by
-            LISTEN/NOTIFY and by polling every second; ``False`` polls only (PgBouncer
-            transaction pooling, where LISTEN is unavailable).
+            LISTEN/NOTIFY and by polling every second; ``False`` polls only, with unprepared
+            statements (PgBouncer transaction pooling, where LISTEN is unavailable).
         logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
 
     Raises:
@@ -131,7 +131,9 @@ class Runtime:
         self.scheduler = Scheduler(
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
         )
-        self.schedule_store = PostgresScheduleStore(self.pool)
+        self.schedule_store = PostgresScheduleStore(
+            self.pool, transaction_pooling=not schedules_listen
+        )
         self.control = ScheduleControl(
             self.scheduler, self.schedule_store, listen=bool(schedules_listen)
         )

@@ -83,6 +83,9 @@ class PostgresScheduleStore:
         schema: Its schema (``None``: the ``search_path``).
         lease_table: The lease table backfill reopens failed ticks in.
         live_ms: A replica not seen for this long no longer counts as declaring its schedules.
+        transaction_pooling: The pool goes through PgBouncer in transaction mode: statements are
+            never prepared server-side (PgBouncer before 1.21 would meet a prepared statement on
+            another server connection); use with ``ScheduleControl(listen=False)``.
 
     Raises:
         InvalidIdentifierError: A bad table or schema name.
@@ -96,8 +99,11 @@ class PostgresScheduleStore:
         schema: str | None = None,
         lease_table: str = JobScheduler.TABLE_NAME,
         live_ms: int = DEFAULT_LIVE_MS,
+        transaction_pooling: bool = False,
     ) -> None:
         self.pool = pool
+        self.transaction_pooling = bool(transaction_pooling)
+        self._prepare: bool | None = False if transaction_pooling else None
         self.table = table
         self.schema = schema
         self.live_ms = live_ms
@@ -126,9 +132,14 @@ class PostgresScheduleStore:
         """Apply the ``schedules`` component's pending migrations (race-safe)."""
         await migrate(self.pool, "schedules", table=self.table, schema=self.schema)
 
+    async def _x(
+        self, conn: psycopg.AsyncConnection[Any], statement: bytes, params: Sequence[Any]
+    ) -> psycopg.AsyncCursor[Any]:
+        return await conn.execute(statement, tuple(params), prepare=self._prepare)
+
     async def _all(self, key: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql[key], tuple(params))
+            cur = await self._x(conn, self._sql[key], params)
             return list(await cur.fetchall())
 
     async def _one(self, key: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
@@ -137,20 +148,21 @@ class PostgresScheduleStore:
 
     async def _exec(self, key: str, params: Sequence[Any] = ()) -> int:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql[key], tuple(params))
+            cur = await self._x(conn, self._sql[key], params)
             return int(cur.rowcount)
 
     async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
         names = [d.name for d in declared]
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(self._sql["expire_replicas"], (10 * self.live_ms,))
-            cur = await conn.execute(
-                self._sql["changed_names"], (names, [d.fingerprint for d in declared])
+            await self._x(conn, self._sql["expire_replicas"], (10 * self.live_ms,))
+            cur = await self._x(
+                conn, self._sql["changed_names"], (names, [d.fingerprint for d in declared])
             )
             changed = {r[0] for r in await cur.fetchall()}
             fresh = [d for d in declared if d.name in changed]
             if fresh:
-                await conn.execute(
+                await self._x(
+                    conn,
                     self._sql["sync_schedules"],
                     (
                         [d.name for d in fresh],
@@ -161,15 +173,17 @@ class PostgresScheduleStore:
                         [d.fingerprint for d in fresh],
                     ),
                 )
-            await conn.execute(
+            await self._x(
+                conn,
                 self._sql["upsert_replica"],
                 (replica.replica_id, replica.host, replica.pid, list(replica.handlers)),
             )
-            await conn.execute(
+            await self._x(
+                conn,
                 self._sql["declare"],
                 (replica.replica_id, names, [d.fingerprint for d in declared]),
             )
-            cur = await conn.execute(self._sql["mixed_versions"], (names, self.live_ms))
+            cur = await self._x(conn, self._sql["mixed_versions"], (names, self.live_ms))
             return [r[0] for r in await cur.fetchall()]
 
     async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
@@ -206,22 +220,23 @@ class PostgresScheduleStore:
 
     async def write(self, write: Write) -> ControlAction | None:
         async with self.pool.connection() as conn, conn.transaction() as tx:
-            await conn.execute(self._sql["lock"], (CONTROL_LOCK_ID,))
+            await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
             changed = 1
             if write.action is ActionKind.PAUSE:
-                cur = await conn.execute(
-                    self._sql["pause"], (write.actor, write.reason, write.name)
+                cur = await self._x(
+                    conn, self._sql["pause"], (write.actor, write.reason, write.name)
                 )
                 changed = cur.rowcount
             elif write.action is ActionKind.RESUME:
-                cur = await conn.execute(self._sql["resume"], (write.name,))
+                cur = await self._x(conn, self._sql["resume"], (write.name,))
                 changed = cur.rowcount
             elif write.action is ActionKind.REMOVE:
-                cur = await conn.execute(self._sql["remove"], (write.name,))
+                cur = await self._x(conn, self._sql["remove"], (write.name,))
                 changed = cur.rowcount
             elif write.stored is not None:
                 d = write.stored
-                cur = await conn.execute(
+                cur = await self._x(
+                    conn,
                     self._sql["store"],
                     (
                         d.name,
@@ -238,7 +253,8 @@ class PostgresScheduleStore:
             if changed != 1:
                 tx.force_rollback = True
                 return None
-            cur = await conn.execute(
+            cur = await self._x(
+                conn,
                 self._sql["insert_action"],
                 (
                     write.name,
@@ -251,7 +267,7 @@ class PostgresScheduleStore:
                 ),
             )
             found = await cur.fetchone()
-            await conn.execute(self._sql["notify"], (self.channel, write.name))
+            await self._x(conn, self._sql["notify"], (self.channel, write.name))
         assert found is not None  # noqa: S101 - INSERT … RETURNING
         return _action(found)
 
