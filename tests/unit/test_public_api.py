@@ -139,6 +139,7 @@ def test_scheduling_surface() -> None:
         "ScheduleState",
         "ScheduleStore",
         "Scheduler",
+        "SchedulingError",
         "Tick",
         "TickOutcome",
         "format_run_key",

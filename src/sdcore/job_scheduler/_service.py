@@ -32,7 +32,8 @@ from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
 from sdcore.postgres import migrate, schema_sql
 from sdcore.postgres._connections import HeldConnections
-from sdcore.postgres._dsn import redact_dsn, redact_text
+from sdcore.postgres._dsn import redact_text
+from sdcore.postgres._pool import DatabaseConnectError, PoolSettings, create_pool, open_pool
 from sdcore.postgres._schema import qualified
 
 _NOT_ACQUIRED = JobNotAcquired()
@@ -113,6 +114,8 @@ class JobSchedulerService(BaseJobScheduler):
         schema: Schema name, or ``None`` for the connection's ``search_path``.
         max_connections: Connections held for lease statements (at most this many in flight).
         statement_timeout_ms: Server-side timeout of each lease statement (0 = none).
+        transaction_pooling: ``pool`` goes through a transaction-mode pooler (PgBouncer
+            ``pool_mode=transaction``): no session settings; each statement carries its own.
         logger_name: Logger for run and heartbeat events.
 
     Raises:
@@ -128,6 +131,7 @@ class JobSchedulerService(BaseJobScheduler):
         schema: str | None = None,
         max_connections: int = 4,
         statement_timeout_ms: int = 30_000,
+        transaction_pooling: bool = False,
         logger_name: str = "sdcore.job_scheduler",
     ) -> None:
         super().__init__(logger_name=logger_name)
@@ -145,7 +149,10 @@ class JobSchedulerService(BaseJobScheduler):
         self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
         self._held = HeldConnections(
-            pool, size=max_connections, statement_timeout_ms=statement_timeout_ms
+            pool,
+            size=max_connections,
+            statement_timeout_ms=statement_timeout_ms,
+            transaction_pooling=transaction_pooling is True,
         )
         self._owned_pool = False
 
@@ -158,40 +165,64 @@ class JobSchedulerService(BaseJobScheduler):
         min_size: int = 1,
         max_size: int = 4,
         application_name: str = "sdcore",
+        transaction_pooling: bool = False,
+        connect_timeout: int | None = None,
+        open_timeout_ms: int = 30_000,
+        reconnect_min_delay_ms: int = 100,
+        reconnect_max_delay_ms: int = 1_000,
+        reconnect_timeout_ms: int = 300_000,
         **options: Any,
     ) -> AsyncIterator[Self]:
         """Open a pool for ``dsn`` and a service over it; close both on exit.
 
         Args:
-            dsn: libpq connection string or URL.
+            dsn: libpq connection string or URL. A multi-host DSN with
+                ``target_session_attrs=read-write`` follows a failover.
             min_size: Pool minimum size.
             max_size: Pool maximum size (also the default ``max_connections``).
             application_name: Shown in ``pg_stat_activity``.
+            transaction_pooling: ``dsn`` points at a transaction-mode pooler (PgBouncer
+                ``pool_mode=transaction``): no server-side prepared statements, no session
+                settings; every lease statement carries its own ``synchronous_commit=on`` and
+                timeout.
+            connect_timeout: Seconds per connection attempt and host (libpq: whole seconds, at
+                least 2); ``None``: the DSN's value, else 10.
+            open_timeout_ms: How long to wait for a first connection while nothing answers. A
+                server that refuses (unknown database or role, failed authentication) fails at
+                once, with its reason.
+            reconnect_min_delay_ms: First pause before replacing a broken connection; doubles...
+            reconnect_max_delay_ms: ...up to this, so a promoted standby is used within about
+                this long of accepting connections.
+            reconnect_timeout_ms: Stop trying to replace a connection after this long.
             **options: Passed to the constructor (``table``, ``schema``, …).
 
         Yields:
             The open service.
 
         Raises:
-            JobSchedulerUnavailableError: The database cannot be reached (password redacted).
+            JobSchedulerUnavailableError: The database cannot be reached (the server's reason,
+                password redacted).
+            ValueError: An option out of range, before any connection.
         """
         options.setdefault("max_connections", max_size)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
+        settings = PoolSettings(
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, "application_name": application_name},
-            open=False,
+            application_name=application_name,
+            transaction_pooling=transaction_pooling,
+            connect_timeout=connect_timeout,
+            open_timeout_ms=open_timeout_ms,
+            reconnect_min_delay_ms=reconnect_min_delay_ms,
+            reconnect_max_delay_ms=reconnect_max_delay_ms,
+            reconnect_timeout_ms=reconnect_timeout_ms,
         )
+        pool = create_pool(dsn, settings)
         try:
-            await pool.open(wait=True, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - re-raised, redacted, as one error type
-            await pool.close()
-            raise JobSchedulerUnavailableError(
-                f"cannot connect to {redact_dsn(dsn)}: {redact_text(str(exc), dsn)}"
-            ) from None
+            await open_pool(pool)
+        except DatabaseConnectError as exc:
+            raise JobSchedulerUnavailableError(str(exc)) from None
         try:
-            service = cls(pool, **options)
+            service = cls(pool, transaction_pooling=transaction_pooling, **options)
         except BaseException:
             await pool.close()
             raise

@@ -20,7 +20,7 @@ from sdcore.scheduling._control import (
     ScheduleState,
     ScheduleStore,
 )
-from sdcore.scheduling._cron import DayRule, InvalidScheduleError
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
 from sdcore.scheduling._memory_store import InMemoryScheduleStore
 from sdcore.scheduling._pg_store import PostgresScheduleStore
@@ -58,6 +58,7 @@ __all__ = [
     "ScheduleState",
     "ScheduleStore",
     "Scheduler",
+    "SchedulingError",
     "Tick",
     "TickOutcome",
     "format_run_key",

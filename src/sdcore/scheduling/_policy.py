@@ -19,7 +19,7 @@ from sdcore.job_scheduler import (
 )
 from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget
 from sdcore.job_scheduler._options import js_trim, resolve_timing
-from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._cron import InvalidScheduleError, SchedulingError
 from sdcore.scheduling._triggers import ScheduleKind
 
 # Node's timers hold at most 2**31 - 1 ms (24.8 days); NestJS's setInterval/setTimeout silently
@@ -127,7 +127,7 @@ class ScheduleOptions(TypedDict, total=False):
     heartbeat_ms: int
 
 
-class ScheduleNotFoundError(KeyError):
+class ScheduleNotFoundError(SchedulingError, KeyError):
     """No schedule has this name."""
 
 
