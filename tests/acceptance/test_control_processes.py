@@ -152,6 +152,7 @@ def test_pause_trigger_backfill_resume_across_three_replicas(cluster: Cluster) -
     beat = next(item for item in listed if item["name"] == "beat")
     assert len(beat["replicas"]) == 3
     assert beat["versions"] == 1
+    assert beat["last_seen_at"].endswith("Z")
 
     # pause: within 2 s no tick starts on any replica, for as long as it stays paused
     cluster.cli("pause", "beat", "--reason", "incident 7", "--actor", "alice")

@@ -107,6 +107,7 @@ async def test_pause_trigger_resume(cluster: Cluster) -> None:
     assert states["beat"].paused_by == "ops"
     assert states["beat"].paused_reason == "incident 42"
     assert len(states["beat"].replicas) == 2
+    assert states["beat"].last_seen_at is not None
     await cluster.admin.resume("beat", actor="ops")
     count = len(cluster.runs)
     await until(lambda: len(cluster.runs) >= count + 2)

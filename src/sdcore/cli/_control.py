@@ -371,6 +371,7 @@ def _list(target: Target, emit: Emit, *, as_json: bool) -> None:
                         "last_run_at": None if s.last_run_at is None else utc_iso(s.last_run_at),
                         "last_status": s.last_status,
                         "replicas": list(s.replicas),
+                        "last_seen_at": None if s.last_seen_at is None else utc_iso(s.last_seen_at),
                         "versions": s.versions,
                     }
                 )

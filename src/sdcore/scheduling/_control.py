@@ -211,6 +211,7 @@ class ScheduleState:
     last_run_at: datetime | None
     last_status: str | None
     next_fire_at: datetime | None = None
+    last_seen_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

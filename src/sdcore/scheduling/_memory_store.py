@@ -329,6 +329,14 @@ class InMemoryScheduleStore:
                     versions=len({fp for _, fp in holders}),
                     last_run_at=runs[0].started_at if runs else None,
                     last_status=runs[0].status if runs else None,
+                    last_seen_at=max(
+                        (
+                            self._replicas[rid][1]
+                            for (n, rid) in self._declarations
+                            if n == row.name and rid in live
+                        ),
+                        default=None,
+                    ),
                 )
             )
         return out

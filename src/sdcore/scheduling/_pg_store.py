@@ -351,6 +351,7 @@ class PostgresScheduleStore:
                 versions=int(r[13]),
                 last_run_at=r[14],
                 last_status=r[15],
+                last_seen_at=r[16],
             )
             for r in await self._all("list", (self.live_ms,))
         ]

@@ -173,11 +173,12 @@ FROM {runs} WHERE schedule = %s ORDER BY started_at DESC, id DESC LIMIT %s
 SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
        s.paused_reason, s.handler, s.args, s.options,
        coalesce(d.replicas, ARRAY[]::text[]), coalesce(d.versions, 0),
-       lr.started_at, lr.status
+       lr.started_at, lr.status, d.last_seen
 FROM {table} AS s
 LEFT JOIN LATERAL (
     SELECT array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid) AS replicas,
-           count(DISTINCT x.fingerprint) AS versions
+           count(DISTINCT x.fingerprint) AS versions,
+           max(r.last_seen) AS last_seen
     FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
     WHERE x.schedule = s.name
       AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
