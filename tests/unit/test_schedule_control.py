@@ -138,6 +138,12 @@ async def test_backfill_runs_each_missing_tick_once(cluster: Cluster) -> None:
 
 
 async def test_refusals_change_nothing(cluster: Cluster) -> None:
+    import sdcore
+    from sdcore.scheduling import SchedulingError
+
+    assert issubclass(ScheduleControlError, SchedulingError)
+    assert issubclass(ScheduleControlError, ValueError)
+    assert issubclass(ScheduleControlError, sdcore.SdcoreError)
     admin = cluster.admin
     now = datetime.now(UTC)
     with pytest.raises(ScheduleControlError, match="no such schedule"):

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS
-from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, SchedulingError, load_zone
 from sdcore.scheduling._policy import (
     KNOWN_OPTIONS,
     MAX_PERIOD_MS,
@@ -76,7 +76,7 @@ class ActionKind(enum.StrEnum):
     REMOVE = "remove"
 
 
-class ScheduleControlError(ValueError):
+class ScheduleControlError(SchedulingError, ValueError):
     """A control action was refused; nothing was changed.
 
     Attributes:
