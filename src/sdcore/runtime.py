@@ -227,14 +227,16 @@ class Runtime:
             if self.run_scheduler:
                 # The control plane first (a paused schedule must not fire at start-up), and
                 # stopped first (no trigger or backfill starts a tick into a closing scheduler).
-                await self.control.start()
+                control = await self._start_control()
                 try:
                     await self.scheduler.start_all()
                 except BaseException:
-                    await self.control.aclose()
+                    if control:
+                        await self.control.aclose()
                     raise
                 stack.push_async_callback(self._step, "scheduler", self.scheduler.aclose)
-                stack.push_async_callback(self._step, "schedule control", self.control.aclose)
+                if control:
+                    stack.push_async_callback(self._step, "schedule control", self.control.aclose)
         except BaseException:
             await stack.aclose()
             self.relay = self.workers = self.publisher = None
@@ -247,6 +249,23 @@ class Runtime:
             "on" if self.run_scheduler else "off",
             extra={"action": "started"},
         )
+
+    async def _start_control(self) -> bool:
+        """Start the schedules control plane; without its tables, warn and run without it."""
+        import psycopg
+
+        try:
+            await self.control.start()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            await self.control.aclose()
+            self._log.warning(
+                "the schedules control plane is off: its tables do not exist (run `sdcore db "
+                "upgrade --schedules`, or start with ensure_schema=True); pause, trigger and "
+                "backfill do not reach this replica",
+                extra={"action": "control_plane_off"},
+            )
+            return False
+        return True
 
     async def stop(self) -> None:
         """Stop everything in reverse order; each step's failure is logged and the rest still run.

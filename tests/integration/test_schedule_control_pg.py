@@ -137,3 +137,21 @@ def test_db_upgrade_schedules(pg_dsn: str) -> None:
     listed = sdcore("schedules", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == ""
+
+
+async def test_runtime_without_the_tables_runs_without_the_control_plane(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from sdcore import Runtime
+
+    async with JobSchedulerService.connect(pg_dsn) as jobs:
+        await jobs.ensure_schema()  # what `sdcore db upgrade` without --schedules creates
+    runtime = Runtime(database_url=pg_dsn, ensure_schema=False)
+    with caplog.at_level(logging.WARNING, logger="sdcore.runtime"):
+        async with runtime:
+            assert runtime.started
+            assert runtime.scheduler.running
+            assert not runtime.control.running
+    assert any("control plane is off" in r.getMessage() for r in caplog.records)

@@ -152,6 +152,7 @@ class ScheduleControl:
         self._originals: dict[str, Handler] = {}
         self._last_beat = 0.0
         self._closing = False
+        self._joined = False
         self._since = datetime.now(UTC)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -198,6 +199,7 @@ class ScheduleControl:
             handlers=tuple(sorted(sched.handlers)),
         )
         await self._sync()
+        self._joined = True
         self._revision = await self.store.revision()
         for row in await self.store.rows(None):
             self._apply(row, initial=True)
@@ -230,6 +232,9 @@ class ScheduleControl:
             if name in sched._entries:
                 sched.remove(name)
         self._stored.clear()
+        if not self._joined:
+            return
+        self._joined = False
         try:
             await self.store.leave(self.replica)
         except Exception as exc:  # noqa: BLE001 - the row expires by itself
