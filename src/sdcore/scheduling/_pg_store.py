@@ -272,7 +272,9 @@ class PostgresScheduleStore:
         return _action(found)
 
     async def open_actions(self, names: Sequence[str]) -> list[ControlAction]:
-        return [_action(r) for r in await self._all("open_actions", (list(names),))]
+        wanted = set(names)
+        found = [_action(r) for r in await self._all("open_actions")]
+        return [a for a in found if a.schedule in wanted]
 
     async def action(self, action_id: int) -> ControlAction | None:
         found = await self._one("action", (action_id,))

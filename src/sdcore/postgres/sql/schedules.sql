@@ -127,9 +127,10 @@ RETURNING id, schedule, action, actor, reason, params, progress, outcome, create
 SELECT pg_notify(%s, %s)
 
 -- name: open_actions
+-- Every open trigger/backfill (a few rows, on the partial index); each replica keeps its own.
 SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
 FROM {actions}
-WHERE finished_at IS NULL AND schedule = ANY(%s::text[]) ORDER BY id
+WHERE finished_at IS NULL ORDER BY id
 
 -- name: action
 SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
