@@ -32,7 +32,7 @@ from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
 from sdcore.postgres import PoolSettings, create_pool, redact_dsn, redact_text
-from sdcore.scheduling import Scheduler
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
     from sdcore.queues import BullMQPublisher, Processor, Workers
@@ -77,6 +77,9 @@ class Runtime:
             it, so the application's own ``runtime.pool.connection()`` always finds one.
         grace_period_ms: How long running ticks and jobs may finish at shutdown.
         outbox: The outbox table (default ``Outbox()``).
+        schedules_listen: Control-plane changes (pause, trigger, stored schedules…) arrive by
+            LISTEN/NOTIFY and by polling every second; ``False`` (implied by
+            ``transaction_pooling``) polls only, with unprepared statements.
         logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
         transaction_pooling: ``database_url`` points at a transaction-mode pooler (PgBouncer
             ``pool_mode=transaction``): no server-side prepared statements on the pool, and
@@ -115,6 +118,7 @@ class Runtime:
         pool_max_size: int = 10,
         grace_period_ms: int = 10_000,
         outbox: Outbox | None = None,
+        schedules_listen: bool = True,
         logger_name: str | None = None,
         transaction_pooling: bool = False,
         connect_timeout: int | None = None,
@@ -157,6 +161,9 @@ class Runtime:
         self.scheduler = Scheduler(
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
         )
+        poll_only = transaction_pooling or not schedules_listen
+        self.schedule_store = PostgresScheduleStore(self.pool, transaction_pooling=poll_only)
+        self.control = ScheduleControl(self.scheduler, self.schedule_store, listen=not poll_only)
         self.events = EventBus()
         self.outbox = outbox or Outbox()
         self.processors = list(processors)
@@ -214,11 +221,22 @@ class Runtime:
             if self._ensure_schema:
                 await self.jobs.ensure_schema()
                 await self.outbox.ensure_schema(self.pool)
+                await self.schedule_store.ensure_schema()
             if self.redis_url is not None:
                 await self._start_queues(self.redis_url, stack)
             if self.run_scheduler:
-                await self.scheduler.start_all()
+                # The control plane first (a paused schedule must not fire at start-up), and
+                # stopped first (no trigger or backfill starts a tick into a closing scheduler).
+                control = await self._start_control()
+                try:
+                    await self.scheduler.start_all()
+                except BaseException:
+                    if control:
+                        await self.control.aclose()
+                    raise
                 stack.push_async_callback(self._step, "scheduler", self.scheduler.aclose)
+                if control:
+                    stack.push_async_callback(self._step, "schedule control", self.control.aclose)
         except BaseException:
             await stack.aclose()
             self.relay = self.workers = self.publisher = None
@@ -232,12 +250,30 @@ class Runtime:
             extra={"action": "started"},
         )
 
+    async def _start_control(self) -> bool:
+        """Start the schedules control plane; without its tables, warn and run without it."""
+        import psycopg
+
+        try:
+            await self.control.start()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            await self.control.aclose()
+            self._log.warning(
+                "the schedules control plane is off: its tables do not exist (run `sdcore db "
+                "upgrade --schedules`, or start with ensure_schema=True); pause, trigger and "
+                "backfill do not reach this replica",
+                extra={"action": "control_plane_off"},
+            )
+            return False
+        return True
+
     async def stop(self) -> None:
         """Stop everything in reverse order; each step's failure is logged and the rest still run.
 
-        Order: scheduler (running ticks finish within the grace period, then are cancelled and
-        marked FAIL) → workers (running jobs finish) → relay (the batch in flight is marked) →
-        publisher → events drained → job scheduler → pool. A no-op when not started.
+        Order: schedule control (trigger/backfill coordinators cancelled; another replica takes
+        a backfill over) → scheduler (running ticks finish within the grace period, then are
+        cancelled and marked FAIL) → workers (running jobs finish) → relay (the batch in flight is
+        marked) → publisher → events drained → job scheduler → pool. A no-op when not started.
         """
         stack, self._stack = self._stack, None
         if stack is None:

@@ -91,7 +91,12 @@ def test_error_tree() -> None:
 
 
 def test_other_surfaces() -> None:
-    assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
+    assert sdcore.testing.__all__ == [
+        "FakeClock",
+        "InMemoryJobScheduler",
+        "InMemoryScheduleStore",
+        "RecordingPublisher",
+    ]
     assert "schema_sql" in sdcore.postgres.__all__
     assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
@@ -113,16 +118,26 @@ def test_scheduling_surface() -> None:
     import sdcore.scheduling
 
     assert sdcore.scheduling.__all__ == [
+        "ActionKind",
         "CatchUp",
+        "ControlAction",
         "CronExpression",
         "DayRule",
+        "InMemoryScheduleStore",
         "InvalidScheduleError",
         "MissedTick",
         "Overlap",
+        "PostgresScheduleStore",
+        "RunRecord",
+        "ScheduleAdmin",
+        "ScheduleControl",
+        "ScheduleControlError",
         "ScheduleInfo",
         "ScheduleKind",
         "ScheduleNotFoundError",
         "ScheduleOptions",
+        "ScheduleState",
+        "ScheduleStore",
         "Scheduler",
         "SchedulingError",
         "Tick",

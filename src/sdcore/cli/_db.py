@@ -33,12 +33,10 @@ from sdcore.postgres import (
     migrate,
     migration_scripts,
     migration_status,
-    outbox_schema_sql,
     redact_dsn,
     redact_text,
-    schema_sql,
 )
-from sdcore.postgres._migrations import Component
+from sdcore.postgres._migrations import DEFAULT_TABLES, Component, full_sql
 
 APPLICATION_NAME = "sdcore-cli"
 _UNDEFINED_TABLE = pg_errors.UndefinedTable.sqlstate
@@ -171,11 +169,16 @@ def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         raise describe_error(exc, target) from None
 
 
-def _tables(target: Target, outbox_table: str | None) -> list[tuple[Component, Target]]:
+def _tables(
+    target: Target, outbox_table: str | None, schedules: bool = False
+) -> list[tuple[Component, Target]]:
     tables: list[tuple[Component, Target]] = [("lease", target)]
     if outbox_table is not None:
         outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema, outbox=True)
         tables.append(("outbox", outbox))
+    if schedules:  # the control plane: pause, trigger, backfill, stored schedules, history
+        control = Target(dsn=target.dsn, table=DEFAULT_TABLES["schedules"], schema=target.schema)
+        tables.append(("schedules", control))
     return tables
 
 
@@ -216,7 +219,11 @@ def run_admin(target: Target, operation: Callable[[LeaseAdmin, AsyncConn], Await
 
 
 def db_sql(
-    target: Target, outbox_table: str | None = None, *, per_migration: bool = False
+    target: Target,
+    outbox_table: str | None = None,
+    *,
+    per_migration: bool = False,
+    schedules: bool = False,
 ) -> list[str]:
     """Return the DDL lines of the table(s) (what ``db upgrade`` applies to an empty database).
 
@@ -225,7 +232,7 @@ def db_sql(
     up to date.
     """
     lines: list[str] = []
-    for component, table in _tables(target, outbox_table):
+    for component, table in _tables(target, outbox_table, schedules):
         if lines:
             lines.append("")
         if per_migration:
@@ -233,12 +240,15 @@ def db_sql(
                 lines += [*script.rstrip("\n").splitlines(), ""]
             lines.pop()
             continue
-        sql_text = schema_sql if component == "lease" else outbox_schema_sql
-        lines += sql_text(table=table.table, schema=table.schema).rstrip("\n").splitlines()
+        lines += (
+            full_sql(component, table=table.table, schema=table.schema).rstrip("\n").splitlines()
+        )
     return lines
 
 
-def db_upgrade(target: Target, outbox_table: str | None = None) -> list[str]:
+def db_upgrade(
+    target: Target, outbox_table: str | None = None, *, schedules: bool = False
+) -> list[str]:
     """Apply the pending migrations under sdcore's schema advisory lock and report them.
 
     Raises:
@@ -246,14 +256,16 @@ def db_upgrade(target: Target, outbox_table: str | None = None) -> list[str]:
     """
     lines: list[str] = []
     try:
-        for component, table in _tables(target, outbox_table):
+        for component, table in _tables(target, outbox_table, schedules):
             lines += asyncio.run(_upgrade(table, component))
         return lines
     except psycopg.Error as exc:
         raise describe_error(exc, target) from None
 
 
-def db_status(target: Target, outbox_table: str | None = None) -> list[MigrationStatus]:
+def db_status(
+    target: Target, outbox_table: str | None = None, *, schedules: bool = False
+) -> list[MigrationStatus]:
     """Return the applied and pending migrations of the table(s); changes nothing.
 
     Raises:
@@ -262,7 +274,7 @@ def db_status(target: Target, outbox_table: str | None = None) -> list[Migration
     try:
         return [
             asyncio.run(_status(table, component))
-            for component, table in _tables(target, outbox_table)
+            for component, table in _tables(target, outbox_table, schedules)
         ]
     except psycopg.Error as exc:
         raise describe_error(exc, target) from None
@@ -324,9 +336,7 @@ async def _inventory(conn: psycopg.AsyncConnection[Any], target: Target) -> _Inv
     return _Inventory(schema_exists, oid is not None, indexes)
 
 
-def _report(
-    target: Target, before: _Inventory, after: _Inventory, migrated: bool
-) -> list[str]:
+def _report(target: Target, before: _Inventory, after: _Inventory, migrated: bool) -> list[str]:
     lines: list[str] = []
     if target.schema is not None and not before.schema_exists:
         lines.append(f"created schema {sql.Identifier(target.schema).as_string(None)}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sdcore import __version__
 from sdcore.cli._completion import completion_script
+from sdcore.cli._control import CONTROL_COMMANDS, run_control
 from sdcore.cli._db import (
     CliError,
     Target,
@@ -112,7 +113,9 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     if command == ("db", "sql"):
         target = Target(dsn="", table=args.table, schema=args.schema)
         outbox_table = args.outbox_table if args.outbox else None
-        for line in db_sql(target, outbox_table, per_migration=args.migrations):
+        for line in db_sql(
+            target, outbox_table, per_migration=args.migrations, schedules=args.schedules
+        ):
             _emit(line)
         return
     if args.group == "completion":
@@ -132,17 +135,21 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         )
         run_app(run_options, _emit)
         return
-    if command == ("schedules", "list"):
+    if command == ("schedules", "list") and args.app:
         list_schedules(args.app, _emit, as_json=args.json)
         return
     target = Target(
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
     )
     if command == ("db", "upgrade"):
-        for line in db_upgrade(target, args.outbox_table if args.outbox else None):
+        for line in db_upgrade(
+            target, args.outbox_table if args.outbox else None, schedules=args.schedules
+        ):
             _emit(line)
     elif command == ("db", "status"):
-        statuses = db_status(target, args.outbox_table if args.outbox else None)
+        statuses = db_status(
+            target, args.outbox_table if args.outbox else None, schedules=args.schedules
+        )
         for line in format_migration_status(statuses, as_json=args.json):
             _emit(line)
     elif command == ("jobs", "list"):
@@ -162,6 +169,8 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         prune_jobs(target, _emit, options)
     elif args.group in ("outbox", "relay"):
         _outbox(args, target, environ)
+    elif args.group == "schedules" and args.command in (*CONTROL_COMMANDS, "list"):
+        run_control(args, target, _emit)
     elif command == ("schedules", "runs"):
         schedule_runs(target, args.app, args.name, args.limit, _emit, as_json=args.json)
     elif command == ("schedules", "missed"):

@@ -257,6 +257,11 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
             "--outbox", action="store_true", help="also the transactional outbox table"
         )
         command.add_argument(
+            "--schedules",
+            action="store_true",
+            help="also the schedules control-plane tables (sdcore_schedules…; in --schema)",
+        )
+        command.add_argument(
             "--outbox-table",
             type=_identifier("outbox table"),
             default="outbox",
@@ -412,9 +417,10 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
         _connection_options(command, top=False)
         command.add_argument(
             "--app",
-            required=True,
+            required=name != "list",
             metavar="MODULE:ATTRIBUTE",
-            help="where the Scheduler is, e.g. myapp.tasks:scheduler",
+            help="where the Scheduler is, e.g. myapp.tasks:scheduler"
+            + (" (list: without it, the cluster's schedules from the database)" * (name == "list")),
         )
         _json_option(command)
         if name != "list":
@@ -446,6 +452,9 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
                 action="store_true",
                 help="exit status 3 if any tick is missed (for monitoring probes)",
             )
+    from sdcore.cli._control import add_control_commands  # imports this module
+
+    add_control_commands(schedule_commands, lambda c: _connection_options(c, top=False))
     return parser
 
 

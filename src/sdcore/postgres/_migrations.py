@@ -45,9 +45,13 @@ if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
-Component = Literal["lease", "outbox"]
-COMPONENTS: tuple[Component, ...] = ("lease", "outbox")
-DEFAULT_TABLES: dict[Component, str] = {"lease": "job_scheduler", "outbox": "outbox"}
+Component = Literal["lease", "outbox", "schedules"]
+COMPONENTS: tuple[Component, ...] = ("lease", "outbox", "schedules")
+DEFAULT_TABLES: dict[Component, str] = {
+    "lease": "job_scheduler",
+    "outbox": "outbox",
+    "schedules": "sdcore_schedules",
+}
 BOOKKEEPING_TABLE = "sdcore_migrations"
 
 _FILE = re.compile(r"(?P<version>[0-9]{4})_(?P<slug>[a-z0-9_]+)\.sql")

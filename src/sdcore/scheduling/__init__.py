@@ -11,8 +11,20 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
 from sdcore.scheduling._catch_up import MissedTick
+from sdcore.scheduling._control import (
+    ActionKind,
+    ControlAction,
+    RunRecord,
+    ScheduleAdmin,
+    ScheduleControlError,
+    ScheduleState,
+    ScheduleStore,
+)
 from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
+from sdcore.scheduling._memory_store import InMemoryScheduleStore
+from sdcore.scheduling._pg_store import PostgresScheduleStore
+from sdcore.scheduling._plane import ScheduleControl
 from sdcore.scheduling._policy import (
     CatchUp,
     Overlap,
@@ -25,16 +37,26 @@ from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 
 __all__ = [
+    "ActionKind",
     "CatchUp",
+    "ControlAction",
     "CronExpression",
     "DayRule",
+    "InMemoryScheduleStore",
     "InvalidScheduleError",
     "MissedTick",
     "Overlap",
+    "PostgresScheduleStore",
+    "RunRecord",
+    "ScheduleAdmin",
+    "ScheduleControl",
+    "ScheduleControlError",
     "ScheduleInfo",
     "ScheduleKind",
     "ScheduleNotFoundError",
     "ScheduleOptions",
+    "ScheduleState",
+    "ScheduleStore",
     "Scheduler",
     "SchedulingError",
     "Tick",

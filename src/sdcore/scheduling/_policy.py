@@ -72,6 +72,7 @@ class StartPath(enum.StrEnum):
     CATCH_UP = "catch_up"
     SWEEP = "sweep"
     TRIGGER = "trigger"
+    BACKFILL = "backfill"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

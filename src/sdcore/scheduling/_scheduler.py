@@ -39,6 +39,7 @@ from sdcore.scheduling._triggers import (
 )
 
 H = TypeVar("H", bound=Handler)
+SH = TypeVar("SH", bound=Callable[..., Any])
 _MAX_SLEEP = 30.0
 
 
@@ -82,6 +83,10 @@ class Scheduler:
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._started_at: datetime | None = None
+        # Stored-schedule handlers by name, and the control plane's hook that wraps every
+        # handler (run history); see sdcore.scheduling._control.
+        self._handlers: dict[str, Callable[..., Any]] = {}
+        self._wrap: Callable[[str, Handler], Handler] | None = None
 
     # --- registration ------------------------------------------------------------------------
 
@@ -121,6 +126,32 @@ class Scheduler:
     ) -> Callable[[H], H]:
         """Decorate a handler to run once per cluster, ever (``INITIAL`` lease; needs jobs)."""
         return self._decorator(lambda h, n: self.add_initial(n, h, **options), name)
+
+    def handler(self, name: str) -> Callable[[SH], SH]:
+        """Register a handler by name for *stored* schedules (created at run time).
+
+        The handler is called as ``handler(tick, args)`` with the stored schedule's arguments
+        (a dict); see :class:`~sdcore.scheduling.ScheduleControl`.
+
+        Raises:
+            InvalidScheduleError: A bad or duplicate handler name.
+        """
+        check_name(name)
+        if name in self._handlers:
+            raise InvalidScheduleError(name, "a handler with this name is already registered")
+
+        def decorate(function: SH) -> SH:
+            if not callable(function):
+                raise InvalidScheduleError(name, "handler must be callable")
+            self._handlers[name] = function
+            return function
+
+        return decorate
+
+    @property
+    def handlers(self) -> Mapping[str, Callable[..., Any]]:
+        """The stored-schedule handlers registered with :meth:`handler`, by name."""
+        return dict(self._handlers)
 
     def _decorator(self, register: Callable[[H, str], None], name: str | None) -> Callable[[H], H]:
         def decorate(handler: H) -> H:
@@ -186,6 +217,8 @@ class Scheduler:
         policy = build_policy(
             name, options, has_jobs=self._jobs is not None, default_lease_ms=self._lease_ms
         )
+        if self._wrap is not None:
+            handler = self._wrap(name, handler)
         entry = Entry(name, trigger, handler, zone, policy)
         now = self._clock()
         try:

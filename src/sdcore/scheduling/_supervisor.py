@@ -25,8 +25,8 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
-from sdcore.scheduling._runner import Handler, TickRunner
-from sdcore.scheduling._triggers import ScheduleKind, Trigger, make_tick
+from sdcore.scheduling._runner import Handler, TickOutcome, TickRunner
+from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
 
@@ -110,6 +110,9 @@ class Supervisor:
         self._log = logger
         self._grace = grace_s
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
+        # must not start now ("paused"), or None. Trigger and backfill starts pass it.
+        self.gate: Callable[[str], str | None] | None = None
 
     @property
     def tasks(self) -> int:
@@ -130,11 +133,52 @@ class Supervisor:
         Overlap applies the same way on every path. A regular fire skipped by overlap is recorded
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
         """
+        return self.launch(entry, due, path, deadline=deadline) is not None
+
+    def launch(
+        self,
+        entry: Entry,
+        due: datetime,
+        path: StartPath,
+        *,
+        deadline: datetime | None,
+        tick: Tick | None = None,
+    ) -> asyncio.Task[TickOutcome] | None:
+        """:meth:`start_tick` returning the tick's task (``None``: not started).
+
+        Args:
+            entry: The schedule.
+            due: The scheduled instant (the in-flight identity of the tick on this process).
+            path: How it starts; a paused schedule (the control gate) starts only
+                ``TRIGGER`` and ``BACKFILL`` ticks, and records a paused regular fire as skipped.
+            deadline: Retries never start at or after this instant.
+            tick: The tick to run (default: the tick of ``due``; a trigger has its own run key).
+        """
         if entry.removed or not entry.active:
-            return False
+            return None
         if due in entry.in_flight:
-            return False  # this very tick is already running here
-        tick = make_tick(entry.name, entry.trigger, entry.zone, due)
+            return None  # this very tick is already running here
+        if tick is None:
+            tick = make_tick(entry.name, entry.trigger, entry.zone, due)
+        reason = None if self.gate is None else self.gate(entry.name)
+        if reason is not None and path not in (StartPath.TRIGGER, StartPath.BACKFILL):
+            if path is StartPath.FIRE:
+                self._log.info(
+                    "schedule %r run %r: skipped, the schedule is %s",
+                    entry.name,
+                    tick.run_key,
+                    reason,
+                    extra={
+                        "action": "tick_paused_skipped",
+                        "schedule": entry.name,
+                        "run_key": tick.run_key,
+                    },
+                )
+                self._own(
+                    self._runner.record_skipped(entry.name, entry.kind, entry.policy, tick, reason),
+                    f"sdcore-skip:{entry.name}",
+                )
+            return None
         if entry.running and entry.policy.overlap is not Overlap.ALLOW:
             self._log.log(
                 logging.INFO if path is StartPath.FIRE else logging.DEBUG,
@@ -156,8 +200,8 @@ class Supervisor:
                     ),
                     f"sdcore-skip:{entry.name}",
                 )
-            return False
-        task = self._own(
+            return None
+        task: asyncio.Task[TickOutcome] = self._own(
             self._runner.run(
                 name=entry.name,
                 kind=entry.kind,
@@ -182,7 +226,7 @@ class Supervisor:
                     asyncio.get_running_loop().call_soon(self._drain, entry)
 
         task.add_done_callback(done)
-        return True
+        return task
 
     async def catch_up_at_start(
         self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]

@@ -27,7 +27,16 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 
-__all__ = ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
+__all__ = ["FakeClock", "InMemoryJobScheduler", "InMemoryScheduleStore", "RecordingPublisher"]
+
+
+def __getattr__(name: str) -> Any:
+    # The schedules double needs the scheduling extra (cronsim): imported on first use only.
+    if name == "InMemoryScheduleStore":
+        from sdcore.scheduling import InMemoryScheduleStore
+
+        return InMemoryScheduleStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FakeClock:

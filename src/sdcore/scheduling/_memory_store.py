@@ -1,0 +1,363 @@
+"""``InMemoryScheduleStore``: the control plane's store in process memory, for unit tests.
+
+Share one instance (and one :class:`~sdcore.testing.InMemoryJobScheduler`) between several
+schedulers to test code that pauses, triggers or backfills: it behaves as the PostgreSQL store
+does (revisions, open actions, declarations, run history), and notifies every listener at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerStatus
+from sdcore.scheduling._control import (
+    DEFAULT_LIVE_MS,
+    ActionKind,
+    ControlAction,
+    Declared,
+    Replica,
+    RunRecord,
+    RunStart,
+    ScheduleRow,
+    ScheduleState,
+    Write,
+)
+
+__all__ = ["InMemoryScheduleStore"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class InMemoryScheduleStore:
+    """The schedules table, declarations, action log and run history in memory.
+
+    Args:
+        jobs: The in-memory job scheduler the replicas share (backfill reopens failed ticks in it).
+        live_ms: A replica not seen for this long no longer declares its schedules.
+        clock: The "database clock" (aware UTC).
+    """
+
+    def __init__(
+        self,
+        jobs: BaseJobScheduler | None = None,
+        *,
+        live_ms: int = DEFAULT_LIVE_MS,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.jobs = jobs
+        self.live_ms = live_ms
+        self._clock = clock
+        self._seq = itertools.count(1)
+        self._rows: dict[str, ScheduleRow] = {}
+        self._extra: dict[str, dict[str, Any]] = {}  # paused_by, paused_reason per schedule
+        self._replicas: dict[str, tuple[Replica, datetime]] = {}
+        self._declarations: dict[tuple[str, str], str] = {}
+        self._actions: dict[int, ControlAction] = {}
+        self._runs: dict[int, RunRecord] = {}
+        self._run_ids = itertools.count(1)
+        self._listeners: list[Callable[[], None]] = []
+
+    # --- replicas ----------------------------------------------------------------------------
+
+    def _live(self) -> set[str]:
+        limit = self._clock() - timedelta(milliseconds=self.live_ms)
+        return {rid for rid, (_, seen) in self._replicas.items() if seen >= limit}
+
+    async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
+        now = self._clock()
+        for d in declared:
+            row = self._rows.get(d.name)
+            if row is None:
+                self._rows[d.name] = ScheduleRow(
+                    name=d.name,
+                    origin="code",
+                    kind=d.kind,
+                    expression=d.expression,
+                    time_zone=d.time_zone,
+                    options=dict(d.options),
+                    handler=None,
+                    args=None,
+                    fingerprint=d.fingerprint,
+                    paused=False,
+                    paused_at=None,
+                    resumed_at=None,
+                    removed_at=None,
+                    revision=0,
+                )
+            elif row.origin == "code" and row.fingerprint != d.fingerprint:
+                self._rows[d.name] = replace(
+                    row,
+                    kind=d.kind,
+                    expression=d.expression,
+                    time_zone=d.time_zone,
+                    options=dict(d.options),
+                    fingerprint=d.fingerprint,
+                )
+        self._replicas[replica.replica_id] = (replica, now)
+        for d in declared:
+            self._declarations[(d.name, replica.replica_id)] = d.fingerprint
+        live = self._live()
+        mixed = []
+        for d in declared:
+            prints = {
+                fp
+                for (name, rid), fp in self._declarations.items()
+                if name == d.name and rid in live
+            }
+            if len(prints) > 1:
+                mixed.append(d.name)
+        return mixed
+
+    async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            self._declarations.pop((name, replica.replica_id), None)
+        else:
+            self._declarations[(name, replica.replica_id)] = fingerprint
+
+    async def heartbeat(self, replica: Replica) -> bool:
+        if replica.replica_id not in self._replicas:
+            return False
+        self._replicas[replica.replica_id] = (replica, self._clock())
+        return True
+
+    async def leave(self, replica: Replica) -> None:
+        self._replicas.pop(replica.replica_id, None)
+        for key in [k for k in self._declarations if k[1] == replica.replica_id]:
+            del self._declarations[key]
+
+    # --- rows --------------------------------------------------------------------------------
+
+    async def revision(self) -> int:
+        return max((r.revision for r in self._rows.values()), default=0)
+
+    async def rows(self, since: int | None) -> list[ScheduleRow]:
+        if since is None:
+            return [
+                r
+                for r in self._rows.values()
+                if r.removed_at is None and (r.paused or r.origin == "stored")
+            ]
+        return sorted(
+            (r for r in self._rows.values() if r.revision > since), key=lambda r: r.revision
+        )
+
+    async def row(self, name: str) -> ScheduleRow | None:
+        return self._rows.get(name)
+
+    async def live_declarers(self, name: str) -> int:
+        live = self._live()
+        return sum(1 for (n, rid) in self._declarations if n == name and rid in live)
+
+    async def live_handlers(self) -> set[str]:
+        live = self._live()
+        return {h for rid, (rep, _) in self._replicas.items() if rid in live for h in rep.handlers}
+
+    async def write(self, write: Write) -> ControlAction | None:
+        row = self._rows.get(write.name)
+        now = self._clock()
+        if write.action is ActionKind.PAUSE:
+            if row is None or row.removed_at is not None or row.paused:
+                return None
+            self._rows[write.name] = replace(
+                row, paused=True, paused_at=now, revision=next(self._seq)
+            )
+            self._extra[write.name] = {"paused_by": write.actor, "paused_reason": write.reason}
+        elif write.action is ActionKind.RESUME:
+            if row is None or row.removed_at is not None or not row.paused:
+                return None
+            self._rows[write.name] = replace(
+                row, paused=False, resumed_at=now, revision=next(self._seq)
+            )
+        elif write.action is ActionKind.REMOVE:
+            if row is None or row.origin != "stored" or row.removed_at is not None:
+                return None
+            self._rows[write.name] = replace(row, removed_at=now, revision=next(self._seq))
+        elif write.stored is not None:
+            if row is not None and row.origin != "stored":
+                return None
+            d = write.stored
+            self._rows[write.name] = ScheduleRow(
+                name=d.name,
+                origin="stored",
+                kind=d.kind,
+                expression=d.expression,
+                time_zone=d.time_zone,
+                options=dict(d.options),
+                handler=write.handler,
+                args=dict(write.args or {}),
+                fingerprint=d.fingerprint,
+                paused=bool(row is not None and row.removed_at is None and row.paused),
+                paused_at=None if row is None else row.paused_at,
+                resumed_at=None if row is None else row.resumed_at,
+                removed_at=None,
+                revision=next(self._seq),
+            )
+        action = ControlAction(
+            id=next(self._seq),
+            schedule=write.name,
+            action=write.action,
+            actor=write.actor,
+            reason=write.reason,
+            params=dict(write.params),
+            progress=None,
+            outcome="done" if write.finished else None,
+            created_at=now,
+            finished_at=now if write.finished else None,
+        )
+        self._actions[action.id] = action
+        for wake in list(self._listeners):
+            wake()
+        return action
+
+    # --- actions -----------------------------------------------------------------------------
+
+    async def open_actions(self, names: Sequence[str]) -> list[ControlAction]:
+        wanted = set(names)
+        return sorted(
+            (a for a in self._actions.values() if a.finished_at is None and a.schedule in wanted),
+            key=lambda a: a.id,
+        )
+
+    async def action(self, action_id: int) -> ControlAction | None:
+        return self._actions.get(action_id)
+
+    async def actions(self, name: str, limit: int) -> list[ControlAction]:
+        found = [a for a in self._actions.values() if a.schedule == name]
+        return sorted(found, key=lambda a: -a.id)[:limit]
+
+    async def finish_action(
+        self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
+    ) -> None:
+        action = self._actions.get(action_id)
+        if action is None or action.finished_at is not None:
+            return
+        self._actions[action_id] = replace(
+            action,
+            outcome=outcome,
+            finished_at=self._clock(),
+            progress=action.progress if progress is None else dict(progress),
+        )
+
+    async def set_progress(self, action_id: int, progress: Mapping[str, Any]) -> None:
+        action = self._actions.get(action_id)
+        if action is not None and action.finished_at is None:
+            self._actions[action_id] = replace(action, progress=dict(progress))
+
+    async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
+        rows = getattr(self.jobs, "_rows", None)
+        attempts = getattr(self.jobs, "_attempts", {})
+        if not isinstance(rows, dict):
+            return 0
+        count = 0
+        for key in lock_keys:
+            row = rows.get(key)
+            if row is None or row.status is not JobSchedulerStatus.FAIL:
+                continue
+            data = dict(row.data or {})
+            if attempts.get(key, 1) == 0 or "released_by" in data or row.modified_at >= before:
+                continue
+            data["released_by"] = by
+            rows[key] = replace(row, data=data)
+            count += 1
+        return count
+
+    # --- history -----------------------------------------------------------------------------
+
+    async def run_started(self, run: RunStart) -> int | None:
+        run_id = next(self._run_ids)
+        self._runs[run_id] = RunRecord(
+            schedule=run.schedule,
+            run_key=run.run_key,
+            source=run.source,
+            scheduled_at=run.scheduled_at,
+            started_at=self._clock(),
+            finished_at=None,
+            status="RUNNING",
+            attempt=run.attempt,
+            fencing_token=run.fencing_token,
+            host=run.replica.host,
+            pid=run.replica.pid,
+            error=None,
+        )
+        return run_id
+
+    async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
+        run = self._runs.get(run_id)
+        if run is not None:
+            self._runs[run_id] = replace(run, status=status, error=error, finished_at=self._clock())
+
+    async def history(self, name: str, limit: int) -> list[RunRecord]:
+        found = [(i, r) for i, r in self._runs.items() if r.schedule == name]
+        found.sort(key=lambda item: (item[1].started_at, item[0]), reverse=True)
+        return [r for _, r in found[:limit]]
+
+    async def states(self) -> list[ScheduleState]:
+        live = self._live()
+        out = []
+        for row in sorted(self._rows.values(), key=lambda r: r.name):
+            if row.removed_at is not None:
+                continue
+            holders = [
+                (self._replicas[rid][0], fp)
+                for (n, rid), fp in self._declarations.items()
+                if n == row.name and rid in live
+            ]
+            runs = await self.history(row.name, 1)
+            extra = self._extra.get(row.name, {}) if row.paused else {}
+            out.append(
+                ScheduleState(
+                    name=row.name,
+                    origin=row.origin,
+                    kind=row.kind,
+                    expression=row.expression,
+                    time_zone=row.time_zone,
+                    paused=row.paused,
+                    paused_at=row.paused_at if row.paused else None,
+                    paused_by=extra.get("paused_by"),
+                    paused_reason=extra.get("paused_reason"),
+                    handler=row.handler,
+                    args=row.args,
+                    options=row.options,
+                    replicas=tuple(sorted(f"{rep.host}:{rep.pid}" for rep, _ in holders)),
+                    versions=len({fp for _, fp in holders}),
+                    last_run_at=runs[0].started_at if runs else None,
+                    last_status=runs[0].status if runs else None,
+                    last_seen_at=max(
+                        (
+                            self._replicas[rid][1]
+                            for (n, rid) in self._declarations
+                            if n == row.name and rid in live
+                        ),
+                        default=None,
+                    ),
+                )
+            )
+        return out
+
+    async def prune(self, before: datetime, batch: int) -> int:
+        old_runs = [i for i, r in self._runs.items() if r.started_at < before]
+        for i in old_runs:
+            del self._runs[i]
+        old_actions = [
+            i
+            for i, a in self._actions.items()
+            if a.finished_at is not None and a.finished_at < before
+        ]
+        for i in old_actions:
+            del self._actions[i]
+        return len(old_runs) + len(old_actions)
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` on every write until cancelled (as LISTEN/NOTIFY does)."""
+        self._listeners.append(wake)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._listeners.remove(wake)

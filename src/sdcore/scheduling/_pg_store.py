@@ -1,0 +1,389 @@
+"""The control plane's state in PostgreSQL (migration component ``schedules``).
+
+Statements live in ``sdcore/postgres/sql/schedules.sql``. Every write of a schedule row or an
+action runs in one transaction under an advisory lock and ends with ``pg_notify``; replicas
+LISTEN on the channel (the schedules table's name) and also poll, so a change reaches every
+replica even under PgBouncer transaction pooling, where LISTEN is unavailable (``listen=False``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore._internal.sql import queries
+from sdcore.job_scheduler import JobScheduler
+from sdcore.postgres import derived_name, migrate
+from sdcore.postgres._schema import qualified
+from sdcore.scheduling._control import (
+    DEFAULT_LIVE_MS,
+    ActionKind,
+    ControlAction,
+    Declared,
+    Replica,
+    RunRecord,
+    RunStart,
+    ScheduleRow,
+    ScheduleState,
+    Write,
+)
+
+__all__ = ["PostgresScheduleStore"]
+
+# pg_advisory_xact_lock key of control writes (distinct from the schema lock).
+CONTROL_LOCK_ID = 0x5DC0_0013
+
+
+def _row(r: Sequence[Any]) -> ScheduleRow:
+    return ScheduleRow(
+        name=r[0],
+        origin=r[1],
+        kind=r[2],
+        expression=r[3],
+        time_zone=r[4],
+        options=r[5] or {},
+        handler=r[6],
+        args=r[7],
+        fingerprint=r[8],
+        paused=bool(r[9]),
+        paused_at=r[10],
+        resumed_at=r[11],
+        removed_at=r[12],
+        revision=int(r[13]),
+    )
+
+
+def _action(r: Sequence[Any]) -> ControlAction:
+    return ControlAction(
+        id=int(r[0]),
+        schedule=r[1],
+        action=ActionKind(r[2]),
+        actor=r[3],
+        reason=r[4],
+        params=r[5] or {},
+        progress=r[6],
+        outcome=r[7],
+        created_at=r[8],
+        finished_at=r[9],
+    )
+
+
+class PostgresScheduleStore:
+    """The schedules table, its companion tables and the lease table, over a pool.
+
+    Args:
+        pool: An open ``AsyncConnectionPool`` (autocommit connections).
+        table: The schedules table (default ``sdcore_schedules``).
+        schema: Its schema (``None``: the ``search_path``).
+        lease_table: The lease table backfill reopens failed ticks in.
+        live_ms: A replica not seen for this long no longer counts as declaring its schedules.
+        transaction_pooling: The pool goes through PgBouncer in transaction mode: statements are
+            never prepared server-side (PgBouncer before 1.21 would meet a prepared statement on
+            another server connection); use with ``ScheduleControl(listen=False)``.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        table: str = "sdcore_schedules",
+        schema: str | None = None,
+        lease_table: str = JobScheduler.TABLE_NAME,
+        live_ms: int = DEFAULT_LIVE_MS,
+        transaction_pooling: bool = False,
+    ) -> None:
+        self.pool = pool
+        self.transaction_pooling = bool(transaction_pooling)
+        self._prepare: bool | None = False if transaction_pooling else None
+        self.table = table
+        self.schema = schema
+        self.live_ms = live_ms
+        self.channel = table if schema is None else f"{schema}.{table}"
+
+        def companion(suffix: str) -> sql.Identifier:
+            name = derived_name(table, suffix)
+            return sql.Identifier(name) if schema is None else sql.Identifier(schema, name)
+
+        seq = companion("revision_seq")
+        names: dict[str, sql.Composable] = {
+            "table": qualified(table, schema),
+            "seq_text": sql.Literal(seq.as_string(None)),
+            "replicas": companion("replicas"),
+            "declarations": companion("declarations"),
+            "actions": companion("actions"),
+            "runs": companion("runs"),
+            "lease": qualified(lease_table, schema),
+        }
+        self._sql = {
+            key: sql.SQL(text).format(**names).as_string(None).encode("utf-8")
+            for key, text in queries("schedules").items()
+        }
+
+    async def ensure_schema(self) -> None:
+        """Apply the ``schedules`` component's pending migrations (race-safe)."""
+        await migrate(self.pool, "schedules", table=self.table, schema=self.schema)
+
+    async def _x(
+        self, conn: psycopg.AsyncConnection[Any], statement: bytes, params: Sequence[Any]
+    ) -> psycopg.AsyncCursor[Any]:
+        return await conn.execute(statement, tuple(params), prepare=self._prepare)
+
+    async def _all(self, key: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        async with self.pool.connection() as conn:
+            cur = await self._x(conn, self._sql[key], params)
+            return list(await cur.fetchall())
+
+    async def _one(self, key: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        rows = await self._all(key, params)
+        return rows[0] if rows else None
+
+    async def _exec(self, key: str, params: Sequence[Any] = ()) -> int:
+        async with self.pool.connection() as conn:
+            cur = await self._x(conn, self._sql[key], params)
+            return int(cur.rowcount)
+
+    async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
+        names = [d.name for d in declared]
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._x(conn, self._sql["expire_replicas"], (10 * self.live_ms,))
+            cur = await self._x(
+                conn, self._sql["changed_names"], (names, [d.fingerprint for d in declared])
+            )
+            changed = {r[0] for r in await cur.fetchall()}
+            fresh = [d for d in declared if d.name in changed]
+            if fresh:
+                await self._x(
+                    conn,
+                    self._sql["sync_schedules"],
+                    (
+                        [d.name for d in fresh],
+                        [d.kind for d in fresh],
+                        [d.expression for d in fresh],
+                        [d.time_zone for d in fresh],
+                        [json.dumps(dict(d.options)) for d in fresh],
+                        [d.fingerprint for d in fresh],
+                    ),
+                )
+            await self._x(
+                conn,
+                self._sql["upsert_replica"],
+                (replica.replica_id, replica.host, replica.pid, list(replica.handlers)),
+            )
+            await self._x(
+                conn,
+                self._sql["declare"],
+                (replica.replica_id, names, [d.fingerprint for d in declared]),
+            )
+            cur = await self._x(conn, self._sql["mixed_versions"], (names, self.live_ms))
+            return [r[0] for r in await cur.fetchall()]
+
+    async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            await self._exec("undeclare", (replica.replica_id, name))
+        else:
+            await self._exec("declare", (replica.replica_id, [name], [fingerprint]))
+
+    async def heartbeat(self, replica: Replica) -> bool:
+        return await self._exec("heartbeat", (replica.replica_id,)) > 0
+
+    async def leave(self, replica: Replica) -> None:
+        await self._exec("leave", (replica.replica_id,))
+
+    async def revision(self) -> int:
+        row = await self._one("revision")
+        return int(row[0]) if row else 0
+
+    async def rows(self, since: int | None) -> list[ScheduleRow]:
+        if since is None:
+            return [_row(r) for r in await self._all("rows_all")]
+        return [_row(r) for r in await self._all("rows_since", (since,))]
+
+    async def row(self, name: str) -> ScheduleRow | None:
+        found = await self._one("row", (name,))
+        return None if found is None else _row(found)
+
+    async def live_declarers(self, name: str) -> int:
+        found = await self._one("live_declarers", (name, self.live_ms))
+        return int(found[0]) if found else 0
+
+    async def live_handlers(self) -> set[str]:
+        return {r[0] for r in await self._all("live_handlers", (self.live_ms,))}
+
+    async def write(self, write: Write) -> ControlAction | None:
+        async with self.pool.connection() as conn, conn.transaction() as tx:
+            await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
+            changed = 1
+            if write.action is ActionKind.PAUSE:
+                cur = await self._x(
+                    conn, self._sql["pause"], (write.actor, write.reason, write.name)
+                )
+                changed = cur.rowcount
+            elif write.action is ActionKind.RESUME:
+                cur = await self._x(conn, self._sql["resume"], (write.name,))
+                changed = cur.rowcount
+            elif write.action is ActionKind.REMOVE:
+                cur = await self._x(conn, self._sql["remove"], (write.name,))
+                changed = cur.rowcount
+            elif write.stored is not None:
+                d = write.stored
+                cur = await self._x(
+                    conn,
+                    self._sql["store"],
+                    (
+                        d.name,
+                        d.kind,
+                        d.expression,
+                        d.time_zone,
+                        json.dumps(dict(d.options)),
+                        write.handler,
+                        json.dumps(dict(write.args or {})),
+                        d.fingerprint,
+                    ),
+                )
+                changed = cur.rowcount
+            if changed != 1:
+                tx.force_rollback = True
+                return None
+            cur = await self._x(
+                conn,
+                self._sql["insert_action"],
+                (
+                    write.name,
+                    write.action.value,
+                    write.actor,
+                    write.reason,
+                    json.dumps(dict(write.params)),
+                    write.finished,
+                    "done" if write.finished else None,
+                ),
+            )
+            found = await cur.fetchone()
+            await self._x(conn, self._sql["notify"], (self.channel, write.name))
+        assert found is not None  # noqa: S101 - INSERT … RETURNING
+        return _action(found)
+
+    async def open_actions(self, names: Sequence[str]) -> list[ControlAction]:
+        wanted = set(names)
+        found = [_action(r) for r in await self._all("open_actions")]
+        return [a for a in found if a.schedule in wanted]
+
+    async def action(self, action_id: int) -> ControlAction | None:
+        found = await self._one("action", (action_id,))
+        return None if found is None else _action(found)
+
+    async def actions(self, name: str, limit: int) -> list[ControlAction]:
+        return [_action(r) for r in await self._all("actions_of", (name, limit))]
+
+    async def finish_action(
+        self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
+    ) -> None:
+        encoded = None if progress is None else json.dumps(dict(progress))
+        await self._exec("finish_action", (outcome, encoded, action_id))
+
+    async def set_progress(self, action_id: int, progress: Mapping[str, Any]) -> None:
+        await self._exec("progress", (json.dumps(dict(progress)), action_id))
+
+    async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
+        return await self._exec("release_failed", (by, list(lock_keys), before))
+
+    async def run_started(self, run: RunStart) -> int | None:
+        found = await self._one(
+            "run_started",
+            (
+                run.schedule,
+                run.run_key,
+                run.source,
+                run.scheduled_at,
+                run.attempt,
+                run.fencing_token,
+                run.replica.replica_id,
+                run.replica.host,
+                run.replica.pid,
+            ),
+        )
+        return None if found is None else int(found[0])
+
+    async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
+        await self._exec("run_finished", (status, error, run_id))
+
+    async def history(self, name: str, limit: int) -> list[RunRecord]:
+        return [
+            RunRecord(
+                schedule=r[0],
+                run_key=r[1],
+                source=r[2],
+                scheduled_at=r[3],
+                started_at=r[4],
+                finished_at=r[5],
+                status=r[6],
+                attempt=int(r[7]),
+                fencing_token=r[8],
+                host=r[9],
+                pid=int(r[10]),
+                error=r[11],
+            )
+            for r in await self._all("history", (name, limit))
+        ]
+
+    async def states(self) -> list[ScheduleState]:
+        return [
+            ScheduleState(
+                name=r[0],
+                origin=r[1],
+                kind=r[2],
+                expression=r[3],
+                time_zone=r[4],
+                paused=bool(r[5]),
+                paused_at=r[6],
+                paused_by=r[7],
+                paused_reason=r[8],
+                handler=r[9],
+                args=r[10],
+                options=r[11] or {},
+                replicas=tuple(r[12] or ()),
+                versions=int(r[13]),
+                last_run_at=r[14],
+                last_status=r[15],
+                last_seen_at=r[16],
+            )
+            for r in await self._all("list", (self.live_ms,))
+        ]
+
+    async def prune(self, before: datetime, batch: int) -> int:
+        total = 0
+        for key in ("prune_runs", "prune_actions"):
+            while True:
+                deleted = await self._exec(key, (before, batch))
+                total += deleted
+                if deleted < batch:
+                    break
+        return total
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """LISTEN on the channel on a dedicated connection and call ``wake`` per notification.
+
+        Runs until cancelled. Raises ``psycopg.Error`` when the connection breaks (the engine
+        falls back to polling and listens again later).
+        """
+        kwargs: dict[str, Any] = {}
+        if isinstance(self.pool.kwargs, dict):
+            kwargs.update(self.pool.kwargs)
+        kwargs["autocommit"] = True
+        conninfo = self.pool.conninfo
+        if not isinstance(conninfo, str):
+            raise TypeError("LISTEN needs a pool built from a conninfo string (use listen=False)")
+        conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+        async with conn:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            wake()  # anything written before LISTEN took effect is read by the next poll
+            async for _ in conn.notifies():
+                wake()
