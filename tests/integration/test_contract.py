@@ -36,6 +36,9 @@ class Backend:
     age: Callable[[str, int], Awaitable[None]]
     read: Callable[[str], Awaitable[dict[str, Any]]]
     count: Callable[[], Awaitable[int]]
+    # The largest fencing token the table held before the test: tokens come from one sequence
+    # per table, so a new key's first token is above it (1 in an empty table).
+    base: int = 0
 
 
 async def _memory_backend() -> Backend:
@@ -106,7 +109,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
                 assert row is not None
                 return int(row[0])
 
-            yield Backend("postgres", service, age, read, count)
+            cur = await conn.execute("SELECT coalesce(max(fencing_token), 0) FROM job_scheduler")
+            top = await cur.fetchone()
+            assert top is not None
+            yield Backend("postgres", service, age, read, count, base=int(top[0]))
 
 
 def _opts(**kwargs: Any) -> JobAcquireOptions:
@@ -125,7 +131,7 @@ async def test_first_acquire_inserts_a_running_row(backend: Backend) -> None:
     options = _opts(name="Sync orders")
     result = await backend.service.acquire(options)
     assert isinstance(result, JobAcquired)
-    assert result.fencing_token == 1
+    assert result.fencing_token == backend.base + 1
     assert result.idempotency_key == options.idempotency_key
     assert uuid.UUID(result.owner_token).version == 4
     assert result.row.status is JobSchedulerStatus.RUNNING
@@ -182,7 +188,7 @@ async def test_fail_row_is_taken_over_at_once_with_rotated_tokens(backend: Backe
     second = await _acquire(backend)
     assert second.id == first.id
     assert second.owner_token != first.owner_token
-    assert second.fencing_token == first.fencing_token + 1 == 2
+    assert second.fencing_token == first.fencing_token + 1 == backend.base + 2
     assert second.idempotency_key == first.idempotency_key
     row = await backend.read(second.id)
     assert row["data"] is None
@@ -202,7 +208,7 @@ async def test_running_row_is_taken_over_only_after_the_lease(backend: Backend) 
     assert not (await backend.service.acquire(_opts(lease_ms=60_000))).acquired
     await backend.age(first.id, 30_001)
     second = await _acquire(backend, lease_ms=60_000)
-    assert second.fencing_token == 2
+    assert second.fencing_token == backend.base + 2
     assert not await backend.service.complete(first.lease)
 
 
@@ -220,7 +226,7 @@ async def test_release_lets_the_next_acquire_take_the_row(backend: Backend) -> N
     assert await backend.service.release(first.lease)
     assert (await backend.read(first.id))["data"] == {"released": True}
     second = await _acquire(backend)
-    assert second.fencing_token == 2
+    assert second.fencing_token == backend.base + 2
 
 
 async def test_initial_runs_once_per_code(backend: Backend) -> None:
@@ -329,7 +335,7 @@ async def test_run_exclusive_runs_a_plain_function_in_a_worker_thread(backend: B
         return lease.fencing_token
 
     outcome = await backend.service.run_exclusive({"code": "sync", "run_key": "r"}, work)
-    assert outcome.result == 1
+    assert outcome.result == backend.base + 1
 
 
 async def test_run_exclusive_awaits_an_awaitable_returned_by_a_plain_callable(
@@ -442,7 +448,7 @@ async def test_loss_seen_by_the_heartbeat_cancels_an_async_function(backend: Bac
         )
     assert not reached_end
     row = await backend.read(ids[0])
-    assert (row["status"], row["fencing_token"]) == ("RUNNING", 2)
+    assert (row["status"], row["fencing_token"]) == ("RUNNING", backend.base + 2)
     assert _no_other_tasks(before)
 
 

@@ -149,9 +149,32 @@ async def test_heartbeat_zero_disables_it() -> None:
         await asyncio.sleep(0.2)
 
     await service.run_exclusive(
-        {"code": "c", "run_key": "r", "lease_ms": 100, "heartbeat_ms": 0}, work
+        {"code": "c", "run_key": "r", "lease_ms": 400, "heartbeat_ms": 0}, work
     )
     assert service.heartbeats == 0
+
+
+async def test_without_heartbeat_the_lease_is_the_longest_run() -> None:
+    # No heartbeat renews the lease: once it runs out on the client another replica may take the
+    # run, so the callable is cancelled at the client deadline instead of running on.
+    service = Flaky()
+    reached_end = False
+
+    async def work(lease: JobExecutionLease) -> None:
+        nonlocal reached_end
+        await asyncio.sleep(2)
+        reached_end = True
+
+    with pytest.raises(LostJobLeaseError, match="ran out on the client"):
+        await asyncio.wait_for(
+            service.run_exclusive(
+                {"code": "c", "run_key": "r", "lease_ms": 200, "heartbeat_ms": 0}, work
+            ),
+            5,
+        )
+    assert not reached_end
+    assert service.heartbeats == 0
+    assert _status(service) is JobSchedulerStatus.FAIL
 
 
 async def test_blocked_event_loop_is_reported(caplog: pytest.LogCaptureFixture) -> None:

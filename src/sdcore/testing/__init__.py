@@ -1,12 +1,15 @@
 """Public fakes for users' own unit tests: an in-memory job scheduler and a controllable clock.
 
 ``InMemoryJobScheduler`` follows the same contract as ``JobSchedulerService`` (the project runs
-one contract suite against both), with ``clock`` playing the database clock.
+one contract suite against both), with ``clock`` playing the database clock: expiry is the
+owner's lease by that clock, fencing tokens come from one counter per scheduler (as from the
+table's sequence), and leases carry a client deadline by the real monotonic clock.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -23,6 +26,7 @@ from sdcore.job_scheduler._model import (
     JobScheduler,
     JobSchedulerStatus,
     JobSchedulerType,
+    _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 
@@ -80,6 +84,23 @@ class InMemoryJobScheduler(BaseJobScheduler):
         self._clock = clock
         self._rows: dict[str, JobScheduler] = {}
         self._by_id: dict[str, str] = {}
+        self._fencing = 0  # the table's fencing sequence
+
+    def _next_fencing_token(self) -> int:
+        self._fencing += 1
+        return self._fencing
+
+    def forget(self, job_id: str) -> bool:
+        """Delete a row, as a prune would (its key may then be created anew).
+
+        Returns:
+            Whether a row was deleted.
+        """
+        key = self._by_id.pop(job_id, None)
+        if key is None:
+            return False
+        del self._rows[key]
+        return True
 
     def rows(self) -> list[JobScheduler]:
         """Return every row, oldest first."""
@@ -93,6 +114,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire`."""
         opts = coerce_options(options)
+        state = _LeaseState.for_lease(opts.lease_ms, time.monotonic())
         now = self._clock()
         token = str(uuid.uuid4())
         current = self._rows.get(opts.lock_key)
@@ -107,15 +129,18 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 run_key=opts.run_key,
                 status=JobSchedulerStatus.RUNNING,
                 owner_token=token,
-                fencing_token=1,
+                fencing_token=self._next_fencing_token(),
                 data=None,
                 created_at=now,
                 modified_at=now,
+                lease_ms=opts.lease_ms,
             )
             self._by_id[row.id] = row.lock_key
         else:
+            # Expiry is the owner's lease (a row without one falls back to the contender's).
+            owner_lease = current.lease_ms if current.lease_ms is not None else opts.lease_ms
             stale = current.status is JobSchedulerStatus.RUNNING and now - current.modified_at > (
-                timedelta(milliseconds=opts.lease_ms)
+                timedelta(milliseconds=owner_lease)
             )
             if not (current.status is JobSchedulerStatus.FAIL or stale):
                 return JobNotAcquired()
@@ -123,10 +148,11 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 current,
                 status=JobSchedulerStatus.RUNNING,
                 owner_token=token,
-                fencing_token=current.fencing_token + 1,
+                fencing_token=self._next_fencing_token(),
                 name=opts.name,
                 data=None,
                 modified_at=now,
+                lease_ms=opts.lease_ms,
             )
         self._rows[row.lock_key] = row
         return JobAcquired(
@@ -135,6 +161,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
             owner_token=token,
             idempotency_key=row.idempotency_key,
             fencing_token=row.fencing_token,
+            _state=state,
         )
 
     def _owned(self, lease: JobLease) -> JobScheduler | None:
@@ -168,10 +195,14 @@ class InMemoryJobScheduler(BaseJobScheduler):
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.heartbeat`."""
+        sent = time.monotonic()
         row = self._owned(lease)
         if row is None:
             return False
         self._rows[row.lock_key] = replace(row, modified_at=self._clock())
+        state: _LeaseState | None = getattr(lease, "_state", None)
+        if state is not None:
+            state.confirm(sent)
         return True
 
     async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
