@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -151,6 +153,58 @@ class JobLease:
 
     id: str
     owner_token: str = field(repr=False)
+
+
+MAX_STATUS_KEYS: int = 10_000
+"""Most lock keys one ``statuses()`` call accepts."""
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _check_lease(lease: object) -> tuple[str, str]:
+    """Validate a lease before any backend reads it; return ``(id, owner_token)`` lower-cased.
+
+    Every backend calls this one function, so they refuse (and accept) exactly the same leases:
+    both parts must be UUIDs in the canonical 8-4-4-4-12 hex form, in either case. The other
+    spellings ``uuid.UUID()`` and PostgreSQL would take (hyphen-less, ``{…}``, ``urn:uuid:``,
+    surrounding blanks) are refused.
+
+    Raises:
+        TypeError: ``lease`` is not a :class:`JobLease`.
+        ValueError: ``lease.id`` or ``lease.owner_token`` is not a canonical UUID str.
+    """
+    if not isinstance(lease, JobLease):
+        raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
+    job_id, token = lease.id, lease.owner_token
+    if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
+        raise ValueError("lease.id must be a UUID string")
+    if not isinstance(token, str) or _UUID.fullmatch(token) is None:
+        raise ValueError("lease.owner_token must be a UUID string")
+    return job_id.lower(), token.lower()
+
+
+def _check_lock_keys(lock_keys: Iterable[str]) -> list[str]:
+    """Validate the keys of a ``statuses()`` call before any backend reads them.
+
+    Raises:
+        ValueError: A single str instead of a sequence, more than :data:`MAX_STATUS_KEYS` keys,
+            a key that is not a str, or a key PostgreSQL cannot store (NUL, invalid Unicode).
+    """
+    if isinstance(lock_keys, str | bytes):
+        raise ValueError("lock_keys must be a sequence of str, not a single str")
+    keys = list(lock_keys)
+    if len(keys) > MAX_STATUS_KEYS:
+        raise ValueError(f"at most {MAX_STATUS_KEYS} lock keys per call, got {len(keys)}")
+    for key in keys:
+        if type(key) is not str:
+            raise ValueError("lock keys must be str")
+        if "\x00" in key:
+            raise ValueError("lock keys must not contain NUL")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("lock keys must be valid Unicode (no lone surrogates)") from None
+    return keys
 
 
 class _LeaseState:

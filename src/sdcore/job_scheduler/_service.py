@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import time
 import uuid
@@ -29,6 +28,8 @@ from sdcore.job_scheduler._model import (
     JobSchedulerStatus,
     JobSchedulerType,
     JobSchedulerUnavailableError,
+    _check_lease,
+    _check_lock_keys,
     _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
@@ -56,21 +57,6 @@ class JobSchedulerDatabaseError(JobSchedulerError):
     def __init__(self, message: str, sqlstate: str | None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message)
-
-
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-
-
-def _check_lease(lease: object) -> tuple[str, str]:
-    """Validate a lease before SQL: both parts must be UUID strings."""
-    if not isinstance(lease, JobLease):
-        raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
-    job_id, token = lease.id, lease.owner_token
-    if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
-        raise ValueError("lease.id must be a UUID string")
-    if not isinstance(token, str) or _UUID.fullmatch(token) is None:
-        raise ValueError("lease.owner_token must be a UUID string")
-    return job_id, token
 
 
 class _Abandoned(Exception):
@@ -554,14 +540,11 @@ class JobSchedulerService(BaseJobScheduler):
             ``{lock_key: status}`` for the keys that have a row.
 
         Raises:
-            ValueError: Too many keys or a key that is not a str.
+            ValueError: A single str, too many keys, a key that is not a str, or one with NUL
+                or invalid Unicode (before any SQL).
             JobSchedulerUnavailableError: The database could not be reached.
         """
-        keys = list(lock_keys)
-        if len(keys) > 10_000:
-            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
-        if not all(type(key) is str for key in keys):
-            raise ValueError("lock keys must be str")
+        keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
         conn = await self._held.get()

@@ -26,6 +26,8 @@ from sdcore.job_scheduler._model import (
     JobScheduler,
     JobSchedulerStatus,
     JobSchedulerType,
+    _check_lease,
+    _check_lock_keys,
     _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
@@ -165,31 +167,22 @@ class InMemoryJobScheduler(BaseJobScheduler):
         )
 
     def _owned(self, lease: JobLease) -> JobScheduler | None:
-        if not isinstance(lease, JobLease):
-            raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
-        for field, value in (("lease.id", lease.id), ("lease.owner_token", lease.owner_token)):
-            try:
-                uuid.UUID(value)
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"{field} must be a UUID string") from None
-        row = self.get(lease.id)
-        if (
-            row is None
-            or row.owner_token != lease.owner_token
-            or row.status is not JobSchedulerStatus.RUNNING
-        ):
+        job_id, token = _check_lease(lease)  # the validator PostgreSQL's backend uses
+        row = self.get(job_id)
+        if row is None or row.owner_token != token or row.status is not JobSchedulerStatus.RUNNING:
             return None
         return row
 
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.statuses`."""
-        return {key: self._rows[key].status for key in lock_keys if key in self._rows}
+        keys = _check_lock_keys(lock_keys)
+        return {key: self._rows[key].status for key in keys if key in self._rows}
 
     async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.status_of`."""
-        self._owned(lease)  # validates the lease
-        row = self.get(lease.id)
-        if row is None or row.owner_token != lease.owner_token:
+        job_id, token = _check_lease(lease)
+        row = self.get(job_id)
+        if row is None or row.owner_token != token:
             return None
         return row.status
 
@@ -216,6 +209,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     def _finish(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> bool:
+        _check_lease(lease)  # the lease is checked before the data, as by PostgreSQL's backend
         text = dump_json_object(data)
         row = self._owned(lease)
         if row is None:
