@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.contract._lease import BACKENDS, Backend, memory_backend, postgres_backend
+from tests.contract._outbox import STORES, StoreBackend, memory_store, postgres_store
 
 HERE = Path(__file__).parent
 
@@ -49,4 +50,14 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         return
     dsn: str = request.getfixturevalue("pg_dsn")
     async for value in postgres_backend(dsn, upgraded=request.param != "postgres"):
+        yield value
+
+
+@pytest.fixture(params=STORES)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
+    """Each implementation of the outbox store port in turn (PostgreSQL needs ``pg_dsn``)."""
+    if request.param == "memory":
+        yield await memory_store()
+        return
+    async for value in postgres_store(request.getfixturevalue("pg_dsn")):
         yield value

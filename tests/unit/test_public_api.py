@@ -91,7 +91,13 @@ def test_error_tree() -> None:
 
 
 def test_other_surfaces() -> None:
-    assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
+    assert sdcore.testing.__all__ == [
+        "FakeClock",
+        "InMemoryJobScheduler",
+        "MemoryOutboxRow",
+        "MemoryOutboxStore",
+        "RecordingPublisher",
+    ]
     assert "schema_sql" in sdcore.postgres.__all__
     assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
@@ -154,12 +160,15 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "Outbox",
         "OutboxEntry",
         "OutboxError",
+        "OutboxFailure",
         "OutboxKeyConflictError",
         "OutboxMessage",
         "OutboxRelay",
         "OutboxStats",
         "OutboxStatus",
+        "OutboxStore",
         "OutboxTransactionRequiredError",
+        "PostgresOutboxStore",
         "Publisher",
         "PublisherUnavailableError",
         "RelayState",

@@ -1,4 +1,5 @@
-"""Public fakes for users' own unit tests: an in-memory job scheduler and a controllable clock.
+"""Public fakes for users' own unit tests: an in-memory job scheduler, an in-memory outbox
+store for the relay, a recording publisher and a controllable clock.
 
 ``InMemoryJobScheduler`` follows the same contract as ``JobSchedulerService`` (the project runs
 one contract suite against both), with ``clock`` playing the database clock: expiry is the
@@ -31,8 +32,15 @@ from sdcore.job_scheduler._model import (
     _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+from sdcore.testing._outbox import MemoryOutboxRow, MemoryOutboxStore
 
-__all__ = ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
+__all__ = [
+    "FakeClock",
+    "InMemoryJobScheduler",
+    "MemoryOutboxRow",
+    "MemoryOutboxStore",
+    "RecordingPublisher",
+]
 
 
 class FakeClock:
