@@ -59,9 +59,11 @@ class MemoryOutboxRow:
 
 
 class MemoryOutboxStore:
-    """An outbox in memory: :meth:`enqueue` writes rows, and it is an ``OutboxStore`` for
-    :class:`~sdcore.outbox.OutboxRelay`, so a relay's retry, back-off, dead-letter and pruning
-    behaviour can be tested with no database (``OutboxRelay(MemoryOutboxStore(), publisher)``).
+    """The outbox table and the relay's ``OutboxStore`` port, in process memory.
+
+    :meth:`enqueue` writes rows; given to :class:`~sdcore.outbox.OutboxRelay` in place of a pool
+    (``OutboxRelay(MemoryOutboxStore(), publisher)``), it lets a relay's retry, back-off,
+    dead-letter and pruning behaviour be tested with no database.
 
     It answers as :class:`~sdcore.outbox.PostgresOutboxStore` does (one contract suite runs
     against both), with ``clock`` playing PostgreSQL's ``clock_timestamp()``: pass a
