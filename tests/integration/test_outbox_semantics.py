@@ -751,3 +751,57 @@ async def test_repeatable_read_raises_serialization_failure_on_a_concurrent_key(
         assert not await outbox.enqueue_once(
             late, idempotency_key="k", queue="q", name="n", payload={}
         )
+
+
+@pytest.mark.parametrize(
+    ("namespace", "key"),
+    [("billing", "order:1"), ("ünï-📦", "ключ:1"), ("a", "bc"), ("ab", "c"), ("12345", "678")],
+    ids=["ascii", "unicode", "split-1", "split-2", "digits"],
+)
+async def test_the_database_and_python_derive_the_same_job_id(
+    pool: AsyncConnectionPool[Any], namespace: str, key: str
+) -> None:
+    outbox = Outbox(namespace=namespace)
+    async with pool.connection() as conn, conn.transaction():
+        await outbox.enqueue_once(conn, idempotency_key=key, queue="q", name="n", payload={})
+    stored = (await _rows(pool))[0][3]
+    assert stored == outbox.job_id(key) == job_id_v2(namespace, key)
+    assert stored.startswith("sd2-")
+    assert not stored.isdigit()
+    assert ":" not in stored
+
+
+async def test_sqlalchemy_sessions_get_the_same_conflict_rules(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    from sqlalchemy.engine import URL
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    params = conninfo_to_dict(pg_dsn)
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(params.get("user", "")) or None,
+        host=str(params.get("host", "")) or None,
+        port=int(str(params["port"])) if "port" in params else None,
+        database=str(params["dbname"]),
+    )
+    engine = create_async_engine(url)
+    outbox = Outbox()
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            assert await outbox.enqueue_once(
+                session, idempotency_key="k", queue="q", name="n", payload={"a": 1, "b": 2}
+            )
+        async with AsyncSession(engine) as session, session.begin():
+            assert not await outbox.enqueue_once(
+                session, idempotency_key="k", queue="q", name="n", payload={"b": 2, "a": 1}
+            )
+            with pytest.raises(OutboxKeyConflictError):
+                await outbox.enqueue_once(
+                    session, idempotency_key="k", queue="q", name="n", payload={"a": 2}
+                )
+    finally:
+        await engine.dispose()
+    rows = await _rows(pool)
+    assert [r[0] for r in rows] == ["k"]
+    assert rows[0][3] == job_id_v2(f"{_dbname(pg_dsn)}.public.outbox", "k")

@@ -22,6 +22,7 @@ from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from tests.interop.conftest import REDIS_URL
 
 SCRIPT = Path(__file__).resolve().parent / "interop.js"
+LOSSY = {"neg_zero": -0.0, "e16": 1e16, "e300": 1e300, "tiny": 5e-324, "unicode": "ünï 🎉"}
 pytestmark = pytest.mark.slow
 
 
@@ -60,7 +61,7 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
                     idempotency_key=key,
                     queue="emails",
                     name="send",
-                    payload={"key": key, "n": [1, 2.5, None, True], "big": 2**53 + 1},
+                    payload={"key": key, "n": [1, 2.5, None, True], "big": 2**53 + 1, **LOSSY},
                     options=options,
                 )
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
@@ -72,8 +73,19 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
     for key in keys:
         job = processed[outbox.job_id(key)]
         assert job["name"] == "send"
-        # A JavaScript number rounds ints beyond 2^53 (Outbox(exact_numbers=True) refuses them).
-        assert job["data"] == {"key": key, "n": [1, 2.5, None, True], "big": 2**53}
+        # A JavaScript number rounds ints beyond 2^53 (Outbox(exact_numbers=True) refuses them);
+        # jsonb already turned 1e16 into an int and -0.0 into 0.0 (the outbox reference's table).
+        assert job["data"] == {
+            "key": key,
+            "n": [1, 2.5, None, True],
+            "big": 2**53,
+            "neg_zero": 0,
+            "e16": 10**16,
+            "e300": 1e300,
+            "tiny": 5e-324,
+            "unicode": "ünï 🎉",
+        }
+        assert type(job["data"]["e16"]) is int
         assert job["attemptsMade"] == 0
         assert job["opts"]["attempts"] == 2
         assert job["opts"]["backoff"] == {"type": "exponential", "delay": 100}

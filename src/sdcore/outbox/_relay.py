@@ -15,7 +15,9 @@ from typing import Any, Self
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.job_scheduler._base import error_text
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
+from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import OutboxMessage, OutboxStatus, Publisher, PublisherUnavailableError
 from sdcore.outbox._outbox import Outbox
 from sdcore.outbox._store import (
@@ -25,7 +27,6 @@ from sdcore.outbox._store import (
     OutboxStore,
     PostgresOutboxStore,
 )
-from sdcore.postgres import redact_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +156,9 @@ class OutboxRelay:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._listening = False
+        self._notifications = Notifications(
+            self.store.notifications, wake=self._wake, logger=self._log
+        )
         self._broker_available = True
         self._published = 0
         self._failed = 0
@@ -167,7 +170,7 @@ class OutboxRelay:
         """A snapshot of the relay's state."""
         return RelayState(
             running=self._task is not None and not self._task.done(),
-            listening=self._listening,
+            listening=self._notifications.listening,
             broker_available=self._broker_available,
             published=self._published,
             failed=self._failed,
@@ -194,7 +197,9 @@ class OutboxRelay:
         self._stopping = False
         self._stop_event.clear()
         if self.store.listens:
-            self._listener = asyncio.create_task(self._listen(), name="sdcore-outbox-listen")
+            self._listener = asyncio.create_task(
+                self._notifications.run(), name="sdcore-outbox-listen"
+            )
         self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -211,7 +216,6 @@ class OutboxRelay:
             self._listener.cancel()
             await asyncio.wait({self._listener})
         self._task = self._listener = None
-        self._listening = False
 
     async def run_once(self) -> int:
         """Claim one batch of due rows, publish it, record the outcome.
@@ -385,22 +389,3 @@ class OutboxRelay:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._stop_event.wait()
-
-    async def _listen(self) -> None:
-        """Follow the store's notifications; each wakes the relay. Subscribe again on failure."""
-        while True:
-            try:
-                async for _ in self.store.notifications():
-                    self._listening = True
-                    self._wake.set()  # the first: catch up on anything committed meanwhile
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - polling covers the gap; log and reconnect
-                self._log.info(
-                    "outbox relay: LISTEN connection lost (%s); polling until it is back",
-                    redact_text(error_text(exc)[:200]),
-                    extra={"action": "relay_listen_lost"},
-                )
-            finally:
-                self._listening = False
-            await asyncio.sleep(1.0)

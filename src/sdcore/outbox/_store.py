@@ -8,16 +8,14 @@ The relay's policy (batches, retry delays, dead-lettering, back-off, pruning cad
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore.outbox._listen import pg_notifications
 from sdcore.outbox._model import OutboxMessage, OutboxStatus
 from sdcore.outbox._outbox import Outbox
 
@@ -224,32 +222,9 @@ class PostgresOutboxStore:
         """``False`` only under transaction pooling without a ``listen_dsn``."""
         return self._listen_dsn is not None or not self._transaction_pooling
 
-    async def _connect_args(self) -> tuple[str, dict[str, Any]]:
-        if self._listen_dsn is not None:
-            return self._listen_dsn, {"autocommit": True}
-        # psycopg_pool accepts a str or a (possibly async) callable for both.
-        conninfo: Any = self.pool.conninfo
-        kwargs: Any = self.pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-        if callable(kwargs):
-            kwargs = kwargs()
-        if inspect.isawaitable(conninfo):
-            conninfo = await conninfo
-        if inspect.isawaitable(kwargs):
-            kwargs = await kwargs
-        return str(conninfo), {**(kwargs or {}), "autocommit": True}
-
-    async def notifications(self) -> AsyncIterator[None]:
+    def notifications(self) -> AsyncIterator[None]:
         """LISTEN on the outbox's channel on a connection of its own; yield per notification."""
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel))
-        conninfo, kwargs = await self._connect_args()
-        conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-        async with conn:
-            await conn.execute(statement)
-            yield None  # listening: catch up on anything committed while not listening
-            async for _ in conn.notifies():
-                yield None
+        return pg_notifications(self.pool, channel=self.outbox.channel, listen_dsn=self._listen_dsn)
 
     async def _execute(self, query: bytes, params: tuple[Any, ...]) -> int:
         async with self.pool.connection() as conn:
