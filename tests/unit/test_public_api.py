@@ -13,6 +13,8 @@ import sdcore.testing
 JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
+    "LEASE_CLOCK_MARGIN",
+    "LEASE_SLACK_MS",
     "BaseJobScheduler",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",

@@ -10,6 +10,8 @@ from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
+    LEASE_CLOCK_MARGIN,
+    LEASE_SLACK_MS,
     InvalidJobIdentityOptionsError,
     InvalidJobLeaseOptionsError,
     JobAcquired,
@@ -36,6 +38,8 @@ from sdcore.job_scheduler._service import JobSchedulerDatabaseError, JobSchedule
 __all__ = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
+    "LEASE_CLOCK_MARGIN",
+    "LEASE_SLACK_MS",
     "BaseJobScheduler",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
