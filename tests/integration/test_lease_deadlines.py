@@ -144,6 +144,11 @@ class Proxy:
 # --------------------------------------------------------------------------- helpers
 
 
+def _report(line: str) -> None:
+    """A measured figure (shown with ``pytest -s``)."""
+    print(line)  # noqa: T201
+
+
 async def _sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(query.encode(), params)
@@ -235,6 +240,7 @@ async def test_an_acquire_answered_after_its_lease_is_never_an_owner(
         async with asyncio.timeout(15):
             slow_won = await slow_task
 
+    _report(f"late acquire ({api}): slow acquired={slow_won} fast acquired={fast_won} ran={ran}")
     assert fast_won
     assert not slow_won, "an acquire that came back after its lease was reported as acquired"
     if api == "run_exclusive":
@@ -288,6 +294,11 @@ async def test_expiry_is_the_owners_lease_not_the_contenders(
             ).acquired:
                 await asyncio.sleep(0.02)
         waited = time.monotonic() - began
+    _report(
+        f"owner's expiry: {len(taken)} attempts asking 300 ms took over a live 3 s owner "
+        f"{sum(taken)} times; a dead 1 s owner was taken over by a 60 s contender after "
+        f"{waited:.2f} s"
+    )
     assert isinstance(won, JobAcquired)
     assert won.fencing_token > dead.fencing_token
     assert won.row.lease_ms == 60_000  # the new owner's lease is recorded on the row
@@ -332,6 +343,10 @@ async def test_a_blackholed_owner_is_cancelled_within_its_own_lease(
         seen["returned"] = time.monotonic()
         await proxy.cut()  # the abandoned connections fail now, not at the pool's close
 
+    _report(
+        "blackholed owner (lease 3 s, heartbeat 1 s): "
+        + " ".join(f"{k}=+{v - began:.2f}s" for k, v in sorted(seen.items(), key=lambda i: i[1]))
+    )
     assert "cancelled" in seen, "the owner's callable was never cancelled"
     assert seen["cancelled"] < seen["taken_over"], "both ran: the owner learned too late"
     assert seen["cancelled"] - began < lease_ms / 1000 + TOLERANCE_S
@@ -383,6 +398,7 @@ async def test_a_hung_finalize_is_bounded_and_never_success(
                     lambda lease: "done",
                 )
         elapsed = time.monotonic() - began
+    _report(f"hung finalize (lease 2 s, trigger sleeps 6 s): raised after {elapsed:.2f} s")
     assert elapsed < (lease_ms + LEASE_SLACK_MS) / 1000 + TOLERANCE_S, f"took {elapsed:.2f} s"
 
 

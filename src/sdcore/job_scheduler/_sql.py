@@ -29,8 +29,8 @@ COLUMNS_J = (
 # - Expiry is the owner's: the row keeps the lease_ms its owner asked for, and a contender asking
 #   a shorter lease cannot take over early (a longer one does not wait longer). Rows last written
 #   by sdcore 0.1.0 have no lease_ms and fall back to the contender's.
-# - Fencing tokens come from the table's sequence (migration lease/0002; the column default of an
-#   insert): they grow across takeovers *and* across re-creation of a key (after a prune), never
+# - Fencing tokens come from the table's sequence (migration lease/0002): they grow across
+#   takeovers *and* across re-creation of a key (after a prune), never
 #   restarting at 1. greatest(…, old + 1) keeps them growing per key even over a row written by
 #   a 0.1.0 client, which bypasses the sequence. An UPDATE then an INSERT … WHERE NOT EXISTS
 #   (rather than INSERT … ON CONFLICT DO UPDATE) draws no value for a refused acquire of an idle
@@ -62,10 +62,11 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
     RETURNING {columns_j}
 ), created AS (
     INSERT INTO {table}
-        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token, data,
-         lease_ms, created_at, modified_at)
+        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
+         fencing_token, data, lease_ms, created_at, modified_at)
     SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
-           v.owner_token, NULL, v.lease_ms, clock_timestamp(), clock_timestamp()
+           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
+           clock_timestamp()
     FROM v
     WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
     ON CONFLICT (lock_key) DO NOTHING
