@@ -12,11 +12,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from sdcore.exceptions import SdcoreError
+
 MAX_JSON_DEPTH = 100
 MAX_JSON_BYTES = 1024 * 1024
 
 
-class JsonValueError(ValueError):
+class JsonValueError(SdcoreError, ValueError):
     """A JSON value that PostgreSQL's jsonb (or JSON itself) cannot hold.
 
     Attributes:
@@ -33,7 +35,7 @@ class JsonValueError(ValueError):
         super().__init__(f"{field} at {shown}: {problem}")
 
 
-class JsonTypeError(TypeError):
+class JsonTypeError(SdcoreError, TypeError):
     """A value of a type that has no JSON form (datetime, bytes, set, custom objects, …).
 
     Attributes:

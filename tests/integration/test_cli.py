@@ -554,4 +554,138 @@ def test_help_and_missing_command(cli: Cli) -> None:
     assert cli("jobs", "prune", "--help").out.startswith("usage: sdcore jobs prune")
     missing = cli()
     assert missing.code == 2
-    assert "required: COMMAND" in missing.err
+    assert missing.err.startswith("usage: sdcore")  # no command: the help, on stderr
+    assert "completion" in missing.err
+    assert missing.out == ""
+    assert "required: COMMAND" in cli("jobs").err
+
+
+# -- --version, completion, logging -----------------------------------------------------------
+
+
+def test_version(cli: Cli) -> None:
+    import sdcore
+
+    shown = cli("--version")
+    assert shown.code == 0
+    assert shown.out == f"sdcore {sdcore.__version__}\n"
+
+
+def test_version_matches_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    import sdcore
+
+    assert version("sdcore") == sdcore.__version__
+
+
+def _complete(script: str, *words: str) -> list[str]:
+    driver = (
+        f"{script}\n"
+        f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+        "COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); _sdcore; printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    done = subprocess.run(
+        ["bash", "--norc", "-c", driver], capture_output=True, text=True, timeout=30, check=True
+    )
+    return [line for line in done.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (("sdcore", "d"), ["db", "demo"]),
+        (("sdcore", "db", ""), ["sql", "upgrade", "status", "-h", "--help"]),
+        (("sdcore", "--database-url", "x", "jobs", "l"), ["list"]),
+        (("sdcore", "jobs", "list", "--status", ""), ["RUNNING", "SUCCESS", "FAIL"]),
+        (("sdcore", "jobs", "prune", "--status", ""), ["SUCCESS", "FAIL"]),
+        (("sdcore", "outbox", "list", "--status", "P"), ["PENDING", "PUBLISHED"]),
+        (("sdcore", "schedules", "missed", "--j"), ["--json"]),
+        (("sdcore", "--log-level", "W"), ["WARNING"]),
+        (("sdcore", "completion", "z"), ["zsh"]),
+    ],
+    ids=["command", "subcommand", "after-option", "jobs-status", "prune-status",
+         "outbox-status", "json-flag", "log-level", "shell"],
+)
+def test_bash_completion(cli: Cli, words: tuple[str, ...], expected: list[str]) -> None:
+    script = cli("completion", "bash")
+    assert script.code == 0
+    assert script.out.rstrip().endswith("complete -o default -F _sdcore sdcore")
+    assert _complete(script.out, *words) == expected
+
+
+def test_zsh_completion_loads_the_bash_function(cli: Cli) -> None:
+    script = cli("completion", "zsh")
+    assert script.code == 0
+    assert "bashcompinit" in script.out
+    assert "_sdcore()" in script.out
+    assert cli("completion", "fish").code == 2
+
+
+def _log_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    (tmp_path / f"{name}.py").write_text(
+        "import logging\n"
+        "from sdcore.scheduling import Scheduler\n"
+        "log = logging.getLogger('myapp')\n"
+        "log.info('connecting to %s', 'postgresql://app:hunter2@db/app',\n"
+        "         extra={'action': 'boot'})\n"
+        "log.warning('clock is %s', 'odd')\n"
+        "scheduler = Scheduler()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return f"{name}:scheduler"
+
+
+def test_log_level_and_json_logs(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _log_app(tmp_path, monkeypatch, "sdcore_cli_log_app_json")
+    shown = cli("--log-level", "info", "--log-json", "schedules", "list", "--app", app)
+    assert shown.code == 0, shown.err
+    records = [json.loads(line) for line in shown.err.splitlines()]
+    assert [r["level"] for r in records] == ["INFO", "WARNING"]
+    info = records[0]
+    assert info["logger"] == "myapp"
+    assert info["action"] == "boot"
+    assert info["time"].endswith("Z")
+    assert "hunter2" not in shown.err
+    assert "***" in info["message"]
+
+
+def test_default_log_level_is_warning_as_text(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _log_app(tmp_path, monkeypatch, "sdcore_cli_log_app_text")
+    shown = cli("schedules", "list", "--app", app)
+    assert shown.code == 0, shown.err
+    [line] = shown.err.splitlines()
+    assert line.endswith(" WARNING myapp: clock is odd")
+    assert line.split(" ")[0].endswith("Z")
+
+
+def test_json_log_records_with_exceptions_and_odd_extras(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+    from datetime import UTC, datetime
+
+    from sdcore.cli._logging import cli_logging
+
+    log = logging.getLogger("sdcore.test.cli_logging")
+    with cli_logging("INFO", as_json=True, secrets=["postgresql://u:s3cr3t@h/db"]):
+        try:
+            raise ValueError("boom with s3cr3t")
+        except ValueError:
+            log.exception(
+                "failed", extra={"when": datetime(2026, 7, 20, tzinfo=UTC), "schedule": "nightly"}
+            )
+        log.debug("not shown")
+    log.warning("after the block: not ours")
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("{")]
+    record = json.loads(line)
+    assert record["level"] == "ERROR"
+    assert record["schedule"] == "nightly"
+    assert record["when"].startswith("2026-07-20")  # not JSON: shown as its str()
+    assert "ValueError: boom with ***" in record["message"]
+    assert "s3cr3t" not in err

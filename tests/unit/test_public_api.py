@@ -8,6 +8,7 @@ import sys
 import sdcore
 import sdcore.job_scheduler
 import sdcore.postgres
+import sdcore.runtime
 import sdcore.testing
 
 JOB_SCHEDULER = [
@@ -16,6 +17,7 @@ JOB_SCHEDULER = [
     "LEASE_CLOCK_MARGIN",
     "LEASE_SLACK_MS",
     "BaseJobScheduler",
+    "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
     "JobAcquireOptions",
@@ -24,6 +26,8 @@ JOB_SCHEDULER = [
     "JobExecutionLease",
     "JobLease",
     "JobNotAcquired",
+    "JobNotFoundError",
+    "JobNotRunningError",
     "JobScheduler",
     "JobSchedulerDatabaseError",
     "JobSchedulerError",
@@ -33,8 +37,12 @@ JOB_SCHEDULER = [
     "JobSchedulerUnavailableError",
     "JsonTypeError",
     "JsonValueError",
+    "LeaseAdmin",
     "LostJobLeaseError",
+    "PruneReport",
+    "ReleasedRun",
     "RunExclusiveResult",
+    "RunRecord",
     "bullmq_job_id",
     "idempotency_key",
     "lock_key",
@@ -87,7 +95,9 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == ["FakeClock", "InMemoryJobScheduler", "RecordingPublisher"]
     assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["__version__"]
+    assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
+    assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
+    assert sdcore.Runtime is sdcore.runtime.Runtime
 
 
 def test_importing_sdcore_imports_no_optional_dependency() -> None:
@@ -107,6 +117,7 @@ def test_scheduling_surface() -> None:
     assert sdcore.scheduling.__all__ == [
         "CatchUp",
         "CronExpression",
+        "DayRule",
         "InvalidScheduleError",
         "MissedTick",
         "Overlap",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -21,7 +21,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.cli import _queries as q
 from sdcore.cli._format import json_line, one_line, render_table, utc_iso
-from sdcore.cli._parser import DEFAULT_TABLE, UsageError
+from sdcore.cli._parser import DEFAULT_OUTBOX_TABLE, DEFAULT_TABLE, UsageError
+from sdcore.job_scheduler import (
+    JobSchedulerDatabaseError,
+    JobSchedulerUnavailableError,
+    LeaseAdmin,
+)
 from sdcore.postgres import (
     SCHEMA_LOCK_ID,
     MigrationStatus,
@@ -36,6 +41,9 @@ from sdcore.postgres import (
 from sdcore.postgres._migrations import Component
 
 APPLICATION_NAME = "sdcore-cli"
+_UNDEFINED_TABLE = pg_errors.UndefinedTable.sqlstate
+_INVALID_SCHEMA = pg_errors.InvalidSchemaName.sqlstate
+_INSUFFICIENT_PRIVILEGE = pg_errors.InsufficientPrivilege.sqlstate
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
@@ -45,11 +53,19 @@ class CliError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """Where the lease table lives: the connection string and the validated names."""
+    """Where a table lives: the connection string and the validated names.
+
+    Attributes:
+        dsn: The connection string.
+        table: The table (the lease table, or the outbox table when ``outbox``).
+        schema: Its schema, or ``None`` for the ``search_path``.
+        outbox: Whether ``table`` is a transactional outbox table (changes the fix hints).
+    """
 
     dsn: str
     table: str
     schema: str | None
+    outbox: bool = False
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -66,11 +82,16 @@ class Target:
     def upgrade_command(self) -> str:
         """The ``sdcore db upgrade`` invocation that creates this table."""
         words = ["sdcore"]
-        if self.table != DEFAULT_TABLE:
+        if not self.outbox and self.table != DEFAULT_TABLE:
             words += ["--table", self.table]
         if self.schema is not None:
             words += ["--schema", self.schema]
-        return shlex.join([*words, "db", "upgrade"])
+        words += ["db", "upgrade"]
+        if self.outbox:
+            words.append("--outbox")
+            if self.table != DEFAULT_OUTBOX_TABLE:
+                words += ["--outbox-table", self.table]
+        return shlex.join(words)
 
 
 def resolve_dsn(option: str | None, environ: Mapping[str, str]) -> str:
@@ -115,6 +136,12 @@ def describe_error(exc: psycopg.Error, target: Target) -> CliError:
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
         return CliError(f"table {target.shown} does not exist; run `{target.upgrade_command()}`")
     detail = one_line(redact_text(str(exc), target.dsn))
+    if isinstance(exc, pg_errors.UndefinedColumn):
+        kind = "an sdcore outbox table" if target.outbox else "an sdcore lease table"
+        return CliError(
+            f"table {target.shown} is not {kind} ({detail}); check --schema"
+            f"{' and --outbox-table' if target.outbox else ' and --table'}"
+        )
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return CliError(f"permission denied: {detail}")
     state = f" ({exc.sqlstate})" if exc.sqlstate else ""
@@ -147,8 +174,45 @@ def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
 def _tables(target: Target, outbox_table: str | None) -> list[tuple[Component, Target]]:
     tables: list[tuple[Component, Target]] = [("lease", target)]
     if outbox_table is not None:
-        tables.append(("outbox", Target(dsn=target.dsn, table=outbox_table, schema=target.schema)))
+        outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema, outbox=True)
+        tables.append(("outbox", outbox))
     return tables
+
+
+AsyncConn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+def run_admin(target: Target, operation: Callable[[LeaseAdmin, AsyncConn], Awaitable[T]]) -> T:
+    """Run one :class:`LeaseAdmin` operation on a fresh autocommit connection.
+
+    Raises:
+        CliError: The database cannot be reached, the table is missing, or a statement failed
+            (one redacted line, with the fix when there is one).
+    """
+
+    async def run() -> T:
+        admin = LeaseAdmin(table=target.table, schema=target.schema)
+        try:
+            conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
+        except psycopg.Error as exc:
+            raise _cannot_connect(exc, target.dsn) from None
+        async with conn:
+            return await operation(admin, conn)
+
+    try:
+        return asyncio.run(run())
+    except JobSchedulerDatabaseError as exc:
+        if exc.sqlstate in (_UNDEFINED_TABLE, _INVALID_SCHEMA):
+            raise CliError(
+                f"table {target.shown} does not exist; run `{target.upgrade_command()}`"
+            ) from None
+        detail = one_line(redact_text(str(exc), target.dsn))
+        if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
+            raise CliError(f"permission denied: {detail}") from None
+        raise CliError(f"database error ({exc.sqlstate}): {detail}") from None
+    except JobSchedulerUnavailableError as exc:
+        raise CliError(one_line(redact_text(str(exc), target.dsn))) from None
 
 
 def db_sql(

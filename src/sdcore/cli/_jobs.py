@@ -1,20 +1,29 @@
 """The ``sdcore jobs`` commands: list, release and prune rows of the lease table.
 
-``owner_token`` is the capability to write a run; no command selects it.
+The SQL is the library's (:class:`sdcore.job_scheduler.LeaseAdmin`); this module only parses and
+prints. ``owner_token`` is the capability to write a run; no command selects it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from psycopg.rows import dict_row
-
-from sdcore.cli import _queries as q
-from sdcore.cli._db import CliError, Target, connection
+from sdcore.cli._db import AsyncConn, CliError, Target, run_admin
 from sdcore.cli._format import compact_age, escape, json_line, render_table, utc_iso
+from sdcore.job_scheduler import (
+    JobNotFoundError,
+    JobNotRunningError,
+    LeaseAdmin,
+    PruneReport,
+    ReleasedRun,
+    RunRecord,
+)
+
+PROGRESS_EVERY_S = 5.0
 
 LIST_HEADERS = (
     "id",
@@ -55,15 +64,11 @@ def list_jobs(
     Raises:
         CliError: Database unreachable or table missing.
     """
-    conditions = [
-        text
-        for text, value in ((q.LIST_BY_CODE, code), (q.LIST_BY_STATUS, status))
-        if value is not None
-    ]
-    query = q.render(q.LIST, target.identifier, conditions=" AND ".join(conditions) or q.LIST_ALL)
-    params = {"code": code, "status": status, "limit": limit}
-    with connection(target) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query, params).fetchall()
+
+    async def fetch(admin: LeaseAdmin, conn: AsyncConn) -> list[RunRecord]:
+        return await admin.list_runs(conn, code=code, status=status, limit=limit)
+
+    rows = run_admin(target, fetch)
     if as_json:
         for row in rows:
             emit(json_line(_as_json(row)))
@@ -77,25 +82,39 @@ def list_jobs(
         emit(f"(limit {limit} reached: older jobs may exist; raise --limit or filter)")
 
 
-def _as_cells(row: dict[str, Any]) -> list[str]:
+def _as_cells(row: RunRecord) -> list[str]:
     return [
-        row["id"],
-        row["code"],
-        row["type"],
-        "-" if row["run_key"] is None else row["run_key"],
-        row["status"],
-        str(row["fencing_token"]),
-        utc_iso(row["modified_at"]),
-        compact_age(row["age"]),
-        "-" if row["name"] is None else row["name"],
+        row.id,
+        row.code,
+        row.type,
+        "-" if row.run_key is None else row.run_key,
+        row.status,
+        str(row.fencing_token),
+        utc_iso(row.modified_at),
+        compact_age(row.age),
+        "-" if row.name is None else row.name,
     ]
 
 
-def _as_json(row: dict[str, Any]) -> dict[str, Any]:
-    shown = {key: value for key, value in row.items() if key != "age"}
-    shown["created_at"] = utc_iso(row["created_at"], precise=True)
-    shown["modified_at"] = utc_iso(row["modified_at"], precise=True)
-    shown["age_seconds"] = round(row["age"].total_seconds(), 3)
+_JSON_FIELDS = (
+    "id",
+    "code",
+    "name",
+    "type",
+    "run_key",
+    "status",
+    "fencing_token",
+    "lock_key",
+    "idempotency_key",
+    "data",
+)
+
+
+def _as_json(row: RunRecord) -> dict[str, Any]:
+    shown: dict[str, Any] = {name: getattr(row, name) for name in _JSON_FIELDS}
+    shown["created_at"] = utc_iso(row.created_at, precise=True)
+    shown["modified_at"] = utc_iso(row.modified_at, precise=True)
+    shown["age_seconds"] = round(row.age.total_seconds(), 3)
     return shown
 
 
@@ -114,23 +133,24 @@ def release_job(target: Target, emit: Emit, *, job_id: str, reason: str | None) 
     Raises:
         CliError: No such job, the job is not RUNNING, or a database failure.
     """
-    params = {"id": job_id, "reason": reason}
-    with connection(target) as conn:
-        released = conn.execute(q.render(q.RELEASE, target.identifier), params).fetchone()
-        current = None
-        if released is None:
-            current = conn.execute(q.render(q.STATUS_OF, target.identifier), params).fetchone()
-    if released is not None:
-        code, type_, run_key, fencing = released
-        key = "" if run_key is None else f", run_key {escape(run_key)}"
-        emit(
-            f"released job {job_id} (code {escape(code)}, {type_}{key}, fencing_token {fencing}):"
-            " marked FAIL; the owner's next heartbeat fails and the next acquire takes the run"
-        )
-        return
-    if current is None:
-        raise CliError(f"no such job {job_id} in {target.shown}")
-    raise CliError(f"job {job_id} is not RUNNING (status {escape(current[0])}); nothing released")
+
+    async def release(admin: LeaseAdmin, conn: AsyncConn) -> ReleasedRun:
+        return await admin.release(conn, job_id, reason=reason)
+
+    try:
+        released = run_admin(target, release)
+    except JobNotFoundError:
+        raise CliError(f"no such job {job_id} in {target.shown}") from None
+    except JobNotRunningError as exc:
+        raise CliError(
+            f"job {job_id} is not RUNNING (status {escape(exc.status)}); nothing released"
+        ) from None
+    key = "" if released.run_key is None else f", run_key {escape(released.run_key)}"
+    emit(
+        f"released job {job_id} (code {escape(released.code)}, {released.type}{key}, "
+        f"fencing_token {released.fencing_token}): marked FAIL; the owner's next heartbeat "
+        "fails and the next acquire takes the run"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,41 +178,36 @@ def prune_jobs(target: Target, emit: Emit, options: PruneOptions) -> None:
     Raises:
         CliError: Database unreachable or table missing.
     """
-    params: dict[str, Any] = {
-        "older_than": options.older_than,
-        "statuses": list(options.statuses),
-        "include_initial": options.include_initial,
-        "batch": options.batch_size,
-    }
-    deleted = 0
-    with connection(target) as conn:
-        cutoff_row = conn.execute(q.PRUNE_CUTOFF, params).fetchone()
-        if cutoff_row is None:  # pragma: no cover - a SELECT of one expression returns a row
-            raise CliError("the database returned no clock reading")
-        cutoff: datetime = cutoff_row[0]
-        params["cutoff"] = cutoff
-        counts = conn.execute(q.render(q.PRUNE_COUNT, target.identifier), params).fetchone()
-        matching, kept_initial = counts if counts is not None else (0, 0)
-        if not options.dry_run:
-            batch = q.render(q.PRUNE_BATCH, target.identifier)
-            try:
-                while True:
-                    count = conn.execute(batch, params).rowcount
-                    deleted += count
-                    if count < options.batch_size:
-                        break
-            except KeyboardInterrupt:
-                emit(f"interrupted: deleted {_rows(deleted)} before stopping")
-                raise
-    scope = f"{'/'.join(options.statuses)} rows modified before {utc_iso(cutoff)}"
-    if options.dry_run:
-        emit(f"dry run: would delete {_rows(matching)} ({scope}); nothing deleted")
+
+    def progress(deleted: int) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= PROGRESS_EVERY_S:
+            shown[0] = now
+            emit(f"  … deleted {_rows(deleted)} so far")
+
+    shown = [time.monotonic()]
+
+    async def prune(admin: LeaseAdmin, conn: AsyncConn) -> PruneReport:
+        return await admin.prune(
+            conn,
+            older_than=options.older_than,
+            statuses=options.statuses,
+            batch_size=options.batch_size,
+            include_initial=options.include_initial,
+            dry_run=options.dry_run,
+            progress=progress,
+        )
+
+    report = run_admin(target, prune)
+    scope = f"{'/'.join(report.statuses)} rows modified before {utc_iso(report.cutoff)}"
+    if report.dry_run:
+        emit(f"dry run: would delete {_rows(report.matching)} ({scope}); nothing deleted")
     else:
-        emit(f"deleted {_rows(deleted)} ({scope})")
-    if kept_initial:
+        emit(f"deleted {_rows(report.deleted)} ({scope})")
+    if report.kept_initial:
         emit(
-            f"kept {_rows(kept_initial, 'INITIAL row')}: deleting one lets its job run again "
-            "(--include-initial deletes them)"
+            f"kept {_rows(report.kept_initial, 'INITIAL row')}: deleting one lets its job run "
+            "again (--include-initial deletes them)"
         )
 
 

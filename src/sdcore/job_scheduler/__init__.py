@@ -6,6 +6,15 @@ make external side effects exactly-once: use ``idempotency_key`` (and ``bullmq_j
 """
 
 from sdcore._json import JsonTypeError, JsonValueError
+from sdcore.job_scheduler._admin import (
+    InvalidAdminRequestError,
+    JobNotFoundError,
+    JobNotRunningError,
+    LeaseAdmin,
+    PruneReport,
+    ReleasedRun,
+    RunRecord,
+)
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
@@ -41,6 +50,7 @@ __all__ = [
     "LEASE_CLOCK_MARGIN",
     "LEASE_SLACK_MS",
     "BaseJobScheduler",
+    "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
     "InvalidJobLeaseOptionsError",
     "JobAcquireOptions",
@@ -49,6 +59,8 @@ __all__ = [
     "JobExecutionLease",
     "JobLease",
     "JobNotAcquired",
+    "JobNotFoundError",
+    "JobNotRunningError",
     "JobScheduler",
     "JobSchedulerDatabaseError",
     "JobSchedulerError",
@@ -58,8 +70,12 @@ __all__ = [
     "JobSchedulerUnavailableError",
     "JsonTypeError",
     "JsonValueError",
+    "LeaseAdmin",
     "LostJobLeaseError",
+    "PruneReport",
+    "ReleasedRun",
     "RunExclusiveResult",
+    "RunRecord",
     "bullmq_job_id",
     "idempotency_key",
     "lock_key",

@@ -2,52 +2,6 @@
 
 from __future__ import annotations
 
-import re
+from sdcore._internal.redact import redact_dsn, redact_text
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]*)(?=@)", re.I
-)
-_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|\S+)", re.I)
-
-
-def redact_dsn(dsn: str) -> str:
-    """Return the DSN with its password replaced by ``***``.
-
-    Works for URLs and ``key=value`` strings, and for strings psycopg cannot parse.
-
-    Args:
-        dsn: A libpq connection string.
-
-    Returns:
-        The same connection string without the secret.
-    """
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 - a malformed DSN must still be shown safely
-        return redact_text(dsn, dsn)
-    if "password" in params:
-        params["password"] = "***"  # noqa: S105 - the mask, not a secret
-    return make_conninfo(**{k: str(v) for k, v in params.items()})
-
-
-def redact_text(text: str, dsn: str | None = None) -> str:
-    """Remove passwords (from ``dsn``, and any DSN-shaped ones) from an arbitrary message.
-
-    Args:
-        text: A message, for example a driver error.
-        dsn: The connection string whose password must not appear.
-
-    Returns:
-        The message with secrets masked.
-    """
-    if dsn:
-        try:
-            secret = conninfo_to_dict(dsn).get("password")
-        except Exception:  # noqa: BLE001
-            secret = None
-        if secret:
-            text = text.replace(str(secret), "***")
-    text = _URL_PASSWORD.sub(r"\g<head>***", text)
-    return _KV_PASSWORD.sub(r"\g<head>***", text)
+__all__ = ["redact_dsn", "redact_text"]

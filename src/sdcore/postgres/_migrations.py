@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from psycopg import sql
 
+from sdcore.exceptions import SdcoreError
 from sdcore.postgres._schema import (
     SCHEMA_LOCK_ID,
     InvalidIdentifierError,
@@ -69,7 +70,7 @@ _RECORD = "INSERT INTO {bookkeeping} (component, target, version, name, checksum
 _RECORD_VALUES = "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
 
 
-class MigrationError(RuntimeError):
+class MigrationError(SdcoreError, RuntimeError):
     """The migrations on disk or in the database are not what this sdcore expects."""
 
     def __init__(self, problem: str) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from psycopg import sql
+from sdcore._internal.identifiers import (
+    MAX_IDENTIFIER_BYTES,
+    InvalidIdentifierError,
+    check_identifier,
+    derived_name,
+    qualified,
+)
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -15,78 +21,15 @@ if TYPE_CHECKING:
 # CREATE TABLE IF NOT EXISTS at once otherwise fail on pg_type's unique index (RESEARCH.md).
 SCHEMA_LOCK_ID = int.from_bytes(hashlib.sha256(b"sdcore/schema").digest()[:8], "big", signed=True)
 
-MAX_IDENTIFIER_BYTES = 63
-
-class InvalidIdentifierError(ValueError):
-    """A schema or table name that PostgreSQL would truncate or cannot hold."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
-
-
-def check_identifier(field: str, value: object) -> str:
-    """Validate a configurable identifier (quoted later with ``sql.Identifier``).
-
-    Args:
-        field: The option name, for the message.
-        value: The identifier.
-
-    Returns:
-        The identifier, unchanged.
-
-    Raises:
-        InvalidIdentifierError: Not a str, empty, with NUL, or longer than 63 bytes.
-    """
-    if not isinstance(value, str):
-        raise InvalidIdentifierError(field, f"must be a str, got {type(value).__name__}")
-    if not value:
-        raise InvalidIdentifierError(field, "must not be empty")
-    if "\x00" in value:
-        raise InvalidIdentifierError(field, "must not contain a NUL character")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidIdentifierError(field, "must be valid Unicode") from None
-    if size > MAX_IDENTIFIER_BYTES:
-        raise InvalidIdentifierError(
-            field, f"PostgreSQL would truncate it: {size} bytes, at most {MAX_IDENTIFIER_BYTES}"
-        )
-    return value
-
-
-def qualified(table: str, schema: str | None) -> sql.Identifier:
-    """Return the quoted ``schema.table`` (or ``table``) after validating both parts."""
-    check_identifier("table", table)
-    if schema is None:
-        return sql.Identifier(table)
-    return sql.Identifier(check_identifier("schema", schema), table)
-
-
-def derived_name(table: str, suffix: str) -> str:
-    """Return the name of a constraint or index of ``table``: ``{table}_{suffix}``.
-
-    When that exceeds 63 bytes the table part is clipped (at a character boundary) and an
-    8-hex-digit hash of the whole table name is added, so two long table names that share a
-    prefix never get the same index names (``CREATE INDEX IF NOT EXISTS`` would silently skip the
-    second table's indexes).
-
-    Args:
-        table: The validated table name.
-        suffix: ``lock_key_key``, ``pkey``, ``code_created_at_idx``, ...
-
-    Returns:
-        The unquoted name, at most 63 bytes.
-    """
-    name = f"{table}_{suffix}"
-    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
-        return name
-    digest = hashlib.sha256(table.encode("utf-8")).hexdigest()[:8]
-    room = MAX_IDENTIFIER_BYTES - len(suffix.encode("utf-8")) - len(digest) - 2
-    base = table.encode("utf-8")[:room].decode("utf-8", "ignore")
-    return f"{base}_{digest}_{suffix}"
-
+__all__ = [
+    "MAX_IDENTIFIER_BYTES",
+    "SCHEMA_LOCK_ID",
+    "InvalidIdentifierError",
+    "apply_schema",
+    "check_identifier",
+    "derived_name",
+    "qualified",
+]
 
 async def apply_schema(
     target: AsyncConnection[object] | AsyncConnectionPool[AsyncConnection[object]],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from sdcore.exceptions import SdcoreError
 
-class QueuesError(Exception):
+
+class QueuesError(SdcoreError):
     """Base class of the queues' errors."""
 
 

@@ -10,9 +10,9 @@ from typing import Any, Self
 
 from redis.asyncio import Redis
 
-from sdcore.job_scheduler._base import error_text
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
-from sdcore.postgres import redact_text
 from sdcore.queues._bullmq import Queue
 from sdcore.queues._errors import JobRejectedError, JobTooLargeError
 from sdcore.queues._redis import (

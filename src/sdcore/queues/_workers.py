@@ -12,8 +12,8 @@ from typing import Any, Self
 
 from redis import exceptions as redis_errors
 
-from sdcore.job_scheduler._base import error_text
-from sdcore.postgres import redact_text
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
 from sdcore.queues._bullmq import Worker
 from sdcore.queues._processor import Processor, check_processor, is_final_attempt
 from sdcore.queues._publisher import DEFAULT_PREFIX, check_prefix

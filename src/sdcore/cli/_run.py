@@ -1,0 +1,150 @@
+"""``sdcore run MODULE:ATTR``: run an application's Runtime (or Scheduler) as a worker process.
+
+Like ``celery -A app worker`` or ``procrastinate worker``: the application declares its schedules,
+processors and outbox on a :class:`~sdcore.runtime.Runtime` at import time, and this command runs
+the parts that belong in a long-lived process until SIGTERM or SIGINT, then stops them gracefully
+(running ticks and jobs get the Runtime's grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sdcore.cli._db import CliError
+from sdcore.cli._format import escape, one_line
+from sdcore.postgres import redact_text
+
+MAX_FACTORY_DEPTH = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """What ``sdcore run`` runs, and how it reports readiness."""
+
+    spec: str
+    scheduler: bool = True
+    relay: bool = True
+    processors: bool = True
+    ready_file: Path | None = None
+
+
+def load(spec: str) -> object:
+    """Import ``module:attr`` (``attr`` may be dotted) and return the object.
+
+    The current directory is put first on ``sys.path``, as ``python -m`` and ``uvicorn`` do, so
+    ``sdcore run app:runtime`` finds ``./app.py``.
+
+    Raises:
+        CliError: A malformed spec, a module that does not import, or a missing attribute.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"{escape(spec)!s}: expected MODULE:ATTR, e.g. myapp.worker:runtime")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {escape(module_name)}: {one_line(str(exc))}") from None
+    except Exception as exc:  # noqa: BLE001 - the application's import-time error, one line
+        detail = one_line(redact_text(f"{type(exc).__name__}: {exc}"))
+        raise CliError(f"importing {escape(module_name)} failed: {detail}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"{escape(module_name)} has no attribute {escape(attr)}") from None
+    return target
+
+
+async def _resolve(obj: object, spec: str) -> Any:
+    from sdcore.runtime import Runtime
+    from sdcore.scheduling import Scheduler
+
+    for _ in range(MAX_FACTORY_DEPTH):
+        state = getattr(obj, "state", None)
+        installed = getattr(state, "sdcore", None) if state is not None else None
+        if isinstance(installed, Runtime):
+            return installed
+        if isinstance(obj, Runtime | Scheduler):
+            return obj
+        if not callable(obj):
+            break
+        try:
+            obj = obj()
+            if inspect.isawaitable(obj):
+                obj = await obj
+        except Exception as exc:  # noqa: BLE001 - the application's factory failed
+            detail = one_line(redact_text(f"{type(exc).__name__}: {exc}"))
+            raise CliError(f"{escape(spec)}() failed: {detail}") from None
+    raise CliError(
+        f"{escape(spec)} is a {type(obj).__name__}: name a sdcore Runtime, a Scheduler, an app "
+        "that sdcore.fastapi.install() was called on, or a factory returning one"
+    )
+
+
+def describe(target: Any, options: RunOptions) -> str:
+    """The one-line readiness report."""
+    from sdcore.runtime import Runtime
+
+    if not isinstance(target, Runtime):
+        return f"ready: {escape(options.spec)} (scheduler); SIGTERM stops"
+    parts = [f"scheduler {'on' if target.run_scheduler else 'off'}"]
+    if target.queues_enabled:
+        parts.append(f"relay {'on' if target.run_relay else 'off'}")
+        shown = len(target.processors) if target.run_processors else 0
+        parts.append(f"processors {shown}")
+    else:
+        parts.append("queues off (no redis_url)")
+    return f"ready: {escape(options.spec)} ({', '.join(parts)}); SIGTERM stops"
+
+
+def run_app(options: RunOptions, emit: Callable[[str], None]) -> None:
+    """Run the application's Runtime or Scheduler until SIGTERM/SIGINT.
+
+    Raises:
+        CliError: The spec does not resolve, or the Runtime does not start (one line, redacted).
+    """
+    obj = load(options.spec)
+    asyncio.run(_run(obj, options, emit))
+
+
+async def _run(obj: object, options: RunOptions, emit: Callable[[str], None]) -> None:
+    from sdcore.runtime import Runtime
+
+    target = await _resolve(obj, options.spec)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if isinstance(target, Runtime):
+        target.run_scheduler = options.scheduler
+        target.run_relay = options.relay
+        target.run_processors = options.processors
+    try:
+        await target.__aenter__()
+    except Exception as exc:  # noqa: BLE001 - start-up failure as one line
+        detail = one_line(redact_text(f"{type(exc).__name__}: {exc}"))
+        raise CliError(f"{escape(options.spec)} did not start: {detail}") from None
+    try:
+        if options.ready_file is not None:
+            options.ready_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        emit(describe(target, options))
+        await stop.wait()
+        emit("stopping: running ticks and jobs get the grace period…")
+    finally:
+        if options.ready_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                options.ready_file.unlink()
+        await target.__aexit__(None, None, None)
+    emit("stopped")

@@ -1,0 +1,356 @@
+"""``LeaseAdmin``: the operator's operations on a lease table (list, release, prune).
+
+The CLI calls these and holds no SQL of its own, so what "release" or "prune" means is defined
+once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+
+from sdcore._internal.identifiers import check_identifier, qualified
+from sdcore._internal.sql import queries, render
+from sdcore.job_scheduler._model import (
+    JobSchedulerError,
+    JobSchedulerStatus,
+    JobSchedulerUnavailableError,
+)
+from sdcore.job_scheduler._service import JobSchedulerDatabaseError
+
+MAX_LIST_LIMIT = 10_000
+MAX_BATCH_SIZE = 100_000
+MAX_REASON_LENGTH = 1_000
+MAX_AGE = timedelta(days=36_500)
+FINISHED = (JobSchedulerStatus.SUCCESS, JobSchedulerStatus.FAIL)
+# The earliest instant PostgreSQL's timestamptz holds: the first keyset bound of a prune.
+_BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+class InvalidAdminRequestError(JobSchedulerError, ValueError):
+    """An operator request that failed validation (raised before any SQL).
+
+    Attributes:
+        field: The offending argument.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class JobNotFoundError(JobSchedulerError, LookupError):
+    """No row with this id in the table (``.job_id``)."""
+
+    def __init__(self, job_id: str, table: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no such job {job_id} in {table}")
+
+
+class JobNotRunningError(JobSchedulerError):
+    """The row exists but is not RUNNING, so there is nothing to release (``.status``)."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is not RUNNING (status {status}); nothing released")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """One row as an operator sees it: never the owner token."""
+
+    id: str
+    code: str
+    name: str | None
+    type: str
+    run_key: str | None
+    status: str
+    fencing_token: int
+    lock_key: str
+    idempotency_key: str
+    data: Any
+    created_at: datetime
+    modified_at: datetime
+    age: timedelta
+    """How long ago the row was last modified, by the database clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleasedRun:
+    """What :meth:`LeaseAdmin.release` marked FAIL."""
+
+    id: str
+    code: str
+    type: str
+    run_key: str | None
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneReport:
+    """What :meth:`LeaseAdmin.prune` deleted (or, in a dry run, would delete)."""
+
+    cutoff: datetime
+    """Rows last modified before this database instant matched."""
+    statuses: tuple[str, ...]
+    matching: int
+    """Rows that matched when the prune started."""
+    deleted: int
+    kept_initial: int
+    """INITIAL rows that matched but were kept (deleting one lets its job run again)."""
+    batches: int
+    dry_run: bool
+
+
+class LeaseAdmin:
+    """Operator operations on one lease table, over a connection the caller owns.
+
+    Every method takes an autocommit ``psycopg.AsyncConnection`` (each statement its own short
+    transaction), validates its arguments before any SQL, and raises
+    :class:`~sdcore.job_scheduler.JobSchedulerDatabaseError` (with ``.sqlstate``) or
+    :class:`~sdcore.job_scheduler.JobSchedulerUnavailableError` instead of a driver error.
+
+    Args:
+        table: The lease table.
+        schema: Its schema; ``None`` means the connection's ``search_path``.
+    """
+
+    def __init__(self, *, table: str = "job_scheduler", schema: str | None = None) -> None:
+        self.table = check_identifier("table", table)
+        self.schema = None if schema is None else check_identifier("schema", schema)
+        self._identifier = qualified(self.table, self.schema)
+        self._sql = queries("admin")
+
+    @property
+    def shown(self) -> str:
+        """The quoted table name, for messages."""
+        return self._identifier.as_string(None)
+
+    async def list_runs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        code: str | None = None,
+        status: JobSchedulerStatus | str | None = None,
+        limit: int = 50,
+    ) -> list[RunRecord]:
+        """Return runs newest first.
+
+        Args:
+            conn: An autocommit connection.
+            code: Only this exact code (equality, never a pattern).
+            status: Only this status.
+            limit: At most this many rows (1 to 10,000).
+
+        Raises:
+            InvalidAdminRequestError: A bad filter or limit.
+        """
+        _check_int("limit", limit, 1, MAX_LIST_LIMIT)
+        if code is not None and (not isinstance(code, str) or "\x00" in code):
+            raise InvalidAdminRequestError("code", "must be a str without NUL")
+        shown_status = None if status is None else _status("status", status).value
+        conditions = [
+            text
+            for text, value in (("j.code = %(code)s", code), ("j.status = %(status)s", status))
+            if value is not None
+        ]
+        query = render(
+            self._sql["list_runs"], self._identifier, conditions=" AND ".join(conditions) or "TRUE"
+        )
+        params = {"code": code, "status": shown_status, "limit": limit}
+        async with self._errors(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query, params)
+            rows = await cur.fetchall()
+        return [RunRecord(**row) for row in rows]
+
+    async def release(
+        self, conn: psycopg.AsyncConnection[Any], job_id: str, *, reason: str | None = None
+    ) -> ReleasedRun:
+        """Mark a RUNNING run FAIL so that the next acquire takes it at once.
+
+        The owner's next heartbeat (and its finalize) fails: both require the row to be RUNNING
+        with the owner's token. The fencing token grows on the next acquire.
+
+        Args:
+            conn: An autocommit connection.
+            job_id: The row's id (a UUID string).
+            reason: Stored in ``data.reason`` (at most 1,000 characters).
+
+        Raises:
+            InvalidAdminRequestError: A malformed id or reason.
+            JobNotFoundError: No such row.
+            JobNotRunningError: The row is not RUNNING.
+        """
+        if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
+            raise InvalidAdminRequestError("job id", "must be a UUID like 0b5f…-…")
+        if reason is not None and (
+            not isinstance(reason, str) or "\x00" in reason or len(reason) > MAX_REASON_LENGTH
+        ):
+            raise InvalidAdminRequestError(
+                "reason", f"must be a str without NUL, at most {MAX_REASON_LENGTH} characters"
+            )
+        params = {"id": job_id, "reason": reason}
+        async with self._errors():
+            cur = await conn.execute(render(self._sql["release"], self._identifier), params)
+            released = await cur.fetchone()
+            if released is None:
+                cur = await conn.execute(render(self._sql["status_of"], self._identifier), params)
+                current = await cur.fetchone()
+        if released is not None:
+            code, type_, run_key, fencing = released
+            return ReleasedRun(
+                id=job_id.lower(), code=code, type=type_, run_key=run_key, fencing_token=fencing
+            )
+        if current is None:
+            raise JobNotFoundError(job_id, self.shown)
+        raise JobNotRunningError(job_id, current[0])
+
+    async def prune(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        older_than: timedelta,
+        statuses: Sequence[JobSchedulerStatus | str] = FINISHED,
+        batch_size: int = 1_000,
+        include_initial: bool = False,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> PruneReport:
+        """Delete finished rows last modified before the database's now minus ``older_than``.
+
+        The cutoff is read once from ``clock_timestamp()``. Each batch is its own short
+        transaction on the ``(status, modified_at)`` index and starts where the previous one
+        ended, so a prune keeps its speed on a table of millions of rows, never holds many
+        locks, and an interruption keeps what was already deleted. RUNNING rows are never
+        deleted; INITIAL rows only with ``include_initial`` (deleting one lets its job run again).
+
+        Args:
+            conn: An autocommit connection.
+            older_than: Positive age, at most 36,500 days.
+            statuses: ``SUCCESS`` and/or ``FAIL``.
+            batch_size: Rows per batch (1 to 100,000).
+            include_initial: Also delete INITIAL rows.
+            dry_run: Count only.
+            progress: Called with the running total after each batch.
+
+        Raises:
+            InvalidAdminRequestError: A bad age, status or batch size.
+        """
+        if not isinstance(older_than, timedelta) or not timedelta(0) < older_than <= MAX_AGE:
+            raise InvalidAdminRequestError("older_than", "must be a positive timedelta ≤ 36,500 d")
+        _check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        if isinstance(statuses, str) or not statuses:
+            raise InvalidAdminRequestError("statuses", "must be a non-empty sequence")
+        chosen = tuple(dict.fromkeys(_status("statuses", s).value for s in statuses))
+        if JobSchedulerStatus.RUNNING.value in chosen:
+            raise InvalidAdminRequestError("statuses", "RUNNING rows are never pruned")
+        params: dict[str, Any] = {
+            "older_than": older_than,
+            "include_initial": bool(include_initial),
+            "batch": batch_size,
+        }
+        matching = kept = deleted = batches = 0
+        async with self._errors():
+            cur = await conn.execute(self._sql["prune_cutoff"], params)
+            row = await cur.fetchone()
+            assert row is not None  # noqa: S101 - a SELECT of one expression returns a row
+            cutoff: datetime = row[0]
+            params["cutoff"] = cutoff
+            count_sql = render(self._sql["prune_count"], self._identifier)
+            batch_sql = render(self._sql["prune_batch"], self._identifier)
+            for status in chosen:
+                params["status"] = status
+                cur = await conn.execute(count_sql, params)
+                counts = await cur.fetchone()
+                if counts is not None:
+                    matching += counts[0]
+                    kept += counts[1]
+                if dry_run:
+                    continue
+                params["after"] = _BEGINNING
+                while True:
+                    cur = await conn.execute(batch_sql, params)
+                    done = await cur.fetchone()
+                    count, last = (0, None) if done is None else done
+                    batches += 1
+                    deleted += count
+                    if progress is not None and count:
+                        progress(deleted)
+                    if count < batch_size or last is None:
+                        break
+                    params["after"] = last
+        return PruneReport(
+            cutoff=cutoff,
+            statuses=chosen,
+            matching=matching,
+            deleted=deleted,
+            kept_initial=kept,
+            batches=batches,
+            dry_run=bool(dry_run),
+        )
+
+    def _errors(self) -> _DriverErrors:
+        return _DriverErrors(self.shown)
+
+
+class _DriverErrors:
+    """Turn a driver error into the job scheduler's error tree (``raise … from exc``)."""
+
+    def __init__(self, shown: str) -> None:
+        self._shown = shown
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if not isinstance(exc, psycopg.Error):
+            return
+        from sdcore.postgres import redact_text
+
+        detail = redact_text(" ".join(str(exc).split()))
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+            raise JobSchedulerDatabaseError(
+                f"table {self._shown} does not exist: {detail}", exc.sqlstate
+            ) from exc
+        if isinstance(exc, psycopg.OperationalError) and not isinstance(
+            exc, pg_errors.InsufficientPrivilege
+        ):
+            raise JobSchedulerUnavailableError(f"database unavailable: {detail}") from exc
+        raise JobSchedulerDatabaseError(f"statement refused: {detail}", exc.sqlstate) from exc
+
+
+def _check_int(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidAdminRequestError(field, f"must be an int from {low} to {high}")
+    return value
+
+
+def _status(field: str, value: object) -> JobSchedulerStatus:
+    try:
+        return JobSchedulerStatus(value.upper() if isinstance(value, str) else str(value))
+    except ValueError:
+        allowed = ", ".join(s.value for s in JobSchedulerStatus)
+        raise InvalidAdminRequestError(field, f"{value!r} is not one of {allowed}") from None
+
+
+__all__ = [
+    "FINISHED",
+    "InvalidAdminRequestError",
+    "JobNotFoundError",
+    "JobNotRunningError",
+    "LeaseAdmin",
+    "PruneReport",
+    "ReleasedRun",
+    "RunRecord",
+]

@@ -1,0 +1,69 @@
+-- Operator statements on the lease table (sdcore.job_scheduler.LeaseAdmin; the CLI calls it).
+-- {table} is the quoted table, {conditions} a fixed fragment chosen in code; values are
+-- parameters. Ages and cutoffs come from the database clock (clock_timestamp()), the clock the
+-- lease itself uses, never from the machine running the command.
+
+-- name: list_runs
+-- One clock reading for the whole listing, so ages of different rows compare.
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT j.id::text AS id, j.code, j.name, j.type, j.run_key, j.status, j.fencing_token,
+       j.lock_key, j.idempotency_key, j.data, j.created_at, j.modified_at,
+       greatest(clock.now - j.modified_at, interval '0') AS age
+FROM {table} AS j CROSS JOIN clock
+WHERE {conditions}
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s
+
+-- name: release
+-- The heartbeat and finalize statements require status = 'RUNNING' and the owner's token, so the
+-- owner learns of the release at its next heartbeat; FAIL lets the next acquire take the row.
+UPDATE {table}
+SET status = 'FAIL',
+    data = jsonb_build_object('released_by', 'operator', 'reason', %(reason)s::text),
+    modified_at = clock_timestamp()
+WHERE id = %(id)s::uuid AND status = 'RUNNING'
+RETURNING code, type, run_key, fencing_token
+
+-- name: status_of
+SELECT status FROM {table} WHERE id = %(id)s::uuid
+
+-- name: prune_cutoff
+SELECT clock_timestamp() - %(older_than)s::interval
+
+-- name: prune_count
+-- One status per statement: PostgreSQL 15 keeps even a one-element "status = ANY(...)" as an
+-- array condition, which cannot drive the (status, modified_at) index.
+SELECT count(*) FILTER (WHERE %(include_initial)s OR type <> 'INITIAL'),
+       count(*) FILTER (WHERE NOT %(include_initial)s AND type = 'INITIAL')
+FROM {table}
+WHERE status = %(status)s AND modified_at < %(cutoff)s
+
+-- name: prune_batch
+-- Keyset batches on the (status, modified_at) index: each batch starts where the last one ended
+-- (modified_at >= %(after)s), so it never walks the dead index entries that earlier batches left
+-- at the front. A row an acquire is taking over right now is locked: SKIP LOCKED passes it by
+-- instead of waiting. A takeover that committed after our snapshot (FAIL -> RUNNING, fresh
+-- modified_at) is re-checked by FOR UPDATE on the newest row version, and the predicate is
+-- repeated on the DELETE so it never removes a row that stopped matching. The picked ids are a
+-- MATERIALIZED CTE: as "id IN (SELECT … LIMIT … SKIP LOCKED)" the planner may re-run the
+-- subquery per row, each run skipping the rows the previous ones locked, and one "batch" of
+-- 500 deleted 1,170 rows (seen on PostgreSQL 15).
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {table}
+    WHERE status = %(status)s
+      AND modified_at < %(cutoff)s
+      AND modified_at >= %(after)s
+      AND (%(include_initial)s OR type <> 'INITIAL')
+    ORDER BY modified_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM {table} AS j
+    USING picked
+    WHERE j.id = picked.id
+      AND j.status = %(status)s
+      AND j.modified_at < %(cutoff)s
+      AND (%(include_initial)s OR j.type <> 'INITIAL')
+    RETURNING j.modified_at
+)
+SELECT count(*), max(modified_at) FROM deleted

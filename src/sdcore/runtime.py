@@ -1,0 +1,319 @@
+"""``Runtime``: every sdcore component of one service, started in order and stopped in reverse.
+
+The framework-free composition root. The FastAPI integration (:class:`sdcore.fastapi.Sdcore`),
+``sdcore run MODULE:ATTR``, the CLI relay and the demo build on it, so one process is wired the same
+way whatever starts it::
+
+    runtime = Runtime(database_url=dsn, redis_url=os.environ.get("REDIS_URL"))
+
+    @runtime.scheduler.cron("0 1 * * *", name="nightly")
+    async def nightly(tick: Tick) -> None: ...
+
+    async with runtime:          # pool → migrations → queues → scheduler
+        await stop.wait()        # (shutdown runs in reverse, each step isolated)
+
+Needs the ``sdcore[scheduling]`` extra; Redis (``sdcore[bullmq]``) only with ``redis_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.events import EventBus
+from sdcore.exceptions import SdcoreError
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.postgres import redact_dsn, redact_text
+from sdcore.scheduling import Scheduler
+
+if TYPE_CHECKING:
+    from sdcore.queues import BullMQPublisher, Processor, Workers
+
+__all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
+
+HEALTH_CHECK_TIMEOUT_S = 2.0
+
+
+class RuntimeStateError(SdcoreError, RuntimeError):
+    """A runtime that cannot be built or started as configured."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComponentHealth:
+    """One component's state in the health report."""
+
+    ok: bool
+    detail: str
+
+
+class Runtime:
+    """The job scheduler, scheduler, event bus, outbox, relay and queue workers of one service.
+
+    Built at import time (so that routes and schedules can be declared against it); nothing
+    connects until it is entered (``async with runtime``) or :meth:`start` is called. Queues are
+    optional: without ``redis_url`` no ``sdcore.queues`` import happens, no relay or worker
+    starts, and outbox rows wait in PostgreSQL until a replica with Redis relays them.
+
+    Args:
+        database_url: libpq URL of the service's PostgreSQL.
+        redis_url: Redis URL for BullMQ, or ``None`` (queues off).
+        time_zone: Default zone of cron schedules.
+        ensure_schema: Apply pending migrations of the lease and outbox tables at start (off
+            when ``sdcore db upgrade`` or your own migrations do it).
+        processors: Queue processors to run in this process (needs ``redis_url``).
+        relay: Run an outbox relay in this process (with ``redis_url``).
+        scheduler: Run the schedules in this process (``False``: an API-only replica).
+        queue_prefix: BullMQ key prefix.
+        pool_min_size: Pool minimum.
+        pool_max_size: Pool maximum. The job scheduler holds at most half of it, never all of
+            it, so the application's own ``runtime.pool.connection()`` always finds one.
+        grace_period_ms: How long running ticks and jobs may finish at shutdown.
+        outbox: The outbox table (default ``Outbox()``).
+        logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
+
+    Raises:
+        ValueError: An empty ``database_url``, processors without ``redis_url``, or a pool
+            of fewer than 2 connections (the job scheduler would hold the last one).
+    """
+
+    default_logger_name = "sdcore.runtime"
+
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        redis_url: str | None = None,
+        time_zone: str = "UTC",
+        ensure_schema: bool = True,
+        processors: Sequence[Processor] = (),
+        relay: bool = True,
+        scheduler: bool = True,
+        queue_prefix: str = "bull",
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        grace_period_ms: int = 10_000,
+        outbox: Outbox | None = None,
+        logger_name: str | None = None,
+    ) -> None:
+        if not isinstance(database_url, str) or not database_url.strip():
+            raise ValueError("database_url is required")
+        if processors and not redis_url:
+            raise ValueError("processors need redis_url")
+        if isinstance(pool_max_size, bool) or not isinstance(pool_max_size, int):
+            raise ValueError(f"pool_max_size must be an int, got {pool_max_size!r}")
+        if pool_max_size < 2:
+            raise ValueError(
+                f"pool_max_size must be at least 2, got {pool_max_size}: the job scheduler holds "
+                "up to half of the pool and must never hold its last connection"
+            )
+        self.database_url = database_url
+        self.redis_url = redis_url or None
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            database_url,
+            min_size=min(pool_min_size, pool_max_size),
+            max_size=pool_max_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        self.jobs = JobSchedulerService(self.pool, max_connections=max(1, pool_max_size // 2))
+        self.scheduler = Scheduler(
+            jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
+        )
+        self.events = EventBus()
+        self.outbox = outbox or Outbox()
+        self.processors = list(processors)
+        self.publisher: BullMQPublisher | None = None
+        self.relay: OutboxRelay | None = None
+        self.workers: Workers | None = None
+        self.run_scheduler = bool(scheduler)
+        self.run_relay = bool(relay)
+        self.run_processors = True
+        self._ensure_schema = ensure_schema
+        self._prefix = queue_prefix
+        self._grace = grace_period_ms / 1000
+        self._log = logging.getLogger(logger_name or self.default_logger_name)
+        self._stack: AsyncExitStack | None = None
+
+    @property
+    def queues_enabled(self) -> bool:
+        """Whether this service runs with Redis."""
+        return self.redis_url is not None
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` completed and :meth:`stop` has not run since."""
+        return self._stack is not None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start everything: pool → migrations → (Redis: publisher, relay, workers) → scheduler.
+
+        A failure part-way stops what already started, in reverse, then raises.
+
+        Raises:
+            RuntimeStateError: Already started.
+        """
+        if self._stack is not None:
+            raise RuntimeStateError("this Runtime is already started")
+        await self._preflight()
+        stack = AsyncExitStack()
+        try:
+            await self.pool.open(wait=True, timeout=30)
+            stack.push_async_callback(self._step, "pool", self.pool.close)
+            stack.push_async_callback(self._step, "job scheduler", self.jobs.close)
+            stack.push_async_callback(self._step, "events", lambda: self.events.drain(self._grace))
+            if self._ensure_schema:
+                await self.jobs.ensure_schema()
+                await self.outbox.ensure_schema(self.pool)
+            if self.redis_url is not None:
+                await self._start_queues(self.redis_url, stack)
+            if self.run_scheduler:
+                await self.scheduler.start_all()
+                stack.push_async_callback(self._step, "scheduler", self.scheduler.aclose)
+        except BaseException:
+            await stack.aclose()
+            self.relay = self.workers = self.publisher = None
+            raise
+        self._stack = stack
+        self._log.info(
+            "sdcore started (database %s, queues %s, scheduler %s)",
+            redact_dsn(self.database_url),
+            "on" if self.redis_url else "off",
+            "on" if self.run_scheduler else "off",
+            extra={"action": "started"},
+        )
+
+    async def stop(self) -> None:
+        """Stop everything in reverse order; each step's failure is logged and the rest still run.
+
+        Order: scheduler (running ticks finish within the grace period, then are cancelled and
+        marked FAIL) → workers (running jobs finish) → relay (the batch in flight is marked) →
+        publisher → events drained → job scheduler → pool. A no-op when not started.
+        """
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            await stack.aclose()
+        finally:
+            self.relay = self.workers = self.publisher = None
+            self._log.info("sdcore stopped", extra={"action": "stopped"})
+
+    async def _preflight(self) -> None:
+        # One direct attempt first: psycopg_pool only logs why a connection failed and raises
+        # "pool initialization incomplete" after its timeout; this names the server's reason.
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        kwargs: dict[str, Any] = {}
+        if "connect_timeout" not in conninfo_to_dict(self.database_url):
+            kwargs["connect_timeout"] = 10
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.database_url, **kwargs)
+        except psycopg.Error as exc:
+            reason = redact_text(" ".join(str(exc).split()), self.database_url)
+            raise RuntimeStateError(
+                f"cannot connect to {redact_dsn(self.database_url)}: {reason}"
+            ) from None
+        await conn.close()
+
+    @asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """An ASGI/FastAPI lifespan: ``app.state.sdcore = self``, start, yield, stop."""
+        state = getattr(app, "state", None)
+        if state is not None:
+            state.sdcore = self
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def _step(self, name: str, step: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await step()
+        except Exception:  # noqa: BLE001 - keep shutting the rest down
+            self._log.exception("could not stop %s cleanly", name, extra={"action": "stop"})
+
+    async def _start_queues(self, redis_url: str, stack: AsyncExitStack) -> None:
+        from sdcore.queues import BullMQPublisher, Workers
+
+        publisher = BullMQPublisher.from_url(redis_url, prefix=self._prefix)
+        await publisher.start()
+        self.publisher = publisher
+        stack.push_async_callback(self._step, "publisher", publisher.close)
+        if self.run_relay:
+            relay = OutboxRelay(self.pool, publisher, outbox=self.outbox)
+            await relay.start()
+            self.relay = relay
+            stack.push_async_callback(self._step, "relay", lambda: relay.stop(self._grace))
+        if self.processors and self.run_processors:
+            workers = Workers(self.processors, redis_url=redis_url, prefix=self._prefix)
+            await workers.start()
+            self.workers = workers
+            stack.push_async_callback(self._step, "workers", lambda: workers.close(self._grace))
+
+    async def health(self) -> dict[str, ComponentHealth]:
+        """Check the database, Redis and the relay (each check bounded to 2 s)."""
+        report = {"database": await self._check_database()}
+        if self.redis_url is None:
+            report["redis"] = ComponentHealth(ok=True, detail="not configured (queues off)")
+        else:
+            report["redis"] = await self._check_redis()
+            state = self.relay.state if self.relay else None
+            if state is None:
+                report["relay"] = ComponentHealth(ok=True, detail="not running in this process")
+            else:
+                detail = f"published {state.published}, failed {state.failed}"
+                if state.last_error and not state.broker_available:
+                    detail += f"; last error: {state.last_error[:200]}"
+                report["relay"] = ComponentHealth(
+                    ok=state.running and state.broker_available, detail=detail
+                )
+        return report
+
+    async def _check_database(self) -> ComponentHealth:
+        try:
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                async with self.pool.connection() as conn:
+                    await conn.execute("SELECT 1")
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return ComponentHealth(ok=False, detail=redact_text(f"{type(exc).__name__}: {exc}"))
+        return ComponentHealth(ok=True, detail="reachable")
+
+    async def _check_redis(self) -> ComponentHealth:
+        import redis.asyncio as redis
+
+        assert self.redis_url is not None  # noqa: S101 - called only with Redis
+        client = redis.Redis.from_url(
+            self.redis_url,
+            socket_timeout=HEALTH_CHECK_TIMEOUT_S,
+            socket_connect_timeout=HEALTH_CHECK_TIMEOUT_S,
+        )
+        try:
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                await client.ping()
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return ComponentHealth(ok=False, detail=redact_text(f"{type(exc).__name__}: {exc}"))
+        finally:
+            await client.aclose()
+        return ComponentHealth(ok=True, detail="reachable")
