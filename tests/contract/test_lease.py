@@ -108,6 +108,20 @@ async def test_running_row_is_taken_over_only_after_the_lease(backend: Backend) 
     assert not await backend.service.complete(first.lease)
 
 
+async def test_expiry_is_the_owners_lease_not_the_contenders(backend: Backend) -> None:
+    first = await _acquire(backend, lease_ms=60_000)
+    await backend.age(first.id, 2_000)
+    # A contender asking a shorter lease cannot take over inside the owner's lease ...
+    assert not (await backend.service.acquire(_opts(lease_ms=1_000))).acquired
+    await backend.age(first.id, 58_001)
+    # ... and one asking a longer lease does not wait longer than the owner's lease.
+    second = await _acquire(backend, lease_ms=3_600_000)
+    assert second.fencing_token > first.fencing_token
+    assert second.row.lease_ms == 3_600_000
+    await backend.age(second.id, 120_000)
+    assert not (await backend.service.acquire(_opts(lease_ms=60_000))).acquired
+
+
 async def test_heartbeat_keeps_a_running_row(backend: Backend) -> None:
     first = await _acquire(backend, lease_ms=60_000)
     await backend.age(first.id, 59_000)

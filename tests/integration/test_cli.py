@@ -151,6 +151,7 @@ def test_db_upgrade_creates_the_table_then_is_idempotent(cli: Cli, pg_dsn: str) 
     assert first.lines == [
         'created table "job_scheduler" with 4 indexes',
         'applied lease migration 0001_initial to "job_scheduler"',
+        'applied lease migration 0002_owner to "job_scheduler"',
     ]
 
     second = cli("--database-url", pg_dsn, "db", "upgrade")
@@ -167,7 +168,10 @@ def test_db_upgrade_in_a_schema_then_list(cli: Cli, pg_dsn: str) -> None:
         'created schema "ops"',
         'created table "ops"."leases" with 4 indexes',
     ]
-    assert result.lines[2:] == ['applied lease migration 0001_initial to "ops"."leases"']
+    assert result.lines[2:] == [
+        'applied lease migration 0001_initial to "ops"."leases"',
+        'applied lease migration 0002_owner to "ops"."leases"',
+    ]
     listed = cli(*names, "jobs", "list")
     assert (listed.code, listed.out) == (0, "no jobs found\n")
 
@@ -228,7 +232,8 @@ def test_list_is_newest_first_and_filters_by_exact_code_and_status(cli: Cli, dsn
     ]  # fmt: skip
     assert ids_in(listed) == [d.id, c.id, b.id, a.id]
     beta = listed.lines[3].split()
-    assert beta[1:6] == ["beta", "SCHEDULE", "2026-07-20T03:00:00Z", "RUNNING", "1"]
+    token = str(b.fencing_token)  # from the table's sequence: not 1 for the second row
+    assert beta[1:6] == ["beta", "SCHEDULE", "2026-07-20T03:00:00Z", "RUNNING", token]
     assert beta[6].endswith("Z")
     assert beta[7].endswith("s")
     assert beta[8:] == ["Beta", "job"]
@@ -264,7 +269,7 @@ def test_list_json_has_full_values_and_never_the_owner_token(cli: Cli, dsn: str)
     assert objects[1]["data"] == {"ok": True}
     assert objects[1]["idempotency_key"] == done.idempotency_key
     assert objects[0]["status"] == "RUNNING"
-    assert objects[0]["fencing_token"] == 1
+    assert objects[0]["fencing_token"] == running.fencing_token
     assert objects[0]["created_at"].endswith("Z")
     assert objects[0]["age_seconds"] >= 0
     assert all("owner_token" not in o for o in objects)
@@ -549,4 +554,138 @@ def test_help_and_missing_command(cli: Cli) -> None:
     assert cli("jobs", "prune", "--help").out.startswith("usage: sdcore jobs prune")
     missing = cli()
     assert missing.code == 2
-    assert "required: COMMAND" in missing.err
+    assert missing.err.startswith("usage: sdcore")  # no command: the help, on stderr
+    assert "completion" in missing.err
+    assert missing.out == ""
+    assert "required: COMMAND" in cli("jobs").err
+
+
+# -- --version, completion, logging -----------------------------------------------------------
+
+
+def test_version(cli: Cli) -> None:
+    import sdcore
+
+    shown = cli("--version")
+    assert shown.code == 0
+    assert shown.out == f"sdcore {sdcore.__version__}\n"
+
+
+def test_version_matches_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    import sdcore
+
+    assert version("sdcore") == sdcore.__version__
+
+
+def _complete(script: str, *words: str) -> list[str]:
+    driver = (
+        f"{script}\n"
+        f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+        "COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); _sdcore; printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    done = subprocess.run(
+        ["bash", "--norc", "-c", driver], capture_output=True, text=True, timeout=30, check=True
+    )
+    return [line for line in done.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (("sdcore", "d"), ["db", "demo"]),
+        (("sdcore", "db", ""), ["sql", "upgrade", "status", "-h", "--help"]),
+        (("sdcore", "--database-url", "x", "jobs", "l"), ["list"]),
+        (("sdcore", "jobs", "list", "--status", ""), ["RUNNING", "SUCCESS", "FAIL"]),
+        (("sdcore", "jobs", "prune", "--status", ""), ["SUCCESS", "FAIL"]),
+        (("sdcore", "outbox", "list", "--status", "P"), ["PENDING", "PUBLISHED"]),
+        (("sdcore", "schedules", "missed", "--j"), ["--json"]),
+        (("sdcore", "--log-level", "W"), ["WARNING"]),
+        (("sdcore", "completion", "z"), ["zsh"]),
+    ],
+    ids=["command", "subcommand", "after-option", "jobs-status", "prune-status",
+         "outbox-status", "json-flag", "log-level", "shell"],
+)
+def test_bash_completion(cli: Cli, words: tuple[str, ...], expected: list[str]) -> None:
+    script = cli("completion", "bash")
+    assert script.code == 0
+    assert script.out.rstrip().endswith("complete -o default -F _sdcore sdcore")
+    assert _complete(script.out, *words) == expected
+
+
+def test_zsh_completion_loads_the_bash_function(cli: Cli) -> None:
+    script = cli("completion", "zsh")
+    assert script.code == 0
+    assert "bashcompinit" in script.out
+    assert "_sdcore()" in script.out
+    assert cli("completion", "fish").code == 2
+
+
+def _log_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    (tmp_path / f"{name}.py").write_text(
+        "import logging\n"
+        "from sdcore.scheduling import Scheduler\n"
+        "log = logging.getLogger('myapp')\n"
+        "log.info('connecting to %s', 'postgresql://app:hunter2@db/app',\n"
+        "         extra={'action': 'boot'})\n"
+        "log.warning('clock is %s', 'odd')\n"
+        "scheduler = Scheduler()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return f"{name}:scheduler"
+
+
+def test_log_level_and_json_logs(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _log_app(tmp_path, monkeypatch, "sdcore_cli_log_app_json")
+    shown = cli("--log-level", "info", "--log-json", "schedules", "list", "--app", app)
+    assert shown.code == 0, shown.err
+    records = [json.loads(line) for line in shown.err.splitlines()]
+    assert [r["level"] for r in records] == ["INFO", "WARNING"]
+    info = records[0]
+    assert info["logger"] == "myapp"
+    assert info["action"] == "boot"
+    assert info["time"].endswith("Z")
+    assert "hunter2" not in shown.err
+    assert "***" in info["message"]
+
+
+def test_default_log_level_is_warning_as_text(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _log_app(tmp_path, monkeypatch, "sdcore_cli_log_app_text")
+    shown = cli("schedules", "list", "--app", app)
+    assert shown.code == 0, shown.err
+    [line] = shown.err.splitlines()
+    assert line.endswith(" WARNING myapp: clock is odd")
+    assert line.split(" ")[0].endswith("Z")
+
+
+def test_json_log_records_with_exceptions_and_odd_extras(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+    from datetime import UTC, datetime
+
+    from sdcore.cli._logging import cli_logging
+
+    log = logging.getLogger("sdcore.test.cli_logging")
+    with cli_logging("INFO", as_json=True, secrets=["postgresql://u:s3cr3t@h/db"]):
+        try:
+            raise ValueError("boom with s3cr3t")
+        except ValueError:
+            log.exception(
+                "failed", extra={"when": datetime(2026, 7, 20, tzinfo=UTC), "schedule": "nightly"}
+            )
+        log.debug("not shown")
+    log.warning("after the block: not ours")
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("{")]
+    record = json.loads(line)
+    assert record["level"] == "ERROR"
+    assert record["schedule"] == "nightly"
+    assert record["when"].startswith("2026-07-20")  # not JSON: shown as its str()
+    assert "ValueError: boom with ***" in record["message"]
+    assert "s3cr3t" not in err

@@ -16,6 +16,8 @@ from sdcore.cli import main
 from sdcore.outbox import Outbox
 from sdcore.postgres import outbox_schema_sql
 
+REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
 
 def _enqueue(dsn: str, *keys: str, name: str = "send") -> None:
     async def run() -> None:
@@ -94,7 +96,7 @@ def test_relay_command_publishes_and_stops_on_sigterm(pg_dsn: str) -> None:
     prefix = f"sdcore-test-{uuid.uuid4().hex[:8]}"
     assert main(["--database-url", pg_dsn, "db", "upgrade", "--outbox"]) == 0
     _enqueue(pg_dsn, "r1", "r2")
-    env = {**os.environ, "DATABASE_URL": pg_dsn, "REDIS_URL": "redis://127.0.0.1:6379/0"}
+    env = {**os.environ, "DATABASE_URL": pg_dsn, "REDIS_URL": REDIS_URL}
     proc = subprocess.Popen(
         [sys.executable, "-m", "sdcore.cli", "relay", "--prefix", prefix],
         env=env,
@@ -123,9 +125,57 @@ def test_relay_command_publishes_and_stops_on_sigterm(pg_dsn: str) -> None:
             proc.communicate()
         import redis
 
-        client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+        client = redis.Redis.from_url(REDIS_URL)
         for key in client.scan_iter(f"{prefix}:*"):
             client.delete(key)
         client.close()
     assert proc.returncode == 0, err
     assert "stopped; published 2 message(s)" in out
+
+
+def test_missing_outbox_table_hint_is_the_outbox_upgrade(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--database-url", pg_dsn, "outbox", "list"]) == 1
+    err = capsys.readouterr().err
+    assert 'table "outbox" does not exist; run `sdcore db upgrade --outbox`' in err
+    assert main(["--database-url", pg_dsn, "--schema", "ops", "outbox", "retry", "7",
+                 "--outbox-table", "events_out"]) == 1
+    err = capsys.readouterr().err
+    assert "run `sdcore --schema ops db upgrade --outbox --outbox-table events_out`" in err
+    # The hint works as written, and outbox list then works.
+    assert main(["--database-url", pg_dsn, "db", "upgrade", "--outbox"]) == 0
+    capsys.readouterr()
+    assert main(["--database-url", pg_dsn, "outbox", "list"]) == 0
+    assert "no outbox rows found" in capsys.readouterr().out
+
+
+def test_a_lease_table_named_outbox_is_named_as_such(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the old, wrong hint (`sdcore --table outbox db upgrade`) produced.
+    assert main(["--database-url", pg_dsn, "--table", "outbox", "db", "upgrade"]) == 0
+    capsys.readouterr()
+    assert main(["--database-url", pg_dsn, "outbox", "list"]) == 1
+    err = capsys.readouterr().err
+    assert 'table "outbox" is not an sdcore outbox table' in err
+    assert "--outbox-table" in err
+
+
+def test_relay_fails_fast_on_a_missing_table_and_a_missing_database(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("bullmq", reason="the bullmq extra is part of the dev install")
+    code = main(["--database-url", pg_dsn, "relay", "--redis-url", REDIS_URL])
+    assert code == 1
+    assert 'table "outbox" does not exist; run `sdcore db upgrade --outbox`' in (
+        capsys.readouterr().err
+    )
+    missing_db = psycopg.conninfo.make_conninfo(pg_dsn, dbname="sdcore_no_such_db")
+    code = main(["--database-url", missing_db, "relay", "--redis-url", REDIS_URL])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1, err  # one line, not the pool's repeated warnings
+    # The cause, from one direct connection, not "pool initialization incomplete after 30 sec".
+    assert 'database "sdcore_no_such_db" does not exist' in err
+    assert "pool" not in err

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -20,7 +24,7 @@ def test_list_shows_next_fire_times_in_utc_and_local(capsys: pytest.CaptureFixtu
     assert "Europe/Paris" in out
     line = next(line for line in out.splitlines() if line.startswith("mark-overdue-tasks"))
     assert "T01:00:00+0" in line  # local time 01:00 in Paris
-    assert "+00:00" in line  # and the same instant in UTC
+    assert "T00:00:00Z" in line or "T23:00:00Z" in line  # the same instant in UTC, with Z
     assert "refresh-stats" in out
 
 
@@ -119,3 +123,136 @@ def test_missed_unknown_schedule(pg_dsn: str, capsys: pytest.CaptureFixture[str]
         == 1
     )
     assert "no schedule named" in capsys.readouterr().err
+
+
+def test_list_json_has_stable_keys_and_z_times(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedules", "list", "--app", APP, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {row["name"] for row in rows} == {"mark-overdue-tasks", "refresh-stats"}
+    for row in rows:
+        assert list(row) == [
+            "name",
+            "kind",
+            "schedule",
+            "time_zone",
+            "exclusive",
+            "active",
+            "running",
+            "next_fire_at",
+            "next_fire_local",
+        ]
+        assert row["next_fire_at"].endswith("Z")
+    nightly = next(row for row in rows if row["name"] == "mark-overdue-tasks")
+    assert nightly["kind"] == "cron"
+    assert "T01:00:00+0" in nightly["next_fire_local"]
+
+
+def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(pg_dsn)
+    base = ["--database-url", pg_dsn, "schedules"]
+    assert main([*base, "runs", "mark-overdue-tasks", "--app", APP, "--json"]) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [run["run_key"] for run in runs] == ["2026-07-21T23:00:00Z", "2026-07-20T23:00:00Z"]
+    assert all(run["modified_at"].endswith("Z") for run in runs)
+    window = ["--since", "2026-07-20T00:00:00Z", "--until", "2026-07-23T00:00:00Z"]
+    assert main([*base, "missed", "mark-overdue-tasks", "--app", APP, *window, "--json"]) == 0
+    missed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert missed == [
+        {"run_key": "2026-07-21T23:00:00Z", "scheduled_at": "2026-07-21T23:00:00Z",
+         "status": "FAIL"},
+        {"run_key": "2026-07-22T23:00:00Z", "scheduled_at": "2026-07-22T23:00:00Z",
+         "status": None},
+    ]
+
+
+def test_missed_refuses_a_schedule_that_left_no_rows(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(pg_dsn)  # rows for mark-overdue-tasks only
+    code = main(
+        ["--database-url", pg_dsn, "schedules", "missed", "refresh-stats", "--app", APP,
+         "--since", "1h"]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""  # not 60 "never started" lines
+    assert "no run of 'refresh-stats' is recorded" in captured.err
+    assert "not exclusive" in captured.err
+
+
+def test_missing_scheduling_extra_is_not_called_a_bug(tmp_path: object) -> None:
+    # Simulate an install without cronsim: a module named cronsim that fails to import.
+    code = (
+        "import sys; sys.modules['cronsim'] = None\n"
+        "from sdcore.cli import main\n"
+        f"raise SystemExit(main(['schedules', 'list', '--app', {APP!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert "pip install 'sdcore[scheduling]'" in done.stderr
+    assert "bug" not in done.stderr
+
+
+def test_every_listing_json_pipes_into_jq(pg_dsn: str) -> None:
+    """Each listing's --json, through a real pipe into jq; every *_at value is UTC with Z."""
+    import shutil
+
+    from sdcore.outbox import Outbox
+
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.fail("jq is needed for this test (apt-get install jq)", pytrace=False)
+    _seed(pg_dsn)
+    assert main(["--database-url", pg_dsn, "db", "upgrade", "--outbox"]) == 0
+
+    async def enqueue() -> None:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await Outbox().enqueue_once(
+                conn, idempotency_key="k1", queue="mail", name="send", payload={}
+            )
+
+    asyncio.run(enqueue())
+    window = "--since 2026-07-20T00:00:00Z --until 2026-07-23T00:00:00Z"
+    commands = {
+        "jobs list": "jobs list --json",
+        "outbox list": "outbox list --json",
+        "schedules list": f"schedules list --app {APP} --json",
+        "schedules runs": f"schedules runs mark-overdue-tasks --app {APP} --json",
+        "schedules missed": f"schedules missed mark-overdue-tasks --app {APP} {window} --json",
+    }
+    check = (
+        '[to_entries[] | select(.key | endswith("_at")) | .value | select(. != null)]'
+        ' | all(endswith("Z"))'
+    )
+    env = {**os.environ, "DATABASE_URL": pg_dsn}
+    for label, command in commands.items():
+        pipeline = f"set -o pipefail; {sys.executable} -m sdcore.cli {command} | {jq} -e '{check}'"
+        done = subprocess.run(
+            ["bash", "-c", pipeline], capture_output=True, text=True, timeout=60, env=env,
+            check=False,
+        )
+        assert done.returncode == 0, (label, done.stdout, done.stderr)
+        verdicts = done.stdout.split()
+        assert verdicts, label  # at least one row listed
+        assert set(verdicts) == {"true"}, (label, done.stdout)
+
+
+def test_missed_check_exits_3_when_ticks_are_missed(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(pg_dsn)  # 2026-07-20T23:00Z SUCCESS, 2026-07-21T23:00Z FAIL
+    base = ["--database-url", pg_dsn, "schedules", "missed", "mark-overdue-tasks", "--app", APP]
+    clean = ["--since", "2026-07-20T12:00:00Z", "--until", "2026-07-21T00:00:00Z"]
+    assert main([*base, *clean, "--check"]) == 0
+    assert "0 missed tick(s)" in capsys.readouterr().out
+    missed = ["--since", "2026-07-20T12:00:00Z", "--until", "2026-07-22T00:00:00Z"]
+    assert main([*base, *missed]) == 0  # without --check: a report, not a verdict
+    capsys.readouterr()
+    assert main([*base, *missed, "--check"]) == 3
+    captured = capsys.readouterr()
+    assert "2026-07-21T23:00:00Z  FAIL" in captured.out
+    assert "1 missed tick(s) of 'mark-overdue-tasks'" in captured.err

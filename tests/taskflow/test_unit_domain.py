@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import time
 import uuid
 import warnings
 from datetime import UTC, date, datetime, timedelta
@@ -113,24 +114,83 @@ def _forge(claims: dict[str, object], *, key: str = SECRET, algorithm: str = "HS
         return jwt.encode(claims, key, algorithm=algorithm)
 
 
+_NOW = int(time.time())
+
+
+def _claims(**changes: object) -> dict[str, object]:
+    """Valid claims for ``USER`` (issued now, one hour), with ``changes``; ``None`` drops one."""
+    claims: dict[str, object] = {
+        "sub": str(USER),
+        "iss": "taskflow",
+        "aud": "taskflow-api",
+        "iat": _NOW,
+        "exp": _NOW + 3600,
+    }
+    claims.update(changes)
+    return {k: v for k, v in claims.items() if v is not None}
+
+
 @pytest.mark.parametrize(
     ("token", "detail"),
     [
-        (_forge({"sub": str(USER), "exp": 4_102_444_800}, key="another-secret" * 4), "not valid"),
-        (_forge({"sub": str(USER), "exp": 1_000_000}), "expired"),
-        (_forge({"sub": str(USER)}), "not valid"),  # no exp
-        (_forge({"exp": 4_102_444_800}), "not valid"),  # no sub
-        (_forge({"sub": "alice", "exp": 4_102_444_800}), "subject"),
-        (_forge({"sub": str(USER), "exp": 4_102_444_800}, algorithm="HS512"), "not valid"),
-        (_forge({"sub": str(USER), "exp": 4_102_444_800}, key="", algorithm="none"), "not valid"),
+        (_forge(_claims(), key="another-secret" * 4), "not valid"),
+        (_forge(_claims(iat=1_000, exp=1_000_000)), "expired"),
+        (_forge(_claims(exp=None)), "not valid"),
+        (_forge(_claims(sub=None)), "not valid"),
+        (_forge(_claims(iat=None)), "not valid"),
+        (_forge(_claims(sub="alice")), "subject"),
+        (_forge(_claims(), algorithm="HS512"), "not valid"),
+        (_forge(_claims(), key="", algorithm="none"), "not valid"),
         ("not-a-jwt", "not valid"),
+        # The security review's gaps: issuer, audience, lifetime, claim types, e-mail.
+        (_forge(_claims(iss="https://evil.example")), "not issued for this service"),
+        (_forge(_claims(iss=None)), "not valid"),
+        (_forge(_claims(aud="another-api")), "not issued for this service"),
+        (_forge(_claims(aud=None)), "not valid"),
+        (_forge(_claims(exp=_NOW + 100 * 365 * 86400)), "lives longer"),
+        (_forge(_claims(exp=str(_NOW + 3600))), "not valid"),
+        (_forge(_claims(iat=_NOW + 3600, exp=_NOW + 7200)), "not valid"),
+        (_forge(_claims(email="a" * 400 + "@example.com")), "email"),
+        (_forge(_claims(email="a\u0000@example.com")), "email"),
+        (_forge(_claims(email=42)), "email"),
     ],
-    ids=["wrong-key", "expired", "no-exp", "no-sub", "sub-not-uuid", "hs512", "alg-none", "junk"],
+    ids=[
+        "wrong-key",
+        "expired",
+        "no-exp",
+        "no-sub",
+        "no-iat",
+        "sub-not-uuid",
+        "hs512",
+        "alg-none",
+        "junk",
+        "foreign-issuer",
+        "no-issuer",
+        "foreign-audience",
+        "no-audience",
+        "100-years",
+        "exp-as-string",
+        "iat-in-the-future",
+        "email-too-long",
+        "email-with-nul",
+        "email-not-a-string",
+    ],
 )
 def test_bad_tokens_are_unauthorized(token: str, detail: str) -> None:
     with pytest.raises(UnauthorizedError, match=detail) as caught:
         decode_token(token, SECRET)
     assert caught.value.status == 401
+
+
+def test_issuer_audience_and_lifetime_come_from_the_settings() -> None:
+    token = encode_token(
+        USER, SECRET, now=datetime.now(UTC), ttl=timedelta(hours=30), issuer="idp", audience="tf"
+    )
+    assert decode_token(token, SECRET, issuer="idp", audience="tf", max_age_s=31 * 3600).id == USER
+    with pytest.raises(UnauthorizedError, match="lives longer"):
+        decode_token(token, SECRET, issuer="idp", audience="tf")
+    with pytest.raises(UnauthorizedError, match="not issued"):
+        decode_token(token, SECRET, issuer="taskflow", audience="tf", max_age_s=31 * 3600)
 
 
 def test_expiry_follows_the_given_clock() -> None:

@@ -243,3 +243,180 @@ def test_run_keys_are_identical_across_processes_whatever_their_tz() -> None:
         outputs.add(out.stdout)
     assert len(outputs) == 1
     assert "2026-10-25T00:30:00Z" in outputs.pop()
+
+
+# --- NestJS parity: npm cron 4.4.0 presets and its day-of-month / day-of-week rule -----------
+
+
+def _next_days(expression: str, rule: str, count: int = 6) -> list[str]:
+    """The next ``count`` fire days after 2026-03-01T00:00Z (a Sunday), as ``MM-DDDay``."""
+    spec = CronSpec.parse(expression, ZoneInfo("UTC"), day_rule=rule)
+    moment = datetime(2026, 3, 1, tzinfo=UTC)
+    out = []
+    for _ in range(count):
+        moment = spec.next_after(moment)
+        out.append(moment.strftime("%m-%d%a"))
+    return out
+
+
+# Each row: expression, the days under Vixie/cronie (the default), the days under npm cron.
+_DAY_RULE_TABLE = [
+    pytest.param(
+        "0 0 */10 * 0",
+        ["05-31Sun", "06-21Sun", "10-11Sun", "11-01Sun", "01-31Sun", "02-21Sun"],
+        ["03-08Sun", "03-11Wed", "03-15Sun", "03-21Sat", "03-22Sun", "03-29Sun"],
+        id="star-step-dom-and-dow-differ",
+    ),
+    pytest.param(
+        "0 0 0 */10 * 7",
+        ["05-31Sun", "06-21Sun", "10-11Sun", "11-01Sun", "01-31Sun", "02-21Sun"],
+        ["03-08Sun", "03-11Wed", "03-15Sun", "03-21Sat", "03-22Sun", "03-29Sun"],
+        id="six-fields-dow-7-is-sunday",
+    ),
+    pytest.param(
+        "0 0 1-31 * 1",
+        ["03-02Mon", "03-03Tue", "03-04Wed", "03-05Thu", "03-06Fri", "03-07Sat"],
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "04-06Mon"],
+        id="full-range-dom-without-star-differs",
+    ),
+    pytest.param(
+        "0 0 1 * 1-7",
+        ["03-02Mon", "03-03Tue", "03-04Wed", "03-05Thu", "03-06Fri", "03-07Sat"],
+        ["04-01Wed", "05-01Fri", "06-01Mon", "07-01Wed", "08-01Sat", "09-01Tue"],
+        id="full-range-dow-without-star-differs",
+    ),
+    pytest.param(
+        "0 0 */1 * 1",
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "04-06Mon"],
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "04-06Mon"],
+        id="star-step-one-is-unrestricted-in-both",
+    ),
+    pytest.param(
+        "0 0 1,15 * 1",
+        ["03-02Mon", "03-09Mon", "03-15Sun", "03-16Mon", "03-23Mon", "03-30Mon"],
+        ["03-02Mon", "03-09Mon", "03-15Sun", "03-16Mon", "03-23Mon", "03-30Mon"],
+        id="both-restricted-either-in-both",
+    ),
+    pytest.param(
+        "0 0 * * 1",
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "04-06Mon"],
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "04-06Mon"],
+        id="star-dom-same-in-both",
+    ),
+    pytest.param(
+        "0 0 */10 * 0-6",
+        ["03-11Wed", "03-21Sat", "03-31Tue", "04-01Wed", "04-11Sat", "04-21Tue"],
+        ["03-11Wed", "03-21Sat", "03-31Tue", "04-01Wed", "04-11Sat", "04-21Tue"],
+        id="full-dow-range-same-in-both",
+    ),
+    pytest.param(
+        "0 0 L * 1",
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "03-31Tue"],
+        ["03-02Mon", "03-09Mon", "03-16Mon", "03-23Mon", "03-30Mon", "03-31Tue"],
+        id="last-day-is-restricted-in-both",
+    ),
+]
+
+
+@pytest.mark.parametrize(("expression", "vixie", "nestjs"), _DAY_RULE_TABLE)
+def test_day_rule_table(expression: str, vixie: list[str], nestjs: list[str]) -> None:
+    assert _next_days(expression, "vixie") == vixie
+    assert _next_days(expression, "nestjs") == nestjs
+
+
+def test_day_rule_default_is_vixie() -> None:
+    spec = CronSpec.parse("0 0 */10 * 0", ZoneInfo("UTC"))
+    assert spec.next_after(datetime(2026, 3, 1, tzinfo=UTC)) == datetime(2026, 5, 31, tzinfo=UTC)
+
+
+def test_day_rule_is_validated() -> None:
+    with pytest.raises(InvalidScheduleError, match="day_rule must be 'vixie' or 'nestjs'"):
+        CronSpec.parse("0 0 * * *", PARIS, "x", day_rule="either")
+
+
+def test_day_rule_reaches_the_scheduler() -> None:
+    from sdcore.scheduling import DayRule, Scheduler
+
+    async def handler(tick: object) -> None:
+        return None
+
+    clock = datetime(2026, 3, 1, tzinfo=UTC)
+    scheduler = Scheduler(clock=lambda: clock)
+    scheduler.add_cron("vixie", "0 0 */10 * 0", handler)
+    scheduler.add_cron("nestjs", "0 0 */10 * 0", handler, day_rule=DayRule.NESTJS)
+    scheduler.cron("0 0 */10 * 0", name="decorated", day_rule="nestjs")(handler)
+    nexts = {info.name: info.next_fire_at for info in scheduler.schedules()}
+    assert nexts["vixie"] == datetime(2026, 5, 31, tzinfo=UTC)
+    assert nexts["nestjs"] == nexts["decorated"] == datetime(2026, 3, 8, tzinfo=UTC)
+    with pytest.raises(InvalidScheduleError, match="day_rule"):
+        scheduler.add_cron("bad", "0 0 * * *", handler, day_rule="both")
+
+
+@pytest.mark.parametrize(
+    ("preset", "after", "expected"),
+    [
+        ("@minutely", "2026-03-06T23:59:58", ["2026-03-07T00:00:00", "2026-03-07T00:01:00"]),
+        ("@secondly", "2026-03-06T23:59:58", ["2026-03-06T23:59:59", "2026-03-07T00:00:00"]),
+        ("@weekdays", "2026-03-06T23:59:58", ["2026-03-09T00:00:00", "2026-03-10T00:00:00"]),
+        ("@weekends", "2026-03-06T23:59:58", ["2026-03-07T00:00:00", "2026-03-08T00:00:00"]),
+        ("@WEEKENDS", "2026-03-08T00:00:00", ["2026-03-14T00:00:00", "2026-03-15T00:00:00"]),
+    ],
+)
+def test_npm_cron_presets(preset: str, after: str, expected: list[str]) -> None:
+    spec = CronSpec.parse(preset, ZoneInfo("UTC"))
+    moment = datetime.fromisoformat(after).replace(tzinfo=UTC)
+    out = []
+    for _ in expected:
+        moment = spec.next_after(moment)
+        out.append(moment.replace(tzinfo=None).isoformat())
+    assert out == expected
+
+
+def test_every_15_minutes_is_documented_as_sdcore_only() -> None:
+    assert "EVERY_15_MINUTES" in (CronExpression.__doc__ or "")
+    assert str(CronExpression.EVERY_15_MINUTES) == "0 */15 * * * *"
+
+
+def _field(draw: st.DrawFn, low: int, high: int) -> str:
+    a = draw(st.integers(low, high))
+    b = draw(st.integers(a, high))
+    step = draw(st.integers(1, 12))
+    return draw(
+        st.sampled_from(
+            ["*", f"*/{step}", f"{a}", f"{a}-{b}", f"{a},{b}", f"{a}-{b}/{step}", f"{low}-{high}"]
+        )
+    )
+
+
+@st.composite
+def _day_fields(draw: st.DrawFn) -> tuple[str, str]:
+    return _field(draw, 1, 31), _field(draw, 0, 7)
+
+
+def _npm_days(dom: str, dow: str, start: datetime, count: int) -> list[str]:
+    """npm cron 4.4.0's day rule, written out from its _getNextDateFrom, as an oracle."""
+    from cronsim.cronsim import Field
+
+    # The strategy draws no L, W or # items, so every parsed item is an int.
+    days = {v for v in Field.DAY.parse(dom) if isinstance(v, int)}
+    weekdays = {v % 7 for v in Field.DOW.parse(dow) if isinstance(v, int)}
+    dom_restricted, dow_restricted = len(days) != 31, len(weekdays) != 7
+    out: list[str] = []
+    day = start
+    while len(out) < count:
+        day += timedelta(days=1)
+        in_dom, in_dow = day.day in days, day.isoweekday() % 7 in weekdays
+        skip = (not in_dom and dom_restricted and not (in_dow and dow_restricted)) or (
+            not in_dow and dow_restricted and not (in_dom and dom_restricted)
+        )
+        if not skip:
+            out.append(day.strftime("%m-%d%a"))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_day_fields())
+def test_nestjs_day_rule_matches_npm_cron(fields: tuple[str, str]) -> None:
+    dom, dow = fields
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    assert _next_days(f"0 0 {dom} * {dow}", "nestjs", count=8) == _npm_days(dom, dow, start, 8)

@@ -675,6 +675,14 @@ def test_lenient_bus_logs_a_debug_line(caplog: pytest.LogCaptureFixture) -> None
     assert record.event == "task.status.chnged"
 
 
+def test_error_is_an_ordinary_name_unlike_eventemitter2() -> None:
+    # EventEmitter2 throws an unheard "error" event's payload; sdcore deliberately does not
+    # (docs/reference/events.md), and strict mode raises for it as for any unheard name.
+    assert EventBus().emit("error", ValueError("boom")) is False
+    with pytest.raises(UnknownEventError):
+        EventBus(strict=True).emit("error", ValueError("boom"))
+
+
 def test_custom_logger_name(caplog: pytest.LogCaptureFixture) -> None:
     bus = EventBus(logger_name="app.events")
     bus.on("t", _sync_boom)

@@ -14,6 +14,8 @@ import sdcore.testing
 JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
+    "LEASE_CLOCK_MARGIN",
+    "LEASE_SLACK_MS",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
@@ -121,6 +123,7 @@ def test_scheduling_surface() -> None:
     assert sdcore.scheduling.__all__ == [
         "CatchUp",
         "CronExpression",
+        "DayRule",
         "InvalidScheduleError",
         "MissedTick",
         "Overlap",

@@ -199,3 +199,33 @@ async def test_fn_must_be_callable() -> None:
     with pytest.raises(TypeError, match="callable"):
         await service.run_exclusive({"code": "c", "run_key": "r"}, "not callable")  # type: ignore[call-overload]
     assert service.rows() == []
+
+
+async def test_fencing_tokens_grow_across_re_creation_in_memory() -> None:
+    service = InMemoryJobScheduler()
+    options = {"code": "c", "run_key": "r", "lease_ms": 60_000}
+    first = await service.acquire(options)
+    assert first.acquired
+    assert await service.complete(first.lease)
+    assert service.forget(first.id)
+    again = await service.acquire(options)
+    assert again.acquired
+    assert again.fencing_token > first.fencing_token
+
+
+async def test_the_lease_carries_its_client_deadline_in_memory() -> None:
+    service = InMemoryJobScheduler()
+    won = await service.acquire({"code": "c", "run_key": "r", "lease_ms": 1_000})
+    assert won.acquired
+    lease = won.lease
+    assert 0.9 < lease.time_left <= 0.98
+    await asyncio.sleep(0.05)
+    assert await service.heartbeat(lease)
+    assert lease.time_left > 0.95
+    assert won.lease.deadline == lease.deadline
+    # A lease built by hand knows no deadline and never runs out on the client.
+    manual = JobExecutionLease(
+        id=lease.id, owner_token=lease.owner_token, idempotency_key="k", fencing_token=1
+    )
+    assert manual.time_left == float("inf")
+    assert manual.is_held

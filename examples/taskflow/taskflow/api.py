@@ -7,7 +7,7 @@ from datetime import date
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from taskflow.auth import CurrentUser
 from taskflow.db import Task, TaskStatus
@@ -15,12 +15,26 @@ from taskflow.errors import PROBLEM_JSON
 from taskflow.tasks import TasksService
 
 
+def _storable(value: str) -> str:
+    # PostgreSQL text cannot hold NUL (the insert would fail with a 500); lone surrogates
+    # cannot be encoded to UTF-8. Other control characters are refused too: no name needs them.
+    for char in value:
+        code = ord(char)
+        if (code < 32 and char not in "\t\n") or code == 0x7F or 0xD800 <= code <= 0xDFFF:
+            raise ValueError(f"must not contain the control character U+{code:04X}")
+    return value
+
+
+StorableText = Annotated[str, AfterValidator(_storable)]
+"""Text that PostgreSQL can store: no NUL, no other control character, no lone surrogate."""
+
+
 class ProjectIn(BaseModel):
     """``POST /v1/projects``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: StorableText = Field(min_length=1, max_length=200)
     members: list[uuid.UUID] = Field(default_factory=list, max_length=100)
 
 
@@ -38,7 +52,7 @@ class TaskIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field(min_length=1, max_length=500)
+    title: StorableText = Field(min_length=1, max_length=500)
     due_date: date | None = None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from sdcore.fastapi import Sdcore, health_router, install
+from sdcore.fastapi import Sdcore, install
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -29,6 +29,8 @@ from taskflow.clock import APP_TIME_ZONE, Clock, utc_now
 from taskflow.db import create_schema, session_factory
 from taskflow.errors import install_error_handlers
 from taskflow.events import TASK_STATUS_CHANGED
+from taskflow.health import router as health_router
+from taskflow.limits import BodyLimit
 from taskflow.notifications import (
     EmailSender,
     NotificationOutbox,
@@ -91,7 +93,12 @@ def create_app(
         queue_prefix=settings.queue_prefix,
     )
     engine = create_async_engine(
-        settings.sqlalchemy_url, pool_size=5, max_overflow=5, pool_pre_ping=True
+        # hide_parameters: a failing statement's log lines never carry user data.
+        settings.sqlalchemy_url,
+        pool_size=5,
+        max_overflow=5,
+        pool_pre_ping=True,
+        hide_parameters=True,
     )
     sessions = session_factory(engine)
 
@@ -126,6 +133,8 @@ def create_app(
     )
     install(app, sd)
     install_error_handlers(app)
-    app.include_router(health_router())
+    app.include_router(health_router)
     app.include_router(router)
+    # Outermost: bodies are bounded (and anonymous /v1 calls refused) before anything reads them.
+    app.add_middleware(BodyLimit, settings=settings)
     return app

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -125,6 +126,23 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, detail, instance=request.url.path, headers=headers)
 
 
+async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:
+    # The models refuse what PostgreSQL cannot store; this is the backstop for anything they
+    # miss. Logged without the statement or its parameters (user data).
+    _log.warning(
+        "database refused a value on %s %s: %s",
+        request.method,
+        request.url.path,
+        type(getattr(exc, "orig", exc)).__name__,
+        extra={"action": "data_error", "path": request.url.path},
+    )
+    return problem(
+        HTTPStatus.UNPROCESSABLE_ENTITY,
+        "A value cannot be stored (too long, or a character the database refuses).",
+        instance=request.url.path,
+    )
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Logged here with the path; Starlette re-raises it afterwards for the server to see.
     _log.error(
@@ -142,4 +160,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(DataError, _on_data_error)
     app.add_exception_handler(Exception, _on_unexpected)

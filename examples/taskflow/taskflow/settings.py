@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import uuid
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_OVERDUE_CRON = "0 01 * * *"  # NestJS CronExpression.EVERY_DAY_AT_1AM
 MIN_SECRET_BYTES = 32  # RFC 7518 §3.2: an HS256 key is at least as long as the hash
+# Estimated as Shannon entropy of the secret's bytes times its length: "a"*32 is 0 bits,
+# "changeme"*4 88, secrets.token_urlsafe(32) about 200.
+MIN_SECRET_BITS = 128
+DEFAULT_ISSUER = "taskflow"
+DEFAULT_AUDIENCE = "taskflow-api"
+DEFAULT_MAX_TOKEN_AGE_S = 24 * 3600
+DEFAULT_MAX_BODY_BYTES = 64 * 1024  # the largest real body (100 member ids) is under 5 KB
+_GENERATE = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 _SCHEMES = {"postgres", "postgresql", "postgresql+psycopg"}
 
 
@@ -34,6 +45,12 @@ class Settings:
         run_workers: ``TASKFLOW_RUN_WORKERS`` (default ``1``): process notification jobs in the
             API process; ``0`` leaves them to ``python -m taskflow.worker``.
         replica_name: ``TASKFLOW_REPLICA_NAME``, shown in logs and in the overdue job's ledger.
+        jwt_issuer: ``TASKFLOW_JWT_ISSUER``, the ``iss`` every token must carry.
+        jwt_audience: ``TASKFLOW_JWT_AUDIENCE``, the ``aud`` every token must name.
+        jwt_max_age_s: ``TASKFLOW_JWT_MAX_AGE_S``, the longest lifetime (``exp - iat``) accepted.
+        max_body_bytes: ``TASKFLOW_MAX_BODY_BYTES``, larger request bodies get a 413 unread.
+        operator_ids: ``TASKFLOW_OPERATOR_IDS``, comma-separated user ids whose token shows the
+            details of ``/health`` (everyone else sees only ``{"status": ...}``).
     """
 
     database_url: str
@@ -46,14 +63,22 @@ class Settings:
     notify_backoff_ms: int = 1000
     run_workers: bool = True
     replica_name: str = ""
+    jwt_issuer: str = DEFAULT_ISSUER
+    jwt_audience: str = DEFAULT_AUDIENCE
+    jwt_max_age_s: int = DEFAULT_MAX_TOKEN_AGE_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    operator_ids: frozenset[uuid.UUID] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         database_url(self.database_url)  # validates
-        if len(self.jwt_secret.encode()) < MIN_SECRET_BYTES:
-            raise SettingsError(
-                f"TASKFLOW_JWT_SECRET must hold at least {MIN_SECRET_BYTES} bytes (HS256); "
-                "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-            )
+        check_secret(self.jwt_secret)
+        check_cron(self.overdue_cron)
+        if not self.jwt_issuer or not self.jwt_audience:
+            raise SettingsError("TASKFLOW_JWT_ISSUER and TASKFLOW_JWT_AUDIENCE must not be empty")
+        if not 60 <= self.jwt_max_age_s <= 30 * 86400:
+            raise SettingsError("TASKFLOW_JWT_MAX_AGE_S must be from 60 to 2592000 (30 days)")
+        if not 1024 <= self.max_body_bytes <= 16 * 1024 * 1024:
+            raise SettingsError("TASKFLOW_MAX_BODY_BYTES must be from 1024 to 16777216")
         if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
             "redis",
             "rediss",
@@ -114,7 +139,64 @@ class Settings:
             notify_backoff_ms=_int(env, "TASKFLOW_NOTIFY_BACKOFF_MS", 1000),
             run_workers=_bool(env, "TASKFLOW_RUN_WORKERS", default=True),
             replica_name=env.get("TASKFLOW_REPLICA_NAME", "").strip(),
+            jwt_issuer=env.get("TASKFLOW_JWT_ISSUER", "").strip() or DEFAULT_ISSUER,
+            jwt_audience=env.get("TASKFLOW_JWT_AUDIENCE", "").strip() or DEFAULT_AUDIENCE,
+            jwt_max_age_s=_int(env, "TASKFLOW_JWT_MAX_AGE_S", DEFAULT_MAX_TOKEN_AGE_S),
+            max_body_bytes=_int(env, "TASKFLOW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            operator_ids=_uuids(env, "TASKFLOW_OPERATOR_IDS"),
         )
+
+
+def secret_bits(secret: str) -> float:
+    """Estimate the entropy of ``secret`` in bits: Shannon entropy of its bytes × its length.
+
+    An overestimate for structured text (``"abcdefghijklmnopqrstuvwxyz012345"`` scores 160), but
+    it catches what length alone accepts: ``"a"*32`` (0), ``" "*32`` (0), ``"changeme"*4`` (88).
+    """
+    data = secret.encode()
+    if not data:
+        return 0.0
+    total = len(data)
+    per_byte = -sum(n / total * math.log2(n / total) for n in Counter(data).values())
+    return abs(per_byte * total)  # abs: one distinct byte gives -0.0
+
+
+def check_secret(secret: str) -> None:
+    """Refuse an HS256 secret that is short or has little entropy.
+
+    Raises:
+        SettingsError: Fewer than 32 bytes, or fewer than 128 estimated bits.
+    """
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        raise SettingsError(
+            f"TASKFLOW_JWT_SECRET must hold at least {MIN_SECRET_BYTES} bytes (HS256); {_GENERATE}"
+        )
+    bits = secret_bits(secret)
+    if bits < MIN_SECRET_BITS:
+        raise SettingsError(
+            f"TASKFLOW_JWT_SECRET is too predictable (about {bits:.0f} bits of entropy, at least "
+            f"{MIN_SECRET_BITS} needed: repeated or few distinct characters); {_GENERATE}"
+        )
+
+
+def check_cron(expression: str) -> None:
+    """Refuse a ``TASKFLOW_OVERDUE_CRON`` the scheduler would reject, with its reason.
+
+    Raises:
+        SettingsError: The expression does not parse.
+    """
+    from sdcore.scheduling import InvalidScheduleError, Scheduler
+
+    from taskflow.clock import APP_TIME_ZONE
+
+    async def noop(tick: object) -> None:
+        return None
+
+    try:
+        Scheduler().add_cron("check", expression, noop, time_zone=APP_TIME_ZONE, exclusive=False)
+    except InvalidScheduleError as exc:
+        reason = str(exc).removeprefix("schedule 'check': ")
+        raise SettingsError(f"TASKFLOW_OVERDUE_CRON is not valid: {reason}") from None
 
 
 def database_url(url: str) -> str:
@@ -140,6 +222,17 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{name} must be an integer, got {raw!r:.40}") from None
+
+
+def _uuids(env: Mapping[str, str], name: str) -> frozenset[uuid.UUID]:
+    ids = set()
+    for raw in env.get(name, "").replace(" ", "").split(","):
+        if raw:
+            try:
+                ids.add(uuid.UUID(raw))
+            except ValueError:
+                raise SettingsError(f"{name} must list user ids (UUIDs), got {raw!r:.40}") from None
+    return frozenset(ids)
 
 
 def _bool(env: Mapping[str, str], name: str, *, default: bool) -> bool:

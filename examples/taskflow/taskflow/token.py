@@ -1,6 +1,7 @@
 """``python -m taskflow.token --user-id UUID [--email E] [--hours H]``: sign a Bearer token.
 
-Uses ``TASKFLOW_JWT_SECRET`` like the server. For trying the API with curl::
+Uses ``TASKFLOW_JWT_SECRET``, ``TASKFLOW_JWT_ISSUER``, ``TASKFLOW_JWT_AUDIENCE`` and
+``TASKFLOW_JWT_MAX_AGE_S`` like the server. For trying the API with curl::
 
     TOKEN=$(python -m taskflow.token --user-id 7b0c7f4e-0d1c-4a55-9a7c-1f0e2a0c0001)
     curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/v1/tasks/...
@@ -17,7 +18,13 @@ from datetime import timedelta
 
 from taskflow.auth import encode_token
 from taskflow.clock import utc_now
-from taskflow.settings import MIN_SECRET_BYTES
+from taskflow.settings import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_ISSUER,
+    DEFAULT_MAX_TOKEN_AGE_S,
+    SettingsError,
+    check_secret,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,16 +35,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=12.0, help="validity (default 12)")
     args = parser.parse_args(argv)
     secret = os.environ.get("TASKFLOW_JWT_SECRET", "")
-    if len(secret.encode()) < MIN_SECRET_BYTES:
+    try:
+        check_secret(secret)
+        max_age = int(
+            os.environ.get("TASKFLOW_JWT_MAX_AGE_S", "").strip() or DEFAULT_MAX_TOKEN_AGE_S
+        )
+    except (SettingsError, ValueError) as exc:
+        print(f"taskflow.token: {exc} (the same secret as the server's)", file=sys.stderr)
+        return 2
+    if not 0 < args.hours * 3600 <= max_age:
         print(
-            f"taskflow.token: set TASKFLOW_JWT_SECRET (at least {MIN_SECRET_BYTES} bytes), "
-            "the same as the server's",
+            f"taskflow.token: --hours must be above 0 and at most {max_age / 3600:g}",
             file=sys.stderr,
         )
         return 2
     user_id = args.user_id or uuid.uuid4()
     token = encode_token(
-        user_id, secret, now=utc_now(), ttl=timedelta(hours=args.hours), email=args.email
+        user_id,
+        secret,
+        now=utc_now(),
+        ttl=timedelta(hours=args.hours),
+        email=args.email,
+        issuer=os.environ.get("TASKFLOW_JWT_ISSUER", "").strip() or DEFAULT_ISSUER,
+        audience=os.environ.get("TASKFLOW_JWT_AUDIENCE", "").strip() or DEFAULT_AUDIENCE,
     )
     print(token)
     return 0

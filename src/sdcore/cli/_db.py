@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.cli import _queries as q
 from sdcore.cli._format import json_line, one_line, render_table, utc_iso
-from sdcore.cli._parser import DEFAULT_TABLE, UsageError
+from sdcore.cli._parser import DEFAULT_OUTBOX_TABLE, DEFAULT_TABLE, UsageError
 from sdcore.job_scheduler import (
     JobSchedulerDatabaseError,
     JobSchedulerUnavailableError,
@@ -53,11 +53,19 @@ class CliError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """Where the lease table lives: the connection string and the validated names."""
+    """Where a table lives: the connection string and the validated names.
+
+    Attributes:
+        dsn: The connection string.
+        table: The table (the lease table, or the outbox table when ``outbox``).
+        schema: Its schema, or ``None`` for the ``search_path``.
+        outbox: Whether ``table`` is a transactional outbox table (changes the fix hints).
+    """
 
     dsn: str
     table: str
     schema: str | None
+    outbox: bool = False
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -74,11 +82,16 @@ class Target:
     def upgrade_command(self) -> str:
         """The ``sdcore db upgrade`` invocation that creates this table."""
         words = ["sdcore"]
-        if self.table != DEFAULT_TABLE:
+        if not self.outbox and self.table != DEFAULT_TABLE:
             words += ["--table", self.table]
         if self.schema is not None:
             words += ["--schema", self.schema]
-        return shlex.join([*words, "db", "upgrade"])
+        words += ["db", "upgrade"]
+        if self.outbox:
+            words.append("--outbox")
+            if self.table != DEFAULT_OUTBOX_TABLE:
+                words += ["--outbox-table", self.table]
+        return shlex.join(words)
 
 
 def resolve_dsn(option: str | None, environ: Mapping[str, str]) -> str:
@@ -123,6 +136,12 @@ def describe_error(exc: psycopg.Error, target: Target) -> CliError:
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
         return CliError(f"table {target.shown} does not exist; run `{target.upgrade_command()}`")
     detail = one_line(redact_text(str(exc), target.dsn))
+    if isinstance(exc, pg_errors.UndefinedColumn):
+        kind = "an sdcore outbox table" if target.outbox else "an sdcore lease table"
+        return CliError(
+            f"table {target.shown} is not {kind} ({detail}); check --schema"
+            f"{' and --outbox-table' if target.outbox else ' and --table'}"
+        )
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return CliError(f"permission denied: {detail}")
     state = f" ({exc.sqlstate})" if exc.sqlstate else ""
@@ -155,7 +174,8 @@ def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
 def _tables(target: Target, outbox_table: str | None) -> list[tuple[Component, Target]]:
     tables: list[tuple[Component, Target]] = [("lease", target)]
     if outbox_table is not None:
-        tables.append(("outbox", Target(dsn=target.dsn, table=outbox_table, schema=target.schema)))
+        outbox = Target(dsn=target.dsn, table=outbox_table, schema=target.schema, outbox=True)
+        tables.append(("outbox", outbox))
     return tables
 
 

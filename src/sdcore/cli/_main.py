@@ -8,6 +8,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sdcore import __version__
+from sdcore.cli._completion import completion_script
 from sdcore.cli._db import (
     CliError,
     Target,
@@ -19,8 +21,15 @@ from sdcore.cli._db import (
 )
 from sdcore.cli._format import one_line
 from sdcore.cli._jobs import PruneOptions, list_jobs, prune_jobs, release_job
+from sdcore.cli._logging import cli_logging
 from sdcore.cli._outbox import list_outbox, retry_outbox, run_relay
-from sdcore.cli._parser import FINISHED_STATUSES, HelpExit, UsageError, parse_args
+from sdcore.cli._parser import (
+    FINISHED_STATUSES,
+    HelpExit,
+    UsageError,
+    build_parser,
+    parse_args,
+)
 from sdcore.cli._run import RunOptions, run_app
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
 from sdcore.postgres import redact_text
@@ -28,11 +37,16 @@ from sdcore.postgres import redact_text
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_MISSED = 3
 EXIT_INTERRUPTED = 130
 
 
 class DemoFailedError(CliError):
     """The demo's verdict found a doubled or missed tick."""
+
+
+class MissedTicksError(CliError):
+    """``schedules missed --check`` found missed ticks (exit status 3)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,19 +57,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 on success, 1 on an error (cannot connect, missing table, job not released, …),
-        2 on a usage error (bad option, bad id, bad duration, no database URL), 130 when
-        interrupted.
+        2 on a usage error (bad option, bad id, bad duration, no database URL), 3 when
+        ``schedules missed --check`` found missed ticks, 130 when interrupted.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ
     secrets = _dsns_in(arguments, environ)
+    if not arguments:
+        build_parser(__version__).print_help(sys.stderr)
+        return EXIT_USAGE
     try:
-        _dispatch(parse_args(arguments), environ)
+        args = parse_args(arguments, __version__)
+        with cli_logging(args.log_level, as_json=args.log_json, secrets=secrets):
+            _dispatch(args, environ)
     except HelpExit as exc:
         return exc.status
     except UsageError as exc:
         _error(str(exc), secrets)
         return EXIT_USAGE
+    except MissedTicksError as exc:
+        _error(str(exc), secrets)
+        return EXIT_MISSED
     except CliError as exc:
         _error(str(exc), secrets)
         return EXIT_ERROR
@@ -92,6 +114,10 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         for line in db_sql(target, outbox_table, per_migration=args.migrations):
             _emit(line)
         return
+    if args.group == "completion":
+        for line in completion_script(build_parser(__version__), args.shell):
+            _emit(line)
+        return
     if args.group == "demo":
         _demo(args, environ)
         return
@@ -106,7 +132,7 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         run_app(run_options, _emit)
         return
     if command == ("schedules", "list"):
-        list_schedules(args.app, _emit)
+        list_schedules(args.app, _emit, as_json=args.json)
         return
     target = Target(
         dsn=resolve_dsn(args.database_url, environ), table=args.table, schema=args.schema
@@ -136,15 +162,19 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     elif args.group in ("outbox", "relay"):
         _outbox(args, target, environ)
     elif command == ("schedules", "runs"):
-        schedule_runs(target, args.app, args.name, args.limit, _emit)
+        schedule_runs(target, args.app, args.name, args.limit, _emit, as_json=args.json)
     elif command == ("schedules", "missed"):
-        missed_ticks(target, args.app, args.name, args.since, args.until, _emit)
+        missed = missed_ticks(
+            target, args.app, args.name, args.since, args.until, _emit, as_json=args.json
+        )
+        if args.check and missed:
+            raise MissedTicksError(f"{missed} missed tick(s) of {args.name!r}")
     else:  # pragma: no cover - argparse only accepts the commands above
         raise UsageError(f"unknown command {' '.join(command)}")
 
 
 def _outbox(args: argparse.Namespace, target: Target, environ: Mapping[str, str]) -> None:
-    outbox = Target(dsn=target.dsn, table=args.outbox_table, schema=target.schema)
+    outbox = Target(dsn=target.dsn, table=args.outbox_table, schema=target.schema, outbox=True)
     if args.group == "relay":
         url = args.redis_url or environ.get("REDIS_URL")
         if not url:

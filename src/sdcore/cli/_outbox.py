@@ -25,6 +25,8 @@ HEADERS = (
     "idempotency_key",
     "last_error",
 )
+# The database answered the check a moment ago: a pool that still cannot open is a new outage.
+OPEN_TIMEOUT_S = 10
 WIDTHS = {"name": 24, "idempotency_key": 28, "last_error": 60}
 _LIST = """\
 SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key, job_id,
@@ -87,19 +89,37 @@ def retry_outbox(target: Target, emit: Emit, row_id: int) -> None:
     emit(f"outbox row {row_id} is PENDING again and due now")
 
 
+def check_outbox(target: Target) -> None:
+    """Check, in seconds, that the database answers and ``target`` is an outbox table.
+
+    The relay's pool would retry a bad database for its whole open timeout and its loop would
+    treat a missing table as an outage forever; one direct connection fails fast with the cause.
+
+    Raises:
+        CliError: Cannot connect, the table is missing (with the command that creates it), or
+            it is not an outbox table.
+    """
+    query = sql.SQL(_LIST).format(table=target.identifier)
+    with connection(target) as conn:
+        conn.execute(query, ([], 0))
+
+
 def run_relay(target: Target, emit: Emit, *, redis_url: str, prefix: str, batch_size: int) -> None:
     """Run an outbox relay until SIGTERM / SIGINT, publishing to BullMQ on ``redis_url``.
 
     Raises:
-        CliError: The extra is missing, or the database / Redis cannot be reached at start.
+        CliError: The extra is missing, or the database / Redis cannot be reached at start, or
+            the outbox table is missing.
     """
     try:
         from sdcore.queues import BullMQPublisher
     except ImportError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(f"the relay needs its extra: {exc}") from None
     from psycopg_pool import AsyncConnectionPool
 
     from sdcore.outbox import OutboxRelay
+
+    check_outbox(target)
 
     async def relay() -> None:
         stop = asyncio.Event()
@@ -112,7 +132,7 @@ def run_relay(target: Target, emit: Emit, *, redis_url: str, prefix: str, batch_
             target.dsn, min_size=1, max_size=4, kwargs=kwargs, open=False
         )
         try:
-            await pool.open(wait=True, timeout=30)
+            await pool.open(wait=True, timeout=OPEN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - reported as one line, password redacted
             await pool.close()
             raise CliError(f"cannot connect to the database: {exc}") from None

@@ -15,6 +15,7 @@ from typing import NoReturn
 from sdcore.postgres import InvalidIdentifierError, check_identifier
 
 DEFAULT_TABLE = "job_scheduler"
+DEFAULT_OUTBOX_TABLE = "outbox"
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
 DEFAULT_BATCH_SIZE = 1_000
@@ -22,6 +23,9 @@ MAX_BATCH_SIZE = 100_000
 MAX_DURATION = timedelta(days=36_500)
 MAX_REASON_LENGTH = 1_000
 MAX_CODE_LENGTH = 64
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LOG_LEVEL = "WARNING"
+COMPLETION_SHELLS = ("bash", "zsh")
 FINISHED_STATUSES = ("SUCCESS", "FAIL")
 ALL_STATUSES = ("RUNNING", *FINISHED_STATUSES)
 
@@ -169,17 +173,63 @@ def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default=default(None),
         help="schema of the table (default: the connection's search_path)",
     )
+    _logging_options(parser, top=top)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the parser of the whole ``sdcore`` command line."""
+def _logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # Like the connection options: accepted before and after the command.
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("logging (to stderr)")
+    group.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=default(DEFAULT_LOG_LEVEL),
+        help=f"the least severe level logged (default: {DEFAULT_LOG_LEVEL})",
+    )
+    group.add_argument(
+        "--log-json",
+        action="store_true",
+        default=default(False),
+        help="one JSON object per log record (time, level, logger, message, extra fields)",
+    )
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line, stable keys, times in UTC as ISO 8601 with Z",
+    )
+
+
+def build_parser(version: str = "") -> argparse.ArgumentParser:
+    """Return the parser of the whole ``sdcore`` command line.
+
+    Args:
+        version: What ``sdcore --version`` prints after the program name.
+    """
     parser = _Parser(
         prog="sdcore",
-        description="Operate sdcore's PostgreSQL job lease table.",
+        description=(
+            "Operate sdcore: the job lease table, the schedules of an application, the "
+            "transactional outbox and its relay."
+        ),
         epilog="Errors: exit 1; usage errors: exit 2. Passwords are never printed.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}".rstrip())
     _connection_options(parser, top=True)
     commands = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+    completion = commands.add_parser(
+        "completion", help="print a shell completion script (bash or zsh)"
+    )
+    completion.add_argument(
+        "shell",
+        choices=COMPLETION_SHELLS,
+        help="bash: eval \"$(sdcore completion bash)\"; zsh: eval \"$(sdcore completion zsh)\"",
+    )
 
     db = commands.add_parser("db", help="print or apply the schema")
     db_commands = db.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -227,9 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"at most this many rows, 1..{MAX_LIST_LIMIT} (default: {DEFAULT_LIST_LIMIT})",
     )
-    listing.add_argument(
-        "--json", action="store_true", help="one JSON object per line, full values"
-    )
+    _json_option(listing)
 
     release = job_commands.add_parser("release", help="mark a stuck RUNNING run FAIL")
     _connection_options(release, top=False)
@@ -298,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"at most this many rows (default: {DEFAULT_LIST_LIMIT})",
     )
-    outbox_list.add_argument("--json", action="store_true", help="one JSON object per line")
+    _json_option(outbox_list)
     outbox_retry.add_argument("id", type=_int_in(1, 2**63 - 1), help="outbox row id")
     relay.add_argument("--redis-url", metavar="URL", help="Redis URL (default: $REDIS_URL)")
     relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
@@ -316,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.worker:runtime")
+    _logging_options(run, top=False)
     run.add_argument("--no-scheduler", action="store_true", help="do not run the schedules")
     run.add_argument("--no-relay", action="store_true", help="do not run the outbox relay")
     run.add_argument("--no-processors", action="store_true", help="do not run the queue processors")
@@ -357,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="MODULE:ATTRIBUTE",
             help="where the Scheduler is, e.g. myapp.tasks:scheduler",
         )
+        _json_option(command)
         if name != "list":
             command.add_argument("name", type=_text("name", MAX_CODE_LENGTH), help="schedule name")
         if name == "runs":
@@ -381,6 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="WHEN",
                 help="end of the range (default: now)",
             )
+            command.add_argument(
+                "--check",
+                action="store_true",
+                help="exit status 3 if any tick is missed (for monitoring probes)",
+            )
     return parser
 
 
@@ -401,11 +456,11 @@ def parse_since(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str], version: str = "") -> argparse.Namespace:
     """Parse ``argv`` (without the program name).
 
     Raises:
         UsageError: The command line is invalid.
-        HelpExit: Help was printed.
+        HelpExit: Help or the version was printed.
     """
-    return build_parser().parse_args(list(argv))
+    return build_parser(version).parse_args(list(argv))

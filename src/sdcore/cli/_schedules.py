@@ -7,19 +7,48 @@ import importlib
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
-from sdcore.cli._db import CliError, Target
-from sdcore.cli._format import escape, render_table
+from psycopg import sql
+
+from sdcore.cli._db import CliError, Target, connection
+from sdcore.cli._format import escape, json_line, render_table, utc_iso
 from sdcore.cli._jobs import Emit, list_jobs
 
+if TYPE_CHECKING:
+    from sdcore.scheduling import MissedTick, Scheduler
 
-def load_scheduler(spec: str) -> object:
+SCHEDULE_KEYS = (
+    "name",
+    "kind",
+    "schedule",
+    "time_zone",
+    "exclusive",
+    "active",
+    "running",
+    "next_fire_at",
+    "next_fire_local",
+)
+_ANY_RUN = "SELECT EXISTS (SELECT 1 FROM {table} WHERE code = %s AND type = 'SCHEDULE')"
+
+
+def _scheduling() -> ModuleType:
+    try:
+        import sdcore.scheduling
+    except ImportError as exc:
+        raise CliError(f"`sdcore schedules` needs its extra: {exc}") from None
+    return sdcore.scheduling
+
+
+def load_scheduler(spec: str) -> Scheduler:
     """Import ``module:attribute`` (the current directory is importable, as for uvicorn).
 
     Raises:
-        CliError: Malformed spec, module not importable, attribute missing or not a Scheduler.
+        CliError: The scheduling extra is missing, malformed spec, module not importable,
+            attribute missing or not a Scheduler.
     """
-    from sdcore.scheduling import Scheduler
+    scheduler_class = _scheduling().Scheduler
 
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
@@ -36,23 +65,57 @@ def load_scheduler(spec: str) -> object:
         if not hasattr(found, part):
             raise CliError(f"{module_name!r} has no attribute {attribute!r}")
         found = getattr(found, part)
-    if callable(found) and not isinstance(found, Scheduler):
+    if callable(found) and not isinstance(found, scheduler_class):
         found = found()  # a factory, e.g. create_scheduler
-    if not isinstance(found, Scheduler):
+    if not isinstance(found, scheduler_class):
         raise CliError(f"{spec!r} is a {type(found).__name__}, not a sdcore Scheduler")
-    return found
+    return cast("Scheduler", found)
 
 
 def _when(value: datetime | None) -> str:
+    return "-" if value is None else utc_iso(value)
+
+
+def _local(value: datetime | None) -> str:
+    # A local wall time keeps its offset: that is what the column is for.
     return "-" if value is None else value.isoformat(timespec="seconds")
 
 
-def list_schedules(spec: str, emit: Emit) -> None:
-    """Print every schedule with its next fire time in UTC and in its own zone."""
-    from sdcore.scheduling import Scheduler
+def list_schedules(spec: str, emit: Emit, *, as_json: bool = False) -> None:
+    """Print every schedule with its next fire time in UTC and in its own zone.
 
+    Args:
+        spec: ``module:attribute`` of the Scheduler.
+        emit: Writes one line of output.
+        as_json: One JSON object per schedule (keys :data:`SCHEDULE_KEYS`) instead of the table.
+
+    Raises:
+        CliError: The scheduler cannot be loaded.
+    """
     scheduler = load_scheduler(spec)
-    assert isinstance(scheduler, Scheduler)  # noqa: S101 - load_scheduler checked it
+    infos = scheduler.schedules()
+    if as_json:
+        for info in infos:
+            emit(
+                json_line(
+                    {
+                        "name": info.name,
+                        "kind": info.kind.value,
+                        "schedule": info.description,
+                        "time_zone": info.time_zone,
+                        "exclusive": info.exclusive,
+                        "active": info.active,
+                        "running": info.running,
+                        "next_fire_at": None
+                        if info.next_fire_at is None
+                        else utc_iso(info.next_fire_at),
+                        "next_fire_local": None
+                        if info.next_fire_local is None
+                        else info.next_fire_local.isoformat(timespec="seconds"),
+                    }
+                )
+            )
+        return
     rows = [
         [
             info.name,
@@ -61,10 +124,10 @@ def list_schedules(spec: str, emit: Emit) -> None:
             info.time_zone,
             "yes" if info.exclusive else "no",
             "active" if info.active else "stopped",
-            _when(None if info.next_fire_at is None else info.next_fire_at.astimezone(UTC)),
-            _when(info.next_fire_local),
+            _when(info.next_fire_at),
+            _local(info.next_fire_local),
         ]
-        for info in scheduler.schedules()
+        for info in infos
     ]
     header = [
         "name",
@@ -82,40 +145,87 @@ def list_schedules(spec: str, emit: Emit) -> None:
         emit("(no schedules)")
 
 
-def schedule_runs(target: Target, spec: str, name: str, limit: int, emit: Emit) -> None:
+def schedule_runs(
+    target: Target, spec: str, name: str, limit: int, emit: Emit, *, as_json: bool = False
+) -> None:
     """Print the most recent runs (lease rows) of one schedule."""
     load_scheduler(spec)
-    list_jobs(target, emit, code=name, status=None, limit=limit, as_json=False)
+    list_jobs(target, emit, code=name, status=None, limit=limit, as_json=as_json)
 
 
 def missed_ticks(
-    target: Target, spec: str, name: str, since: datetime, until: datetime | None, emit: Emit
-) -> None:
-    """Print the expected ticks of ``name`` in ``[since, until)`` that have no SUCCESS row."""
-    from sdcore.job_scheduler import JobSchedulerError, JobSchedulerService
-    from sdcore.scheduling import InvalidScheduleError, ScheduleNotFoundError, Scheduler
+    target: Target,
+    spec: str,
+    name: str,
+    since: datetime,
+    until: datetime | None,
+    emit: Emit,
+    *,
+    as_json: bool = False,
+) -> int:
+    """Print the expected ticks of ``name`` in ``[since, until)`` that have no SUCCESS row.
 
+    Returns:
+        How many ticks are missed.
+
+    A schedule with no lease row at all is refused rather than listed tick by tick: a
+    non-exclusive schedule (a Scheduler without ``jobs=``, or ``exclusive=False``) never writes
+    one, so its ticks cannot be told apart from ticks that never ran.
+
+    Raises:
+        CliError: Unknown schedule, bad range, no recorded run at all, database failure.
+    """
+    from sdcore.job_scheduler import JobSchedulerError, JobSchedulerService
+
+    scheduling = _scheduling()
     scheduler = load_scheduler(spec)
-    assert isinstance(scheduler, Scheduler)  # noqa: S101
     end = until or datetime.now(UTC)
     if since >= end:
         raise CliError("--since must be before --until")
+    try:
+        info = scheduler.get(name)
+    except scheduling.ScheduleNotFoundError:
+        raise CliError(f"no schedule named {escape(name)!r} in {spec}") from None
+    with connection(target) as conn:
+        row = conn.execute(sql.SQL(_ANY_RUN).format(table=target.identifier), (name,)).fetchone()
+    if not (row and row[0]):
+        how = (
+            "it is not exclusive in this Scheduler (no jobs= or exclusive=False)"
+            if not info.exclusive
+            else "it never ran against this table"
+        )
+        raise CliError(
+            f"no run of {escape(name)!r} is recorded in {target.shown}; {how}. Non-exclusive "
+            "schedules write no lease rows, so their missed ticks cannot be checked "
+            "(check --table/--schema if it does run exclusively)"
+        )
 
-    async def query() -> list[tuple[str, str]]:
+    async def query() -> list[MissedTick]:
         async with JobSchedulerService.connect(
             target.dsn, table=target.table, schema=target.schema, max_size=1
         ) as jobs:
-            missed = await scheduler.missed_ticks(name, since, end, jobs=jobs)
-        return [
-            (m.run_key, "never started" if m.status is None else m.status.value) for m in missed
-        ]
+            return await scheduler.missed_ticks(name, since, end, jobs=jobs)
 
     try:
         found = asyncio.run(query())
-    except ScheduleNotFoundError:
-        raise CliError(f"no schedule named {escape(name)!r} in {spec}") from None
-    except (InvalidScheduleError, JobSchedulerError, ValueError) as exc:
+    except (scheduling.InvalidScheduleError, JobSchedulerError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    for line in render_table(["run_key", "state"], [list(row) for row in found], {}):
+    if as_json:
+        for tick in found:
+            emit(
+                json_line(
+                    {
+                        "run_key": tick.run_key,
+                        "scheduled_at": utc_iso(tick.scheduled_at),
+                        "status": None if tick.status is None else tick.status.value,
+                    }
+                )
+            )
+        return len(found)
+    rows = [
+        [m.run_key, "never started" if m.status is None else m.status.value] for m in found
+    ]
+    for line in render_table(["run_key", "state"], rows, {}):
         emit(line)
     emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")
+    return len(found)

@@ -1,6 +1,14 @@
 """One demo replica: the same per-second schedule as every other replica; a ledger of its runs.
 
-Run by ``sdcore demo`` as ``python -m sdcore.demo._replica``; stops on SIGTERM.
+Run by ``sdcore demo`` as ``python -m sdcore.demo._replica``, with the database URL in the
+environment variable ``SDCORE_DEMO_DSN`` (never on the command line, where ``ps`` shows it to
+every local user; ``--dsn`` exists for trying a replica by hand). Stops on SIGTERM/SIGINT, and
+when its stdin reaches end-of-file: the demo never writes to it, so EOF means the demo is gone
+(even by ``kill -9``) and no replica outlives it.
+
+Each run takes :data:`WORK_S` seconds between its ``started`` and its ``done`` ledger row, so
+that a SIGKILL can land in the middle of one: the lease then expires and another replica's
+catch-up sweep takes the tick over with the next fencing token.
 """
 
 from __future__ import annotations
@@ -11,6 +19,9 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg import sql
@@ -20,15 +31,35 @@ from sdcore.postgres import redact_text
 from sdcore.scheduling import Scheduler, Tick
 
 SCHEDULE = "demo-tick"
+DSN_ENV = "SDCORE_DEMO_DSN"
+WORK_S = 0.6
+LEASE_MS = 2_000
+# How far back a replica (its start-up catch-up and its periodic sweep) looks for ticks left
+# RUNNING by a dead owner or never started. Ticks before the demo began are skipped by the handler.
+CATCH_UP_WINDOW_MS = 20_000
+EXIT_DEADLINE_S = 5.0
 
 
-async def replica(dsn: str, number: int, table: str, ledger: str, catch_up_ms: int) -> None:
+async def replica(dsn: str, number: int, table: str, ledger: str, epoch: datetime) -> None:
+    """Run the schedule until SIGTERM, SIGINT or EOF on stdin."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    def watch_stdin() -> None:
+        try:
+            sys.stdin.buffer.read()
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+        # The demo is gone, and with it (embedded) the server: a shutdown that waits on a dead
+        # server must not keep this process around.
+        time.sleep(EXIT_DEADLINE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch_stdin, name="parent-watch", daemon=True).start()
     insert = sql.SQL(
-        "INSERT INTO {} (run_key, replica, pid, fencing_token) VALUES (%s, %s, %s, %s)"
+        "INSERT INTO {} (run_key, replica, pid, fencing_token, phase) VALUES (%s, %s, %s, %s, %s)"
     ).format(sql.Identifier(ledger))
     async with (
         JobSchedulerService.connect(
@@ -36,18 +67,24 @@ async def replica(dsn: str, number: int, table: str, ledger: str, catch_up_ms: i
         ) as jobs,
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
     ):
-        scheduler = Scheduler(jobs=jobs, lease_ms=2_000, grace_period_ms=2_000)
+        scheduler = Scheduler(jobs=jobs, lease_ms=LEASE_MS, grace_period_ms=2_000)
 
         async def tick(t: Tick) -> None:
+            if t.scheduled_at < epoch:
+                return  # before this demo: nothing to show
             fencing = t.lease.fencing_token if t.lease is not None else 0
-            await conn.execute(insert, (t.run_key, number, os.getpid(), fencing))
+            row = (t.run_key, number, os.getpid(), fencing)
+            await conn.execute(insert, (*row, "started"))
+            print(json.dumps({"started": t.run_key, "fencing_token": fencing}), flush=True)
+            await asyncio.sleep(WORK_S)  # the work; a SIGKILL now leaves the lease RUNNING
+            await conn.execute(insert, (*row, "done"))
 
         scheduler.add_cron(
             SCHEDULE,
             "* * * * * *",
             tick,
-            catch_up="all" if catch_up_ms else "off",
-            catch_up_window_ms=max(catch_up_ms, 1),
+            catch_up="all",
+            catch_up_window_ms=CATCH_UP_WINDOW_MS,
         )
         async with scheduler:
             print(json.dumps({"ready": number, "pid": os.getpid()}), flush=True)
@@ -55,17 +92,23 @@ async def replica(dsn: str, number: int, table: str, ledger: str, catch_up_ms: i
 
 
 def main() -> None:
+    """Entry point: ``python -m sdcore.demo._replica --replica N --table T --ledger L …``."""
     parser = argparse.ArgumentParser(prog="sdcore-demo-replica")
-    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--dsn", help=f"database URL (default: ${DSN_ENV}; prefer the variable)")
     parser.add_argument("--replica", type=int, required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--ledger", required=True)
-    parser.add_argument("--catch-up-ms", type=int, default=0)
+    parser.add_argument("--epoch", type=float, required=True, help="Unix time the demo began")
     args = parser.parse_args()
+    dsn = args.dsn or os.environ.get(DSN_ENV, "")
+    if not dsn:
+        print(json.dumps({"error": f"no database: set {DSN_ENV}"}), flush=True)
+        sys.exit(2)
+    epoch = datetime.fromtimestamp(args.epoch, UTC)
     try:
-        asyncio.run(replica(args.dsn, args.replica, args.table, args.ledger, args.catch_up_ms))
+        asyncio.run(replica(dsn, args.replica, args.table, args.ledger, epoch))
     except Exception as exc:  # noqa: BLE001 - one line to the parent, no traceback noise
-        message = redact_text(f"{type(exc).__name__}: {exc}", args.dsn)
+        message = redact_text(f"{type(exc).__name__}: {exc}", dsn)
         print(json.dumps({"error": message}), flush=True)
         sys.exit(1)
 

@@ -1,29 +1,38 @@
-"""``sdcore demo``: N replicas, one per-second schedule, a SIGKILL half-way, a measured verdict."""
+"""``sdcore demo``: N replicas, one per-second schedule, a SIGKILL mid-run, a measured verdict."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg import sql
 
 from sdcore.demo._embedded import embedded_postgres
-from sdcore.demo._replica import SCHEDULE
-from sdcore.postgres import redact_text, schema_sql
+from sdcore.demo._replica import DSN_ENV, LEASE_MS
+from sdcore.demo._verdict import (
+    JOBS_TABLE,
+    LEDGER_TABLE,
+    compute_verdict,
+    prepare,
+    report,
+    window_keys,
+)
+from sdcore.postgres import redact_text
 
-JOBS_TABLE = "sdcore_demo_jobs"
-LEDGER_TABLE = "sdcore_demo_ledger"
 _COLORS = ["\033[36m", "\033[33m", "\033[35m", "\033[32m", "\033[34m", "\033[91m"]
+RESTART_AFTER_S = 2.5
+# After the window: time for a takeover still under way (lease expiry plus one sweep) to finish.
+SETTLE_S = LEASE_MS / 1000 * 2 + 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +43,8 @@ class DemoOptions:
         replicas: Replica processes (2–16).
         duration_s: Seconds of ticks to observe (10–600).
         database_url: A PostgreSQL to use; ``None`` starts the embedded one.
-        kill: SIGKILL one replica half-way and start it again.
+        kill: SIGKILL the replica running a tick half-way, in the middle of that run, and start
+            it again.
     """
 
     replicas: int = 3
@@ -43,48 +53,53 @@ class DemoOptions:
     kill: bool = True
 
 
-@dataclass(slots=True, kw_only=True)
-class Verdict:
-    """What the ledger and the lease table say about the observed window."""
+class _Kill:
+    """Half-way, the first replica to report a started run is SIGKILLed right then."""
 
-    window_start: datetime
-    window_end: datetime
-    expected: int
-    ran_once: int
-    doubled: list[str] = field(default_factory=list)
-    missed: list[str] = field(default_factory=list)
-    not_success: list[str] = field(default_factory=list)
-    per_replica: dict[int, int] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.armed = False
+        self.victim: _Replica | None = None
+        self.run_key = ""
+        self.fencing_token = 0
 
-    @property
-    def ok(self) -> bool:
-        """Every tick of the window ran exactly once."""
-        return not self.doubled and not self.missed
+    def started(self, replica: _Replica, run_key: str, fencing_token: int) -> None:
+        with self._lock:
+            if not self.armed or self.victim is not None:
+                return
+            replica.process.send_signal(signal.SIGKILL)
+            self.victim, self.run_key, self.fencing_token = replica, run_key, fencing_token
 
 
 class _Replica:
-    def __init__(self, number: int, dsn: str, catch_up_ms: int) -> None:
+    def __init__(self, number: int, dsn: str, epoch: float, kill: _Kill) -> None:
+        # The URL (and its password) goes in the environment, readable by this user only; the
+        # command line is visible to every local user (ps).
         command = [
             sys.executable,
             "-m",
             "sdcore.demo._replica",
-            "--dsn",
-            dsn,
             "--replica",
             str(number),
             "--table",
             JOBS_TABLE,
             "--ledger",
             LEDGER_TABLE,
+            "--epoch",
+            repr(epoch),
         ]
-        if catch_up_ms:
-            # Catch up only ticks since the demo started, not the ones before it.
-            command += ["--catch-up-ms", str(catch_up_ms)]
         self.number = number
         self.ready = threading.Event()
         self.error: str | None = None
+        self._kill = kill
+        # stdin: a pipe never written to; the replica stops at its EOF, i.e. when we are gone.
         self.process = subprocess.Popen(  # noqa: S603 - our own module, argument list
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, DSN_ENV: dsn},
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -96,9 +111,11 @@ class _Replica:
                 self._handle(line)
 
     def _handle(self, line: str) -> None:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, TypeError):
             message = json.loads(line)
-            if "ready" in message:
+            if "started" in message:
+                self._kill.started(self, str(message["started"]), int(message["fencing_token"]))
+            elif "ready" in message:
                 self.ready.set()
             elif "error" in message:
                 self.error = str(message["error"])
@@ -107,69 +124,24 @@ class _Replica:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def stop(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self) -> None:
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        self.reader.join(5)
+
 
 def _color(number: int, text: str, tty: bool) -> str:
     return f"{_COLORS[number % len(_COLORS)]}{text}\033[0m" if tty else text
-
-
-def _prepare(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(schema_sql(table=JOBS_TABLE).encode())
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, run_key text NOT NULL,"
-                " replica int NOT NULL, pid int NOT NULL, fencing_token bigint NOT NULL,"
-                " ran_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            ).format(sql.Identifier(LEDGER_TABLE))
-        )
-        conn.execute(
-            sql.SQL("TRUNCATE {}, {}").format(
-                sql.Identifier(JOBS_TABLE), sql.Identifier(LEDGER_TABLE)
-            )
-        )
-
-
-def _new_rows(conn: psycopg.Connection[tuple[object, ...]], after: int) -> list[tuple[object, ...]]:
-    query = sql.SQL(
-        "SELECT id, run_key, replica, pid, fencing_token FROM {} WHERE id > %s ORDER BY id"
-    ).format(sql.Identifier(LEDGER_TABLE))
-    return conn.execute(query, (after,)).fetchall()
-
-
-def compute_verdict(dsn: str, start: datetime, end: datetime) -> Verdict:
-    """Judge the whole seconds in ``[start, end)`` from the ledger and the lease table."""
-    first = start.replace(microsecond=0) + timedelta(seconds=1)
-    expected = []
-    current = first
-    while current < end:
-        expected.append(current.strftime("%Y-%m-%dT%H:%M:%SZ"))
-        current += timedelta(seconds=1)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        ledger = conn.execute(
-            sql.SQL("SELECT run_key, replica FROM {} WHERE run_key = ANY(%s)").format(
-                sql.Identifier(LEDGER_TABLE)
-            ),
-            (expected,),
-        ).fetchall()
-        rows = conn.execute(
-            sql.SQL("SELECT run_key, status FROM {} WHERE code = %s AND run_key = ANY(%s)").format(
-                sql.Identifier(JOBS_TABLE)
-            ),
-            (SCHEDULE, expected),
-        ).fetchall()
-    runs = Counter(str(run_key) for run_key, _ in ledger)
-    status = {str(run_key): str(state) for run_key, state in rows}
-    per_replica = Counter(int(str(replica)) for _, replica in ledger)
-    return Verdict(
-        window_start=first,
-        window_end=end,
-        expected=len(expected),
-        ran_once=sum(1 for key in expected if runs[key] == 1),
-        doubled=[key for key in expected if runs[key] > 1],
-        missed=[key for key in expected if runs[key] == 0],
-        not_success=[key for key in expected if status.get(key) != "SUCCESS"],
-        per_replica=dict(sorted(per_replica.items())),
-    )
 
 
 @contextlib.contextmanager
@@ -179,104 +151,165 @@ def _database(options: DemoOptions, out: Callable[[str], None]) -> Iterator[str]
         yield options.database_url
         return
     out("database: none configured, starting an embedded PostgreSQL in a temporary folder…")
-    with embedded_postgres() as uri:
+    with embedded_postgres(out=lambda line: out(f"database: {line}")) as uri:
         yield uri
 
 
-def run_demo(options: DemoOptions, out: Callable[[str], None] = print) -> int:
-    """Run the demo and return 0 if every tick ran exactly once, 1 otherwise."""
-    tty = sys.stdout.isatty()
-    with _database(options, out) as dsn:
-        _prepare(dsn)
-        out(
-            f"starting {options.replicas} replicas, each firing schedule {SCHEDULE!r} every second…"
+class _Session:
+    """One run of the demo: the replicas, the live view, the kill and the restart."""
+
+    def __init__(self, options: DemoOptions, dsn: str, out: Callable[[str], None]) -> None:
+        self.options = options
+        self.dsn = dsn
+        self.out = out
+        self.tty = sys.stdout.isatty()
+        self.kill = _Kill()
+        self.epoch = time.time()
+        self.start: datetime | None = None
+        self.replicas: dict[int, _Replica] = {}
+        self._stopped = False
+
+    def spawn(self, number: int) -> _Replica:
+        replica = _Replica(number, self.dsn, self.epoch, self.kill)
+        self.replicas[number] = replica
+        return replica
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for replica in self.replicas.values():
+            replica.stop()
+        for replica in self.replicas.values():
+            replica.wait()
+
+    def run(self) -> int:
+        self.out(
+            f"starting {self.options.replicas} replicas, each firing schedule 'demo-tick' every"
+            " second…"
         )
-        replicas = {n: _Replica(n, dsn, 0) for n in range(1, options.replicas + 1)}
-        try:
-            return _observe(options, dsn, replicas, out, tty)
-        finally:
-            for replica in replicas.values():
-                if replica.alive():
-                    replica.process.send_signal(signal.SIGTERM)
-            for replica in replicas.values():
-                try:
-                    replica.process.wait(10)
-                except subprocess.TimeoutExpired:
-                    replica.process.kill()
-                    replica.process.wait()
-                replica.reader.join(5)
+        for number in range(1, self.options.replicas + 1):
+            self.spawn(number)
+        for replica in self.replicas.values():
+            if not replica.ready.wait(60) or replica.error:
+                raise RuntimeError(
+                    f"replica {replica.number} did not start: "
+                    + redact_text(replica.error or "timeout", self.dsn)
+                )
+        self.start = start = datetime.now(UTC)
+        end = start + timedelta(seconds=self.options.duration_s)
+        self.out(
+            f"all replicas ready; watching for {self.options.duration_s} s (Ctrl-C for a partial"
+            " verdict)\n"
+        )
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            view = _LiveView(conn, window_keys(start, end), self.out, self.tty)
+            self._watch(view, start, end)
+            view.settle(time.monotonic() + SETTLE_S)
+        self.stop()
+        verdict = compute_verdict(self.dsn, start, end)
+        report(verdict, self.out)
+        return 0 if verdict.ok else 1
 
-
-def _observe(
-    options: DemoOptions,
-    dsn: str,
-    replicas: dict[int, _Replica],
-    out: Callable[[str], None],
-    tty: bool,
-) -> int:
-    for replica in replicas.values():
-        if not replica.ready.wait(60) or replica.error:
-            raise RuntimeError(
-                f"replica {replica.number} did not start: "
-                + redact_text(replica.error or "timeout", dsn)
-            )
-    start = datetime.now(UTC)
-    end = start + timedelta(seconds=options.duration_s)
-    kill_at = start + timedelta(seconds=options.duration_s / 2)
-    restart_at: datetime | None = None
-    victim: _Replica | None = None
-    last_id = 0
-    last_runner = 1
-    out(f"all replicas ready; watching for {options.duration_s} s (Ctrl-C to stop early)\n")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    def _watch(self, view: _LiveView, start: datetime, end: datetime) -> None:
+        kill_at = start + timedelta(seconds=self.options.duration_s / 2)
+        restart_at: float | None = None
+        announced = False
         while datetime.now(UTC) < end:
-            for row_id, run_key, number, pid, fencing in _new_rows(conn, last_id):
-                last_id = int(str(row_id))
-                last_runner = int(str(number))
-                label = _color(int(str(number)), f"replica-{number} (pid {pid})", tty)
-                out(f"  tick {run_key}  ran on {label}  fencing_token={fencing}")
-            now = datetime.now(UTC)
-            if options.kill and victim is None and now >= kill_at:
-                # Kill the replica that ran the latest tick: the one most likely to own the next.
-                victim = replicas[last_runner]
-                victim.process.send_signal(signal.SIGKILL)
-                victim.process.wait()
-                victim.reader.join(5)
-                out(_color(victim.number, f"  ✖ killed replica-{victim.number} with SIGKILL", tty))
-                restart_at = now + timedelta(seconds=2.5)
-            if victim is not None and restart_at is not None and now >= restart_at:
-                since_start = int((now - start).total_seconds() * 1000)
-                replicas[victim.number] = _Replica(victim.number, dsn, since_start)
-                replicas[victim.number].ready.wait(60)
-                out(
+            view.poll()
+            if self.options.kill and not self.kill.armed and datetime.now(UTC) >= kill_at:
+                self.kill.armed = True
+            victim = self.kill.victim
+            if victim is not None and not announced:
+                announced = True
+                victim.wait()
+                view.killed = (victim.number, self.kill.run_key)
+                self.out(
                     _color(
                         victim.number,
-                        f"  ↻ restarted replica-{victim.number} (catches up missed ticks)",
-                        tty,
+                        f"  ✖ killed replica-{victim.number} with SIGKILL in the middle of tick"
+                        f" {self.kill.run_key} (fencing_token={self.kill.fencing_token})",
+                        self.tty,
                     )
                 )
+                restart_at = time.monotonic() + RESTART_AFTER_S
+            if victim is not None and restart_at is not None and time.monotonic() >= restart_at:
                 restart_at = None
-            time.sleep(0.2)
-        time.sleep(2.5)  # let the last ticks (and any catch-up) finish
-        for _, run_key, number, pid, fencing in _new_rows(conn, last_id):
-            out(f"  tick {run_key}  ran on replica-{number} (pid {pid})  fencing_token={fencing}")
-    verdict = compute_verdict(dsn, start, end)
-    _report(verdict, out)
-    return 0 if verdict.ok else 1
+                self.spawn(victim.number).ready.wait(60)
+                self.out(
+                    _color(
+                        victim.number,
+                        f"  ↻ restarted replica-{victim.number}; its tick's lease expires"
+                        f" {LEASE_MS // 1000} s after its last heartbeat and a replica's catch-up"
+                        " takes it over",
+                        self.tty,
+                    )
+                )
+            time.sleep(0.1)
 
 
-def _report(verdict: Verdict, out: Callable[[str], None]) -> None:
-    share = ", ".join(f"replica-{n}: {count}" for n, count in verdict.per_replica.items())
-    out("")
-    window = f"{verdict.window_start:%H:%M:%S}–{verdict.window_end:%H:%M:%S} UTC"
-    out(f"verdict over {window} (measured from the ledger and the lease table):")
-    out(
-        f"  ticks={verdict.expected} ran_once={verdict.ran_once}"
-        f" doubled={len(verdict.doubled)} missed={len(verdict.missed)}"
-        f" lease_rows_not_success={len(verdict.not_success)}"
-    )
-    out(f"  runs per replica: {share}")
-    for label, keys in (("doubled", verdict.doubled), ("missed", verdict.missed)):
-        if keys:
-            out(f"  {label}: {', '.join(keys[:10])}")
-    out("  PASS: every tick ran exactly once." if verdict.ok else "  FAIL: see above.")
+class _LiveView:
+    """Prints each finished run of the window as it lands, and nothing outside the window."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        keys: list[str],
+        out: Callable[[str], None],
+        tty: bool,
+    ) -> None:
+        self.conn = conn
+        self.keys = keys
+        self.out = out
+        self.tty = tty
+        self.last_id = 0
+        self.seen: set[str] = set()
+        self.killed: tuple[int, str] | None = None
+
+    def poll(self) -> None:
+        query = sql.SQL(
+            "SELECT id, run_key, replica, pid, fencing_token FROM {}"
+            " WHERE id > %s AND phase = 'done' AND run_key = ANY(%s) ORDER BY id"
+        ).format(sql.Identifier(LEDGER_TABLE))
+        for row_id, run_key, number, pid, fencing in self.conn.execute(
+            query, (self.last_id, self.keys)
+        ).fetchall():
+            self.last_id = int(str(row_id))
+            self.seen.add(str(run_key))
+            label = _color(int(str(number)), f"replica-{number} (pid {pid})", self.tty)
+            line = f"  tick {run_key}  ran on {label}  fencing_token={fencing}"
+            if self.killed is not None and self.killed[1] == run_key and int(str(fencing)) > 1:
+                line += f"  ← took over from the killed replica-{self.killed[0]}"
+            self.out(line)
+
+    def settle(self, deadline: float) -> None:
+        """Wait (until ``deadline``) for every tick of the window to finish once."""
+        while True:
+            self.poll()
+            if self.seen.issuperset(self.keys) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+
+def run_demo(options: DemoOptions, out: Callable[[str], None] = print) -> int:
+    """Run the demo and return 0 if every tick ran exactly once, 1 otherwise.
+
+    On Ctrl-C (``KeyboardInterrupt``) it stops the replicas, prints a partial verdict over the
+    seconds observed so far, and re-raises.
+    """
+    with _database(options, out) as dsn:
+        prepare(dsn)
+        session = _Session(options, dsn, out)
+        try:
+            return session.run()
+        except KeyboardInterrupt:
+            interrupted = datetime.now(UTC)
+            session.stop()
+            if session.start is not None:
+                verdict = compute_verdict(
+                    dsn, session.start, interrupted.replace(microsecond=0), partial=True
+                )
+                report(verdict, out)
+            raise
+        finally:
+            session.stop()

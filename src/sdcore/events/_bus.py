@@ -183,6 +183,8 @@ class EventBus:
 
         Plain listeners run now, in registration order; coroutine listeners are started as tasks;
         deferred listeners run after this call returned. Listener errors are logged, never raised.
+        No name is special: unlike EventEmitter2, an ``"error"`` event nobody listens to is not
+        raised (it returns ``False``, or raises :class:`UnknownEventError` on a strict bus).
 
         Args:
             name: The concrete event name (no wildcards).

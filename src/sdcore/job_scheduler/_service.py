@@ -145,7 +145,9 @@ class JobSchedulerService(BaseJobScheduler):
         pool: An open ``psycopg_pool.AsyncConnectionPool``.
         table: Table name (default ``job_scheduler``).
         schema: Schema name, or ``None`` for the connection's ``search_path``.
-        max_connections: Connections held for lease statements (at most this many in flight).
+        max_connections: Connections held for lease statements (at most this many in flight);
+            capped at ``pool.max_size - 1`` when the pool has two or more, so the service never
+            holds the last connection of a pool it shares with the application.
         statement_timeout_ms: Server-side timeout of each lease statement (0 = none).
         logger_name: Logger for run and heartbeat events.
 
@@ -314,7 +316,8 @@ class JobSchedulerService(BaseJobScheduler):
         return self._max_connections
 
     async def _get(self, limit: float | None) -> psycopg.AsyncConnection[Any]:
-        if limit is None:
+        # An idle held connection is handed out without waiting: no timer on the hot path.
+        if limit is None or self._held._idle:
             return await self._held.get()
         try:
             async with asyncio.timeout(max(limit, 0.0)):

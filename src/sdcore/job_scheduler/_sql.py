@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from sdcore.postgres._schema import derived_name
+
 COLUMNS = (
     "id::text, lock_key, idempotency_key, code, name, type, run_key, status, "
     "owner_token::text, fencing_token, data, created_at, modified_at, lease_ms"
@@ -27,10 +29,12 @@ COLUMNS_J = (
 # - Expiry is the owner's: the row keeps the lease_ms its owner asked for, and a contender asking
 #   a shorter lease cannot take over early (a longer one does not wait longer). Rows last written
 #   by sdcore 0.1.0 have no lease_ms and fall back to the contender's.
-# - fencing_token = DEFAULT draws from the table's sequence (migration lease/0002): tokens grow
-#   across takeovers *and* across re-creation of a key (after a prune), never restarting at 1.
-#   An UPDATE then an INSERT … WHERE NOT EXISTS (rather than INSERT … ON CONFLICT DO UPDATE) draws
-#   a value only for a row actually written, so a refused acquire leaves no gap.
+# - Fencing tokens come from the table's sequence (migration lease/0002): they grow across
+#   takeovers *and* across re-creation of a key (after a prune), never
+#   restarting at 1. greatest(…, old + 1) keeps them growing per key even over a row written by
+#   a 0.1.0 client, which bypasses the sequence. An UPDATE then an INSERT … WHERE NOT EXISTS
+#   (rather than INSERT … ON CONFLICT DO UPDATE) draws no value for a refused acquire of an idle
+#   row; contenders that race for one row may each draw one (gaps, never repeats).
 # - Concurrency: two contenders for one existing row serialize on its row lock and the second
 #   re-checks the WHERE on the new version (READ COMMITTED); two inserting a new key meet on the
 #   unique index and the second does nothing.
@@ -44,7 +48,7 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
     UPDATE {table} AS j
     SET status = 'RUNNING',
         owner_token = v.owner_token,
-        fencing_token = DEFAULT,
+        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
         name = v.name,
         data = NULL,
         lease_ms = v.lease_ms,
@@ -58,10 +62,11 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
     RETURNING {columns_j}
 ), created AS (
     INSERT INTO {table}
-        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token, data,
-         lease_ms, created_at, modified_at)
+        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
+         fencing_token, data, lease_ms, created_at, modified_at)
     SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
-           v.owner_token, NULL, v.lease_ms, clock_timestamp(), clock_timestamp()
+           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
+           clock_timestamp()
     FROM v
     WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
     ON CONFLICT (lock_key) DO NOTHING
@@ -99,13 +104,25 @@ class LeaseStatements:
     statuses: bytes
 
     @classmethod
-    def render(cls, table: sql.Identifier) -> LeaseStatements:
-        """Render every statement for ``table``."""
+    def render(
+        cls, table: sql.Identifier, sequence: sql.Identifier | None = None
+    ) -> LeaseStatements:
+        """Render every statement for ``table`` and its fencing ``sequence``.
+
+        Args:
+            table: The quoted (optionally schema-qualified) table.
+            sequence: Its fencing sequence; by default ``{table}_fencing_seq`` next to it, as
+                migration ``lease/0002`` names it.
+        """
+        if sequence is None:
+            *schema, name = table._obj  # psycopg keeps the identifier's parts here
+            sequence = sql.Identifier(*schema, derived_name(name, "fencing_seq"))
         quoted = table.as_string(None)
+        sequence_text = sql.Literal(sequence.as_string(None)).as_string(None) + "::regclass"
 
         def one(template: str) -> bytes:
             return template.format(
-                table=quoted, columns=COLUMNS, columns_j=COLUMNS_J
+                table=quoted, columns=COLUMNS, columns_j=COLUMNS_J, sequence=sequence_text
             ).encode("utf-8")
 
         return cls(

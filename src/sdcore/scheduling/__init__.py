@@ -10,7 +10,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
-from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError
 from sdcore.scheduling._expressions import CronExpression
 from sdcore.scheduling._runner import CatchUp, Overlap, TickOutcome
 from sdcore.scheduling._scheduler import (
@@ -25,6 +25,7 @@ from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 __all__ = [
     "CatchUp",
     "CronExpression",
+    "DayRule",
     "InvalidScheduleError",
     "MissedTick",
     "Overlap",

@@ -10,10 +10,16 @@ DST rules are ours and the same for 5- and 6-field expressions:
 
 All arithmetic is done in UTC or on naive wall times; aware local datetimes are only built to ask
 ``zoneinfo`` for offsets (``aware + timedelta`` would silently reset ``fold``).
+
+Day-of-month and day-of-week combine by one of two rules (:class:`DayRule`): Vixie cron's (also
+cronie's and cronsim's; the default) and npm ``cron``'s, which NestJS uses. They differ when the
+other day field is restricted and one starts with ``*`` without being the full range (``*/10``)
+or is the full range without starting with ``*`` (``1-31``, ``1-7``).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -28,9 +34,31 @@ MACROS = {
     "@daily": "0 0 * * *",
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
+    # npm cron's presets (PRESETS in its src/constants.ts, 4.4.0), so NestJS strings port as-is.
+    "@minutely": "* * * * *",
+    "@secondly": "* * * * * *",
+    "@weekdays": "0 0 * * 1-5",
+    "@weekends": "0 0 * * 0,6",
 }
 MAX_EXPRESSION_LENGTH = 1024
 _SECOND = timedelta(seconds=1)
+
+
+class DayRule(enum.StrEnum):
+    """How a cron expression's day-of-month and day-of-week fields combine.
+
+    Attributes:
+        VIXIE: The default, as Vixie cron, cronie and Debian cron do it: if either day field
+            *starts with* ``*``, a day must match both fields; otherwise either field.
+            ``0 0 */10 * 0`` fires on the 1st, 11th, 21st and 31st only when that day is a Sunday.
+        NESTJS: As npm ``cron`` (``@nestjs/schedule``) does it: a field is unrestricted only if it
+            lists every value (``*``, ``*/1``, ``1-31``, ``0-6``); if both fields are restricted, a
+            day matching either fires. ``0 0 */10 * 0`` fires on the 1st, 11th, 21st and 31st
+            and on every Sunday.
+    """
+
+    VIXIE = "vixie"
+    NESTJS = "nestjs"
 
 
 class InvalidScheduleError(ValueError):
@@ -67,20 +95,41 @@ class CronSpec:
         zone: The zone it is evaluated in.
         fields: The normalized 5 or 6 fields (macros expanded).
         fixed: Whether DST gaps/repeats are handled as for a fixed-time job.
+        day_and: Whether a day must match both day fields (else either), per the day rule.
     """
 
     expression: str
     zone: ZoneInfo
     fields: tuple[str, ...] = field(repr=False)
     fixed: bool = field(repr=False)
+    day_and: bool = field(repr=False, default=True)
 
     @classmethod
-    def parse(cls, expression: object, zone: ZoneInfo, schedule: str | None = None) -> CronSpec:
+    def parse(
+        cls,
+        expression: object,
+        zone: ZoneInfo,
+        schedule: str | None = None,
+        *,
+        day_rule: DayRule | str = DayRule.VIXIE,
+    ) -> CronSpec:
         """Validate ``expression`` and check that it fires at all.
 
+        Args:
+            expression: 5 or 6 fields, or a macro such as ``@daily``.
+            zone: The zone the wall-clock fields are read in.
+            schedule: The schedule's name, for error messages.
+            day_rule: How the two day fields combine (see :class:`DayRule`).
+
         Raises:
-            InvalidScheduleError: Malformed, too long, or never firing.
+            InvalidScheduleError: Malformed, too long, never firing, or an unknown day rule.
         """
+        try:
+            rule = DayRule(day_rule)
+        except ValueError:
+            raise InvalidScheduleError(
+                schedule, f"day_rule must be 'vixie' or 'nestjs', got {day_rule!r:.80}"
+            ) from None
         if not isinstance(expression, str):
             raise InvalidScheduleError(
                 schedule, f"cron expression must be a str, got {type(expression).__name__}"
@@ -97,17 +146,19 @@ class CronSpec:
             )
         normalized = " ".join(fields)
         try:
-            CronSim(normalized, datetime(2000, 1, 1))  # noqa: DTZ001 - wall-clock evaluation
+            probe = CronSim(normalized, datetime(2000, 1, 1))  # noqa: DTZ001 - wall-clock
         except CronSimError as exc:
             raise InvalidScheduleError(
                 schedule, f"invalid cron expression {expression!r:.80}: {exc}"
             ) from None
         minute, hour = (fields[0], fields[1]) if len(fields) == 5 else (fields[1], fields[2])
+        day_and = probe.day_and if rule is DayRule.VIXIE else _npm_day_and(probe)
         spec = cls(
             expression=expression,
             zone=zone,
             fields=fields,
             fixed=not (minute.startswith("*") or hour.startswith("*")),
+            day_and=day_and,
         )
         try:
             spec.next_after(datetime(2000, 1, 1, tzinfo=UTC))
@@ -117,15 +168,22 @@ class CronSpec:
             ) from None
         return spec
 
+    def _sim(self, wall: datetime) -> CronSim:
+        sim = CronSim(" ".join(self.fields), wall)
+        # cronsim decides AND/OR by Vixie's rule at construction and reads this flag as it
+        # iterates; the NestJS rule only changes that decision (pinned by the table tests).
+        sim.day_and = self.day_and
+        return sim
+
     def _wall_after(self, wall: datetime) -> datetime:
-        return next(CronSim(" ".join(self.fields), wall))
+        return next(self._sim(wall))
 
     def next_after(self, after: datetime) -> datetime:
         """Return the first fire instant strictly after ``after`` (aware), in UTC."""
         after = after.astimezone(UTC)
         local = after.astimezone(self.zone)
         wall = local.replace(tzinfo=None, fold=0)
-        candidates = CronSim(" ".join(self.fields), wall)
+        candidates = self._sim(wall)
         for _ in range(100_000):  # a wildcard job skips at most one gap's worth of candidates
             best = self._map(next(candidates), after)
             if best is not None:
@@ -161,6 +219,24 @@ class CronSpec:
             return None
         gap_end = _transition(second, first, self.zone)
         return gap_end if gap_end > after else None
+
+
+_ALL_DAYS = frozenset(range(1, 32))
+_ALL_WEEKDAYS = frozenset(range(7))
+
+
+def _npm_day_and(sim: CronSim) -> bool:
+    """npm cron's rule: OR only when both day fields are restricted, judged by their values.
+
+    npm cron 4.4.0 (``src/time.ts``, ``_getNextDateFrom``) skips a day when a restricted field
+    misses it and the other field is unrestricted or misses it too; a field is unrestricted when
+    it holds every value (31 days; 7 weekdays once 7 is folded onto 0). With at most one field
+    restricted, AND gives the same days (the unrestricted field matches every day).
+    """
+    weekdays = {value % 7 for value in sim.weekdays if isinstance(value, int)}
+    dom_full = set(sim.days) == _ALL_DAYS
+    dow_full = weekdays == _ALL_WEEKDAYS and all(isinstance(v, int) for v in sim.weekdays)
+    return dom_full or dow_full
 
 
 def _exists(wall: datetime, zone: tzinfo) -> bool:

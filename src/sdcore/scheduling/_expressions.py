@@ -1,4 +1,4 @@
-"""``CronExpression``: the constants of NestJS ``@nestjs/schedule``, with the same values."""
+"""``CronExpression``: the constants of NestJS ``@nestjs/schedule``, plus one of sdcore's own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import enum
 
 
 class CronExpression(enum.StrEnum):
-    """Ready-made cron expressions, value for value the same as NestJS's ``CronExpression``.
+    """Ready-made cron expressions, NestJS's ``CronExpression`` and one addition.
+
+    Every name that ``@nestjs/schedule``'s ``CronExpression`` has is here with the same value.
+    ``EVERY_15_MINUTES`` is sdcore's own: no ``@nestjs/schedule`` release (up to 12.0.2) defines
+    it, so code ported back to NestJS must spell it ``"0 */15 * * * *"``.
 
     Six-field values have seconds first (``EVERY_30_SECONDS == "*/30 * * * * *"``).
     """

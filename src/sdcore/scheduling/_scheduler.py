@@ -22,7 +22,7 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
 )
 from sdcore.job_scheduler._options import resolve_timing
-from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._runner import (
     CatchUp,
     Handler,
@@ -192,11 +192,19 @@ class Scheduler:
         *,
         name: str | None = None,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> Callable[[H], H]:
-        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants)."""
+        """Decorate a handler to run on a cron expression (5 or 6 fields, macros, constants).
+
+        ``day_rule`` chooses how day-of-month and day-of-week combine: ``"vixie"`` (default,
+        as cronie) or ``"nestjs"`` (as npm ``cron``); see :class:`DayRule`.
+        """
         return self._decorator(
-            lambda h, n: self.add_cron(n, expression, h, time_zone=time_zone, **options), name
+            lambda h, n: self.add_cron(
+                n, expression, h, time_zone=time_zone, day_rule=day_rule, **options
+            ),
+            name,
         )
 
     def interval(
@@ -229,11 +237,12 @@ class Scheduler:
         handler: Handler,
         *,
         time_zone: str | None = None,
+        day_rule: DayRule | str = DayRule.VIXIE,
         **options: Unpack[ScheduleOptions],
     ) -> None:
         """Register a cron schedule (see :meth:`cron`); usable while running."""
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
-        spec = CronSpec.parse(expression, zone, name)
+        spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
         self._add(name, CronTrigger(spec), handler, zone, options)
 
     def add_interval(

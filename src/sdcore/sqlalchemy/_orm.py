@@ -67,6 +67,7 @@ class JobSchedulerColumns:
     data: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime]
     modified_at: Mapped[datetime]
+    lease_ms: Mapped[int | None]
 
     if TYPE_CHECKING:
         # The declarative base supplies the keyword constructor at run time; this only tells

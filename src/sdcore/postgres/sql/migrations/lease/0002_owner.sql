@@ -13,7 +13,6 @@ ALTER TABLE {table} ADD CONSTRAINT {name:lease_ms_check} CHECK (lease_ms IS NULL
 -- starts above the largest token of the existing rows.
 CREATE SEQUENCE IF NOT EXISTS {object:fencing_seq} AS bigint MINVALUE 1;
 ALTER SEQUENCE {object:fencing_seq} OWNED BY {table}.fencing_token;
+-- The lease statements call nextval() themselves; the column keeps its 0.1.0 default.
 SELECT setval($sdcore${object:fencing_seq}$sdcore$, coalesce(top, 1), top IS NOT NULL)
 FROM (SELECT max(fencing_token) AS top FROM {table}) AS existing;
-ALTER TABLE {table}
-    ALTER COLUMN fencing_token SET DEFAULT nextval($sdcore${object:fencing_seq}$sdcore$::regclass);
