@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sdcore.job_scheduler import JobLease, JobSchedulerStatus, JsonTypeError
+from sdcore.job_scheduler._options import coerce_options
 from tests.contract._lease import Backend, _acquire, _opts
 
 # --- status_of -------------------------------------------------------------------------------
@@ -146,3 +147,39 @@ async def test_the_lease_is_checked_before_the_data(backend: Backend) -> None:
         with pytest.raises(JsonTypeError):
             await method(won.lease, bad_data)
     assert (await backend.read(won.id))["status"] == "RUNNING"
+
+
+# --- malformed acquire options ----------------------------------------------------------------
+
+BAD_OPTIONS: list[Any] = [
+    {"code": "c", "runKey": "r"},
+    {"code": "", "run_key": "r"},
+    {"code": 7, "run_key": "r"},
+    {"code": "c\x00", "run_key": "r"},
+    {"code": "c"},
+    {"code": "c", "type": "INITIAL", "run_key": "r"},
+    {"code": "c", "type": "WEEKLY", "run_key": "r"},
+    {"code": "c", "run_key": "r", "lease_ms": 0},
+    {"code": "c", "run_key": "r", "lease_ms": True},
+    {"code": "c", "run_key": "r", "lease_ms": 1.5},
+    {"code": "c", "run_key": "r", "lease_ms": 2**53},
+    {"code": "c", "run_key": "r", "lease_ms": 60_000, "heartbeat_ms": 60_000},
+    {"code": "c", "run_key": "r", "heartbeat_ms": -1},
+    {"code": "c", "run_key": "r", "name": 3},
+    {"code": "c", "run_key": "\ud800"},
+    None,
+    ["code", "c"],
+]
+
+
+async def test_malformed_options_get_the_same_error_on_every_backend(backend: Backend) -> None:
+    for options in BAD_OPTIONS:
+        with pytest.raises(Exception) as expected:  # noqa: PT011 - the reference answer
+            coerce_options(options)
+        with pytest.raises(type(expected.value)) as info:
+            await backend.service.acquire(options)
+        assert (type(info.value), str(info.value)) == (
+            type(expected.value),
+            str(expected.value),
+        ), options
+    assert await backend.count() == 0
