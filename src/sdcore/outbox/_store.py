@@ -151,7 +151,7 @@ def check_error(error: object) -> str:
     """Validate an error text; return it cut to :data:`MAX_ERROR_LENGTH` and storable."""
     if not isinstance(error, str):
         raise TypeError(f"error must be a str, got {type(error).__name__}")
-    text = error[:MAX_ERROR_LENGTH].replace("\x00", "\\0")
+    text = error.replace("\x00", "\\0")[:MAX_ERROR_LENGTH]
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
