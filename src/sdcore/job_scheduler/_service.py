@@ -356,6 +356,9 @@ class JobSchedulerService(BaseJobScheduler):
             raise
         if guard is not None:
             guard.handle.cancel()
+            if guard.fired:  # answered just as its socket was shut down: the result stands
+                await self._held.put(conn, broken=True)
+                return row
         self._held.release(conn)
         return row
 
@@ -375,6 +378,9 @@ class JobSchedulerService(BaseJobScheduler):
             raise
         if guard is not None:
             guard.handle.cancel()
+            if guard.fired:  # answered just as its socket was shut down: the result stands
+                await self._held.put(conn, broken=True)
+                return cur.rowcount
         self._held.release(conn)
         return cur.rowcount
 
