@@ -1,7 +1,7 @@
 """Outbox throughput (rows committed → jobs in Redis) next to bare BullMQ adds, and enqueue cost.
 
 Three measurements per round, in this order: throughput and enqueue overhead in this process (one
-event loop), then the NOTIFY comparison with pgbench.
+event loop), then the NOTIFY comparison with pgbench; then, once, the wake-up latency.
 
 **Throughput.** Every workload puts the same N jobs into an empty BullMQ queue under this run's
 own key prefix: job ids shaped like the outbox's (``bullmq_job_id(key)``: ``"sd-"`` + 64 hex
@@ -60,6 +60,13 @@ and 32; ``--pgbench-seconds`` each) runs the business transaction alone, with th
 rendered enqueue statement, and with that statement minus its ``pg_notify``: the same SQL with no
 Python client in the way, at client counts a single Python process cannot drive.
 
+**Wake-up latency under steady traffic.** After the rounds (or alone, with ``--only-wake``): a
+relay with LISTEN/NOTIFY and ``poll_interval_ms`` = ``--wake-poll-ms`` (default 1000) runs while
+one writer commits one outbox row at a time at each rate of ``--wake-rates`` (default 20 and 200
+rows/s) for ``--wake-seconds``; per row, the time from its COMMIT returning to the end of the
+``publish`` call that put it in Redis. Most notifications then arrive while the relay is busy
+with a batch; one that is lost shows as a latency near the poll interval.
+
 The script exits 0 whatever the figures (it is a benchmark, not a test) and prints whether the
 target, ``relay-100`` ≥ 0.8× the bare ``Queue.add`` loop, was met.
 
@@ -69,6 +76,8 @@ Usage::
                                 [--rounds R] [--chunk N] [--enqueue-seconds S]
                                 [--enqueue-clients 1,8] [--slice S]
                                 [--pgbench-clients 1,8,32] [--pgbench-seconds S]
+                                [--wake-seconds S] [--wake-rates 20,200] [--wake-poll-ms MS]
+                                [--only-wake]
 
 The database URL defaults to ``$SDCORE_BENCH_DATABASE_URL`` or
 ``postgresql://postgres@127.0.0.1:5432/postgres`` (a scratch database is created there and
@@ -131,8 +140,8 @@ CREATE TABLE orders (
 )"""
 BUSINESS_INSERT = b"INSERT INTO orders (customer, amount) VALUES (%s, %s) RETURNING id"
 BARE_OUTBOX_INSERT = (
-    b"INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options, max_attempts)"
-    b" VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)"
+    b"INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options, max_attempts,"
+    b" message_digest) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)"
 )
 
 
@@ -399,20 +408,13 @@ class Slices:
 Txn = Callable[[int], Awaitable[None]]
 
 
-def _without_notify(enqueue: bytes) -> bytes:
-    """The library's enqueue statement minus its ``pg_notify`` (to price the NOTIFY)."""
-    tail = b"SELECT id, pg_notify(%s, '') FROM inserted"
-    if not enqueue.endswith(tail):
-        raise RuntimeError("the enqueue statement changed; update _without_notify")
-    return enqueue[: -len(tail)] + b"SELECT id FROM inserted"
-
-
 def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dict[str, Txn]:
     options = json.dumps(_keep())  # what check_options(None) stores
     max_attempts = outbox.max_attempts
     enqueue_sql = outbox.sql.enqueue
-    no_notify = _without_notify(enqueue_sql)
+    no_notify = outbox.sql.enqueue_quiet  # the same statement minus its pg_notify
     channel = outbox.channel
+    target = sql.Identifier(outbox.table).as_string(None)
 
     async def business(i: int) -> int:
         cur = await conn.execute(BUSINESS_INSERT, (f"customer-{i % 97}", "19.90"))
@@ -420,16 +422,32 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
         assert row is not None
         return int(row[0])
 
-    def cheap_params(order_id: int) -> tuple[Any, ...]:
-        # Random job ids shaped like the library's: same index work, a fraction of the CPU.
+    def cheap_params(order_id: int) -> dict[str, Any]:
+        # The statement's parameters made without validation (the job id and the digest are
+        # computed by the statement itself).
+        return {
+            "key": f"order-created:{order_id}",
+            "queue": "orders",
+            "name": JOB_NAME,
+            "payload": json.dumps(_payload(order_id)),
+            "options": options,
+            "max": max_attempts,
+            "namespace": None,
+            "target": target,
+            "channel": channel,
+        }
+
+    def bare_params(order_id: int) -> tuple[Any, ...]:
+        # Random job ids and digests shaped like the library's: same index work, no hashing.
         return (
             f"order-created:{order_id}",
             "orders",
             JOB_NAME,
-            f"sd-{random.getrandbits(256):064x}",
+            f"sd2-{random.getrandbits(256):064x}",
             json.dumps(_payload(order_id)),
             options,
             max_attempts,
+            random.getrandbits(256).to_bytes(32, "big"),
         )
 
     async def plain(i: int) -> None:
@@ -450,7 +468,7 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
     async def with_enqueue_sql(i: int) -> None:
         async with conn.transaction():
             order_id = await business(i)
-            cur = await conn.execute(enqueue_sql, (*cheap_params(order_id), channel))
+            cur = await conn.execute(enqueue_sql, cheap_params(order_id))
             if await cur.fetchone() is None:
                 raise RuntimeError("+enqueue_sql: row not inserted")
 
@@ -464,7 +482,7 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
     async def with_insert(i: int) -> None:
         async with conn.transaction():
             order_id = await business(i)
-            await conn.execute(BARE_OUTBOX_INSERT, cheap_params(order_id))
+            await conn.execute(BARE_OUTBOX_INSERT, bare_params(order_id))
 
     variants: dict[str, Txn] = {
         "plain": plain,
@@ -528,9 +546,20 @@ _TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 PGBENCH_SCRIPTS = ("plain", "+enqueue_sql", "+sql_no_notify")
 
 
-def _substitute(statement: bytes, names: Sequence[str]) -> str:
-    """Replace the ``%s`` placeholders of a rendered statement, in order, with ``names``."""
-    parts = statement.decode("utf-8").split("%s")
+def _substitute(statement: bytes, names: Sequence[str] | dict[str, str]) -> str:
+    """Replace a rendered statement's placeholders with pgbench variables.
+
+    ``names`` is a list for positional ``%s`` placeholders (in order), a mapping for named
+    ``%(name)s`` ones.
+    """
+    text = statement.decode("utf-8")
+    if isinstance(names, dict):
+        found = set(re.findall(r"%\((\w+)\)s", text))
+        if not found <= set(names):
+            raise RuntimeError(f"no pgbench variable for {sorted(found - set(names))}")
+        joined = re.sub(r"%\((\w+)\)s", lambda m: names[m.group(1)], text)
+        return " ".join(joined.split())
+    parts = text.split("%s")
     if len(parts) != len(names) + 1:
         raise RuntimeError(f"expected {len(names)} placeholders, found {len(parts) - 1}")
     out = [parts[0]]
@@ -542,14 +571,24 @@ def _substitute(statement: bytes, names: Sequence[str]) -> str:
 def pgbench_scripts(outbox: Outbox) -> dict[str, str]:
     """The business transaction without and with the library's enqueue statement, for pgbench.
 
-    The business insert's ``RETURNING id`` (``\\gset``) is the idempotency key and the job id
-    (short, unlike the library's 67-character ids, since pgbench cannot build strings); the
-    other parameters are constants passed with ``-D``.
+    The business insert's ``RETURNING id`` (``\\gset``) is the idempotency key (the statement
+    derives the job id and the digest from it); the other parameters are constants passed with
+    ``-D``.
     """
     business = _substitute(BUSINESS_INSERT, [":p_customer", ":p_amount"])
-    params = [":id", ":p_queue", ":p_name", ":id", ":p_payload", ":p_options", ":p_max"]
-    with_notify = _substitute(outbox.sql.enqueue, [*params, ":p_channel"])
-    without = _substitute(_without_notify(outbox.sql.enqueue), params)
+    params = {
+        "key": ":id",
+        "queue": ":p_queue",
+        "name": ":p_name",
+        "payload": ":p_payload",
+        "options": ":p_options",
+        "max": ":p_max",
+        "namespace": "NULL",
+        "target": ":p_target",
+        "channel": ":p_channel",
+    }
+    with_notify = _substitute(outbox.sql.enqueue, params)
+    without = _substitute(outbox.sql.enqueue_quiet, params)
     head = f"BEGIN;\n{business} \\gset\n"
     return {
         "plain": f"{head}COMMIT;\n",
@@ -567,6 +606,7 @@ def run_pgbench(dsn: str, script: Path, clients: int, seconds: int, outbox: Outb
         "-D", f"p_name={JOB_NAME}", "-D", f"p_payload={json.dumps(_payload(1))}",
         "-D", f"p_options={json.dumps(_keep())}", "-D", f"p_max={outbox.max_attempts}",
         "-D", f"p_channel={outbox.channel}",
+        "-D", f"p_target={sql.Identifier(outbox.table).as_string(None)}",
     ]  # fmt: skip
     params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
     env = dict(os.environ)
@@ -597,6 +637,103 @@ async def _pgbench_round(
                 tps = await asyncio.to_thread(run_pgbench, dsn, scripts[name], n, seconds, outbox)
                 result[n][name] = tps
     return result
+
+
+# ------------------------------------------------------------- wake-up latency under traffic
+
+
+class _Stamped:
+    """Publishes through ``inner`` and notes when each message was in Redis (monotonic s)."""
+
+    def __init__(self, inner: Publisher) -> None:
+        self.inner = inner
+        self.published: dict[str, float] = {}
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> Sequence[BaseException | None]:
+        results = await self.inner.publish(messages)
+        now = time.monotonic()
+        for message, result in zip(messages, results, strict=True):
+            if result is None:
+                self.published.setdefault(message.idempotency_key, now)
+        return results
+
+
+async def wake_latency(
+    pool: AsyncConnectionPool[Any],
+    dsn: str,
+    client: Redis,
+    prefix: str,
+    *,
+    rate: float,
+    seconds: float,
+    poll_ms: int,
+) -> list[float]:
+    """Commit → in Redis, per row, with one writer committing ``rate`` rows/s for ``seconds``.
+
+    A relay with the default settings (``poll_interval_ms`` = ``poll_ms``, LISTEN/NOTIFY) runs
+    while a writer commits one outbox row at a time on its own connection at a steady rate; each
+    row's latency is the time from its COMMIT returning to the end of the ``publish`` call that
+    put it in Redis. Under steady traffic most notifications arrive while the relay is busy with
+    a batch: a lost wake-up shows as a latency near ``poll_ms``.
+    """
+    outbox = Outbox(table="outbox_wake")
+    await outbox.ensure_schema(pool)
+    async with pool.connection() as conn:
+        await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(outbox.table)))
+    stamped = _Stamped(BullMQPublisher(client, prefix=prefix, check_server=False))
+    committed: dict[str, float] = {}
+    async with (
+        OutboxRelay(pool, stamped, outbox=outbox, poll_interval_ms=poll_ms) as relay,
+        await psycopg.AsyncConnection.connect(dsn) as writer,
+    ):
+        deadline = time.monotonic() + 10
+        while not relay.state.listening:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the relay did not LISTEN within 10 s")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        period = 1 / rate
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < seconds:
+            key = f"wake-{rate:g}-{i}"
+            async with writer.transaction():
+                await outbox.enqueue_once(
+                    writer, idempotency_key=key, queue="wake", name=JOB_NAME, payload=_payload(i)
+                )
+            committed[key] = time.monotonic()
+            i += 1
+            await asyncio.sleep(max(0.0, start + i * period - time.monotonic()))
+        deadline = time.monotonic() + 2 * poll_ms / 1000 + 10
+        while len(stamped.published) < len(committed):
+            if time.monotonic() > deadline:
+                raise RuntimeError("rows were not published in time")
+            await asyncio.sleep(0.01)
+    return sorted(stamped.published[k] - t for k, t in committed.items())
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def print_wake(results: dict[float, list[float]], poll_ms: int) -> None:
+    """Print the latency distribution per rate."""
+    print(f"\nwake-up latency under steady traffic (commit → in Redis), poll {poll_ms} ms:")
+    print(
+        f"{'rows/s':>7} | {'rows':>5} | {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>7}"
+        f" | {'≥ poll/2':>8}"
+    )
+    for rate, lat in results.items():
+        slow = sum(1 for x in lat if x >= poll_ms / 2000)
+        print(
+            f"{rate:>7g} | {len(lat):>5} | {_quantile(lat, 0.5) * 1e3:>7.1f}"
+            f" {_quantile(lat, 0.95) * 1e3:>7.1f} {_quantile(lat, 0.99) * 1e3:>7.1f}"
+            f" {lat[-1] * 1e3:>7.1f} | {slow:>8}"
+        )
+    print(
+        "≥ poll/2: rows that waited half the poll interval or more (a lost wake-up waits for the"
+        "\npoll). One writer connection, one relay (LISTEN/NOTIFY), BullMQPublisher on Redis."
+    )
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -767,6 +904,16 @@ async def run(
             async with pool.connection() as conn:
                 await conn.execute(BUSINESS_DDL)
             warm = min(args.messages, WARMUP)  # Lua scripts loaded, statements prepared
+            if args.only_wake:
+                wake = {
+                    rate: await wake_latency(
+                        pool, dsn, client, prefix, rate=rate, seconds=args.wake_seconds,
+                        poll_ms=args.wake_poll_ms,
+                    )
+                    for rate in args.wake_rates
+                }  # fmt: skip
+                print_wake(wake, args.wake_poll_ms)
+                return rounds
             await _throughput_round(bench, workloads, warm, warm, 0)
             for r in range(args.rounds):
                 samples = await _throughput_round(bench, workloads, args.messages, args.chunk, r)
@@ -783,6 +930,15 @@ async def run(
                 result = Round(samples, enqueue, notify, os.getloadavg()[0])
                 rounds.append(result)
                 _print_round(r + 1, result, order)
+            if args.wake_seconds > 0:
+                wake = {
+                    rate: await wake_latency(
+                        pool, dsn, client, prefix, rate=rate, seconds=args.wake_seconds,
+                        poll_ms=args.wake_poll_ms,
+                    )
+                    for rate in args.wake_rates
+                }  # fmt: skip
+                print_wake(wake, args.wake_poll_ms)
         finally:
             deleted = await bench.delete_keys()
             print(f"deleted {deleted} Redis key(s) under {prefix!r}")
@@ -827,7 +983,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--slice", type=float, default=0.25, help="enqueue variant alternation slice (0.25 s)"
     )
+    parser.add_argument(
+        "--wake-seconds",
+        type=float,
+        default=5.0,
+        help="steady traffic per rate for the wake-up latency (5; 0 skips it)",
+    )
+    parser.add_argument(
+        "--wake-rates", default="20,200", help="writer rows/s of the wake-up part (20,200)"
+    )
+    parser.add_argument(
+        "--wake-poll-ms", type=int, default=1000, help="relay poll interval there (1000)"
+    )
+    parser.add_argument(
+        "--only-wake", action="store_true", help="run only the wake-up latency measurement"
+    )
     args = parser.parse_args(argv)
+    try:
+        args.wake_rates = [float(part) for part in args.wake_rates.split(",") if part.strip()]
+    except ValueError:
+        parser.error("--wake-rates must be a list of numbers")
+    if not args.wake_rates or min(args.wake_rates) <= 0 or args.wake_poll_ms < 10:
+        parser.error("--wake-rates must be positive and --wake-poll-ms at least 10")
+    if args.only_wake and args.wake_seconds <= 0:
+        parser.error("--only-wake needs a positive --wake-seconds")
     if args.messages < 1 or args.rounds < 1 or args.chunk < 1:
         parser.error("--messages, --rounds and --chunk must be positive")
     try:
@@ -879,7 +1058,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
         )
         admin.close()
-    report(rounds, args.messages, clients)
+    if rounds:
+        report(rounds, args.messages, clients)
     return 0
 
 

@@ -21,7 +21,7 @@ REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 def _enqueue(dsn: str, *keys: str, name: str = "send") -> None:
     async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
             for key in keys:
                 await Outbox().enqueue_once(
                     conn, idempotency_key=key, queue="mail", name=name, payload={"k": key}
@@ -45,7 +45,7 @@ def test_db_sql_and_upgrade_with_the_outbox(
     )
     out = capsys.readouterr().out
     assert 'created table "job_scheduler"' in out
-    assert 'created table "events_out" with 4 indexes' in out
+    assert 'created table "events_out" with 5 indexes' in out
 
 
 def test_outbox_list_and_retry(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,6 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
     JsonTypeError,
     JsonValueError,
-    bullmq_job_id,
 )
 from sdcore.outbox import (
     InvalidOutboxMessageError,
@@ -26,6 +26,7 @@ from sdcore.outbox import (
     OutboxEntry,
     OutboxRelay,
 )
+from sdcore.outbox._model import job_id_v2
 from sdcore.testing import RecordingPublisher
 
 
@@ -46,6 +47,12 @@ async def _rows(pool: AsyncConnectionPool[Any]) -> list[tuple[Any, ...]]:
         return rows
 
 
+def _job_id(pg_dsn: str, key: str, *, schema: str = "public", table: str = "outbox") -> str:
+    """The v2 job id of ``key`` in an outbox without a namespace: the outbox's identity."""
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    return job_id_v2(f"{dbname}.{schema}.{table}", key)
+
+
 async def _enqueue(conn: psycopg.AsyncConnection[Any], key: str, **kwargs: Any) -> bool:
     kwargs.setdefault("queue", "notifications")
     kwargs.setdefault("name", "task-status-changed")
@@ -56,18 +63,15 @@ async def _enqueue(conn: psycopg.AsyncConnection[Any], key: str, **kwargs: Any) 
 async def test_enqueue_commits_with_the_caller_and_deduplicates(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
+    options = {"attempts": 5, "backoff": {"type": "exponential", "delay": 1000}}
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
         async with conn.transaction():
-            assert await _enqueue(
-                conn,
-                "k1",
-                options={"attempts": 5, "backoff": {"type": "exponential", "delay": 1000}},
-            )
-            assert not await _enqueue(conn, "k1")
+            assert await _enqueue(conn, "k1", options=options)
+            assert not await _enqueue(conn, "k1", options=options)
         async with conn.transaction():
-            assert not await _enqueue(conn, "k1")
+            assert not await _enqueue(conn, "k1", options=options)
     rows = await _rows(pool)
-    assert [(r[0], r[1], r[3]) for r in rows] == [("k1", "PENDING", bullmq_job_id("k1"))]
+    assert [(r[0], r[1], r[3]) for r in rows] == [("k1", "PENDING", _job_id(pg_dsn, "k1"))]
     async with pool.connection() as c:
         cur = await c.execute("SELECT options FROM outbox")
         (options,) = await cur.fetchone()
@@ -240,7 +244,7 @@ async def test_run_exclusive_accepts_a_run_completed_with_its_messages(
 
 
 async def test_relay_publishes_and_marks(pool: AsyncConnectionPool[Any], pg_dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
         for i in range(5):
             await _enqueue(conn, f"k{i}")
     publisher = RecordingPublisher()
@@ -299,7 +303,7 @@ async def test_a_row_committed_late_is_still_published(
 async def test_broker_outage_does_not_count_attempts_or_spin(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
         await _enqueue(conn, "waiting")
     publisher = RecordingPublisher()
     publisher.unavailable = True
@@ -329,7 +333,7 @@ async def test_a_poison_message_dies_without_blocking_the_rest(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
     outbox = Outbox(max_attempts=3)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
         await outbox.enqueue_once(
             conn, idempotency_key="poison", queue="q", name="poison", payload={}
         )
@@ -356,22 +360,23 @@ async def test_an_abandoned_claim_is_republished_with_the_same_job_id(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await _enqueue(conn, "crash")
+        async with conn.transaction():
+            await _enqueue(conn, "crash")
         # A relay claimed the row, published, and died before marking it.
-        await conn.execute(Outbox().sql.claim, (200, 10))
+        await conn.execute(Outbox().sql.claim, (200, uuid.uuid4(), 10))
     publisher = RecordingPublisher()
     relay = OutboxRelay(pool, publisher, claim_ms=200)
     assert await relay.run_once() == 0  # still claimed
     await asyncio.sleep(0.3)
     assert await relay.run_once() == 1
-    assert publisher.publishes[0].job_id == bullmq_job_id("crash")
+    assert publisher.publishes[0].job_id == _job_id(pg_dsn, "crash")
     assert publisher.publishes[0].attempts == 2
 
 
 async def test_four_relays_publish_each_row_once(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
         for i in range(200):
             await _enqueue(conn, f"row{i}")
     publisher = RecordingPublisher()
@@ -390,21 +395,32 @@ async def test_four_relays_publish_each_row_once(
 async def test_prune_removes_old_published_rows_only(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        for key in ("old", "new", "pending"):
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn, conn.transaction():
+        for key in ("ancient", "old", "new", "pending"):
             await _enqueue(conn, key)
-    relay = OutboxRelay(pool, RecordingPublisher(), retention_ms=60_000)
+    outbox = Outbox(dedup_window_ms=24 * 3600 * 1000)
+    relay = OutboxRelay(pool, RecordingPublisher(), outbox=outbox, retention_ms=60_000)
     async with pool.connection() as conn:
-        await conn.execute(
-            "UPDATE outbox SET status = 'PUBLISHED',"
-            " published_at = clock_timestamp() - interval '1 hour' WHERE idempotency_key = 'old'"
+        for key, age in (("ancient", "2 days"), ("old", "1 hour"), ("new", "0 s")):
+            await conn.execute(
+                "UPDATE outbox SET status = 'PUBLISHED',"
+                " published_at = clock_timestamp() - %s::interval WHERE idempotency_key = %s",
+                (age, key),
+            )
+    # "ancient" and "old" become tombstones; "ancient" is past the window and deleted.
+    assert await relay.prune() == 2
+    assert sorted(r[0] for r in await _rows(pool)) == ["new", "old", "pending"]
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT idempotency_key, payload, pruned_at IS NOT NULL FROM outbox ORDER BY id"
         )
-        await conn.execute(
-            "UPDATE outbox SET status = 'PUBLISHED', published_at = clock_timestamp()"
-            " WHERE idempotency_key = 'new'"
-        )
-    assert await relay.prune() == 1
-    assert sorted(r[0] for r in await _rows(pool)) == ["new", "pending"]
+        assert await cur.fetchall() == [
+            ("old", {}, True),
+            ("new", {"task": "new"}, False),
+            ("pending", {"task": "pending"}, False),
+        ]
+    stats = await relay.stats()
+    assert (stats.published, stats.tombstones, stats.pending) == (1, 1, 1)
 
 
 async def test_outbox_options_are_validated() -> None:
@@ -414,6 +430,19 @@ async def test_outbox_options_are_validated() -> None:
         Outbox(channel="")
     with pytest.raises(ValueError, match="batch_size"):
         OutboxRelay(None, RecordingPublisher(), batch_size=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dedup_window_ms"):
+        Outbox(dedup_window_ms=999)
+    with pytest.raises(ValueError, match="must not exceed the outbox's dedup_window_ms"):
+        OutboxRelay(
+            None,  # type: ignore[arg-type]
+            RecordingPublisher(),
+            outbox=Outbox(dedup_window_ms=60_000),
+            retention_ms=60_001,
+        )
+    with pytest.raises(InvalidOutboxMessageError, match="namespace"):
+        Outbox(namespace="")
+    with pytest.raises(ValueError, match="listen_dsn"):
+        OutboxRelay(None, RecordingPublisher(), listen_dsn="")  # type: ignore[arg-type]
 
 
 async def test_quiet_outbox_sends_no_notify_and_is_found_by_polling(

@@ -171,7 +171,7 @@ async def _job_keys(client: aioredis.Redis, prefix: str, queue: str) -> list[str
     head = f"{prefix}:{queue}:"
     return [
         key
-        async for key in client.scan_iter(match=f"{head}sd-*", count=1000)
+        async for key in client.scan_iter(match=f"{head}sd*", count=1000)
         if ":" not in key[len(head) :]
     ]
 
@@ -193,6 +193,13 @@ async def _rows(pool: AsyncConnectionPool[Any]) -> list[tuple[Any, ...]]:
         )
         rows: list[tuple[Any, ...]] = await cur.fetchall()
         return rows
+
+
+async def _job_ids(pool: AsyncConnectionPool[Any]) -> dict[str, str]:
+    """The job id the outbox stored for each key (v2: derived from the outbox's identity)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT idempotency_key, job_id FROM outbox")
+        return {key: job_id for key, job_id in await cur.fetchall()}
 
 
 async def _enqueue(pool: AsyncConnectionPool[Any], keys: Sequence[str], queue: str) -> None:
@@ -566,7 +573,7 @@ async def test_outbox_commit_reaches_processor_and_rollback_does_not(
         await _until(lambda: _true(len(recorder.completed) == 1), what="the job")
         await asyncio.sleep(0.3)
         assert relay.state.published == 1
-    assert recorder.done == [bullmq_job_id("task:1:done")]
+    assert recorder.done == [(await _job_ids(pool))["task:1:done"]]
     assert recorder.completed[0][1] == {"ok": None}
     assert [r[:2] for r in await _rows(pool)] == [("task:1:done", "PUBLISHED")]
     assert len(await _job_keys(redis, prefix, "notifications")) == 1
@@ -673,7 +680,8 @@ async def test_relay_killed_between_publish_and_mark(
     redis_jobs = len(await _job_keys(redis, prefix, "q"))
     deliveries = Counter(recorder.done)
     assert redis_jobs == 10
-    assert set(deliveries) == {bullmq_job_id(k) for k in keys}
+    job_ids = await _job_ids(pool)
+    assert set(deliveries) == {job_ids[k] for k in keys}
     assert max(deliveries.values()) == 1
     _report(
         f"OB-01 crashes={crashes} publishes={sum(published_before_mark.values()) + 10}"

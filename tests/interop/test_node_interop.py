@@ -22,6 +22,7 @@ from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from tests.interop.conftest import REDIS_URL
 
 SCRIPT = Path(__file__).resolve().parent / "interop.js"
+LOSSY = {"neg_zero": -0.0, "e16": 1e16, "e300": 1e300, "tiny": 5e-324, "unicode": "ünï 🎉"}
 pytestmark = pytest.mark.slow
 
 
@@ -50,7 +51,7 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
 ) -> None:
     keys = ["order:1:shipped", "12345", "ünïcødé-🎉"]
     options = {"attempts": 2, "backoff": {"type": "exponential", "delay": 100}}
-    outbox = Outbox()
+    outbox = Outbox(namespace="interop")
     async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
         await outbox.ensure_schema(pool)
         async with pool.connection() as conn, conn.transaction():
@@ -60,7 +61,7 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
                     idempotency_key=key,
                     queue="emails",
                     name="send",
-                    payload={"key": key, "n": [1, 2.5, None, True]},
+                    payload={"key": key, "n": [1, 2.5, None, True], "big": 2**53 + 1, **LOSSY},
                     options=options,
                 )
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
@@ -68,20 +69,32 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
     lines = await _node(node_env, "work", REDIS_URL, prefix, "emails", "3")
     processed = {line["id"]: line for line in lines if line["event"] == "processed"}
     assert not [line for line in lines if line["event"] == "error"]
-    assert set(processed) == {bullmq_job_id(key) for key in keys}
+    assert set(processed) == {outbox.job_id(key) for key in keys}
     for key in keys:
-        job = processed[bullmq_job_id(key)]
+        job = processed[outbox.job_id(key)]
         assert job["name"] == "send"
-        assert job["data"] == {"key": key, "n": [1, 2.5, None, True]}
+        # A JavaScript number rounds ints beyond 2^53 (Outbox(exact_numbers=True) refuses them);
+        # jsonb already turned 1e16 into an int and -0.0 into 0.0 (the outbox reference's table).
+        assert job["data"] == {
+            "key": key,
+            "n": [1, 2.5, None, True],
+            "big": 2**53,
+            "neg_zero": 0,
+            "e16": 10**16,
+            "e300": 1e300,
+            "tiny": 5e-324,
+            "unicode": "ünï 🎉",
+        }
+        assert type(job["data"]["e16"]) is int
         assert job["attemptsMade"] == 0
         assert job["opts"]["attempts"] == 2
         assert job["opts"]["backoff"] == {"type": "exponential", "delay": 100}
         assert job["opts"]["removeOnComplete"] == {"age": 7 * 24 * 3600}
     queue = Queue("emails", {"connection": redis, "prefix": prefix})
     for key in keys:
-        done = await queue.getJob(bullmq_job_id(key))
+        done = await queue.getJob(outbox.job_id(key))
         assert await queue.getJobState(done.id) == "completed"
-        assert done.returnvalue == {"handledBy": "node", "id": bullmq_job_id(key)}
+        assert done.returnvalue == {"handledBy": "node", "id": outbox.job_id(key)}
 
 
 class FailsOnce(Processor):
@@ -132,12 +145,14 @@ async def test_python_processor_runs_jobs_added_by_node(
 async def test_node_accepts_our_job_ids_but_not_raw_keys(
     node_env: dict[str, str], prefix: str
 ) -> None:
-    """OB-08: Node refuses ``code:run``, ``12345``, ``0`` as custom ids, never ``sd-<sha256>``."""
+    """OB-08: Node refuses ``code:run``, ``12345``, ``0`` as custom ids, never ours (v1 and v2)."""
     keys = ["code:run", "12345", "0", "a:b:c", "tenant:42:report:2024-06"]
     raw = await _node(node_env, "ids", REDIS_URL, prefix, "ids", *keys)
-    ours = await _node(node_env, "ids", REDIS_URL, prefix, "ids", *map(bullmq_job_id, keys))
+    v2 = Outbox(namespace='app.public."out:box"')
+    ids = [*map(bullmq_job_id, keys), *map(v2.job_id, keys)]
+    ours = await _node(node_env, "ids", REDIS_URL, prefix, "ids", *ids)
     refused = {line["jobId"] for line in raw if not line["ok"]}
     # "a:b:c" passes only because Node keeps three-part ids for legacy repeatable jobs.
     assert refused == {"code:run", "12345", "0", "tenant:42:report:2024-06"}
     assert all(line["ok"] for line in ours), ours
-    assert [line["id"] for line in ours] == [bullmq_job_id(k) for k in keys]
+    assert [line["id"] for line in ours] == ids

@@ -41,12 +41,12 @@ def database_url_of(dsn: str) -> str:
 
 
 def job_keys(prefix: str, queue: str = "notifications") -> list[str]:
-    """The BullMQ job hashes of ``queue`` (job ids are ``sd-…``, from the idempotency key)."""
+    """The BullMQ job hashes of ``queue`` (job ids are ``sd2-…``, from the outbox and the key)."""
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         return [
             key
-            for key in client.scan_iter(match=f"{prefix}:{queue}:sd-*", count=1000)
+            for key in client.scan_iter(match=f"{prefix}:{queue}:sd*", count=1000)
             if key.count(":") == prefix.count(":") + 2  # not the job's :lock / :logs keys
         ]
     finally:

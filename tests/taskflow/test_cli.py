@@ -85,7 +85,8 @@ def test_a_separate_worker_processes_the_jobs(
     with log.open("w") as stderr:
         worker = subprocess.Popen([sys.executable, "-m", "taskflow.worker"], env=env, stderr=stderr)
         try:
-            assert wait_for(lambda: "notifications worker ready" in log.read_text(), 30)
+            # ``python -m taskflow.worker`` is ``sdcore run taskflow.worker:runtime``.
+            assert wait_for(lambda: "sdcore started" in log.read_text(), 30), log.read_text()
             app = create_app(settings)
             assert app.state.taskflow.sd.workers is None
             with TestClient(app) as client:

@@ -300,12 +300,14 @@ def test_settings_refuse_a_bad_environment(env: dict[str, str], message: str) ->
 # --------------------------------------------------------------------------- public API only
 
 PUBLIC = {
+    "sdcore.cli",
     "sdcore.demo",
     "sdcore.events",
     "sdcore.fastapi",
     "sdcore.job_scheduler",
     "sdcore.outbox",
     "sdcore.queues",
+    "sdcore.runtime",
     "sdcore.scheduling",
 }
 

@@ -1,34 +1,42 @@
 """The transactional outbox: write messages with your data, relay them to a queue afterwards.
 
-``Outbox.enqueue_once`` writes in the caller's transaction (a rollback publishes nothing; a
-duplicate idempotency key is a no-op); ``OutboxRelay`` publishes committed rows at least once,
-with the same BullMQ job id every time, so re-publishes are deduplicated.
+``Outbox.enqueue_once`` writes in the caller's transaction (a rollback publishes nothing; the
+same message under the same idempotency key is a no-op, another message under it an error);
+``OutboxRelay`` publishes committed rows at least once, with the same BullMQ job id every time
+(derived from the outbox's namespace and the key), so re-publishes are deduplicated.
 """
 
 from sdcore.outbox._model import (
     DEFAULT_KEEP,
+    DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
     OutboxError,
+    OutboxKeyConflictError,
     OutboxMessage,
     OutboxStatus,
+    OutboxTransactionRequiredError,
     Publisher,
     PublisherUnavailableError,
     check_options,
 )
-from sdcore.outbox._outbox import DEFAULT_CHANNEL, Outbox, OutboxEntry
+from sdcore.outbox._outbox import DEFAULT_CHANNEL, DEFAULT_DEDUP_WINDOW_MS, Outbox, OutboxEntry
 from sdcore.outbox._relay import OutboxRelay, OutboxStats, RelayState
 
 __all__ = [
     "DEFAULT_CHANNEL",
+    "DEFAULT_DEDUP_WINDOW_MS",
     "DEFAULT_KEEP",
+    "DuplicateOutboxKeyError",
     "InvalidOutboxMessageError",
     "Outbox",
     "OutboxEntry",
     "OutboxError",
+    "OutboxKeyConflictError",
     "OutboxMessage",
     "OutboxRelay",
     "OutboxStats",
     "OutboxStatus",
+    "OutboxTransactionRequiredError",
     "Publisher",
     "PublisherUnavailableError",
     "RelayState",

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from sdcore.exceptions import SdcoreError
+
 MAX_KEY_LENGTH = 1024
 MAX_NAME_LENGTH = 200
+MAX_NAMESPACE_LENGTH = 200
+# Node's Number.MAX_SAFE_INTEGER: a larger int reaches a Node worker rounded.
+MAX_SAFE_INTEGER = 2**53 - 1
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 # Completed jobs are kept a week: BullMQ deduplicates a job id only while the job exists, and the
 # relay may re-publish a row (after a crash between publish and mark) long after the first publish.
@@ -25,7 +32,7 @@ class OutboxStatus(enum.StrEnum):
     DEAD = "DEAD"
 
 
-class OutboxError(Exception):
+class OutboxError(SdcoreError):
     """Base class of the outbox's errors."""
 
 
@@ -41,6 +48,83 @@ class InvalidOutboxMessageError(OutboxError, ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"invalid {field}: {problem}")
+
+
+class OutboxKeyConflictError(OutboxError, ValueError):
+    """The idempotency key is already taken by a different message (raised before any write).
+
+    Reusing a key for another queue, name, payload or options would otherwise drop the new
+    message silently. The same message again is not an error (``enqueue_once`` returns
+    ``False``).
+
+    Attributes:
+        idempotency_key: The key.
+        existing_queue: Queue of the message that holds the key.
+        existing_name: Job name of the message that holds the key.
+        existing_status: ``PENDING``, ``PUBLISHED`` or ``DEAD``.
+        pruned: The holder is a tombstone (published, payload pruned, key kept for the
+            deduplication window).
+    """
+
+    def __init__(
+        self,
+        idempotency_key: str,
+        *,
+        existing_queue: str,
+        existing_name: str,
+        existing_status: str,
+        pruned: bool,
+    ) -> None:
+        self.idempotency_key = idempotency_key
+        self.existing_queue = existing_queue
+        self.existing_name = existing_name
+        self.existing_status = existing_status
+        self.pruned = pruned
+        shown = idempotency_key if len(idempotency_key) <= 80 else idempotency_key[:79] + "…"
+        holder = "a pruned message" if pruned else f"a {existing_status} message"
+        super().__init__(
+            f"idempotency key {shown!r} is taken by {holder} ({existing_name!r} on queue"
+            f" {existing_queue!r}) with a different queue, name, payload or options; use a new"
+            " key for a new message"
+        )
+
+
+class DuplicateOutboxKeyError(OutboxError, ValueError):
+    """Two entries of one ``complete_and_enqueue`` call share an idempotency key.
+
+    Attributes:
+        idempotency_key: The repeated key.
+        indexes: Positions of the entries that carry it.
+    """
+
+    def __init__(self, idempotency_key: str, indexes: tuple[int, ...]) -> None:
+        self.idempotency_key = idempotency_key
+        self.indexes = indexes
+        shown = idempotency_key if len(idempotency_key) <= 80 else idempotency_key[:79] + "…"
+        super().__init__(
+            f"entries {', '.join(map(str, indexes))} share the idempotency key {shown!r}:"
+            " only one of them could be written; give each message its own key"
+        )
+
+
+class OutboxTransactionRequiredError(OutboxError, RuntimeError):
+    """``enqueue_once`` was given a connection that is not inside a transaction.
+
+    On an autocommit connection the message would commit at once, before the business write it
+    belongs to, and be published even if that write then fails.
+
+    Attributes:
+        connection_type: The type of the connection or session given.
+    """
+
+    def __init__(self, connection_type: str) -> None:
+        self.connection_type = connection_type
+        super().__init__(
+            f"enqueue_once needs a transaction: the {connection_type} is in autocommit mode with"
+            " no transaction open, so the message would commit before (and without) the change it"
+            " belongs to. Open one (`async with conn.transaction():`, `session.begin()`), or pass"
+            " allow_autocommit=True if committing the message alone is what you want"
+        )
 
 
 class PublisherUnavailableError(OutboxError, ConnectionError):
@@ -91,19 +175,87 @@ def _check_text(field: str, value: object, limit: int) -> str:
     return value
 
 
+def check_key(idempotency_key: object) -> str:
+    """Validate an idempotency key.
+
+    Raises:
+        InvalidOutboxMessageError: Naming ``idempotency_key``.
+    """
+    return _check_text("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+
+
 def check_identity(idempotency_key: object, queue: object, name: object) -> tuple[str, str, str]:
     """Validate the key, the queue name and the job name.
 
     Raises:
         InvalidOutboxMessageError: Naming the argument.
     """
-    key = _check_text("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+    key = check_key(idempotency_key)
     queue_name = _check_text("queue", queue, 100)
     if not _QUEUE_NAME.fullmatch(queue_name):
         raise InvalidOutboxMessageError(
             "queue", "use 1-100 characters from [A-Za-z0-9_.-] (':' is BullMQ's key separator)"
         )
     return key, queue_name, _check_text("name", name, MAX_NAME_LENGTH)
+
+
+def check_namespace(namespace: object) -> str | None:
+    """Validate an outbox namespace (part of every job id; ``None``: the outbox's identity).
+
+    Raises:
+        InvalidOutboxMessageError: Not a str, empty, too long, with NUL or invalid Unicode.
+    """
+    if namespace is None:
+        return None
+    return _check_text("namespace", namespace, MAX_NAMESPACE_LENGTH)
+
+
+def job_id_v2(namespace: str, idempotency_key: str) -> str:
+    """Return the BullMQ job id of ``idempotency_key`` in an outbox with ``namespace``.
+
+    ``"sd2-"`` + the SHA-256 hex of ``f"{len(namespace_utf8)}:{namespace}{key}"`` (UTF-8): 68
+    characters from ``[a-z0-9-]``, accepted by Node's BullMQ. The length prefix keeps distinct
+    ``(namespace, key)`` pairs apart. The database computes the same id for rows it writes.
+    """
+    ns = namespace.encode("utf-8")
+    text = str(len(ns)).encode() + b":" + ns + idempotency_key.encode("utf-8")
+    return "sd2-" + hashlib.sha256(text).hexdigest()
+
+
+def check_exact_numbers(value: object, path: str = "$") -> None:
+    """Refuse numbers that do not come back unchanged from jsonb and a Node worker.
+
+    Refused: ``-0.0`` (jsonb has no negative zero), floats of magnitude 1e16 or more (jsonb
+    returns them as ints, and 1e300 as a 301-digit int), and ints beyond ±(2^53 − 1) (a
+    JavaScript number rounds them).
+
+    Raises:
+        InvalidOutboxMessageError: Naming the path of the first such number.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise InvalidOutboxMessageError(
+                "payload",
+                f"{path}: int beyond ±(2^53 - 1) is rounded by a Node worker; send it as a string",
+            )
+        return
+    if isinstance(value, float):
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            raise InvalidOutboxMessageError("payload", f"{path}: -0.0 comes back from jsonb as 0.0")
+        if abs(value) >= 1e16:
+            raise InvalidOutboxMessageError(
+                "payload",
+                f"{path}: float {value!r} comes back from jsonb as an int; send it as a string",
+            )
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            check_exact_numbers(item, f"{path}.{str(key)[:40]}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            check_exact_numbers(item, f"{path}[{index}]")
 
 
 def _non_negative_int(field: str, value: object, limit: int) -> int:

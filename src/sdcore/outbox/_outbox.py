@@ -1,4 +1,4 @@
-"""``Outbox``: write messages in the caller's transaction; one row per idempotency key."""
+"""``Outbox``: write messages in the caller's transaction; one message per idempotency key."""
 
 from __future__ import annotations
 
@@ -8,11 +8,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._json import dump_json_object
-from sdcore.job_scheduler import JobLease, bullmq_job_id
-from sdcore.outbox._model import InvalidOutboxMessageError, check_identity, check_options
+from sdcore.job_scheduler import JobLease
+from sdcore.outbox._model import (
+    DuplicateOutboxKeyError,
+    InvalidOutboxMessageError,
+    OutboxKeyConflictError,
+    OutboxTransactionRequiredError,
+    check_exact_numbers,
+    check_identity,
+    check_key,
+    check_namespace,
+    check_options,
+    job_id_v2,
+)
 from sdcore.outbox._sql import OutboxStatements
 from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
 from sdcore.postgres._schema import qualified
@@ -39,9 +51,11 @@ class _Prepared:
     key: str
     queue: str
     name: str
-    job_id: str
     payload: str
     options: str
+
+
+DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
 
 
 class Outbox:
@@ -56,10 +70,22 @@ class Outbox:
             the commits of notifying transactions (a server-wide lock held until the commit is
             flushed), so many concurrent writers enqueue faster with ``notify=False`` and a
             relay ``poll_interval_ms`` of 100–250 ms.
+        namespace: Part of every BullMQ job id, so outboxes that share a Redis and queue names
+            never collide on a key. ``None`` (default): the outbox's identity, computed by the
+            database at insert — ``"<database>"."<schema>"."<table>"`` (quoted as by
+            ``quote_ident``). Set one per service or tenant when two outboxes on different
+            servers have the same database, schema and table names, or to compute job ids
+            outside the database (:meth:`job_id`).
+        dedup_window_ms: How long after its publication a key stays taken: relays prune old
+            published rows to tombstones (key kept, payload dropped) and delete a tombstone
+            only once this has passed. Default 30 days; at least one second.
+        exact_numbers: Refuse, before any SQL, payload numbers that do not come back unchanged
+            (``-0.0``, floats of magnitude ≥ 1e16, ints beyond ±(2^53 − 1)).
 
     Raises:
         InvalidIdentifierError: A bad table, schema or channel name.
-        ValueError: ``max_attempts`` out of range.
+        InvalidOutboxMessageError: A bad namespace.
+        ValueError: ``max_attempts`` or ``dedup_window_ms`` out of range.
     """
 
     def __init__(
@@ -70,17 +96,51 @@ class Outbox:
         channel: str = DEFAULT_CHANNEL,
         max_attempts: int = 10,
         notify: bool = True,
+        namespace: str | None = None,
+        dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
+        exact_numbers: bool = False,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise TypeError("max_attempts must be an int")
         if not 1 <= max_attempts <= 1000:
             raise ValueError(f"max_attempts must be from 1 to 1000, got {max_attempts}")
+        if (
+            isinstance(dedup_window_ms, bool)
+            or not isinstance(dedup_window_ms, int)
+            or dedup_window_ms < 1000
+        ):
+            raise ValueError(
+                f"dedup_window_ms must be an int of at least 1000, got {dedup_window_ms!r:.40}"
+            )
+        target = qualified(table, schema)
         self.table = table
         self.schema = schema
         self.channel = check_identifier("channel", channel)
         self.max_attempts = max_attempts
         self.notify = bool(notify)
-        self.sql = OutboxStatements.render(qualified(table, schema))
+        self.namespace = check_namespace(namespace)
+        self.dedup_window_ms = dedup_window_ms
+        self.exact_numbers = bool(exact_numbers)
+        self.sql = OutboxStatements.render(target)
+        self._target = target.as_string(None)
+
+    def job_id(self, idempotency_key: str) -> str:
+        """Return the BullMQ job id this outbox gives a new message with ``idempotency_key``.
+
+        Needs an explicit ``namespace`` (without one, the id depends on the database the row
+        is written to; read the row's ``job_id`` column instead).
+
+        Raises:
+            InvalidOutboxMessageError: A bad key.
+            ValueError: The outbox has no namespace.
+        """
+        key = check_key(idempotency_key)
+        if self.namespace is None:
+            raise ValueError(
+                "this Outbox has no namespace: its job ids are derived from the database, schema"
+                " and table by the database; read the row's job_id, or set namespace="
+            )
+        return job_id_v2(self.namespace, key)
 
     def schema_sql(self) -> str:
         """Return the DDL of this outbox table."""
@@ -105,8 +165,23 @@ class Outbox:
             raise InvalidOutboxMessageError("payload", "must be a JSON object, got None")
         text = dump_json_object(payload, field="payload")  # type: ignore[arg-type]
         assert text is not None  # noqa: S101 - None was refused above
+        if self.exact_numbers:
+            check_exact_numbers(payload)
         opts = check_options(options)  # type: ignore[arg-type]
-        return _Prepared(key, queue_name, job_name, bullmq_job_id(key), text, json.dumps(opts))
+        return _Prepared(key, queue_name, job_name, text, json.dumps(opts))
+
+    def _params(self, row: _Prepared) -> dict[str, Any]:
+        return {
+            "key": row.key,
+            "queue": row.queue,
+            "name": row.name,
+            "payload": row.payload,
+            "options": row.options,
+            "max": self.max_attempts,
+            "namespace": self.namespace,
+            "target": self._target,
+            "channel": self.channel,
+        }
 
     async def enqueue_once(
         self,
@@ -117,12 +192,18 @@ class Outbox:
         name: str,
         payload: Mapping[str, Any],
         options: Mapping[str, Any] | None = None,
+        allow_autocommit: bool = False,
     ) -> bool:
-        """Write one message in the caller's transaction; a duplicate key is a no-op.
+        """Write one message in the caller's transaction; the same message again is a no-op.
 
         Everything is validated before any SQL, so a bad message never poisons the caller's
         transaction. The row becomes visible to relays when the caller commits; a rollback
         publishes nothing.
+
+        Under REPEATABLE READ or SERIALIZABLE, a key that another transaction committed after
+        this transaction's snapshot raises ``psycopg.errors.SerializationFailure`` (SQLSTATE
+        40001) instead of returning ``False``: retry the whole transaction, as for any
+        serialization failure.
 
         Args:
             conn: A psycopg ``AsyncConnection`` (inside the caller's transaction), or a SQLAlchemy
@@ -133,37 +214,63 @@ class Outbox:
             name: BullMQ job name.
             payload: The job's data, a JSON object.
             options: BullMQ job options (see :func:`sdcore.outbox.check_options`).
+            allow_autocommit: Accept an autocommit connection with no transaction open (the
+                message then commits at once, on its own).
 
         Returns:
-            ``True`` if the row was inserted, ``False`` if the key already existed.
+            ``True`` if the row was inserted, ``False`` if this key already holds the same
+            message (queue, name, payload and options equal as jsonb compares them).
 
         Raises:
             InvalidOutboxMessageError: A bad key, queue, name or option.
             JsonTypeError: ``payload`` is not JSON.
             JsonValueError: ``payload`` cannot be stored in jsonb (NaN, NUL, too deep/large).
+            OutboxKeyConflictError: The key holds a different message (nothing was written).
+            OutboxTransactionRequiredError: ``conn`` is in autocommit mode outside a
+                transaction (and ``allow_autocommit`` is false); nothing was written.
             TypeError: ``conn`` is not a supported connection or session.
         """
         row = self._prepare(idempotency_key, queue, name, payload, options)
         if isinstance(conn, psycopg.AsyncConnection):
+            if (
+                not allow_autocommit
+                and conn.autocommit
+                and conn.info.transaction_status == TransactionStatus.IDLE
+            ):
+                raise OutboxTransactionRequiredError("psycopg AsyncConnection")
             return await self._insert(conn, row)
-        return await self._enqueue_sqlalchemy(conn, row)
+        return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
 
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
-        params = (
-            row.key,
-            row.queue,
-            row.name,
-            row.job_id,
-            row.payload,
-            row.options,
-            self.max_attempts,
-            self.channel,
-        )
+        params = self._params(row)
         query = self.sql.enqueue if self.notify else self.sql.enqueue_quiet
-        cur = await conn.execute(query, params)
-        return await cur.fetchone() is not None
+        for _ in range(3):
+            cur = await conn.execute(query, params)
+            if await cur.fetchone() is not None:
+                return True
+            cur = await conn.execute(self.sql.existing, params)
+            existing = await cur.fetchone()
+            if existing is not None:
+                return self._same_message(row, existing)
+        raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
+            f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
+        )
 
-    async def _enqueue_sqlalchemy(self, conn: Any, row: _Prepared) -> bool:
+    def _same_message(self, row: _Prepared, existing: Sequence[Any]) -> bool:
+        same, queue, name, status, pruned = existing
+        if not same:
+            raise OutboxKeyConflictError(
+                row.key,
+                existing_queue=queue,
+                existing_name=name,
+                existing_status=status,
+                pruned=bool(pruned),
+            )
+        return False
+
+    async def _enqueue_sqlalchemy(
+        self, conn: Any, row: _Prepared, *, allow_autocommit: bool
+    ) -> bool:
         try:
             from sqlalchemy import text
             from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -176,23 +283,27 @@ class Outbox:
                 "conn must be a psycopg AsyncConnection or a SQLAlchemy AsyncSession /"
                 f" AsyncConnection, got {type(conn).__name__}"
             )
+        if not allow_autocommit:
+            # session.connection() joins (or autobegins) the session's transaction; only the
+            # driver knows whether that transaction is real or AUTOCOMMIT (isolation_level).
+            bound = await conn.connection() if isinstance(conn, AsyncSession) else conn
+            raw = await bound.get_raw_connection()
+            if getattr(raw.dbapi_connection, "autocommit", False):
+                raise OutboxTransactionRequiredError(f"SQLAlchemy {type(conn).__name__}")
         # Through session.execute, never a raw driver connection taken before the session's
         # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
-        query = self.sql.enqueue_named if self.notify else self.sql.enqueue_quiet_named
-        result = await conn.execute(
-            text(query),
-            {
-                "key": row.key,
-                "queue": row.queue,
-                "name": row.name,
-                "job_id": row.job_id,
-                "payload": row.payload,
-                "options": row.options,
-                "max": self.max_attempts,
-                "channel": self.channel,
-            },
+        params = self._params(row)
+        query = text(self.sql.enqueue_named if self.notify else self.sql.enqueue_quiet_named)
+        for _ in range(3):
+            result = await conn.execute(query, params)
+            if result.first() is not None:
+                return True
+            found = (await conn.execute(text(self.sql.existing_named), params)).first()
+            if found is not None:
+                return self._same_message(row, tuple(found))
+        raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
+            f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )
-        return result.first() is not None
 
     async def complete_and_enqueue(
         self,
@@ -207,7 +318,9 @@ class Outbox:
 
         The completion is guarded by the owner token: if ownership was lost, nothing is written
         and ``False`` is returned. Inside ``run_exclusive`` this is the run's outcome (the
-        automatic ``complete`` afterwards accepts it).
+        automatic ``complete`` afterwards accepts it). A message whose key already holds the
+        same message counts as enqueued; a key holding another message raises and rolls the
+        whole transaction back (the run stays ``RUNNING``).
 
         Args:
             conn: A psycopg connection (not inside a transaction; one is opened here).
@@ -218,11 +331,21 @@ class Outbox:
 
         Returns:
             ``True`` if the run is ``SUCCESS`` and every message is in the outbox.
+
+        Raises:
+            DuplicateOutboxKeyError: Two entries share a key (before any SQL).
+            OutboxKeyConflictError: A key holds a different message (nothing was written).
         """
         prepared = [
             self._prepare(m.idempotency_key, m.queue, m.name, m.payload, m.options)
             for m in messages
         ]
+        seen: dict[str, list[int]] = {}
+        for index, row in enumerate(prepared):
+            seen.setdefault(row.key, []).append(index)
+        for key, indexes in seen.items():
+            if len(indexes) > 1:
+                raise DuplicateOutboxKeyError(key, tuple(indexes))
         done = False
         async with conn.transaction():
             if not await jobs.complete_in(conn, lease, data):

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.job_scheduler._base import error_text
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
+from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import OutboxMessage, Publisher, PublisherUnavailableError
 from sdcore.outbox._outbox import Outbox
-from sdcore.postgres import redact_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +43,8 @@ class OutboxStats:
     dead: int
     published: int
     oldest_pending_age_s: float | None
+    tombstones: int = 0
+    """Published rows pruned to their key (kept for the outbox's deduplication window)."""
 
 
 def _ms(name: str, value: int, minimum: int) -> int:
@@ -55,12 +57,16 @@ class OutboxRelay:
     """Claims due rows in short transactions, publishes them, marks them published.
 
     Run one in every replica: ``FOR UPDATE SKIP LOCKED`` plus a claim time keep relays off each
-    other's rows. It wakes on ``LISTEN/NOTIFY`` (the outbox notifies on commit) and polls every
-    ``poll_interval_ms`` as a fallback. A message that fails is retried after
-    ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the outbox's
-    ``max_attempts``; rows behind it keep flowing. When the broker is unreachable the relay backs
-    off (up to ``unavailable_max_ms``) without counting attempts. Published rows older than
-    ``retention_ms`` are pruned.
+    other's rows. It wakes on ``LISTEN/NOTIFY`` (the outbox notifies on commit; a notification
+    that arrives during a batch starts the next claim as soon as the batch is recorded) and polls
+    every ``poll_interval_ms`` as a fallback. Each claim carries a fresh token: a relay whose
+    claim expired and was taken over cannot record a failure over the other relay's outcome, and
+    a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
+    retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
+    outbox's ``max_attempts``; rows behind it keep flowing. When the broker is unreachable the
+    relay backs off (up to ``unavailable_max_ms``) without counting attempts. Published rows
+    older than ``retention_ms`` become tombstones (key kept, payload dropped), deleted once the
+    outbox's ``dedup_window_ms`` has passed since their publication.
 
     Args:
         pool: Connection pool for the outbox's database.
@@ -73,9 +79,21 @@ class OutboxRelay:
         retry_base_ms: First retry delay of a failed message.
         retry_max_ms: Largest retry delay.
         unavailable_max_ms: Largest back-off while the broker or database is down.
-        retention_ms: Keep published rows this long.
+        retention_ms: Keep published rows' payloads this long (at most the outbox's
+            ``dedup_window_ms``).
         prune_every_ms: How often to prune.
         logger_name: Logger for relay events.
+        listen_dsn: LISTEN on a direct connection to this DSN instead of one made from the
+            pool's settings (claims still go through the pool): for a pool behind PgBouncer in
+            transaction mode, where LISTEN cannot work.
+        transaction_pooling: The pool goes through a transaction-pooling proxy (PgBouncer
+            ``pool_mode = transaction``): statements are never prepared server-side, and without
+            ``listen_dsn`` the relay does not LISTEN (``state.listening`` stays false) and finds
+            rows by polling every ``poll_interval_ms``.
+
+    Raises:
+        ValueError: An out-of-range setting, or ``retention_ms`` longer than the outbox's
+            ``dedup_window_ms``.
     """
 
     def __init__(
@@ -93,6 +111,8 @@ class OutboxRelay:
         retention_ms: int = 7 * 24 * 3600 * 1000,
         prune_every_ms: int = 3600 * 1000,
         logger_name: str = "sdcore.outbox",
+        listen_dsn: str | None = None,
+        transaction_pooling: bool = False,
     ) -> None:
         self._pool = pool
         self._publisher = publisher
@@ -105,12 +125,32 @@ class OutboxRelay:
         self._unavailable_max = _ms("unavailable_max_ms", unavailable_max_ms, 10) / 1000
         self._retention = _ms("retention_ms", retention_ms, 0)
         self._prune_every = _ms("prune_every_ms", prune_every_ms, 1000) / 1000
+        if self._retention > self.outbox.dedup_window_ms:
+            raise ValueError(
+                f"retention_ms ({self._retention}) must not exceed the outbox's dedup_window_ms"
+                f" ({self.outbox.dedup_window_ms}): a key must stay taken at least as long as its"
+                " row is kept"
+            )
+        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
+            raise ValueError("listen_dsn must be a non-empty DSN str or None")
+        self._listen_dsn = listen_dsn
+        self._transaction_pooling = bool(transaction_pooling)
+        # Under transaction pooling, a server-side prepared statement may be met (or missed) by
+        # another client of the proxy.
+        self._prepare: bool | None = False if self._transaction_pooling else None
         self._log = logging.getLogger(logger_name)
         self._wake = asyncio.Event()
+        self._stop_event = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._listening = False
+        self._notifications = Notifications(
+            pool,
+            channel=self.outbox.channel,
+            wake=self._wake,
+            listen_dsn=listen_dsn,
+            logger=self._log,
+        )
         self._broker_available = True
         self._published = 0
         self._failed = 0
@@ -122,7 +162,7 @@ class OutboxRelay:
         """A snapshot of the relay's state."""
         return RelayState(
             running=self._task is not None and not self._task.done(),
-            listening=self._listening,
+            listening=self._notifications.listening,
             broker_available=self._broker_available,
             published=self._published,
             failed=self._failed,
@@ -147,12 +187,17 @@ class OutboxRelay:
         if self._task is not None:
             return
         self._stopping = False
-        self._listener = asyncio.create_task(self._listen(), name="sdcore-outbox-listen")
+        self._stop_event.clear()
+        if self._listen_dsn is not None or not self._transaction_pooling:
+            self._listener = asyncio.create_task(
+                self._notifications.run(), name="sdcore-outbox-listen"
+            )
         self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Finish the batch in flight (publish and mark), then stop; cancel after ``grace_s``."""
         self._stopping = True
+        self._stop_event.set()
         self._wake.set()
         if self._task is not None:
             done, _ = await asyncio.wait({self._task}, timeout=grace_s)
@@ -163,7 +208,6 @@ class OutboxRelay:
             self._listener.cancel()
             await asyncio.wait({self._listener})
         self._task = self._listener = None
-        self._listening = False
 
     async def run_once(self) -> int:
         """Claim one batch of due rows, publish it, record the outcome.
@@ -175,8 +219,11 @@ class OutboxRelay:
             PublisherUnavailableError: The broker is down (the claims were released).
             psycopg.Error: The database is down.
         """
+        token = uuid.uuid4()
         async with self._pool.connection() as conn:
-            cur = await conn.execute(self.outbox.sql.claim, (self._claim_ms, self._batch))
+            cur = await conn.execute(
+                self.outbox.sql.claim, (self._claim_ms, token, self._batch), prepare=self._prepare
+            )
             rows = await cur.fetchall()
         if not rows:
             return 0
@@ -199,7 +246,8 @@ class OutboxRelay:
             results = list(await self._publisher.publish(messages))
         except PublisherUnavailableError as exc:
             await self._execute(
-                self.outbox.sql.unclaim, (error_text(exc)[:2000], [m.id for m in messages])
+                self.outbox.sql.unclaim,
+                (error_text(exc)[:2000], [m.id for m in messages], token),
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
@@ -207,11 +255,14 @@ class OutboxRelay:
         if len(results) != len(messages):
             error = RuntimeError("publisher returned the wrong number of results")
             results = [error] * len(messages)
-        await self._record(messages, results)
+        await self._record(messages, results, token)
         return len(messages)
 
     async def _record(
-        self, messages: list[OutboxMessage], results: list[BaseException | None]
+        self,
+        messages: list[OutboxMessage],
+        results: list[BaseException | None],
+        token: uuid.UUID,
     ) -> None:
         published = [m.id for m, r in zip(messages, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(messages, results, strict=True) if r is not None]
@@ -226,10 +277,29 @@ class OutboxRelay:
                 min(self._retry_base * 2 ** max(m.attempts - 1, 0), self._retry_max)
                 for m, _ in failed
             ]
-            await self._execute(self.outbox.sql.failed, (ids, errors, delays))
-            self._failed += len(failed)
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    self.outbox.sql.failed, (ids, errors, delays, token), prepare=self._prepare
+                )
+                landed = {row[0]: row[1] for row in await cur.fetchall()}
+            self._failed += len(landed)
             for message, error in failed:
-                dead = message.attempts >= message.max_attempts
+                if message.id not in landed:
+                    # Our claim was taken over: the other relay's outcome stands.
+                    self._log.info(
+                        "outbox message %d: publish failed (%s) after this relay's claim was"
+                        " taken over; the other relay's outcome stands",
+                        message.id,
+                        error_text(error)[:300],
+                        extra={
+                            "action": "outbox_claim_lost",
+                            "outbox_id": message.id,
+                            "idempotency_key": message.idempotency_key,
+                            "queue": message.queue,
+                        },
+                    )
+                    continue
+                dead = landed[message.id] == "DEAD"
                 self._log.log(
                     logging.ERROR if dead else logging.WARNING,
                     "outbox message %d (%r on queue %r) %s: %s",
@@ -248,28 +318,43 @@ class OutboxRelay:
 
     async def _execute(self, query: bytes, params: tuple[Any, ...]) -> None:
         async with self._pool.connection() as conn:
-            await conn.execute(query, params)
+            await conn.execute(query, params, prepare=self._prepare)
 
     async def stats(self) -> OutboxStats:
         """Count rows by status (one query)."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(self.outbox.sql.stats)
+            cur = await conn.execute(self.outbox.sql.stats, prepare=self._prepare)
             row = await cur.fetchone()
         assert row is not None  # noqa: S101 - an aggregate always returns one row
         age = None if row[4] is None else float(row[4])
         return OutboxStats(
-            pending=row[0], due=row[1], dead=row[2], published=row[3], oldest_pending_age_s=age
+            pending=row[0],
+            due=row[1],
+            dead=row[2],
+            published=row[3],
+            oldest_pending_age_s=age,
+            tombstones=row[5],
         )
 
     async def prune(self) -> int:
-        """Delete published rows older than the retention, in batches; return how many."""
+        """Prune in batches; return how many published rows became tombstones.
+
+        Published rows older than ``retention_ms`` lose their payload and options but keep their
+        key, digest and job id, so the key stays taken; tombstones of messages published more
+        than the outbox's ``dedup_window_ms`` ago are deleted, which frees their keys.
+        """
+        tombstoned = await self._batches(self.outbox.sql.tombstone, self._retention)
+        await self._batches(self.outbox.sql.prune, self.outbox.dedup_window_ms)
+        return tombstoned
+
+    async def _batches(self, query: bytes, age_ms: int) -> int:
         total = 0
         while True:
             async with self._pool.connection() as conn:
-                cur = await conn.execute(self.outbox.sql.prune, (self._retention, 1000))
-                deleted = int(cur.rowcount)
-            total += deleted
-            if deleted < 1000:
+                cur = await conn.execute(query, (age_ms, 1000), prepare=self._prepare)
+                changed = int(cur.rowcount)
+            total += changed
+            if changed < 1000:
                 return total
 
     async def _run(self) -> None:
@@ -277,21 +362,24 @@ class OutboxRelay:
         backoff = 0.0
         next_prune = loop.time() + self._prune_every
         while not self._stopping:
+            # Cleared before the claim, never after it: a notification that arrives while this
+            # round runs stays set, and the sleep below returns at once for another claim.
+            self._wake.clear()
             try:
                 claimed = await self.run_once()
             except PublisherUnavailableError as exc:
                 backoff = self._back_off(backoff, "broker unavailable", exc)
                 self._broker_available = False
-                await self._sleep(backoff)
+                await self._pause(backoff)
                 continue
             except (psycopg.Error, OSError) as exc:
                 backoff = self._back_off(backoff, "database unavailable", exc)
-                await self._sleep(backoff)
+                await self._pause(backoff)
                 continue
             except Exception as exc:  # noqa: BLE001 - the relay must outlive a bad round
                 self._log.exception("outbox relay round failed", extra={"action": "relay_error"})
                 backoff = self._back_off(backoff, "unexpected error", exc)
-                await self._sleep(backoff)
+                await self._pause(backoff)
                 continue
             backoff = 0.0
             self._broker_available = True
@@ -318,48 +406,17 @@ class OutboxRelay:
         return delay
 
     async def _sleep(self, seconds: float) -> None:
-        self._wake.clear()
+        """Wait for a notification (possibly one that came during the last round) or the poll."""
         if self._stopping:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
 
-    async def _connect_args(self) -> tuple[str, dict[str, Any]]:
-        # psycopg_pool accepts a str or a (possibly async) callable for both.
-        conninfo: Any = self._pool.conninfo
-        kwargs: Any = self._pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-        if callable(kwargs):
-            kwargs = kwargs()
-        if inspect.isawaitable(conninfo):
-            conninfo = await conninfo
-        if inspect.isawaitable(kwargs):
-            kwargs = await kwargs
-        return str(conninfo), {**(kwargs or {}), "autocommit": True}
-
-    async def _listen(self) -> None:
-        """Keep a LISTEN connection; every notification wakes the relay. Reconnect on failure."""
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel))
-        while True:
-            try:
-                conninfo, kwargs = await self._connect_args()
-                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-                async with conn:
-                    await conn.execute(statement)
-                    self._listening = True
-                    self._wake.set()  # catch up on anything committed while not listening
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - polling covers the gap; log and reconnect
-                self._log.info(
-                    "outbox relay: LISTEN connection lost (%s); polling until it is back",
-                    redact_text(error_text(exc)[:200]),
-                    extra={"action": "relay_listen_lost"},
-                )
-            finally:
-                self._listening = False
-            await asyncio.sleep(1.0)
+    async def _pause(self, seconds: float) -> None:
+        """Back off: only ``stop()`` ends it early (new rows would find the broker still down)."""
+        if self._stopping:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop_event.wait()
