@@ -26,6 +26,9 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   └── EventLoopRequiredError              (RuntimeError)
     ├── OutboxError                             sdcore.outbox
     │   ├── InvalidOutboxMessageError           (ValueError)
+    │   ├── OutboxKeyConflictError              (ValueError)
+    │   ├── DuplicateOutboxKeyError             (ValueError)
+    │   ├── OutboxTransactionRequiredError      (RuntimeError)
     │   └── PublisherUnavailableError           (ConnectionError)
     ├── QueuesError                             sdcore.queues
     │   ├── RedisClientError                    (ValueError)
@@ -35,6 +38,7 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     ├── InvalidIdentifierError                  (ValueError; sdcore.postgres)
     ├── MigrationError                          (RuntimeError; sdcore.postgres)
     ├── JsonValueError / JsonTypeError          (ValueError / TypeError; job data, payloads)
+    ├── EmbeddedUnavailableError                (RuntimeError; sdcore.demo)
     └── RuntimeStateError                       (RuntimeError; sdcore.runtime)
 
 A test (``tests/unit/test_errors.py``) checks that every public error class of every package is

@@ -31,7 +31,7 @@ from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
-from sdcore.postgres import redact_dsn, redact_text
+from sdcore.postgres import PoolSettings, create_pool, redact_dsn, redact_text
 from sdcore.scheduling import Scheduler
 
 if TYPE_CHECKING:
@@ -78,10 +78,24 @@ class Runtime:
         grace_period_ms: How long running ticks and jobs may finish at shutdown.
         outbox: The outbox table (default ``Outbox()``).
         logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
+        transaction_pooling: ``database_url`` points at a transaction-mode pooler (PgBouncer
+            ``pool_mode=transaction``): no server-side prepared statements on the pool, and
+            every lease statement carries its own ``synchronous_commit=on`` and timeout.
+        connect_timeout: Seconds per connection attempt and host (libpq: whole seconds, at
+            least 2); ``None``: the URL's value, else 10.
+        reconnect_min_delay_ms: First pause before replacing a broken connection; doubles up
+            to ``reconnect_max_delay_ms``, so a promoted standby is used within about that long
+            of accepting connections.
+        reconnect_max_delay_ms: The cap of that pause.
+        reconnect_timeout_ms: Stop trying to replace a connection after this long.
+        relay_listen_url: A direct (not pooled) URL of the same database for the relay's
+            LISTEN. Under ``transaction_pooling`` without it the relay polls (a notification
+            cannot cross a transaction-mode pooler); with it, it is woken within milliseconds.
 
     Raises:
-        ValueError: An empty ``database_url``, processors without ``redis_url``, or a pool
-            of fewer than 2 connections (the job scheduler would hold the last one).
+        ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
+            fewer than 2 connections (the job scheduler would hold the last one), or a
+            connection setting out of range.
     """
 
     default_logger_name = "sdcore.runtime"
@@ -102,6 +116,12 @@ class Runtime:
         grace_period_ms: int = 10_000,
         outbox: Outbox | None = None,
         logger_name: str | None = None,
+        transaction_pooling: bool = False,
+        connect_timeout: int | None = None,
+        reconnect_min_delay_ms: int = 100,
+        reconnect_max_delay_ms: int = 1_000,
+        reconnect_timeout_ms: int = 300_000,
+        relay_listen_url: str | None = None,
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
@@ -116,14 +136,24 @@ class Runtime:
             )
         self.database_url = database_url
         self.redis_url = redis_url or None
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            database_url,
+        settings = PoolSettings(
             min_size=min(pool_min_size, pool_max_size),
             max_size=pool_max_size,
-            kwargs={"autocommit": True},
-            open=False,
+            transaction_pooling=transaction_pooling,
+            connect_timeout=connect_timeout,
+            reconnect_min_delay_ms=reconnect_min_delay_ms,
+            reconnect_max_delay_ms=reconnect_max_delay_ms,
+            reconnect_timeout_ms=reconnect_timeout_ms,
         )
-        self.jobs = JobSchedulerService(self.pool, max_connections=max(1, pool_max_size // 2))
+        self.transaction_pooling = transaction_pooling
+        self.relay_listen_url = relay_listen_url or None
+        self._pool_settings = settings
+        self.pool: AsyncConnectionPool[Any] = create_pool(database_url, settings)
+        self.jobs = JobSchedulerService(
+            self.pool,
+            max_connections=max(1, pool_max_size // 2),
+            transaction_pooling=transaction_pooling,
+        )
         self.scheduler = Scheduler(
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
         )
@@ -222,11 +252,8 @@ class Runtime:
         # One direct attempt first: psycopg_pool only logs why a connection failed and raises
         # "pool initialization incomplete" after its timeout; this names the server's reason.
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict
 
-        kwargs: dict[str, Any] = {}
-        if "connect_timeout" not in conninfo_to_dict(self.database_url):
-            kwargs["connect_timeout"] = 10
+        kwargs = self._pool_settings.connection_kwargs(self.database_url)
         try:
             conn = await psycopg.AsyncConnection.connect(self.database_url, **kwargs)
         except psycopg.Error as exc:
@@ -262,7 +289,13 @@ class Runtime:
         self.publisher = publisher
         stack.push_async_callback(self._step, "publisher", publisher.close)
         if self.run_relay:
-            relay = OutboxRelay(self.pool, publisher, outbox=self.outbox)
+            relay = OutboxRelay(
+                self.pool,
+                publisher,
+                outbox=self.outbox,
+                transaction_pooling=self.transaction_pooling,
+                listen_dsn=self.relay_listen_url,
+            )
             await relay.start()
             self.relay = relay
             stack.push_async_callback(self._step, "relay", lambda: relay.stop(self._grace))

@@ -104,6 +104,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--catch-up-window-ms", type=int)
     p.add_argument("--retries", type=int)
     p.add_argument("--retry-backoff-ms", type=int)
+    p.add_argument("--lease-ms", type=int, help="lease of each tick")
     p.add_argument("--grace-period-ms", type=int, default=10_000)
     p.add_argument("--sleep-ms", type=int, default=0, help="handler sleep after its ledger row")
     p.add_argument("--fail", action="store_true", help="the handler raises after its ledger row")
@@ -125,6 +126,8 @@ def schedule_options(args: argparse.Namespace) -> ScheduleOptions:
         options["retries"] = args.retries
     if args.retry_backoff_ms is not None:
         options["retry_backoff_ms"] = args.retry_backoff_ms
+    if args.lease_ms is not None:
+        options["lease_ms"] = args.lease_ms
     return options
 
 

@@ -847,3 +847,115 @@ def test_shutdown_mid_run_leaves_fail_not_running(pg_dsn: str, cluster: Cluster)
     assert job.status == "FAIL", job
     assert [k for k, j in jobs.items() if j.status == "RUNNING"] == []
     assert [(r.run_key, r.outcome) for r in ledger] == [(ran["run_key"], "cancelled")]
+
+
+# --------------------------------------------------------------------------- SC-13 / SC-14
+
+
+def _attempts(dsn: str, code: str) -> dict[str, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT run_key, attempts FROM job_scheduler WHERE code = %s AND run_key IS NOT NULL",
+            (code,),
+        ).fetchall()
+    return {row[0]: row[1] for row in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("retries", [0, 2])
+def test_sc13_failing_tick_runs_at_most_retries_plus_one_times(
+    pg_dsn: str, cluster: Cluster, retries: int
+) -> None:
+    """SC-13 (issue 10, reproduction 1): three replicas whose wall clocks are 0, +300 and
+    +600 ms apart (faketime), ``*/2 * * * * *``, a handler that always fails after 100 ms.
+    ``retries=0``: each tick runs exactly once in the cluster (0.1.0 ran it up to 3 times).
+    ``retries=2``: at most 3 times, never two at once, and the retries do happen."""
+    faketime = _require_faketime()
+    _create_ledger(pg_dsn)
+    name, cron = f"sc13-{retries}", "*/2 * * * * *"
+    base = ["--cron", cron, "--fail", "--sleep-ms", "100", "--retries", str(retries)]
+    base += ["--retry-backoff-ms", "200"]
+    replicas = []
+    for replica_id, skew in enumerate((0.0, 0.3, 0.6)):
+        prefix = [] if skew == 0 else [faketime, "-f", f"{skew:+g}"]
+        env = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        replicas.append(cluster.spawn(replica_id, name, base, prefix=prefix, extra_env=env))
+    for replica_id, replica in enumerate(replicas):
+        offset = float(replica.wait_for("ready")["offset_s"])
+        assert abs(offset - 0.3 * replica_id) < 0.25, f"replica {replica_id}: offset {offset}"
+    for replica in replicas:
+        replica.wait_for("started")
+    t_start = time.time()
+    _sleep_until(t_start + 14)
+    t_end = time.time()
+    cluster.stop(replicas)
+
+    keys = _expected(t_start + 2, t_end - 3, cron=cron)
+    by_key = _by_key(_ledger(pg_dsn, name))
+    attempts = _attempts(pg_dsn, name)
+    jobs = _jobs(pg_dsn, name)
+    runs = Counter({key: len(by_key.get(key, [])) for key in keys})
+    peaks = {key: _max_concurrency(by_key[key]) for key in keys if key in by_key}
+    _report(f"SC-13 retries={retries}: ticks={len(keys)} runs_per_tick={Counter(runs.values())}")
+    assert len(keys) >= 4
+    for key in keys:
+        assert jobs[key].status == "FAIL", (key, jobs[key])
+        assert 1 <= runs[key] <= retries + 1, (key, by_key.get(key))
+        assert attempts[key] == runs[key], (key, attempts[key], by_key.get(key))
+        assert peaks[key] == 1, f"{key}: two runs at once: {by_key[key]}"
+        assert [r.attempt for r in by_key[key]] == list(range(1, runs[key] + 1))
+    if retries == 0:
+        assert set(runs.values()) == {1}
+    else:
+        assert max(runs.values()) == retries + 1, "the retries never happened"
+
+
+@pytest.mark.slow
+def test_sc14_sigkill_mid_run_the_abandoned_tick_reruns_once_its_lease_expires(
+    pg_dsn: str, cluster: Cluster
+) -> None:
+    """SC-14 (issue 10, reproductions 3/4): a 1 s schedule, the default 1 h catch-up window,
+    ``catch_up="all"`` and a 3 s lease; replica 0's handler takes 5 s. While it runs a tick it is
+    killed with SIGKILL: another replica's sweep re-runs that tick once its lease has expired, and
+    no tick from before the replicas started runs (0.1.0 never re-ran it: the 3,600 ticks of the
+    window exceeded its scan cap)."""
+    _create_ledger(pg_dsn)
+    name = "sc14"
+    common = ["--cron", "* * * * * *", "--catch-up", "all", "--lease-ms", "3000"]
+    start_at = time.time() + 4
+    replicas = [
+        cluster.spawn(0, name, [*common, "--sleep-ms", "5000", "--start-at", str(start_at)]),
+        cluster.spawn(1, name, [*common, "--sleep-ms", "100", "--start-at", str(start_at)]),
+        cluster.spawn(2, name, [*common, "--sleep-ms", "100", "--start-at", str(start_at)]),
+    ]
+    entered = [float(r.wait_for("started")["entered"]) for r in replicas]
+    victim = replicas[0]
+    ran = victim.wait_for("ran", timeout=15)
+    time.sleep(0.5)
+    victim.kill9()
+    t_kill = time.time()
+    _sleep_until(t_kill + 9)
+    cluster.stop(replicas[1:])
+
+    abandoned = ran["run_key"]
+    by_key = _by_key(_ledger(pg_dsn, name))
+    rows = by_key[abandoned]
+    jobs = _jobs(pg_dsn, name)
+    _report(
+        f"SC-14: abandoned={abandoned} runs={[(r.replica_id, r.outcome) for r in rows]}"
+        f" rerun_after_kill_s="
+        f"{(rows[-1].started_at.timestamp() - t_kill) if len(rows) > 1 else float('nan'):.2f}"
+    )
+    assert rows[0].replica_id == 0
+    assert rows[0].outcome is None, "the victim's run cannot have finished"
+    assert len(rows) == 2, f"the abandoned tick ran {len(rows)} times: {rows}"
+    assert rows[1].replica_id != 0
+    assert rows[1].outcome == "ok"
+    # Not before the lease ran out: 3 s after the victim's last heartbeat (every 1 s).
+    assert rows[1].started_at.timestamp() >= t_kill + 3 - 1.0 - 0.5
+    assert jobs[abandoned].status == "SUCCESS"
+    first = min(entered)
+    before = sorted(k for k in by_key if _instant(k).timestamp() < first - 0.001)
+    assert before == [], f"ticks from before the start ran: {before}"
+    doubled = [k for k, group in by_key.items() if len(group) > 1 and k != abandoned]
+    assert doubled == [], doubled

@@ -210,7 +210,10 @@ def test_every_listing_json_pipes_into_jq(pg_dsn: str) -> None:
     async def enqueue() -> None:
         import psycopg
 
-        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        async with (
+            await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn,
+            conn.transaction(),
+        ):
             await Outbox().enqueue_once(
                 conn, idempotency_key="k1", queue="mail", name="send", payload={}
             )

@@ -132,6 +132,7 @@ def test_scheduling_surface() -> None:
         "ScheduleNotFoundError",
         "ScheduleOptions",
         "Scheduler",
+        "SchedulingError",
         "Tick",
         "TickOutcome",
         "format_run_key",

@@ -19,16 +19,25 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.testing import InMemoryJobScheduler
+from tests.unit._looptime import in_loop_time, loop_clock
+
+
+async def _seen_at_start(jobs: InMemoryJobScheduler, code: str) -> None:
+    """Give ``code`` a row at time 0: the schedule existed, so catch-up applies to it."""
+    old = await jobs.acquire({"code": code, "run_key": "2000-01-01T00:00:00Z"})
+    assert old.acquired
+    await jobs.complete(old.lease)
 
 
 def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
     return Counter(row.status.value for row in jobs.rows() if row.code == code)
 
 
+@in_loop_time
 async def test_every_tick_runs_once_across_replicas() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     ledger: list[tuple[str, int]] = []
-    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for replica, scheduler in enumerate(schedulers):
 
         @scheduler.interval(200, name="tick")
@@ -45,9 +54,10 @@ async def test_every_tick_runs_once_across_replicas() -> None:
     assert _statuses(jobs, "tick")["RUNNING"] == 0
 
 
+@in_loop_time
 async def test_without_jobs_every_process_runs_every_tick() -> None:
     ledger: list[str] = []
-    a, b = Scheduler(), Scheduler()
+    a, b = Scheduler(clock=loop_clock()), Scheduler(clock=loop_clock())
     for scheduler in (a, b):
         scheduler.add_interval("tick", 200, lambda tick: ledger.append(tick.run_key or ""))
     async with a, b:
@@ -55,9 +65,12 @@ async def test_without_jobs_every_process_runs_every_tick() -> None:
     assert set(Counter(ledger).values()) == {2}
 
 
+@in_loop_time
 async def test_run_key_is_the_scheduled_instant_not_now() -> None:
     seen: list[Tick] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler(), time_zone="Europe/Paris")
+    scheduler = Scheduler(
+        clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()), time_zone="Europe/Paris"
+    )
 
     @scheduler.cron("* * * * * *", name="sec")
     async def handler(tick: Tick) -> None:
@@ -77,12 +90,13 @@ async def test_run_key_is_the_scheduled_instant_not_now() -> None:
     assert str(tick.local_time.tzinfo) == "Europe/Paris"
 
 
+@in_loop_time
 async def test_handler_errors_are_logged_and_the_loop_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     calls = 0
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
     @scheduler.interval(200, name="flaky")
     async def handler(tick: Tick) -> None:
@@ -115,8 +129,9 @@ async def test_sync_handlers_run_in_a_thread() -> None:
 
 
 @pytest.mark.parametrize(("overlap", "expect_overlap"), [("skip", False), ("allow", True)])
+@in_loop_time
 async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool) -> None:
-    scheduler = Scheduler()
+    scheduler = Scheduler(clock=loop_clock())
     active = 0
     peak = 0
 
@@ -133,12 +148,13 @@ async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool
     assert (peak > 1) is expect_overlap
 
 
+@in_loop_time
 async def test_cluster_wide_overlap_skip() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     active = 0
     peak = 0
     runs = 0
-    schedulers = [Scheduler(jobs=jobs) for _ in range(2)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
 
     async def slow(tick: Tick) -> None:
         nonlocal active, peak, runs
@@ -156,10 +172,11 @@ async def test_cluster_wide_overlap_skip() -> None:
     assert peak == 1
 
 
+@in_loop_time
 async def test_failed_tick_is_retried_with_backoff() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     attempts: list[int] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
     @scheduler.cron("*/2 * * * * *", name="retry", retries=2, retry_backoff_ms=100)
     async def handler(tick: Tick) -> None:
@@ -175,9 +192,10 @@ async def test_failed_tick_is_retried_with_backoff() -> None:
     assert row.fencing_token == 2
 
 
+@in_loop_time
 async def test_retries_never_pass_the_next_tick() -> None:
     attempts: list[int] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler = Scheduler(clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()))
 
     @scheduler.interval(300, name="short", retries=5, retry_backoff_ms=250)
     async def handler(tick: Tick) -> None:
@@ -190,8 +208,8 @@ async def test_retries_never_pass_the_next_tick() -> None:
 
 
 class _DownThenUp(InMemoryJobScheduler):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock=clock)
         self.down = True
 
     async def acquire(self, options: Any) -> Any:
@@ -200,10 +218,11 @@ class _DownThenUp(InMemoryJobScheduler):
         return await super().acquire(options)
 
 
+@in_loop_time
 async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureFixture) -> None:
-    jobs = _DownThenUp()
+    jobs = _DownThenUp(clock=loop_clock())
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     scheduler.add_interval("tick", 200, lambda tick: ran.append(tick.run_key or ""))
     with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
         async with scheduler:
@@ -215,10 +234,11 @@ async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureF
     assert any(getattr(r, "action", None) == "tick_not_run" for r in caplog.records)
 
 
+@in_loop_time
 async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
-    scheduler = Scheduler(jobs=jobs, grace_period_ms=100)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100)
 
     @scheduler.interval(200, name="long")
     async def handler(tick: Tick) -> None:
@@ -232,10 +252,11 @@ async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
     assert all(r.status is JobSchedulerStatus.FAIL for r in rows)
 
 
+@in_loop_time
 async def test_graceful_shutdown_lets_short_runs_finish() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
-    scheduler = Scheduler(jobs=jobs, grace_period_ms=2000)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=2000)
 
     @scheduler.interval(200, name="short")
     async def handler(tick: Tick) -> None:
@@ -248,10 +269,13 @@ async def test_graceful_shutdown_lets_short_runs_finish() -> None:
 
 
 @pytest.mark.parametrize(("mode", "expected"), [("latest", 1), ("all", 3), ("off", 0)])
+@in_loop_time
 async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    await _seen_at_start(jobs, "m")
+    await asyncio.sleep(3 * 60 + 30)  # 03:01, 03:02, 03:03 missed while every replica was down
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
     # Per-minute ticks, a window of three minutes: three ticks were missed.
     scheduler.add_cron(
         "m",
@@ -260,25 +284,23 @@ async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -
         catch_up=mode,  # type: ignore[arg-type]
         catch_up_window_ms=180_000,
     )
-    now = datetime.now(UTC)
     async with scheduler:
         await asyncio.sleep(0.3)
-    recent = [k for k in ran if k < now.strftime("%Y-%m-%dT%H:%M:%SZ")]
-    assert len(recent) == expected
+    assert len(ran) == expected
     if mode == "latest":
-        assert recent[0] == (now.replace(second=0, microsecond=0)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert ran == ["2026-07-20T03:03:00Z"]
 
 
-async def test_catch_up_skips_ticks_that_already_succeeded() -> None:
-    jobs = InMemoryJobScheduler()
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    done = await jobs.acquire(
-        JobAcquireOptions(code="m", run_key=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    )
+@in_loop_time
+async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    await _seen_at_start(jobs, "m")
+    await asyncio.sleep(3 * 60 + 30)
+    done = await jobs.acquire(JobAcquireOptions(code="m", run_key="2026-07-20T03:03:00Z"))
     assert done.acquired
     await jobs.complete(done.lease)
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
     scheduler.add_cron(
         "m",
         "* * * * *",
@@ -288,7 +310,9 @@ async def test_catch_up_skips_ticks_that_already_succeeded() -> None:
     )
     async with scheduler:
         await asyncio.sleep(0.3)
-    assert ran == [(now - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")]
+    # The latest tick of the window succeeded: "latest" has nothing to do (the tick before it is
+    # not the "latest" one; before 0.2 it ran, and each sweep walked one tick further back).
+    assert ran == []
 
 
 async def test_missed_ticks_query() -> None:
@@ -317,17 +341,18 @@ async def test_missed_ticks_query() -> None:
         await scheduler.missed_ticks("m", start, start + timedelta(days=365))
 
 
+@in_loop_time
 async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     ran: list[str] = []
-    schedulers = [Scheduler(jobs=jobs) for _ in range(3)]
+    schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for i, scheduler in enumerate(schedulers):
         scheduler.add_timeout("warm-up", 100, lambda tick, i=i: ran.append(f"timeout-{i}"))  # type: ignore[misc]
         scheduler.add_initial("seed", lambda tick: ran.append("initial"))
     async with schedulers[0], schedulers[1], schedulers[2]:
         await asyncio.sleep(0.5)
     # A second start of the cluster does not run the initial job again.
-    again = Scheduler(jobs=jobs)
+    again = Scheduler(clock=loop_clock(), jobs=jobs)
     again.add_initial("seed", lambda tick: ran.append("initial"))
     async with again:
         await asyncio.sleep(0.2)
@@ -337,9 +362,10 @@ async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
     assert row.status is JobSchedulerStatus.SUCCESS
 
 
+@in_loop_time
 async def test_registry_lookup_stop_start_add_remove() -> None:
     ran: list[str] = []
-    scheduler = Scheduler(time_zone="Europe/Paris")
+    scheduler = Scheduler(clock=loop_clock(), time_zone="Europe/Paris")
     scheduler.add_cron("nightly", "0 01 * * *", lambda tick: None)
     scheduler.add_interval("fast", 200, lambda tick: ran.append("fast"))
     info = scheduler.get("nightly")
@@ -411,10 +437,11 @@ def test_unknown_default_zone() -> None:
         Scheduler(time_zone="Nowhere/City")
 
 
+@in_loop_time
 async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = InMemoryJobScheduler(clock=loop_clock())
     grid = 500
-    now = datetime.now(UTC)
+    now = loop_clock()()
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     past = epoch + timedelta(
         milliseconds=((now - epoch) // timedelta(milliseconds=grid) - 2) * grid
@@ -424,7 +451,7 @@ async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
     dead = await jobs.acquire({"code": "s", "run_key": run_key, "lease_ms": 1000})
     assert dead.acquired
     ran: list[str] = []
-    scheduler = Scheduler(jobs=jobs)
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     scheduler.add_interval(
         "s",
         grid,

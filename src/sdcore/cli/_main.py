@@ -29,6 +29,7 @@ from sdcore.cli._parser import (
     UsageError,
     build_parser,
     parse_args,
+    transaction_pooling,
 )
 from sdcore.cli._run import RunOptions, run_app
 from sdcore.cli._schedules import list_schedules, missed_ticks, schedule_runs
@@ -179,7 +180,14 @@ def _outbox(args: argparse.Namespace, target: Target, environ: Mapping[str, str]
         url = args.redis_url or environ.get("REDIS_URL")
         if not url:
             raise UsageError("the relay needs Redis: --redis-url or REDIS_URL")
-        run_relay(outbox, _emit, redis_url=url, prefix=args.prefix, batch_size=args.batch_size)
+        run_relay(
+            outbox,
+            _emit,
+            redis_url=url,
+            prefix=args.prefix,
+            batch_size=args.batch_size,
+            transaction_pooling=transaction_pooling(args.transaction_pooling, environ),
+        )
     elif args.command == "list":
         chosen = args.status or ["PENDING", "DEAD"]
         statuses = ["PENDING", "DEAD", "PUBLISHED"] if "ALL" in chosen else sorted(set(chosen))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -104,8 +103,20 @@ def check_outbox(target: Target) -> None:
         conn.execute(query, ([], 0))
 
 
-def run_relay(target: Target, emit: Emit, *, redis_url: str, prefix: str, batch_size: int) -> None:
+def run_relay(
+    target: Target,
+    emit: Emit,
+    *,
+    redis_url: str,
+    prefix: str,
+    batch_size: int,
+    transaction_pooling: bool = False,
+) -> None:
     """Run an outbox relay until SIGTERM / SIGINT, publishing to BullMQ on ``redis_url``.
+
+    With ``transaction_pooling`` the relay's pool sends no server-side prepared statement (the
+    URL is a transaction-mode pooler such as PgBouncer) and the relay polls instead of LISTENing
+    (a notification cannot reach it through such a pooler).
 
     Raises:
         CliError: The extra is missing, or the database / Redis cannot be reached at start, or
@@ -115,9 +126,8 @@ def run_relay(target: Target, emit: Emit, *, redis_url: str, prefix: str, batch_
         from sdcore.queues import BullMQPublisher
     except ImportError as exc:
         raise CliError(f"the relay needs its extra: {exc}") from None
-    from psycopg_pool import AsyncConnectionPool
-
     from sdcore.outbox import OutboxRelay
+    from sdcore.postgres import DatabaseConnectError, PoolSettings, create_pool, open_pool
 
     check_outbox(target)
 
@@ -127,17 +137,26 @@ def run_relay(target: Target, emit: Emit, *, redis_url: str, prefix: str, batch_
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         outbox = Outbox(table=target.table, schema=target.schema)
-        kwargs = {"autocommit": True, "application_name": "sdcore-relay"}
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            target.dsn, min_size=1, max_size=4, kwargs=kwargs, open=False
+        settings = PoolSettings(
+            min_size=1,
+            max_size=4,
+            application_name="sdcore-relay",
+            transaction_pooling=transaction_pooling,
+            open_timeout_ms=OPEN_TIMEOUT_S * 1000,
         )
+        pool = create_pool(target.dsn, settings)
         try:
-            await pool.open(wait=True, timeout=OPEN_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - reported as one line, password redacted
-            await pool.close()
-            raise CliError(f"cannot connect to the database: {exc}") from None
+            await open_pool(pool)
+        except DatabaseConnectError as exc:
+            raise CliError(f"cannot connect to the database: {exc.reason}") from None
         publisher = BullMQPublisher.from_url(redis_url, prefix=prefix)
-        relay = OutboxRelay(pool, publisher, outbox=outbox, batch_size=batch_size)
+        relay = OutboxRelay(
+            pool,
+            publisher,
+            outbox=outbox,
+            batch_size=batch_size,
+            transaction_pooling=transaction_pooling,
+        )
         async with pool, publisher, relay:
             emit(f"relaying {escape(target.shown)} to BullMQ ({escape(prefix)}); SIGTERM stops")
             await stop.wait()

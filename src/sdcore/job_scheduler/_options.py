@@ -27,6 +27,20 @@ KEY_PREFIX = "v2:"
 LOCK_KEY_DOMAIN = "sdcore/job-scheduler/lock-key/v2"
 IDEMPOTENCY_KEY_DOMAIN = "sdcore/job-scheduler/idempotency-key/v2"
 
+# What JavaScript's String.prototype.trim removes (ECMA-262 WhiteSpace + LineTerminator): TAB, VT,
+# FF, SP, NBSP, ZWNBSP (BOM) and every Zs character, plus LF, CR, LS, PS. Python's str.strip()
+# differs (it strips \x1c-\x1f and \x85, keeps \ufeff): a NestJS replica sharing the table would
+# compute another key for the same code.
+JS_TRIM_CHARS = (
+    "\t\n\v\f\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def js_trim(text: str) -> str:
+    """Return ``text`` trimmed exactly as JavaScript's ``String.prototype.trim`` trims it."""
+    return text.strip(JS_TRIM_CHARS)
+
 
 class _OmittedHeartbeat(int):
     """Marker default of ``heartbeat_ms``: an explicit ``-1`` is a plain ``int`` and is rejected."""
@@ -147,7 +161,7 @@ class JobAcquireOptions:
     """Identity and lease timing of one logical run, validated on construction.
 
     Args:
-        code: Job code; trimmed, then 1–64 characters.
+        code: Job code; trimmed as JavaScript's ``trim()`` does, then 1–64 characters.
         run_key: Required for ``SCHEDULE`` (1–1,024 characters, the same on every replica for the
             same tick, e.g. ``"2026-07-20T03:00:00Z"``); must be ``None`` for ``INITIAL``.
         name: Optional display name (at most 256 characters); not part of the identity.
@@ -178,7 +192,7 @@ class JobAcquireOptions:
         code: object = self.code
         if not isinstance(code, str):
             raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
-        code = code.strip()
+        code = js_trim(code)
         if not code:
             raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
         code_bytes = _check_text("code", code, MAX_CODE_LENGTH)

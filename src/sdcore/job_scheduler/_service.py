@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -17,6 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._json import dump_json_object
+from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, TickStatements
 from sdcore.job_scheduler._base import SLACK, BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
@@ -36,7 +38,8 @@ from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
 from sdcore.postgres import migrate, schema_sql
 from sdcore.postgres._connections import HeldConnections
-from sdcore.postgres._dsn import redact_dsn, redact_text
+from sdcore.postgres._dsn import redact_text
+from sdcore.postgres._pool import DatabaseConnectError, PoolSettings, create_pool, open_pool
 from sdcore.postgres._schema import qualified
 
 _NOT_ACQUIRED = JobNotAcquired()
@@ -184,6 +187,8 @@ class JobSchedulerService(BaseJobScheduler):
             capped at ``pool.max_size - 1`` when the pool has two or more, so the service never
             holds the last connection of a pool it shares with the application.
         statement_timeout_ms: Server-side timeout of each lease statement (0 = none).
+        transaction_pooling: ``pool`` goes through a transaction-mode pooler (PgBouncer
+            ``pool_mode=transaction``): no session settings; each statement carries its own.
         logger_name: Logger for run and heartbeat events.
 
     Raises:
@@ -199,6 +204,7 @@ class JobSchedulerService(BaseJobScheduler):
         schema: str | None = None,
         max_connections: int = 4,
         statement_timeout_ms: int = 30_000,
+        transaction_pooling: bool = False,
         logger_name: str = "sdcore.job_scheduler",
     ) -> None:
         super().__init__(logger_name=logger_name)
@@ -213,6 +219,7 @@ class JobSchedulerService(BaseJobScheduler):
         self._table = table
         self._schema = schema
         self._sql = LeaseStatements.render(qualified(table, schema))
+        self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
         # Never hold the pool's last connection: a handler using jobs.pool (or the application
         # sharing the pool) would otherwise wait for PoolTimeout while the service idles.
@@ -229,7 +236,12 @@ class JobSchedulerService(BaseJobScheduler):
             )
         self._max_connections = held
         self._watchdog = _Watchdog()
-        self._held = HeldConnections(pool, size=held, statement_timeout_ms=statement_timeout_ms)
+        self._held = HeldConnections(
+            pool,
+            size=held,
+            statement_timeout_ms=statement_timeout_ms,
+            transaction_pooling=transaction_pooling is True,
+        )
         self._owned_pool = False
 
     @classmethod
@@ -241,40 +253,64 @@ class JobSchedulerService(BaseJobScheduler):
         min_size: int = 1,
         max_size: int = 4,
         application_name: str = "sdcore",
+        transaction_pooling: bool = False,
+        connect_timeout: int | None = None,
+        open_timeout_ms: int = 30_000,
+        reconnect_min_delay_ms: int = 100,
+        reconnect_max_delay_ms: int = 1_000,
+        reconnect_timeout_ms: int = 300_000,
         **options: Any,
     ) -> AsyncIterator[Self]:
         """Open a pool for ``dsn`` and a service over it; close both on exit.
 
         Args:
-            dsn: libpq connection string or URL.
+            dsn: libpq connection string or URL. A multi-host DSN with
+                ``target_session_attrs=read-write`` follows a failover.
             min_size: Pool minimum size.
             max_size: Pool maximum size (also the default ``max_connections``).
             application_name: Shown in ``pg_stat_activity``.
+            transaction_pooling: ``dsn`` points at a transaction-mode pooler (PgBouncer
+                ``pool_mode=transaction``): no server-side prepared statements, no session
+                settings; every lease statement carries its own ``synchronous_commit=on`` and
+                timeout.
+            connect_timeout: Seconds per connection attempt and host (libpq: whole seconds, at
+                least 2); ``None``: the DSN's value, else 10.
+            open_timeout_ms: How long to wait for a first connection while nothing answers. A
+                server that refuses (unknown database or role, failed authentication) fails at
+                once, with its reason.
+            reconnect_min_delay_ms: First pause before replacing a broken connection; doubles...
+            reconnect_max_delay_ms: ...up to this, so a promoted standby is used within about
+                this long of accepting connections.
+            reconnect_timeout_ms: Stop trying to replace a connection after this long.
             **options: Passed to the constructor (``table``, ``schema``, …).
 
         Yields:
             The open service.
 
         Raises:
-            JobSchedulerUnavailableError: The database cannot be reached (password redacted).
+            JobSchedulerUnavailableError: The database cannot be reached (the server's reason,
+                password redacted).
+            ValueError: An option out of range, before any connection.
         """
         options.setdefault("max_connections", max_size)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
+        settings = PoolSettings(
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, "application_name": application_name},
-            open=False,
+            application_name=application_name,
+            transaction_pooling=transaction_pooling,
+            connect_timeout=connect_timeout,
+            open_timeout_ms=open_timeout_ms,
+            reconnect_min_delay_ms=reconnect_min_delay_ms,
+            reconnect_max_delay_ms=reconnect_max_delay_ms,
+            reconnect_timeout_ms=reconnect_timeout_ms,
         )
+        pool = create_pool(dsn, settings)
         try:
-            await pool.open(wait=True, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - re-raised, redacted, as one error type
-            await pool.close()
-            raise JobSchedulerUnavailableError(
-                f"cannot connect to {redact_dsn(dsn)}: {redact_text(str(exc), dsn)}"
-            ) from None
+            await open_pool(pool)
+        except DatabaseConnectError as exc:
+            raise JobSchedulerUnavailableError(str(exc)) from None
         try:
-            service = cls(pool, **options)
+            service = cls(pool, transaction_pooling=transaction_pooling, **options)
         except BaseException:
             await pool.close()
             raise
@@ -723,6 +759,140 @@ class JobSchedulerService(BaseJobScheduler):
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
         return None if row is None else _STATUS[row[0]]
+
+    # --- scheduler tick operations (sdcore.scheduling; see _attempts.py) ---------------------
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """``acquire`` within a tick's attempt budget (needs migration ``lease/0003``).
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+            JobSchedulerDatabaseError: The database refused the statement (e.g. no
+                ``attempts`` column: run ``sdcore db upgrade``).
+        """
+        token = str(uuid.uuid4())
+        params = (
+            options.lock_key,
+            options.idempotency_key,
+            options.code,
+            options.name,
+            str(options.type),
+            options.run_key,
+            token,
+            options.lease_ms,
+            budget.max_attempts,
+            budget.backoff_ms,
+        )
+        sent = time.monotonic()
+        state = _LeaseState.for_lease(options.lease_ms, sent)
+        try:
+            row = await self._fetch(self._tick_sql.acquire_attempt, params, state.valid)
+        except _LOSER_ERRORS:
+            return _NOT_ACQUIRED, 0
+        except _Abandoned:
+            self._log_abandoned(options, "acquire")
+            return _NOT_ACQUIRED, 0
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise self._wrap(exc) from exc
+            # Ambiguous commit: our token is in the row only if the statement committed.
+            await self._held.reset_idle()
+            try:
+                owned = await self._fetch(
+                    self._sql.read_owned, (options.lock_key, token), max(state.time_left(), 0.0)
+                )
+            except _Abandoned:
+                return _NOT_ACQUIRED, 0
+            except psycopg.Error as again:
+                raise self._wrap(again) from exc
+            if owned is None or owned[7] != JobSchedulerStatus.RUNNING.value:
+                return _NOT_ACQUIRED, 0
+            records = await self.tick_records([options.lock_key])
+            record = records.get(options.lock_key)
+            result = await self._confirmed(options, _acquired(owned, state))
+            if not result.acquired:
+                return _NOT_ACQUIRED, 0
+            return result, 1 if record is None else record.attempts
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        except asyncio.CancelledError:
+            await self._resolve_cancelled(options, token, state)
+            raise
+        if row is None:
+            return _NOT_ACQUIRED, 0
+        result = await self._confirmed(options, _acquired(row[:-1], state))
+        return (result, int(row[-1])) if result.acquired else (_NOT_ACQUIRED, 0)
+
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        """Record a tick as skipped (``FAIL``, 0 attempts) if it has no row; ``True`` if written.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        params = (
+            options.lock_key,
+            options.idempotency_key,
+            options.code,
+            options.name,
+            str(options.type),
+            options.run_key,
+            str(uuid.uuid4()),
+            dump_json_object({"skipped": reason}),
+        )
+        try:
+            return await self._rowcount(self._tick_sql.record_skipped, params) == 1
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+
+    async def first_seen(self, code: str) -> datetime | None:
+        """Return when the oldest row of ``code`` was created, if any.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        try:
+            row = await self._fetch(self._tick_sql.first_seen, (code,))
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        return None if row is None else row[0]
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        """Return what the table says about each tick that has a row, by ``lock_key``.
+
+        Raises:
+            ValueError: More than 10,000 keys or a key that is not a str.
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        keys = list(lock_keys)
+        if len(keys) > 10_000:
+            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
+        if not all(type(key) is str for key in keys):
+            raise ValueError("lock keys must be str")
+        if not keys:
+            return {}
+        conn = await self._held.get()
+        try:
+            cur = await conn.execute(self._tick_sql.tick_records, (keys,))
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            await self._held.put(conn, broken=conn.broken)
+            raise self._wrap(exc) from exc
+        except BaseException:
+            await self._held.put(conn, broken=conn.broken)
+            raise
+        await self._held.put(conn)
+        return {
+            key: TickRecord(
+                status=_STATUS[status],
+                attempts=attempts,
+                skipped=skipped,
+                released=bool(released),
+                age_ms=float(age),
+            )
+            for key, status, attempts, skipped, released, age in rows
+        }
 
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None

@@ -92,6 +92,17 @@ READ_STATUS = "SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = 
 STATUSES = "SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%s)"
 
 
+def fencing_sequence(table: sql.Identifier, sequence: sql.Identifier | None = None) -> str:
+    """Return the SQL of the table's fencing sequence as a ``regclass`` (for ``nextval``).
+
+    By default ``{table}_fencing_seq`` next to the table, as migration ``lease/0002`` names it.
+    """
+    if sequence is None:
+        *schema, name = table._obj  # psycopg keeps the identifier's parts here
+        sequence = sql.Identifier(*schema, derived_name(name, "fencing_seq"))
+    return sql.Literal(sequence.as_string(None)).as_string(None) + "::regclass"
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseStatements:
     """The lease statements rendered once for one table (no composition on the hot path)."""
@@ -114,11 +125,8 @@ class LeaseStatements:
             sequence: Its fencing sequence; by default ``{table}_fencing_seq`` next to it, as
                 migration ``lease/0002`` names it.
         """
-        if sequence is None:
-            *schema, name = table._obj  # psycopg keeps the identifier's parts here
-            sequence = sql.Identifier(*schema, derived_name(name, "fencing_seq"))
         quoted = table.as_string(None)
-        sequence_text = sql.Literal(sequence.as_string(None)).as_string(None) + "::regclass"
+        sequence_text = fencing_sequence(table, sequence)
 
         def one(template: str) -> bytes:
             return template.format(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from sdcore.exceptions import SdcoreError
+
 MAX_KEY_LENGTH = 1024
 MAX_NAME_LENGTH = 200
 MAX_NAMESPACE_LENGTH = 200
@@ -30,7 +32,7 @@ class OutboxStatus(enum.StrEnum):
     DEAD = "DEAD"
 
 
-class OutboxError(Exception):
+class OutboxError(SdcoreError):
     """Base class of the outbox's errors."""
 
 

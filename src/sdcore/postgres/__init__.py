@@ -1,4 +1,4 @@
-"""PostgreSQL plumbing shared by every sdcore feature: migrations, DSNs, held connections."""
+"""PostgreSQL plumbing shared by every sdcore feature: migrations, DSNs, pools, connections."""
 
 from sdcore.postgres._dsn import redact_dsn, redact_text
 from sdcore.postgres._migrations import (
@@ -14,6 +14,14 @@ from sdcore.postgres._migrations import (
     outbox_schema_sql,
     schema_sql,
 )
+from sdcore.postgres._pool import (
+    DatabaseConnectError,
+    PoolSettings,
+    SdcorePool,
+    create_pool,
+    open_pool,
+)
+from sdcore.postgres._pooling import POOLER_SQLSTATES
 from sdcore.postgres._schema import (
     SCHEMA_LOCK_ID,
     InvalidIdentifierError,
@@ -23,20 +31,26 @@ from sdcore.postgres._schema import (
 )
 
 __all__ = [
+    "POOLER_SQLSTATES",
     "SCHEMA_LOCK_ID",
     "AppliedMigration",
+    "DatabaseConnectError",
     "InvalidIdentifierError",
     "Migration",
     "MigrationError",
     "MigrationStatus",
+    "PoolSettings",
+    "SdcorePool",
     "apply_schema",
     "check_identifier",
+    "create_pool",
     "derived_name",
     "full_sql",
     "migrate",
     "migration_scripts",
     "migration_status",
     "migrations",
+    "open_pool",
     "outbox_schema_sql",
     "redact_dsn",
     "redact_text",

@@ -7,6 +7,13 @@ pool once, configures their session for lease statements (autocommit, READ COMMI
 the role default, durable commits), and hands them out from a list. A broken connection goes
 back to the pool, which replaces it. On close every session setting is reset before the
 connection is returned, so a pool the application owns gets its connections back unchanged.
+
+Behind a transaction-mode pooler (``transaction_pooling=True``) a session setting would reach other
+clients and theirs would reach us, so nothing is set on the session: every statement carries its
+own settings (:mod:`sdcore.postgres._pooling`) and no statement is prepared on the server.
+
+The first connection also tells whether the server's, database's or role's ``synchronous_commit``
+is weaker than ``on``; that is logged once (sdcore's own lease writes still commit with ``on``).
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import asyncio
 import logging
 from typing import Any
 
-from psycopg import AsyncConnection, OperationalError, pq
+from psycopg import AsyncConnection, AsyncCursor, OperationalError, pq
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
+
+from sdcore.postgres._pooling import GuardedCursor, pooler_safe_cursor, statement_prelude
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +45,15 @@ _SESSION_SET = (
     b" set_config('TimeZone', %s, false)"
 )
 
+# What RESET would restore: the server / database / role value, whatever another client of a
+# pooler SET on the session we happen to be given.
+_DEFAULTS = (
+    b"SELECT (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit'),"
+    b" (SELECT reset_val FROM pg_settings WHERE name = 'search_path')"
+)
+# Commit levels that do not wait for the local flush and the synchronous standbys.
+_WEAK_COMMIT = frozenset({"off", "local", "remote_write"})
+
 _IDLE = pq.TransactionStatus.IDLE
 
 
@@ -45,18 +63,29 @@ class HeldConnections:
     Args:
         pool: The pool the connections come from and go back to.
         size: How many connections may be held at once.
-        statement_timeout_ms: Server-side ``statement_timeout`` of the held sessions (0 = none).
+        statement_timeout_ms: Server-side ``statement_timeout`` of each statement (0 = none).
+        transaction_pooling: ``pool`` reaches PostgreSQL through a transaction-mode pooler:
+            no session settings, no server-side prepared statements.
     """
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], *, size: int, statement_timeout_ms: int
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        size: int,
+        statement_timeout_ms: int,
+        transaction_pooling: bool = False,
     ) -> None:
         self._pool = pool
         self._idle: list[AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
+        self._statement_timeout_ms = statement_timeout_ms
         self._statement_timeout = f"{statement_timeout_ms}ms"
-        # id(conn) -> (autocommit, row_factory, session settings) to give back unchanged.
-        self._restore: dict[int, tuple[bool, Any, tuple[str, ...]]] = {}
+        self.transaction_pooling = transaction_pooling
+        self._cursor_class: type[AsyncCursor[Any]] | None = None
+        # id(conn) -> (autocommit, row_factory, cursor_factory, prepare_threshold, session
+        # settings or None) to give back unchanged.
+        self._restore: dict[int, tuple[bool, Any, Any, int | None, tuple[str, ...] | None]] = {}
         self._closed = False
         self._returning: set[asyncio.Task[None]] = set()
 
@@ -132,16 +161,38 @@ class HeldConnections:
             if conn.pgconn.transaction_status != _IDLE:
                 await conn.rollback()
             autocommit, row_factory = conn.autocommit, conn.row_factory
+            cursor_factory, prepare_threshold = conn.cursor_factory, conn.prepare_threshold
             if not autocommit:
                 await conn.set_autocommit(True)
             conn.row_factory = tuple_row
-            cur = await conn.execute(_SESSION_SAVE)
-            saved = await cur.fetchone()
-            assert saved is not None  # noqa: S101 - a SELECT without FROM returns one row
-            self._restore[id(conn)] = (autocommit, row_factory, tuple(saved))
-            await conn.execute(
-                _SESSION_SET, ("read committed", "on", self._statement_timeout, "UTC")
-            )
+            saved: tuple[str, ...] | None = None
+            if self.transaction_pooling:
+                conn.prepare_threshold = None
+                self._restore[id(conn)] = (
+                    autocommit,
+                    row_factory,
+                    cursor_factory,
+                    prepare_threshold,
+                    None,
+                )
+            cursor_class = self._cursor_class or await self._first_connection(conn)
+            if not self.transaction_pooling:
+                cur = await conn.execute(_SESSION_SAVE)
+                row = await cur.fetchone()
+                assert row is not None  # noqa: S101 - a SELECT without FROM returns one row
+                saved = tuple(row)
+                self._restore[id(conn)] = (
+                    autocommit,
+                    row_factory,
+                    cursor_factory,
+                    prepare_threshold,
+                    saved,
+                )
+            if not self.transaction_pooling:
+                await conn.execute(
+                    _SESSION_SET, ("read committed", "on", self._statement_timeout, "UTC")
+                )
+            conn.cursor_factory = cursor_class
         except BaseException:
             if conn.broken:
                 self._restore.pop(id(conn), None)
@@ -151,14 +202,43 @@ class HeldConnections:
             raise
         return conn
 
+    async def _first_connection(self, conn: AsyncConnection[Any]) -> type[AsyncCursor[Any]]:
+        """Read the server's defaults once: warn about weak commits, build the cursor class."""
+        cur = await conn.execute(_DEFAULTS)
+        row = await cur.fetchone()
+        assert row is not None  # noqa: S101 - a SELECT without FROM returns one row
+        commit, search_path = row
+        if commit in _WEAK_COMMIT:
+            logger.warning(
+                "synchronous_commit is %r for this server, database or role: commits may return "
+                "before they are durable (or on the synchronous standby), so a crash or failover "
+                "can lose them. sdcore's own lease writes commit with synchronous_commit=on; "
+                "your transactions (complete_in, outbox rows) do not. See "
+                "docs/how-to/production-topologies.md",
+                commit,
+                extra={"action": "synchronous_commit_weak", "synchronous_commit": commit},
+            )
+        if self.transaction_pooling:
+            prelude = statement_prelude(
+                conn, statement_timeout_ms=self._statement_timeout_ms, search_path=search_path
+            )
+            self._cursor_class = pooler_safe_cursor(prelude)
+        else:
+            self._cursor_class = GuardedCursor
+        return self._cursor_class
+
     async def _return(self, conn: AsyncConnection[Any]) -> None:
         saved = self._restore.pop(id(conn), None)
         try:
             if saved is not None and not conn.closed and conn.pgconn.transaction_status == _IDLE:
-                await conn.execute(_SESSION_SET, saved[2])
-                conn.row_factory = saved[1]
-                if conn.autocommit != saved[0]:
-                    await conn.set_autocommit(saved[0])
+                autocommit, row_factory, cursor_factory, prepare_threshold, settings = saved
+                conn.cursor_factory = cursor_factory
+                conn.prepare_threshold = prepare_threshold
+                if settings is not None:
+                    await conn.execute(_SESSION_SET, settings)
+                conn.row_factory = row_factory
+                if conn.autocommit != autocommit:
+                    await conn.set_autocommit(autocommit)
         except Exception:
             logger.debug("could not reset a held connection", exc_info=True)
             await conn.close()

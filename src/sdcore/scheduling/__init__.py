@@ -10,16 +10,18 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
-from sdcore.scheduling._cron import DayRule, InvalidScheduleError
+from sdcore.scheduling._catch_up import MissedTick
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
-from sdcore.scheduling._runner import CatchUp, Overlap, TickOutcome
-from sdcore.scheduling._scheduler import (
-    MissedTick,
+from sdcore.scheduling._policy import (
+    CatchUp,
+    Overlap,
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
-    Scheduler,
 )
+from sdcore.scheduling._runner import TickOutcome
+from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "ScheduleNotFoundError",
     "ScheduleOptions",
     "Scheduler",
+    "SchedulingError",
     "Tick",
     "TickOutcome",
     "format_run_key",

@@ -26,6 +26,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from sdcore.exceptions import SdcoreError
+
 MACROS = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -61,7 +63,11 @@ class DayRule(enum.StrEnum):
     NESTJS = "nestjs"
 
 
-class InvalidScheduleError(ValueError):
+class SchedulingError(SdcoreError):
+    """Base class of every error raised by :mod:`sdcore.scheduling`."""
+
+
+class InvalidScheduleError(SchedulingError, ValueError):
     """A schedule that cannot be registered: bad expression, zone, name or option.
 
     Attributes:

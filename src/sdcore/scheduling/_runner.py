@@ -1,9 +1,11 @@
-"""Running one tick: the lease, the overlap/retry policies, logging that never kills the loop."""
+"""Running one tick: the lease and its attempt budget, the cluster overlap guard, retries, logs.
+
+Nothing here raises into the timer loop except ``CancelledError``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
 import random
@@ -21,46 +23,14 @@ from sdcore.job_scheduler import (
     JobSchedulerType,
     LostJobLeaseError,
 )
+from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy
 from sdcore.scheduling._triggers import ScheduleKind, Tick
+
+__all__ = ["CatchUp", "Handler", "Overlap", "RunPolicy", "TickOutcome", "TickRunner", "utcnow"]
 
 Handler = Callable[[Tick], Awaitable[Any] | Any]
 
 OVERLAP_GUARD_RUN_KEY = "overlap-guard"
-
-
-class Overlap(enum.StrEnum):
-    """May a tick start while this schedule's previous run is still running?
-
-    ``SKIP``: not on this process (NestJS ``waitForCompletion``); ``ALLOW``: yes;
-    ``SKIP_CLUSTER``: not anywhere in the cluster (costs a guard lease per tick).
-    """
-
-    SKIP = "skip"
-    ALLOW = "allow"
-    SKIP_CLUSTER = "skip_cluster"
-
-
-class CatchUp(enum.StrEnum):
-    """What to do at start-up about ticks missed while every replica was down."""
-
-    OFF = "off"
-    LATEST = "latest"
-    ALL = "all"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunPolicy:
-    """Per-schedule execution options (validated by the scheduler)."""
-
-    exclusive: bool
-    overlap: Overlap
-    catch_up: CatchUp
-    catch_up_window_ms: int
-    retries: int
-    retry_backoff_ms: int
-    jitter_ms: int
-    lease_ms: int
-    heartbeat_ms: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,9 +42,10 @@ class TickOutcome:
     attempts: int
 
 
-def _options(
+def tick_options(
     name: str, kind: ScheduleKind, policy: RunPolicy, run_key: str | None
 ) -> JobAcquireOptions:
+    """The lease identity and timing of a tick."""
     if kind is ScheduleKind.INITIAL:
         return JobAcquireOptions(
             code=name,
@@ -109,8 +80,9 @@ class TickRunner:
         tick: Tick,
         deadline: datetime | None,
         clock: Callable[[], datetime],
+        record_skip: bool = True,
     ) -> TickOutcome:
-        """Run ``tick`` with its retries; never raises except ``CancelledError``.
+        """Run ``tick`` within its attempt budget; never raises except ``CancelledError``.
 
         Args:
             name: Schedule name.
@@ -120,38 +92,44 @@ class TickRunner:
             tick: The tick.
             deadline: Retries never start at or after this instant (the next tick).
             clock: Wall clock (UTC).
+            record_skip: Record the tick as skipped if the cluster overlap guard refuses it
+                (a regular fire; a catch-up start stays pending instead).
         """
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+
+        def body() -> Awaitable[TickOutcome]:
+            return self._attempts(name, kind, handler, policy, tick, deadline, clock)
+
         if policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive:
-            return await self._guarded(
-                name,
-                policy,
-                tick,
-                self._attempts(
-                    name=name,
-                    kind=kind,
-                    handler=handler,
-                    policy=policy,
-                    tick=tick,
-                    deadline=deadline,
-                    clock=clock,
-                ),
-            )
-        return await self._attempts(
-            name=name,
-            kind=kind,
-            handler=handler,
-            policy=policy,
-            tick=tick,
-            deadline=deadline,
-            clock=clock,
-        )
+            return await self._guarded(name, kind, policy, tick, body, record_skip)
+        return await body()
+
+    async def record_skipped(
+        self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str
+    ) -> None:
+        """Record an exclusive tick as skipped on purpose, unless it already has a row."""
+        if self.jobs is None or not policy.exclusive or kind is ScheduleKind.INITIAL:
+            return
+        try:
+            await self.jobs.record_skipped(tick_options(name, kind, policy, tick.run_key), reason)
+        except JobSchedulerError as exc:
+            self._log_error("could not record the skip", name, tick, exc, "skip_not_recorded")
 
     async def _guarded(
-        self, name: str, policy: RunPolicy, tick: Tick, body: Awaitable[TickOutcome]
+        self,
+        name: str,
+        kind: ScheduleKind,
+        policy: RunPolicy,
+        tick: Tick,
+        body: Callable[[], Awaitable[TickOutcome]],
+        record_skip: bool,
     ) -> TickOutcome:
-        """Cluster-wide overlap guard: a second lease per schedule, released after the run."""
+        """Cluster-wide overlap guard: a second lease per schedule, released after the run.
+
+        The guard is a lease like any other: when its heartbeat is refused (the row was taken
+        over or released) or cannot be confirmed within its lease, the run is cancelled.
+        """
         assert self.jobs is not None  # noqa: S101
         jobs = self.jobs
         options = JobAcquireOptions(
@@ -160,46 +138,69 @@ class TickRunner:
             lease_ms=policy.lease_ms,
             heartbeat_ms=policy.heartbeat_ms,
         )
-        try:
-            guard = await jobs.acquire(options)
-        except BaseException:
-            if inspect.iscoroutine(body):
-                body.close()
-            raise
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        guard = await jobs.acquire(options)
         if not guard.acquired:
-            if inspect.iscoroutine(body):
-                body.close()
             self.log.info(
                 "schedule %r run %r: skipped, a previous run is still running in the cluster",
                 name,
                 tick.run_key,
                 extra={"action": "tick_overlap_skipped", "schedule": name, "run_key": tick.run_key},
             )
+            if record_skip:
+                await self.record_skipped(name, kind, policy, tick, "overlap")
             return TickOutcome(ran=False, succeeded=False, attempts=0)
         lease = guard.lease
+        work = asyncio.ensure_future(body())
+        lost: list[str] = []
 
         async def keep_alive() -> None:
-            while options.heartbeat_ms:
-                await asyncio.sleep(options.heartbeat_ms / 1000)
+            confirmed = sent
+            interval = (options.heartbeat_ms or options.lease_ms // 3) / 1000
+            while True:
+                await asyncio.sleep(interval)
+                beat = loop.time()
                 try:
-                    await jobs.heartbeat(lease)
-                except JobSchedulerError:
-                    self.log.warning("schedule %r: overlap guard heartbeat failed", name)
+                    async with asyncio.timeout(max(interval, 0.2)):
+                        ok = await jobs.heartbeat(lease)
+                except (JobSchedulerError, TimeoutError) as exc:
+                    self.log.warning("schedule %r: overlap guard heartbeat failed: %s", name, exc)
+                    if loop.time() - confirmed < options.lease_ms / 1000:
+                        continue
+                    ok = False
+                if not ok:
+                    lost.append("the overlap guard's lease was lost")
+                    self.log.warning(
+                        "schedule %r run %r: overlap guard lost; cancelling the run",
+                        name,
+                        tick.run_key,
+                        extra={"action": "guard_lost", "schedule": name, "run_key": tick.run_key},
+                    )
+                    work.cancel()
+                    return
+                confirmed = beat
 
-        beat = asyncio.create_task(keep_alive(), name=f"sdcore-overlap-guard:{name}")
+        beat_task = asyncio.create_task(keep_alive(), name=f"sdcore-overlap-guard:{name}")
         try:
-            return await body
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not lost:
+                work.cancel()
+                await asyncio.wait({work})
+                raise
+            return TickOutcome(ran=True, succeeded=False, attempts=0)
         finally:
-            beat.cancel()
-            await asyncio.wait({beat})
-            try:
-                await asyncio.shield(jobs.release(lease))
-            except JobSchedulerError:
-                self.log.warning("schedule %r: could not release the overlap guard", name)
+            beat_task.cancel()
+            await asyncio.wait({beat_task})
+            if not lost:
+                try:
+                    await asyncio.shield(jobs.release(lease))
+                except JobSchedulerError:
+                    self.log.warning("schedule %r: could not release the overlap guard", name)
 
     async def _attempts(
         self,
-        *,
         name: str,
         kind: ScheduleKind,
         handler: Handler,
@@ -208,38 +209,42 @@ class TickRunner:
         deadline: datetime | None,
         clock: Callable[[], datetime],
     ) -> TickOutcome:
-        attempts = 0
         ran = False
-        for attempt in range(1, policy.retries + 2):
-            attempts = attempt
-            current = replace(tick, attempt=attempt)
+        attempt = 0
+        # Local tries: each is an attempt *offer*; the row's budget decides whether it runs.
+        for local in range(1, 2 * policy.retries + 2):
+            ran_now = False
             try:
-                executed = await self._attempt(name, kind, handler, policy, current)
+                attempt, executed = await self._attempt(
+                    name, kind, handler, policy, replace(tick, attempt=local)
+                )
             except asyncio.CancelledError:
                 raise
             except LostJobLeaseError as exc:
                 # Another replica may own the tick now; whatever it does is the tick's outcome.
-                self._log_error("lease lost during the run", name, current, exc, "tick_lease_lost")
+                self._log_error("lease lost during the run", name, tick, exc, "tick_lease_lost")
                 return TickOutcome(ran=True, succeeded=False, attempts=attempt)
+            except _HandlerFailed as failed:
+                attempt = failed.attempt
+                current = replace(tick, attempt=attempt)
+                self._log_error(
+                    "tick failed", name, current, failed.error, "tick_failed", trace=True
+                )
+                ran = ran_now = True
+                executed = None
             except JobSchedulerError as exc:
                 # Database down…: logged; the loop goes on, catch-up decides later.
-                self._log_error("tick not run here", name, current, exc, "tick_not_run")
+                self._log_error("tick not run here", name, tick, exc, "tick_not_run")
                 executed = None
-            except Exception as exc:  # noqa: BLE001 - a handler error must not kill the loop
-                self._log_error("tick failed", name, current, exc, "tick_failed", trace=True)
-                ran = True
-                executed = None
-            else:
-                if executed:
-                    return TickOutcome(ran=True, succeeded=True, attempts=attempt)
-                if executed is False and (
-                    policy.retries == 0 or await self._finished_elsewhere(name, kind, policy, tick)
-                ):
-                    return TickOutcome(ran=ran, succeeded=False, attempts=attempt)
-            if attempt > policy.retries:
+            if executed:
+                return TickOutcome(ran=True, succeeded=True, attempts=attempt)
+            if policy.retries == 0 or local > 2 * policy.retries:
                 break
-            delay = policy.retry_backoff_ms * 2 ** (attempt - 1) / 1000
-            if deadline is not None and clock() + timedelta(seconds=delay) >= deadline:
+            failed_here = executed is None and ran_now
+            wait = await self._retry_wait(name, kind, policy, tick, attempt, failed_here)
+            if wait is None:
+                break
+            if deadline is not None and clock() + timedelta(seconds=wait) >= deadline:
                 self.log.log(
                     logging.INFO if ran else logging.DEBUG,
                     "schedule %r run %r: no retry, the next tick is due first",
@@ -248,51 +253,97 @@ class TickRunner:
                     extra={"action": "retry_skipped", "schedule": name, "run_key": tick.run_key},
                 )
                 break
-            await asyncio.sleep(delay)
-        return TickOutcome(ran=ran, succeeded=False, attempts=attempts)
+            await asyncio.sleep(wait)
+        return TickOutcome(ran=ran, succeeded=False, attempts=attempt)
 
-    async def _finished_elsewhere(
-        self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick
-    ) -> bool:
-        """After losing the race: is the tick already done (no retry needed from here)?"""
-        if self.jobs is None:
-            return True
-        key = _options(name, kind, policy, tick.run_key).lock_key
+    async def _retry_wait(
+        self,
+        name: str,
+        kind: ScheduleKind,
+        policy: RunPolicy,
+        tick: Tick,
+        attempt: int,
+        failed_here: bool,
+    ) -> float | None:
+        """Seconds until the next offer, or ``None`` when the tick needs nothing more from us.
+
+        The row's budget decides who may run the next attempt; this only decides when to ask.
+        Replicas offer it when the backoff ends by the database clock; the replica whose attempt
+        just failed asks a little later, so that another replica usually runs the retry (a tick
+        failing because of one bad replica gets completed by a good one).
+        """
+        if self.jobs is None or not policy.exclusive:
+            return policy.backoff_s(attempt) if 0 < attempt <= policy.retries else None
+        key = tick_options(name, kind, policy, tick.run_key).lock_key
         try:
-            status = (await self.jobs.statuses([key])).get(key)
+            record = (await self.jobs.tick_records([key])).get(key)
         except JobSchedulerError:
-            return False
-        return status is JobSchedulerStatus.SUCCESS
+            return policy.backoff_s(max(attempt, 1))
+        if record is None:
+            return policy.backoff_s(1)
+        if record.status is JobSchedulerStatus.SUCCESS:
+            return None
+        if record.status is JobSchedulerStatus.RUNNING:
+            return policy.backoff_s(max(record.attempts, 1))
+        if record.released:
+            return 0.0
+        if record.attempts >= policy.retries + 1:
+            return None
+        backoff = policy.backoff_s(record.attempts) if record.attempts else 0.0
+        wait = max(0.0, backoff - record.age_ms / 1000) + 0.01
+        if failed_here:
+            wait += min(backoff / 4, 0.5) + 0.05
+        return wait
 
     async def _attempt(
         self, name: str, kind: ScheduleKind, handler: Handler, policy: RunPolicy, tick: Tick
-    ) -> bool | None:
-        """Run once. ``True``: ran and succeeded; ``False``: another replica owns the tick."""
+    ) -> tuple[int, bool]:
+        """Offer one attempt. Returns ``(attempt, ran_and_succeeded)``; ``False``: not ours.
+
+        Raises:
+            _HandlerFailed: The handler raised (the row is ``FAIL``).
+        """
         if self.jobs is None or not policy.exclusive:
-            await _call(handler, tick)
-            return True
-        options = _options(name, kind, policy, tick.run_key)
+            try:
+                await _call(handler, tick)
+            except Exception as exc:
+                raise _HandlerFailed(tick.attempt, exc) from exc
+            return tick.attempt, True
+        options = tick_options(name, kind, policy, tick.run_key)
+        number = 0
 
-        def bind(lease: JobExecutionLease) -> Tick:
-            return replace(tick, lease=lease)
+        def bind(lease: JobExecutionLease, attempt: int) -> Tick:
+            nonlocal number
+            number = attempt
+            return replace(tick, lease=lease, attempt=attempt)
 
+        call: Callable[[JobExecutionLease, int], Any]
         if inspect.iscoroutinefunction(handler):
 
-            async def call(lease: JobExecutionLease) -> Any:
-                return await handler(bind(lease))
+            async def call(lease: JobExecutionLease, attempt: int) -> Any:
+                return await handler(bind(lease, attempt))
 
-            outcome = await self.jobs.run_exclusive(options, call)
         else:
-            outcome = await self.jobs.run_exclusive(options, lambda lease: handler(bind(lease)))
+            # A plain function: run_attempt runs it in a worker thread and, if the lease is lost,
+            # waits for the thread (it cannot be stopped) before releasing the row.
+            def call(lease: JobExecutionLease, attempt: int) -> Any:
+                return handler(bind(lease, attempt))
+
+        try:
+            outcome = await self.jobs.run_attempt(options, call, policy.budget)
+        except (asyncio.CancelledError, JobSchedulerError):
+            raise
+        except Exception as exc:
+            raise _HandlerFailed(number, exc) from exc
         if not outcome.acquired:
             self.log.debug(
-                "schedule %r run %r: owned or done by another replica",
+                "schedule %r run %r: owned, done or out of attempts elsewhere",
                 name,
                 tick.run_key,
                 extra={"action": "tick_skipped", "schedule": name, "run_key": tick.run_key},
             )
-            return False
-        return True
+            return 0, False
+        return number, True
 
     def _log_error(
         self,
@@ -321,6 +372,13 @@ class TickRunner:
                 "attempt": tick.attempt,
             },
         )
+
+
+class _HandlerFailed(Exception):
+    def __init__(self, attempt: int, error: BaseException) -> None:
+        self.attempt = attempt
+        self.error = error
+        super().__init__(str(error))
 
 
 async def _call(handler: Handler, tick: Tick) -> Any:

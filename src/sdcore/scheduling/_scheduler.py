@@ -1,4 +1,4 @@
-"""``Scheduler``: the registry of schedules and the one timer loop that fires them."""
+"""``Scheduler``: the registry of schedules and the timer loop that fires them."""
 
 from __future__ import annotations
 
@@ -8,29 +8,27 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Self, TypeVar, Unpack
 from zoneinfo import ZoneInfo
 
-from sdcore.job_scheduler import (
-    DEFAULT_HEARTBEAT_MS,
-    BaseJobScheduler,
-    JobAcquireOptions,
-    JobSchedulerError,
-    JobSchedulerStatus,
-)
-from sdcore.job_scheduler._options import resolve_timing
+from sdcore.job_scheduler import BaseJobScheduler
+from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
 from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
-from sdcore.scheduling._runner import (
+from sdcore.scheduling._policy import (
+    MAX_PERIOD_MS,
     CatchUp,
-    Handler,
-    Overlap,
-    RunPolicy,
-    TickRunner,
-    utcnow,
+    ScheduleInfo,
+    ScheduleNotFoundError,
+    ScheduleOptions,
+    StartPath,
+    build_policy,
+    check_ms,
+    check_name,
 )
+from sdcore.scheduling._runner import Handler, TickRunner, utcnow
+from sdcore.scheduling._supervisor import Entry, Supervisor
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,
@@ -38,108 +36,10 @@ from sdcore.scheduling._triggers import (
     ScheduleKind,
     Trigger,
     expected_instants,
-    make_tick,
 )
 
 H = TypeVar("H", bound=Handler)
-MAX_RANGE_TICKS = 10_000
 _MAX_SLEEP = 30.0
-
-
-class ScheduleOptions(TypedDict, total=False):
-    """Per-schedule options (all optional; see the scheduling docs).
-
-    Attributes:
-        exclusive: Run each tick on one replica only (default: ``True`` when the scheduler has
-            ``jobs``).
-        overlap: ``"skip"`` (default), ``"allow"`` or ``"skip_cluster"``.
-        catch_up: ``"off"`` (default), ``"latest"`` or ``"all"`` missed ticks at start-up.
-        catch_up_window_ms: How far back catch-up looks (default 1 hour).
-        retries: Re-runs of a failed tick, never past the next tick (default 0).
-        retry_backoff_ms: First retry delay, doubled each time (default 1,000).
-        jitter_ms: Random delay of the fire moment; the run key is unchanged (default 0).
-        lease_ms: Lease of each tick (default: the scheduler's).
-        heartbeat_ms: Heartbeat interval (default ``min(60 s, lease_ms // 3)``).
-    """
-
-    exclusive: bool
-    overlap: Overlap | Literal["skip", "allow", "skip_cluster"]
-    catch_up: CatchUp | Literal["off", "latest", "all"]
-    catch_up_window_ms: int
-    retries: int
-    retry_backoff_ms: int
-    jitter_ms: int
-    lease_ms: int
-    heartbeat_ms: int
-
-
-class ScheduleNotFoundError(KeyError):
-    """No schedule has this name."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleInfo:
-    """A schedule as the registry lists it."""
-
-    name: str
-    kind: ScheduleKind
-    description: str
-    time_zone: str
-    exclusive: bool
-    active: bool
-    running: int
-    next_fire_at: datetime | None
-    next_fire_local: datetime | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MissedTick:
-    """An expected tick without a ``SUCCESS`` row (``status`` ``None``: it never started)."""
-
-    scheduled_at: datetime
-    run_key: str
-    status: JobSchedulerStatus | None
-
-
-class _Entry:
-    __slots__ = (
-        "active",
-        "handler",
-        "kind",
-        "name",
-        "next_at",
-        "policy",
-        "running",
-        "trigger",
-        "version",
-        "zone",
-    )
-
-    def __init__(
-        self, name: str, trigger: Trigger, handler: Handler, zone: ZoneInfo, policy: RunPolicy
-    ) -> None:
-        self.name = name
-        self.kind = trigger.kind
-        self.trigger = trigger
-        self.handler = handler
-        self.zone = zone
-        self.policy = policy
-        self.active = True
-        self.running: set[asyncio.Task[Any]] = set()
-        self.next_at: datetime | None = None
-        self.version = 0
-
-
-def _check_ms(schedule: str | None, option: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidScheduleError(
-            schedule, f"{option} must be an int (ms), got {type(value).__name__}"
-        )
-    if not minimum <= value <= 2**53 - 1:
-        raise InvalidScheduleError(
-            schedule, f"{option} must be between {minimum} and 2**53 - 1, got {value}"
-        )
-    return value
 
 
 class Scheduler:
@@ -170,19 +70,18 @@ class Scheduler:
     ) -> None:
         self._jobs = jobs
         self._zone = load_zone(time_zone)
-        self._lease_ms = _check_ms(None, "lease_ms", lease_ms, minimum=3)
-        self._grace = _check_ms(None, "grace_period_ms", grace_period_ms, minimum=0) / 1000
+        self._lease_ms = check_ms(None, "lease_ms", lease_ms, minimum=3)
+        grace = check_ms(None, "grace_period_ms", grace_period_ms, minimum=0, maximum=MAX_PERIOD_MS)
         self._clock = clock
         self._log = logging.getLogger(logger_name)
-        self._runner = TickRunner(jobs, self._log)
-        self._entries: dict[str, _Entry] = {}
-        self._heap: list[tuple[datetime, int, int, _Entry]] = []
+        self._entries: dict[str, Entry] = {}
+        self._sup = Supervisor(TickRunner(jobs, self._log), jobs, clock, self._log, grace / 1000)
+        self._heap: list[tuple[datetime, int, int, Entry]] = []
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._started_at: datetime | None = None
-        self._closing = False
 
     # --- registration ------------------------------------------------------------------------
 
@@ -241,6 +140,7 @@ class Scheduler:
         **options: Unpack[ScheduleOptions],
     ) -> None:
         """Register a cron schedule (see :meth:`cron`); usable while running."""
+        check_name(name)
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
         spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
         self._add(name, CronTrigger(spec), handler, zone, options)
@@ -248,13 +148,15 @@ class Scheduler:
     def add_interval(
         self, name: str, every_ms: int, handler: Handler, **options: Unpack[ScheduleOptions]
     ) -> None:
-        """Register an interval schedule (see :meth:`interval`)."""
-        every = _check_ms(name, "every_ms", every_ms, minimum=1)
+        """Register an interval schedule (see :meth:`interval`); ``every_ms`` at most 2**31 - 1."""
+        check_name(name)
+        every = check_ms(name, "every_ms", every_ms, minimum=1, maximum=MAX_PERIOD_MS)
         self._add(name, IntervalTrigger(every), handler, self._zone, options)
 
     def add_timeout(self, name: str, delay_ms: int, handler: Handler) -> None:
         """Register a one-shot, per-process schedule (see :meth:`timeout`)."""
-        delay = _check_ms(name, "delay_ms", delay_ms, minimum=0)
+        check_name(name)
+        delay = check_ms(name, "delay_ms", delay_ms, minimum=0, maximum=MAX_PERIOD_MS)
         # Added while running: the delay counts from now, as NestJS's addTimeout does.
         base = None if self._started_at is None else self._clock()
         trigger = OnceTrigger(ScheduleKind.TIMEOUT, delay, base)
@@ -262,6 +164,7 @@ class Scheduler:
 
     def add_initial(self, name: str, handler: Handler, **options: Unpack[ScheduleOptions]) -> None:
         """Register a once-per-cluster schedule (see :meth:`initial`)."""
+        check_name(name)
         if self._jobs is None:
             raise InvalidScheduleError(name, "initial schedules need a job scheduler (jobs=...)")
         base = None if self._started_at is None else self._clock()
@@ -270,80 +173,35 @@ class Scheduler:
 
     def _add(
         self,
-        name: object,
+        name: str,
         trigger: Trigger,
         handler: Handler,
         zone: ZoneInfo,
         options: Mapping[str, Any],
     ) -> None:
-        if not isinstance(name, str) or not name.strip() or name != name.strip():
-            raise InvalidScheduleError(
-                None, f"schedule name must be a non-empty trimmed str, got {name!r:.80}"
-            )
-        if len(name) > 64 or "\x00" in name:
-            raise InvalidScheduleError(name, "name must hold at most 64 characters and no NUL")
         if name in self._entries:
             raise InvalidScheduleError(name, "a schedule with this name already exists")
         if not callable(handler):
             raise InvalidScheduleError(name, "handler must be callable")
-        entry = _Entry(name, trigger, handler, zone, self._policy(name, options))
-        self._entries[name] = entry
+        policy = build_policy(
+            name, options, has_jobs=self._jobs is not None, default_lease_ms=self._lease_ms
+        )
+        entry = Entry(name, trigger, handler, zone, policy)
+        now = self._clock()
+        try:
+            # Everything that could fail later (a fire instant past year 9999…) fails here,
+            # before the schedule is registered.
+            entry.trigger.next_after(now)
+            now - timedelta(milliseconds=policy.catch_up_window_ms)
+        except (OverflowError, ValueError) as exc:
+            raise InvalidScheduleError(name, f"cannot compute its fire times: {exc}") from None
         if self._started_at is not None:
-            self._arm(entry, self._clock())
-
-    def _policy(self, name: str, options: Mapping[str, Any]) -> RunPolicy:
-        known = {
-            "exclusive",
-            "overlap",
-            "catch_up",
-            "catch_up_window_ms",
-            "retries",
-            "retry_backoff_ms",
-            "jitter_ms",
-            "lease_ms",
-            "heartbeat_ms",
-        }
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidScheduleError(name, f"unknown option(s): {', '.join(unknown)}")
-        exclusive = options.get("exclusive", self._jobs is not None)
-        if not isinstance(exclusive, bool):
-            raise InvalidScheduleError(name, "exclusive must be a bool")
-        if exclusive and self._jobs is None:
-            raise InvalidScheduleError(name, "exclusive=True needs a job scheduler (jobs=...)")
-        try:
-            overlap = Overlap(options.get("overlap", Overlap.SKIP))
-            catch_up = CatchUp(options.get("catch_up", CatchUp.OFF))
-        except ValueError as exc:
-            raise InvalidScheduleError(name, str(exc)) from None
-        lease = options.get("lease_ms", self._lease_ms)
-        heartbeat = options.get(
-            "heartbeat_ms",
-            min(DEFAULT_HEARTBEAT_MS, _check_ms(name, "lease_ms", lease, minimum=3) // 3),
-        )
-        try:
-            lease, heartbeat = resolve_timing(lease, heartbeat)
-        except ValueError as exc:
-            raise InvalidScheduleError(name, str(exc)) from None
-        return RunPolicy(
-            exclusive=exclusive,
-            overlap=overlap,
-            catch_up=catch_up,
-            catch_up_window_ms=_check_ms(
-                name, "catch_up_window_ms", options.get("catch_up_window_ms", 3_600_000), minimum=1
-            ),
-            retries=_check_ms(name, "retries", options.get("retries", 0), minimum=0),
-            retry_backoff_ms=_check_ms(
-                name, "retry_backoff_ms", options.get("retry_backoff_ms", 1_000), minimum=1
-            ),
-            jitter_ms=_check_ms(name, "jitter_ms", options.get("jitter_ms", 0), minimum=0),
-            lease_ms=lease,
-            heartbeat_ms=heartbeat,
-        )
+            self._arm(entry, now)
+        self._entries[name] = entry
 
     # --- registry ----------------------------------------------------------------------------
 
-    def _entry(self, name: str) -> _Entry:
+    def _entry(self, name: str) -> Entry:
         try:
             return self._entries[name]
         except KeyError:
@@ -359,7 +217,7 @@ class Scheduler:
         far = datetime.max.replace(tzinfo=self._zone)
         return sorted(infos, key=lambda i: (i.next_fire_at is None, i.next_fire_at or far, i.name))
 
-    def _info(self, entry: _Entry) -> ScheduleInfo:
+    def _info(self, entry: Entry) -> ScheduleInfo:
         upcoming = entry.next_at
         if upcoming is None and entry.active and self._started_at is None:
             upcoming = entry.trigger.next_after(self._clock())
@@ -380,22 +238,33 @@ class Scheduler:
     def stop(self, name: str) -> None:
         """Stop firing a schedule (a run in progress goes on)."""
         entry = self._entry(name)
+        if entry.active and self._started_at is not None:
+            entry.stopped_at = self._clock()
         entry.active = False
         entry.version += 1
         entry.next_at = None
 
     def start(self, name: str) -> None:
-        """Resume a stopped schedule from its next fire time after now."""
+        """Resume a stopped schedule from its next fire time after now.
+
+        Ticks that fell while it was stopped are not caught up; exclusive ones without a row are
+        recorded as skipped (``"paused"``).
+        """
         entry = self._entry(name)
         if not entry.active:
             entry.active = True
             if self._started_at is not None:
-                self._arm(entry, self._clock())
+                now = self._clock()
+                if entry.stopped_at is not None:
+                    self._sup.record_paused(entry, entry.stopped_at, now)
+                entry.stopped_at = None
+                self._arm(entry, now)
 
     def remove(self, name: str) -> None:
-        """Stop and forget a schedule."""
+        """Stop and forget a schedule (a run in progress goes on; ``aclose`` still awaits it)."""
         self.stop(name)
-        del self._entries[name]
+        entry = self._entries.pop(name)
+        entry.removed = True
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -411,71 +280,82 @@ class Scheduler:
     ) -> None:
         await self.aclose()
 
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`start_all` ran and :meth:`aclose` did not yet."""
+        return self._started_at is not None
+
     async def start_all(self) -> None:
-        """Start firing every active schedule (``async with scheduler`` calls this)."""
+        """Start firing every active schedule (``async with scheduler`` calls this).
+
+        A scheduler can be started again after :meth:`aclose`.
+
+        Raises:
+            RuntimeError: It is already running.
+        """
         if self._started_at is not None:
-            return
+            raise RuntimeError("this Scheduler is already running; call aclose() first")
         now = self._clock()
         self._started_at = now
+        self._wake = asyncio.Event()
+        self._heap.clear()
         for entry in self._entries.values():
             if isinstance(entry.trigger, OnceTrigger):
                 entry.trigger = OnceTrigger(entry.trigger.kind, entry.trigger.delay_ms, now)
+            entry.pending.clear()
             if entry.active:
                 self._arm(entry, now)
-        await self._catch_up(now)
+        await self._sup.catch_up_at_start(list(self._entries.values()), now, self._entries)
         self._loop_task = asyncio.create_task(self._loop(), name="sdcore-scheduler")
         self._sweep_task = asyncio.create_task(self._sweep(), name="sdcore-scheduler-sweep")
 
     async def aclose(self) -> None:
-        """Stop firing, let running handlers finish within the grace period, then cancel them."""
-        self._closing = True
+        """Stop firing; every tick this scheduler started (removed schedules' too) may finish
+        within the grace period, then is cancelled and awaited."""
         for task in (self._loop_task, self._sweep_task):
             if task is not None:
                 task.cancel()
                 await asyncio.wait({task})
         self._loop_task = self._sweep_task = None
-        running = {task for entry in self._entries.values() for task in entry.running}
-        if running:
-            _, pending = await asyncio.wait(running, timeout=self._grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                self._log.warning(
-                    "cancelled %d run(s) still going after the grace period",
-                    len(pending),
-                    extra={"action": "shutdown_cancelled"},
-                )
-                await asyncio.wait(pending)
+        await self._sup.shutdown()
+        self._started_at = None
+        for entry in self._entries.values():
+            entry.next_at = None
+            entry.version += 1
 
-    def _arm(self, entry: _Entry, after: datetime) -> None:
+    def _arm(self, entry: Entry, after: datetime) -> None:
         entry.version += 1
+        entry.active_since = after
         if isinstance(entry.trigger, OnceTrigger):
             after = after - timedelta(microseconds=1)  # a one-shot may be due right now
         entry.next_at = entry.trigger.next_after(after)
         if entry.next_at is not None:
             heapq.heappush(self._heap, (entry.next_at, next(self._seq), entry.version, entry))
             self._compact()
-        self._wake.set()
+        if self._wake is not None:
+            self._wake.set()
 
     def _compact(self) -> None:
         # stop/start/remove leave stale heap entries until their due time (a day, for a daily
         # job): rebuild the heap once they outnumber the live schedules.
         if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [
-                item
-                for item in self._heap
-                if item[2] == item[3].version
-                and item[3].active
-                and self._entries.get(item[3].name) is item[3]
-            ]
+            self._heap = [item for item in self._heap if self._live(item[3], item[2])]
             heapq.heapify(self._heap)
 
+    def _live(self, entry: Entry, version: int | None = None) -> bool:
+        return (
+            (version is None or version == entry.version)
+            and entry.active
+            and self._entries.get(entry.name) is entry
+        )
+
     async def _loop(self) -> None:
+        assert self._wake is not None  # noqa: S101 - set by start_all
         while True:
             now = self._clock()
             while self._heap and self._heap[0][0] <= now:
                 due, _, version, entry = heapq.heappop(self._heap)
-                if version != entry.version or not entry.active or entry.name not in self._entries:
+                if not self._live(entry, version):
                     continue
                 try:
                     self._fire(entry, due, now)
@@ -494,7 +374,7 @@ class Scheduler:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
-    def _fire(self, entry: _Entry, due: datetime, now: datetime) -> None:
+    def _fire(self, entry: Entry, due: datetime, now: datetime) -> None:
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
         skipped = 0
@@ -512,89 +392,24 @@ class Scheduler:
         entry.next_at = following
         if following is not None:
             heapq.heappush(self._heap, (following, next(self._seq), entry.version, entry))
-        if entry.running and entry.policy.overlap is Overlap.SKIP:
-            self._log.info(
-                "schedule %r run %r: skipped, the previous run is still running here",
-                entry.name,
-                entry.trigger.run_key(due),
-                extra={"action": "tick_overlap_skipped", "schedule": entry.name},
-            )
-            return
-        self._spawn(entry, due, following)
-
-    def _spawn(self, entry: _Entry, due: datetime, deadline: datetime | None) -> None:
-        tick = make_tick(entry.name, entry.trigger, entry.zone, due)
-        task = asyncio.create_task(
-            self._runner.run(
-                name=entry.name,
-                kind=entry.kind,
-                handler=entry.handler,
-                policy=entry.policy,
-                tick=tick,
-                deadline=deadline,
-                clock=self._clock,
-            ),
-            name=f"sdcore-tick:{entry.name}",
-        )
-        entry.running.add(task)
-        task.add_done_callback(entry.running.discard)
-
-    def _catch_up_entries(self) -> list[_Entry]:
-        return [
-            entry
-            for entry in self._entries.values()
-            if entry.active
-            and entry.policy.catch_up is not CatchUp.OFF
-            and entry.policy.exclusive
-            and entry.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
-        ]
-
-    async def _catch_up(self, now: datetime, *, sweep: bool = False) -> None:
-        """Run missed ticks of catch-up schedules.
-
-        At start-up every tick of the window without ``SUCCESS`` counts. A periodic *sweep* (every
-        ``lease_ms``) only takes ticks that never started or were left ``RUNNING`` (their owner
-        died; the lease decides whether they expired) — ``FAIL`` is the retry policy's business.
-        """
-        for entry in self._catch_up_entries():
-            policy = entry.policy
-            start = now - timedelta(milliseconds=policy.catch_up_window_ms)
-            end = now - timedelta(seconds=1) if sweep else now
-            limit = 10 if policy.catch_up is CatchUp.LATEST else 1000
-            try:
-                missed = await self._missed(entry, start, end, self._jobs, keep_last=limit)
-            except (JobSchedulerError, ValueError) as exc:
-                self._log.warning(
-                    "schedule %r: catch-up skipped: %s",
-                    entry.name,
-                    exc,
-                    extra={"action": "catch_up_failed", "schedule": entry.name},
-                )
-                continue
-            if sweep:
-                missed = [tick for tick in missed if tick.status is not JobSchedulerStatus.FAIL]
-            chosen = missed[-1:] if policy.catch_up is CatchUp.LATEST else missed[-100:]
-            for tick in chosen:
-                self._log.log(
-                    logging.DEBUG if sweep and tick.status is not None else logging.INFO,
-                    "schedule %r: catching up missed tick %r (%s)",
-                    entry.name,
-                    tick.run_key,
-                    "never started" if tick.status is None else tick.status.value,
-                    extra={"action": "catch_up", "schedule": entry.name, "run_key": tick.run_key},
-                )
-                self._spawn(entry, tick.scheduled_at, entry.next_at)
+        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
 
     async def _sweep(self) -> None:
         while True:
-            entries = self._catch_up_entries()
-            interval = max(1.0, min((e.policy.lease_ms for e in entries), default=30_000) / 1000)
-            await asyncio.sleep(interval)
-            if entries:
+            entries = [e for e in self._entries.values() if e.policy.catch_up is not CatchUp.OFF]
+            lease = min((e.policy.lease_ms for e in entries), default=30_000)
+            await asyncio.sleep(max(1.0, min(lease, 60_000) / 1000))
+            for entry in entries:
+                if not self._live(entry):
+                    continue
                 try:
-                    await self._catch_up(self._clock(), sweep=True)
+                    await self._sup.sweep(entry, self._clock(), self._live)
                 except Exception:  # noqa: BLE001 - the sweep must outlive a bad round
-                    self._log.exception("catch-up sweep failed", extra={"action": "sweep_failed"})
+                    self._log.exception(
+                        "schedule %r: catch-up sweep failed",
+                        entry.name,
+                        extra={"action": "sweep_failed", "schedule": entry.name},
+                    )
 
     # --- missed ticks ------------------------------------------------------------------------
 
@@ -608,6 +423,9 @@ class Scheduler:
     ) -> list[MissedTick]:
         """Return the ticks of ``name`` in ``[start, end)`` that have no ``SUCCESS`` row.
 
+        A tick skipped on purpose (overlap) is listed with ``skipped`` set and 0 ``attempts``;
+        one that never started has ``status`` ``None``.
+
         Args:
             name: The schedule.
             start: Range start (aware, inclusive).
@@ -619,33 +437,11 @@ class Scheduler:
             InvalidScheduleError: No job scheduler, or not a cron/interval schedule.
             ValueError: Unaware bounds or more than 10,000 ticks.
         """
-        return await self._missed(self._entry(name), start, end, jobs or self._jobs)
-
-    async def _missed(
-        self,
-        entry: _Entry,
-        start: datetime,
-        end: datetime,
-        jobs: BaseJobScheduler | None,
-        *,
-        keep_last: int | None = None,
-    ) -> list[MissedTick]:
-        if jobs is None or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
+        entry = self._entry(name)
+        source = jobs or self._jobs
+        if source is None or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
             raise InvalidScheduleError(
                 entry.name, "missed ticks need jobs and a cron or interval schedule"
             )
-        if keep_last is None:
-            instants = expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
-        else:
-            instants = expected_instants(entry.trigger, start, end, limit=keep_last, keep_last=True)
-        keys: dict[str, tuple[datetime, str]] = {}
-        for instant in instants:
-            run_key = entry.trigger.run_key(instant)
-            assert run_key is not None  # noqa: S101 - cron and interval ticks always have one
-            keys[JobAcquireOptions(code=entry.name, run_key=run_key).lock_key] = (instant, run_key)
-        statuses = await jobs.statuses(list(keys))
-        return [
-            MissedTick(scheduled_at=instant, run_key=run_key, status=statuses.get(key))
-            for key, (instant, run_key) in keys.items()
-            if statuses.get(key) is not JobSchedulerStatus.SUCCESS
-        ]
+        instants = expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
+        return await missed(source, entry.name, entry.trigger, instants)

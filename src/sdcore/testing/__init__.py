@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sdcore._json import dump_json_object
+from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget, TickRecord
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
@@ -76,6 +77,10 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _released(data: Mapping[str, Any] | None) -> bool:
+    return data is not None and ("released" in data or "released_by" in data)
+
+
 class InMemoryJobScheduler(BaseJobScheduler):
     """The job scheduler contract in process memory, for unit tests.
 
@@ -95,6 +100,8 @@ class InMemoryJobScheduler(BaseJobScheduler):
         self._rows: dict[str, JobScheduler] = {}
         self._by_id: dict[str, str] = {}
         self._fencing = 0  # the table's fencing sequence
+        # Scheduler attempt budgets (the ``attempts`` column); rows made by plain acquire count 1.
+        self._attempts: dict[str, int] = {}
 
     def _next_fencing_token(self) -> int:
         self._fencing += 1
@@ -110,6 +117,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
         if key is None:
             return False
         del self._rows[key]
+        self._attempts.pop(key, None)
         return True
 
     def rows(self) -> list[JobScheduler]:
@@ -173,6 +181,68 @@ class InMemoryJobScheduler(BaseJobScheduler):
             fencing_token=row.fencing_token,
             _state=state,
         )
+
+    def attempts(self, lock_key: str) -> int | None:
+        """Return the ``attempts`` of the row with this lock key, if any."""
+        return self._attempts.get(lock_key, 1) if lock_key in self._rows else None
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire_attempt`."""
+        key = options.lock_key
+        current = self._rows.get(key)
+        attempts = self._attempts.get(key, 1)
+        released = current is not None and _released(current.data)
+        if current is not None and current.status is JobSchedulerStatus.FAIL and not released:
+            waited = self._clock() - current.modified_at
+            backoff = (
+                0 if attempts == 0 else min(budget.backoff_ms * 2 ** (attempts - 1), MAX_BACKOFF_MS)
+            )
+            if attempts >= budget.max_attempts or waited < timedelta(milliseconds=backoff):
+                return JobNotAcquired(), 0
+        outcome = await self.acquire(options)
+        if not outcome.acquired:
+            return outcome, 0
+        number = 1 if current is None or released else attempts + 1
+        self._attempts[key] = number
+        return outcome, number
+
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.record_skipped`."""
+        if options.lock_key in self._rows:
+            return False
+        outcome = await self.acquire(options)
+        assert outcome.acquired  # noqa: S101 - no row, so the insert wins
+        key = options.lock_key
+        self._rows[key] = replace(
+            self._rows[key], status=JobSchedulerStatus.FAIL, data={"skipped": reason}
+        )
+        self._attempts[key] = 0
+        return True
+
+    async def first_seen(self, code: str) -> datetime | None:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.first_seen`."""
+        return min(
+            (row.created_at for row in self._rows.values() if row.code == code), default=None
+        )
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.tick_records`."""
+        records = {}
+        for key in lock_keys:
+            row = self._rows.get(key)
+            if row is None:
+                continue
+            skipped = None if row.data is None else row.data.get("skipped")
+            records[key] = TickRecord(
+                status=row.status,
+                attempts=self._attempts.get(key, 1),
+                skipped=None if skipped is None else str(skipped),
+                released=_released(row.data),
+                age_ms=(self._clock() - row.modified_at) / timedelta(milliseconds=1),
+            )
+        return records
 
     def _owned(self, lease: JobLease) -> JobScheduler | None:
         job_id, token = _check_lease(lease)  # the validator PostgreSQL's backend uses

@@ -1,0 +1,159 @@
+"""Which missed ticks catch-up and the sweep may start, and what ``missed_ticks`` reports.
+
+Rules (docs/explanation/scheduling.md, "Catch-up"):
+
+- A tick is *settled* when its row is ``SUCCESS``, a ``FAIL`` the retry policy owns (not
+  released by an operator), or recorded as skipped. Catch-up never starts a settled tick.
+- Start-up catch-up looks back ``catch_up_window_ms`` from the start, but never before the
+  schedule's first row in the lease table: a schedule never seen before has nothing to catch up.
+- ``latest`` considers only the most recent instant of its range, found by walking back from the
+  range's end (any frequency); ``all`` the most recent :data:`MAX_CATCH_UP` instants.
+- The sweep considers only ticks fired since the schedule became active on this scheduler, plus the
+  ticks start-up catch-up found ``RUNNING`` (maybe abandoned): never ticks from before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sdcore.job_scheduler import BaseJobScheduler, JobAcquireOptions, JobSchedulerStatus
+from sdcore.job_scheduler._attempts import TickRecord
+from sdcore.scheduling._policy import CatchUp
+from sdcore.scheduling._triggers import Trigger, expected_instants
+
+MAX_CATCH_UP = 1_000
+MAX_RANGE_TICKS = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MissedTick:
+    """An expected tick without a ``SUCCESS`` row.
+
+    Attributes:
+        scheduled_at: The scheduled instant (UTC).
+        run_key: Its run key.
+        status: The row's status, ``None`` when it never started (no row).
+        attempts: Runs started for it (``None``: no row; 0: recorded as skipped).
+        skipped: Why it was skipped on purpose (``"overlap"``), or ``None``.
+    """
+
+    scheduled_at: datetime
+    run_key: str
+    status: JobSchedulerStatus | None
+    attempts: int | None = None
+    skipped: str | None = None
+
+
+def latest_instants(trigger: Trigger, start: datetime, end: datetime, count: int) -> list[datetime]:
+    """Return the last ``count`` fire instants in ``[start, end)``, walking back from ``end``.
+
+    The window doubles from 1 ms until it holds ``count`` instants or reaches ``start``, so the
+    cost follows the ticks returned, not the ticks in ``[start, end)`` (a 1 ms interval over a
+    1 hour window is cheap).
+    """
+    span = timedelta(milliseconds=1)
+    while True:
+        low = max(start, end - span)
+        found = expected_instants(trigger, low, end, limit=4 * count + 64, keep_last=True)
+        if len(found) >= count or low <= start:
+            return found[-count:]
+        span *= 2
+
+
+def lock_key(name: str, trigger: Trigger, instant: datetime) -> tuple[str, str]:
+    """Return the lock key and run key of the tick of ``name`` at ``instant``."""
+    run_key = trigger.run_key(instant)
+    assert run_key is not None  # noqa: S101 - cron and interval ticks always have one
+    return JobAcquireOptions(code=name, run_key=run_key).lock_key, run_key
+
+
+def settled(record: TickRecord | None) -> bool:
+    """Is the tick done for catch-up purposes (see the module rules)?"""
+    if record is None:
+        return False
+    if record.status is JobSchedulerStatus.SUCCESS:
+        return True
+    if record.status is JobSchedulerStatus.FAIL:
+        return not record.released
+    return False
+
+
+async def missed(
+    jobs: BaseJobScheduler, name: str, trigger: Trigger, instants: list[datetime]
+) -> list[MissedTick]:
+    """Return the ticks among ``instants`` that have no ``SUCCESS`` row, oldest first."""
+    keys = {lock_key(name, trigger, instant)[0]: instant for instant in instants}
+    records = await jobs.tick_records(list(keys))
+    result = []
+    for key, instant in keys.items():
+        record = records.get(key)
+        if record is not None and record.status is JobSchedulerStatus.SUCCESS:
+            continue
+        result.append(
+            MissedTick(
+                scheduled_at=instant,
+                run_key=lock_key(name, trigger, instant)[1],
+                status=None if record is None else record.status,
+                attempts=None if record is None else record.attempts,
+                skipped=None if record is None else record.skipped,
+            )
+        )
+    return result
+
+
+def candidates(mode: CatchUp, trigger: Trigger, start: datetime, end: datetime) -> list[datetime]:
+    """The instants catch-up considers in ``[start, end)``: the latest one, or the latest N."""
+    if end <= start:
+        return []
+    count = 1 if mode is CatchUp.LATEST else MAX_CATCH_UP
+    return latest_instants(trigger, start, end, count)
+
+
+async def at_start(
+    jobs: BaseJobScheduler,
+    name: str,
+    trigger: Trigger,
+    mode: CatchUp,
+    window_start: datetime,
+    now: datetime,
+) -> list[datetime]:
+    """The ticks start-up catch-up starts: unsettled, and from after the schedule existed.
+
+    A tick *existed* if it has a row, or falls after the schedule's first row was created. A
+    schedule with no row at all was never run anywhere: nothing to catch up.
+    """
+    first = await jobs.first_seen(name)
+    if first is None:
+        return []
+    instants = latest_instants(trigger, window_start, now, MAX_CATCH_UP)
+    keys = {lock_key(name, trigger, instant)[0]: instant for instant in instants}
+    records = await jobs.tick_records(list(keys))
+    existing = [t for k, t in keys.items() if t >= first or k in records]
+    if mode is CatchUp.LATEST:
+        existing = existing[-1:]
+    by_instant = {t: records.get(k) for k, t in keys.items()}
+    return [t for t in existing if not settled(by_instant[t])]
+
+
+async def to_start(
+    jobs: BaseJobScheduler, name: str, trigger: Trigger, instants: list[datetime]
+) -> tuple[list[datetime], list[datetime]]:
+    """Split ``instants`` into ticks to start now and ticks left ``RUNNING`` (to re-check).
+
+    Returns:
+        ``(start, running)``: unsettled ticks (never started, released, or ``RUNNING``: the lease
+        decides whether it expired), and the ``RUNNING`` ones among them.
+    """
+    keys = {lock_key(name, trigger, instant)[0]: instant for instant in instants}
+    records = await jobs.tick_records(list(keys))
+    start: list[datetime] = []
+    running: list[datetime] = []
+    for key, instant in keys.items():
+        record = records.get(key)
+        if settled(record):
+            continue
+        start.append(instant)
+        if record is not None and record.status is JobSchedulerStatus.RUNNING:
+            running.append(instant)
+    return start, running

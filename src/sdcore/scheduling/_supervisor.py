@@ -1,0 +1,318 @@
+"""The tasks a scheduler owns, and the one path by which every tick starts.
+
+Every tick (regular fire, start-up catch-up, sweep) goes through :meth:`Supervisor.start_tick`,
+which applies the overlap policy in one place and records a tick skipped on purpose. Every task
+belongs to the supervisor, not to a registry entry, so ``aclose()`` waits for (or cancels) the
+ticks of removed schedules too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
+from sdcore.scheduling._catch_up import (
+    MAX_CATCH_UP,
+    at_start,
+    candidates,
+    latest_instants,
+    to_start,
+)
+from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
+from sdcore.scheduling._runner import Handler, TickRunner
+from sdcore.scheduling._triggers import ScheduleKind, Trigger, make_tick
+
+_SWEEP_MARGIN = timedelta(seconds=1)
+
+
+class Entry:
+    """One registered schedule and its state on this scheduler."""
+
+    __slots__ = (
+        "active",
+        "active_since",
+        "handler",
+        "in_flight",
+        "kind",
+        "name",
+        "next_at",
+        "offered",
+        "pending",
+        "policy",
+        "removed",
+        "running",
+        "stopped_at",
+        "swept_until",
+        "trigger",
+        "version",
+        "zone",
+    )
+
+    def __init__(
+        self, name: str, trigger: Trigger, handler: Handler, zone: ZoneInfo, policy: RunPolicy
+    ) -> None:
+        self.name = name
+        self.kind = trigger.kind
+        self.trigger = trigger
+        self.handler = handler
+        self.zone = zone
+        self.policy = policy
+        self.active = True
+        self.removed = False
+        self.running: set[asyncio.Task[Any]] = set()
+        self.in_flight: set[datetime] = set()
+        self.next_at: datetime | None = None
+        self.version = 0
+        self.active_since: datetime | None = None
+        self.swept_until: datetime | None = None
+        self.pending: set[datetime] = set()
+        self.offered: set[datetime] = set()
+        self.stopped_at: datetime | None = None
+
+    @property
+    def catches_up(self) -> bool:
+        """Whether catch-up and the sweep apply to this schedule."""
+        return (
+            self.policy.catch_up is not CatchUp.OFF
+            and self.policy.exclusive
+            and self.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+        )
+
+
+class Supervisor:
+    """Starts ticks through the policy checks and owns their tasks.
+
+    Args:
+        runner: Executes one tick.
+        jobs: The lease service (``None``: no exclusivity, no catch-up).
+        clock: The scheduler's wall clock.
+        logger: The scheduler's logger.
+        grace_s: How long ``shutdown`` lets ticks finish before cancelling them.
+    """
+
+    def __init__(
+        self,
+        runner: TickRunner,
+        jobs: BaseJobScheduler | None,
+        clock: Callable[[], datetime],
+        logger: logging.Logger,
+        grace_s: float,
+    ) -> None:
+        self._runner = runner
+        self._jobs = jobs
+        self._clock = clock
+        self._log = logger
+        self._grace = grace_s
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def tasks(self) -> int:
+        """Ticks (and skip records) in progress."""
+        return len(self._tasks)
+
+    def _own(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def start_tick(
+        self, entry: Entry, due: datetime, path: StartPath, *, deadline: datetime | None
+    ) -> bool:
+        """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
+
+        Overlap applies the same way on every path. A regular fire skipped by overlap is recorded
+        as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
+        """
+        if entry.removed or not entry.active:
+            return False
+        if due in entry.in_flight:
+            return False  # this very tick is already running here
+        tick = make_tick(entry.name, entry.trigger, entry.zone, due)
+        if entry.running and entry.policy.overlap is not Overlap.ALLOW:
+            self._log.log(
+                logging.INFO if path is StartPath.FIRE else logging.DEBUG,
+                "schedule %r run %r: skipped, the previous run is still running here (%s)",
+                entry.name,
+                tick.run_key,
+                path.value,
+                extra={
+                    "action": "tick_overlap_skipped",
+                    "schedule": entry.name,
+                    "run_key": tick.run_key,
+                    "path": path.value,
+                },
+            )
+            if path is StartPath.FIRE:
+                self._own(
+                    self._runner.record_skipped(
+                        entry.name, entry.kind, entry.policy, tick, "overlap"
+                    ),
+                    f"sdcore-skip:{entry.name}",
+                )
+            return False
+        task = self._own(
+            self._runner.run(
+                name=entry.name,
+                kind=entry.kind,
+                handler=entry.handler,
+                policy=entry.policy,
+                tick=tick,
+                deadline=deadline,
+                clock=self._clock,
+                record_skip=path is StartPath.FIRE,
+            ),
+            f"sdcore-tick:{entry.name}",
+        )
+        entry.running.add(task)
+        entry.in_flight.add(due)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            entry.running.discard(task)
+            entry.in_flight.discard(due)
+            if entry.pending and not entry.running and not entry.removed:
+                # Catch-up under overlap "skip": the next missed tick starts when this one ends.
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    asyncio.get_running_loop().call_soon(self._drain, entry)
+
+        task.add_done_callback(done)
+        return True
+
+    async def catch_up_at_start(
+        self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
+    ) -> None:
+        """Start-up catch-up: missed ticks of the window, never before the schedule's first row."""
+        jobs = self._jobs
+        if jobs is None:
+            return
+        for entry in entries:
+            if not entry.catches_up or not entry.active:
+                continue
+            entry.swept_until = now
+            window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+            try:
+                start = await at_start(
+                    jobs, entry.name, entry.trigger, entry.policy.catch_up, window_start, now
+                )
+            except (JobSchedulerError, ValueError) as exc:
+                self._catch_up_failed(entry, exc)
+                continue
+            if registry.get(entry.name) is not entry:
+                continue  # removed while we awaited
+            self._start_pending(entry, start, StartPath.CATCH_UP, log_level=logging.INFO)
+
+    async def sweep(self, entry: Entry, now: datetime, live: Callable[[Entry], bool]) -> None:
+        """Re-run ticks fired since the schedule became active here that never started or
+        were abandoned (``RUNNING`` past their lease: the lease decides), plus pending ones."""
+        jobs = self._jobs
+        if jobs is None or not entry.catches_up or entry.active_since is None:
+            return
+        end = now - _SWEEP_MARGIN
+        window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+        # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
+        active = entry.active_since + timedelta(microseconds=1)
+        since = max(active, window_start, entry.swept_until or active)
+        if entry.policy.catch_up is CatchUp.LATEST:
+            since = max(active, window_start)
+        try:
+            fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
+            consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
+            start, _ = await to_start(jobs, entry.name, entry.trigger, consider)
+        except (JobSchedulerError, ValueError) as exc:
+            self._catch_up_failed(entry, exc)
+            return
+        if not live(entry):
+            return  # stopped or removed while we awaited
+        if end > (entry.swept_until or end):
+            entry.swept_until = end
+        self._start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
+
+    def _start_pending(
+        self, entry: Entry, instants: list[datetime], path: StartPath, *, log_level: int
+    ) -> None:
+        if entry.policy.catch_up is CatchUp.LATEST:
+            instants = instants[-1:]
+        entry.pending = set(instants)
+        entry.offered = set()
+        for instant in instants:
+            if entry.running and entry.policy.overlap is not Overlap.ALLOW:
+                break  # the rest start one after the other (see start_tick's done callback)
+            entry.offered.add(instant)
+            tick = make_tick(entry.name, entry.trigger, entry.zone, instant)
+            self._log.log(
+                log_level,
+                "schedule %r: catching up missed tick %r",
+                entry.name,
+                tick.run_key,
+                extra={
+                    "action": "catch_up",
+                    "schedule": entry.name,
+                    "run_key": tick.run_key,
+                    "path": path.value,
+                },
+            )
+            self.start_tick(entry, instant, path, deadline=entry.next_at)
+
+    def record_paused(self, entry: Entry, since: datetime, until: datetime) -> None:
+        """Record the ticks that fell while ``entry`` was stopped as skipped (``"paused"``).
+
+        Only ticks without a row are written: another replica that was not paused may have run
+        them, or may still take the skip record over (it costs no attempt).
+        """
+        if (
+            self._jobs is None
+            or not entry.policy.exclusive
+            or entry.kind not in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+            or until <= since
+        ):
+            return
+        try:
+            instants = latest_instants(entry.trigger, since, until, MAX_CATCH_UP)
+        except ValueError:
+            return
+
+        async def record() -> None:
+            for instant in instants:
+                tick = make_tick(entry.name, entry.trigger, entry.zone, instant)
+                await self._runner.record_skipped(
+                    entry.name, entry.kind, entry.policy, tick, "paused"
+                )
+
+        self._own(record(), f"sdcore-paused:{entry.name}")
+
+    def _drain(self, entry: Entry) -> None:
+        if entry.removed or not entry.active or entry.running:
+            return
+        for instant in sorted(entry.pending - entry.offered - entry.in_flight):
+            entry.offered.add(instant)
+            if self.start_tick(entry, instant, StartPath.CATCH_UP, deadline=entry.next_at):
+                return
+
+    def _catch_up_failed(self, entry: Entry, exc: BaseException) -> None:
+        self._log.warning(
+            "schedule %r: catch-up skipped: %s",
+            entry.name,
+            exc,
+            extra={"action": "catch_up_failed", "schedule": entry.name},
+        )
+
+    async def shutdown(self) -> None:
+        """Let every owned task finish within the grace period, then cancel and await it."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=self._grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._log.warning(
+                "cancelled %d run(s) still going after the grace period",
+                len(pending),
+                extra={"action": "shutdown_cancelled"},
+            )
+            await asyncio.wait(pending)

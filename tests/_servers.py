@@ -1,0 +1,317 @@
+"""Own, throw-away servers for tests that must break or proxy one: PgBouncer and PostgreSQL.
+
+Every server listens on a free loopback port, lives in a temporary directory and is removed at
+the end. Debian's ``pgbouncer`` refuses to run as root and ``initdb`` too, so as root both run as
+the ``postgres`` OS user. The shared PostgreSQL on 5432 is never reconfigured: a PgBouncer in front
+of it only forwards connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+PG_BIN = Path(os.environ.get("SDCORE_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+SERVICE_USER = "postgres"
+
+
+def free_port() -> int:
+    """Return a loopback TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _as_service_user() -> dict[str, Any]:
+    """``subprocess`` arguments that drop root to the postgres OS user (nothing otherwise)."""
+    if os.geteuid() != 0:
+        return {}
+    entry = pwd.getpwnam(SERVICE_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _workdir(prefix: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVICE_USER)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    path.chmod(0o700)
+    return path
+
+
+def run(cmd: Sequence[str], *, timeout: float = 60, check: bool = True) -> str:
+    """Run a server tool as the service user; return its output (stdout and stderr)."""
+    done = subprocess.run(
+        list(cmd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+        **_as_service_user(),
+    )
+    out = str(done.stdout) + str(done.stderr)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {out[-2000:]}")
+    return out
+
+
+def wait_until_accepting(dsn: str, *, timeout: float = 30) -> None:
+    """Poll ``dsn`` until a connection succeeds (a deadline, never forever)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
+                return
+        except psycopg.OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server at {dsn} did not accept connections: {exc}") from exc
+            time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------- PgBouncer
+
+
+@dataclass
+class PgBouncer:
+    """A running PgBouncer forwarding every database name to one PostgreSQL."""
+
+    port: int
+    mode: str
+    workdir: Path
+    process: subprocess.Popen[bytes]
+
+    def dsn(self, dbname: str, user: str = "postgres") -> str:
+        """A DSN for ``dbname`` through this PgBouncer."""
+        return f"host=127.0.0.1 port={self.port} dbname={dbname} user={user}"
+
+    @property
+    def log(self) -> str:
+        """PgBouncer's log so far."""
+        path = self.workdir / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def pgbouncer_binary() -> str:
+    """The ``pgbouncer`` executable, or a test failure saying how to get it."""
+    found = shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if Path(p).exists()), None
+    )
+    if found is None:
+        pytest.fail(
+            "pgbouncer is not installed: apt-get install pgbouncer (.ci/run does it)",
+            pytrace=False,
+        )
+    return found
+
+
+@contextlib.contextmanager
+def pgbouncer(
+    *, upstream_host: str, upstream_port: int, mode: str, pool_size: int
+) -> Iterator[PgBouncer]:
+    """Start a PgBouncer (``pool_mode = mode``) in front of ``upstream``; stop and remove it."""
+    binary = pgbouncer_binary()
+    workdir = _workdir("sdcore-pgbouncer-")
+    port = free_port()
+    (workdir / "users.txt").write_text('"postgres" ""\n')
+    (workdir / "pgbouncer.ini").write_text(
+        "\n".join(
+            [
+                "[databases]",
+                f"* = host={upstream_host} port={upstream_port}",
+                "[pgbouncer]",
+                "listen_addr = 127.0.0.1",
+                f"listen_port = {port}",
+                "unix_socket_dir =",
+                "auth_type = trust",
+                f"auth_file = {workdir / 'users.txt'}",
+                f"pool_mode = {mode}",
+                f"default_pool_size = {pool_size}",
+                "min_pool_size = 0",
+                "reserve_pool_size = 0",
+                "max_client_conn = 500",
+                "server_lifetime = 3600",
+                "server_idle_timeout = 600",
+                f"logfile = {workdir / 'pgbouncer.log'}",
+                "log_connections = 0",
+                "log_disconnections = 0",
+                "admin_users = postgres",
+                "",
+            ]
+        )
+    )
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVICE_USER)
+        for name in ("users.txt", "pgbouncer.ini"):
+            os.chown(workdir / name, entry.pw_uid, entry.pw_gid)
+    process = subprocess.Popen(
+        [binary, str(workdir / "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+        **_as_service_user(),
+    )
+    server = PgBouncer(port=port, mode=mode, workdir=workdir, process=process)
+    try:
+        wait_until_accepting(server.dsn("pgbouncer"), timeout=20)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------------- PostgreSQL
+
+
+@dataclass
+class Postgres:
+    """One PostgreSQL instance of our own (primary or standby)."""
+
+    name: str
+    port: int
+    datadir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dsn(self) -> str:
+        """A DSN for the ``postgres`` database of this instance."""
+        return f"host=127.0.0.1 port={self.port} dbname=postgres user=postgres"
+
+    def pg_ctl(self, *args: str, timeout: float = 60) -> str:
+        """Run ``pg_ctl -D datadir …``."""
+        return run([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), *args], timeout=timeout)
+
+    def start(self) -> None:
+        """Start and wait until it accepts connections."""
+        self.pg_ctl("-l", str(self.datadir / "server.log"), "-w", "-t", "60", "start")
+        wait_until_accepting(self.dsn)
+
+    def crash(self) -> None:
+        """Stop without a shutdown checkpoint, like a crash (``pg_ctl -m immediate``)."""
+        self.pg_ctl("-m", "immediate", "-w", "stop")
+
+    def stop(self) -> None:
+        """Stop if running (fast); never raises."""
+        with contextlib.suppress(Exception):
+            self.pg_ctl("-m", "immediate", "-w", "stop", timeout=30)
+
+    @property
+    def log(self) -> str:
+        """The server log so far."""
+        path = self.datadir / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _configure(server: Postgres, extra: dict[str, str]) -> None:
+    settings = {
+        "listen_addresses": "'127.0.0.1'",
+        "port": str(server.port),
+        "unix_socket_directories": f"'{server.datadir}'",
+        "max_connections": "40",
+        "shared_buffers": "16MB",
+        "wal_level": "replica",
+        "max_wal_senders": "5",
+        "hot_standby": "on",
+        "wal_keep_size": "64MB",
+        "fsync": "off",  # an OS crash is not simulated; pg_ctl -m immediate is
+        "logging_collector": "off",
+        **extra,
+    }
+    server.settings = settings
+    conf = server.datadir / "postgresql.auto.conf"
+    lines = [f"{name} = {value}" for name, value in settings.items()]
+    with conf.open("a") as handle:
+        handle.write("\n" + "\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def replicated_pair(*, synchronous: bool) -> Iterator[tuple[Postgres, Postgres]]:
+    """A primary and a streaming standby (``pg_basebackup -R``) on free loopback ports.
+
+    With ``synchronous`` the primary waits for the standby's flush before a commit returns
+    (``synchronous_standby_names = 'standby1'``). Both are removed at the end.
+    """
+    if not (PG_BIN / "initdb").exists():
+        pytest.fail(f"PostgreSQL server binaries not found in {PG_BIN}", pytrace=False)
+    root = _workdir("sdcore-failover-")
+    primary = Postgres(name="primary", port=free_port(), datadir=root / "primary")
+    standby = Postgres(name="standby", port=free_port(), datadir=root / "standby")
+    try:
+        run(
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(primary.datadir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ]
+        )
+        _configure(
+            primary,
+            {"synchronous_standby_names": "'standby1'" if synchronous else "''"},
+        )
+        primary.start()
+        run(
+            [
+                str(PG_BIN / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(standby.datadir),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ]
+        )
+        # pg_basebackup copied the primary's synchronous_standby_names: once promoted, the
+        # standby would wait for a synchronous standby of its own, and every commit would hang.
+        _configure(standby, {"cluster_name": "'standby1'", "synchronous_standby_names": "''"})
+        standby.datadir.chmod(0o700)
+        standby.start()
+        _wait_streaming(primary, synchronous=synchronous)
+        yield primary, standby
+    finally:
+        standby.stop()
+        primary.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_streaming(primary: Postgres, *, synchronous: bool, timeout: float = 30) -> None:
+    want = "sync" if synchronous else "async"
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(primary.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT application_name, state, sync_state FROM pg_stat_replication"
+            ).fetchall()
+        if any(r[0] == "standby1" and r[1] == "streaming" and r[2] == want for r in rows):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"standby not streaming ({want}): {rows}")
+        time.sleep(0.1)
