@@ -78,12 +78,13 @@ BAD_KEYS: list[tuple[Any, str]] = [
 ]
 
 
-async def test_statuses_refuses_bad_keys_with_one_error(backend: Backend) -> None:
+async def test_statuses_and_tick_records_refuse_bad_keys_with_one_error(backend: Backend) -> None:
     await _acquire(backend)
     for keys, message in BAD_KEYS:
-        with pytest.raises(ValueError, match="^" + message) as info:
-            await backend.service.statuses(keys)
-        assert type(info.value) is ValueError, message
+        for method in (backend.service.statuses, backend.service.tick_records):
+            with pytest.raises(ValueError, match="^" + message) as info:
+                await method(keys)
+            assert type(info.value) is ValueError, (method.__name__, message)
 
 
 # --- malformed leases, for every lease method -------------------------------------------------

@@ -862,14 +862,10 @@ class JobSchedulerService(BaseJobScheduler):
         """Return what the table says about each tick that has a row, by ``lock_key``.
 
         Raises:
-            ValueError: More than 10,000 keys or a key that is not a str.
+            ValueError: As for :meth:`statuses` (the same check, before any SQL).
             JobSchedulerUnavailableError: The database could not be reached.
         """
-        keys = list(lock_keys)
-        if len(keys) > 10_000:
-            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
-        if not all(type(key) is str for key in keys):
-            raise ValueError("lock keys must be str")
+        keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
         conn = await self._held.get()

@@ -230,7 +230,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.tick_records`."""
         records = {}
-        for key in lock_keys:
+        for key in _check_lock_keys(lock_keys):
             row = self._rows.get(key)
             if row is None:
                 continue
