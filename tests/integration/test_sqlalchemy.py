@@ -268,9 +268,9 @@ async def test_create_all_and_autogenerate_build_the_ensure_schema_catalog(
     code = await autogenerate_db(alembic_dsn, table, schema)
 
     expected = catalog(pg_dsn, table, schema)
-    assert len(expected["columns"]) == 14
+    assert len(expected["columns"]) == 15
     assert len(expected["indexes"]) == 4  # pkey, lock_key_key and the two declared indexes
-    assert len(expected["constraints"]) == 7  # pkey, unique, five checks
+    assert len(expected["constraints"]) == 8  # pkey, unique, six checks
     assert catalog(create_all_dsn, table, schema) == expected
     assert catalog(alembic_dsn, table, schema) == expected, code
 
@@ -320,6 +320,7 @@ def test_names_are_the_ddl_names_even_under_a_naming_convention() -> None:
         "job_scheduler_run_key_check",
         "job_scheduler_fencing_token_check",
         "job_scheduler_lease_ms_check",
+        "job_scheduler_attempts_check",
         "job_scheduler_code_created_at_idx",
         "job_scheduler_status_modified_at_idx",
     }
@@ -578,6 +579,7 @@ def test_ready_record_is_on_a_private_metadata() -> None:
         "created_at",
         "modified_at",
         "lease_ms",
+        "attempts",
     ]
 
 

@@ -68,6 +68,7 @@ class JobSchedulerColumns:
     created_at: Mapped[datetime]
     modified_at: Mapped[datetime]
     lease_ms: Mapped[int | None]
+    attempts: Mapped[int]
 
     if TYPE_CHECKING:
         # The declarative base supplies the keyword constructor at run time; this only tells

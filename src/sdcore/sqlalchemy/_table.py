@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Index,
+    Integer,
     MetaData,
     PrimaryKeyConstraint,
     Sequence,
@@ -89,6 +90,8 @@ def job_scheduler_table(
         ),
         # Migration lease/0002: the lease the current owner asked for (NULL on 0.1.0 rows).
         Column("lease_ms", BigInteger, nullable=True),
+        # Migration lease/0003: the scheduler's attempt budget.
+        Column("attempts", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("id", name=name("pkey")),
         UniqueConstraint("lock_key", name=name("lock_key_key")),
         CheckConstraint("type IN ('INITIAL', 'SCHEDULE')", name=name("type_check")),
@@ -96,6 +99,7 @@ def job_scheduler_table(
         CheckConstraint("(type = 'INITIAL') = (run_key IS NULL)", name=name("run_key_check")),
         CheckConstraint("fencing_token >= 1", name=name("fencing_token_check")),
         CheckConstraint("lease_ms IS NULL OR lease_ms > 2", name=name("lease_ms_check")),
+        CheckConstraint("attempts >= 0", name=name("attempts_check")),
         schema=schema,
     )
     # The fencing sequence (migration lease/0002): create_all() creates it; Alembic autogenerate
