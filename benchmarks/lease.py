@@ -183,8 +183,10 @@ async def run_pair(
 ) -> dict[str, Totals]:
     """Alternate bare and sdcore slices over one pool of exactly ``clients`` connections."""
     statements = LeaseStatements.render(sql.Identifier(TABLE))
+    # One spare connection: the service never holds the last connection of its pool, so a pool of
+    # exactly N would give it N - 1. Both workloads still run on N connections.
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        dsn, min_size=clients, max_size=clients, kwargs={"autocommit": True}, open=False
+        dsn, min_size=clients + 1, max_size=clients + 1, kwargs={"autocommit": True}, open=False
     )
     await pool.open(wait=True, timeout=30)
     totals = {"bare": Totals(), "sdcore": Totals()}

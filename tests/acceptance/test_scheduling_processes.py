@@ -508,7 +508,9 @@ def test_sc01_three_replicas_per_second_kill9_and_restart(pg_dsn: str, cluster: 
         if key in missed:
             continue
         (row,) = by_key[key]
-        assert row.fencing_token == jobs[key].fencing_token == 1, (key, row, jobs[key])
+        # One acquisition, never taken over: the run's token is the row's (tokens come from the
+        # table's sequence, so not 1 for every key).
+        assert row.fencing_token == jobs[key].fencing_token, (key, row, jobs[key])
         assert row.outcome == "ok"
     for row in cut_short:
         assert row.run_key in missed or row.run_key not in keys, (row, missed)
@@ -740,12 +742,14 @@ def test_sc12_failed_tick_is_retried_by_another_replica(pg_dsn: str, cluster: Cl
         assert rows[-1] is succeeded[0], f"{key}: a run after the success: {rows}"
         assert all(r.outcome == "failed" for r in rows if r.replica_id == 0), rows
         assert sum(r.replica_id == 0 for r in rows) <= 4, "more attempts than retries=3 allow"
-        # Each acquisition (first or takeover of the FAIL row) adds one to the fencing token.
-        assert [r.fencing_token for r in rows] == list(range(1, len(rows) + 1)), rows
-        assert job.fencing_token == len(rows)
+        # Each acquisition (first or takeover of the FAIL row) draws a higher fencing token.
+        tokens = [r.fencing_token for r in rows if r.fencing_token is not None]
+        assert len(tokens) == len(rows), rows
+        assert tokens == sorted(set(tokens)), rows
+        assert job.fencing_token == tokens[-1]
         if rows[0].replica_id == 0:
             first_by_failing += 1
-            assert job.fencing_token >= 2
+            assert len(rows) >= 2
         attempts.append(len(rows))
     _report(
         f"SC-12 retry: ticks={len(keys)} first_attempt_by_failing_replica={first_by_failing}"

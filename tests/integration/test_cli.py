@@ -228,7 +228,8 @@ def test_list_is_newest_first_and_filters_by_exact_code_and_status(cli: Cli, dsn
     ]  # fmt: skip
     assert ids_in(listed) == [d.id, c.id, b.id, a.id]
     beta = listed.lines[3].split()
-    assert beta[1:6] == ["beta", "SCHEDULE", "2026-07-20T03:00:00Z", "RUNNING", "1"]
+    token = str(b.fencing_token)  # from the table's sequence: not 1 for the second row
+    assert beta[1:6] == ["beta", "SCHEDULE", "2026-07-20T03:00:00Z", "RUNNING", token]
     assert beta[6].endswith("Z")
     assert beta[7].endswith("s")
     assert beta[8:] == ["Beta", "job"]
@@ -264,7 +265,7 @@ def test_list_json_has_full_values_and_never_the_owner_token(cli: Cli, dsn: str)
     assert objects[1]["data"] == {"ok": True}
     assert objects[1]["idempotency_key"] == done.idempotency_key
     assert objects[0]["status"] == "RUNNING"
-    assert objects[0]["fencing_token"] == 1
+    assert objects[0]["fencing_token"] == running.fencing_token
     assert objects[0]["created_at"].endswith("Z")
     assert objects[0]["age_seconds"] >= 0
     assert all("owner_token" not in o for o in objects)

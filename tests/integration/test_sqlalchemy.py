@@ -164,6 +164,9 @@ async def autogenerate_db(dsn: str, table: str, schema: str | None) -> str:
         # The body of upgrade() in a revision file, with the imports of Alembic's template.
         namespace = {"op": Operations(context), "sa": sa, "postgresql": postgresql}
         exec(f"def upgrade():\n    {code}\nupgrade()\n", namespace)  # noqa: S102
+        # Autogenerate does not create sequences: the docs tell users to add this line.
+        for sequence in metadata._sequences.values():
+            Operations(context).execute(sa.schema.CreateSequence(sequence))
         return code
 
     async with engine_for(dsn) as engine, engine.begin() as conn:
@@ -265,9 +268,9 @@ async def test_create_all_and_autogenerate_build_the_ensure_schema_catalog(
     code = await autogenerate_db(alembic_dsn, table, schema)
 
     expected = catalog(pg_dsn, table, schema)
-    assert len(expected["columns"]) == 13
+    assert len(expected["columns"]) == 15
     assert len(expected["indexes"]) == 4  # pkey, lock_key_key and the two declared indexes
-    assert len(expected["constraints"]) == 6  # pkey, unique, four checks
+    assert len(expected["constraints"]) == 8  # pkey, unique, six checks
     assert catalog(create_all_dsn, table, schema) == expected
     assert catalog(alembic_dsn, table, schema) == expected, code
 
@@ -316,6 +319,8 @@ def test_names_are_the_ddl_names_even_under_a_naming_convention() -> None:
         "job_scheduler_status_check",
         "job_scheduler_run_key_check",
         "job_scheduler_fencing_token_check",
+        "job_scheduler_lease_ms_check",
+        "job_scheduler_attempts_check",
         "job_scheduler_code_created_at_idx",
         "job_scheduler_status_modified_at_idx",
     }
@@ -365,14 +370,15 @@ async def test_async_orm_reads_rows_written_by_the_service(
     expected = running.row
     assert record.id == running.id == expected.id
     assert record.owner_token == running.owner_token != first.owner_token
-    assert record.fencing_token == running.fencing_token == 2
+    assert record.fencing_token == running.fencing_token > first.fencing_token
+    assert record.lease_ms == running.row.lease_ms
     assert record.idempotency_key == first.idempotency_key == expected.idempotency_key
     assert record.lock_key == expected.lock_key
     assert (record.type, record.status, record.data) == ("SCHEDULE", "RUNNING", None)
     assert record.created_at == expected.created_at
     assert record.modified_at == expected.modified_at
     assert rows[1].type == JobSchedulerType.INITIAL
-    assert rows[1].fencing_token == 1
+    assert rows[1].fencing_token == initial.fencing_token
 
     assert success.id == done.id
     assert success.name == "Nightly"
@@ -572,6 +578,8 @@ def test_ready_record_is_on_a_private_metadata() -> None:
         "data",
         "created_at",
         "modified_at",
+        "lease_ms",
+        "attempts",
     ]
 
 

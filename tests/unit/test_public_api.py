@@ -14,6 +14,8 @@ import sdcore.testing
 JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
+    "LEASE_CLOCK_MARGIN",
+    "LEASE_SLACK_MS",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
@@ -95,6 +97,8 @@ def test_other_surfaces() -> None:
         "FakeClock",
         "InMemoryJobScheduler",
         "InMemoryScheduleStore",
+        "MemoryOutboxRow",
+        "MemoryOutboxStore",
         "RecordingPublisher",
     ]
     assert "schema_sql" in sdcore.postgres.__all__
@@ -171,12 +175,15 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "Outbox",
         "OutboxEntry",
         "OutboxError",
+        "OutboxFailure",
         "OutboxKeyConflictError",
         "OutboxMessage",
         "OutboxRelay",
         "OutboxStats",
         "OutboxStatus",
+        "OutboxStore",
         "OutboxTransactionRequiredError",
+        "PostgresOutboxStore",
         "Publisher",
         "PublisherUnavailableError",
         "RelayState",

@@ -149,9 +149,32 @@ async def test_heartbeat_zero_disables_it() -> None:
         await asyncio.sleep(0.2)
 
     await service.run_exclusive(
-        {"code": "c", "run_key": "r", "lease_ms": 100, "heartbeat_ms": 0}, work
+        {"code": "c", "run_key": "r", "lease_ms": 400, "heartbeat_ms": 0}, work
     )
     assert service.heartbeats == 0
+
+
+async def test_without_heartbeat_the_lease_is_the_longest_run() -> None:
+    # No heartbeat renews the lease: once it runs out on the client another replica may take the
+    # run, so the callable is cancelled at the client deadline instead of running on.
+    service = Flaky()
+    reached_end = False
+
+    async def work(lease: JobExecutionLease) -> None:
+        nonlocal reached_end
+        await asyncio.sleep(2)
+        reached_end = True
+
+    with pytest.raises(LostJobLeaseError, match="ran out on the client"):
+        await asyncio.wait_for(
+            service.run_exclusive(
+                {"code": "c", "run_key": "r", "lease_ms": 200, "heartbeat_ms": 0}, work
+            ),
+            5,
+        )
+    assert not reached_end
+    assert service.heartbeats == 0
+    assert _status(service) is JobSchedulerStatus.FAIL
 
 
 async def test_blocked_event_loop_is_reported(caplog: pytest.LogCaptureFixture) -> None:
@@ -176,3 +199,33 @@ async def test_fn_must_be_callable() -> None:
     with pytest.raises(TypeError, match="callable"):
         await service.run_exclusive({"code": "c", "run_key": "r"}, "not callable")  # type: ignore[call-overload]
     assert service.rows() == []
+
+
+async def test_fencing_tokens_grow_across_re_creation_in_memory() -> None:
+    service = InMemoryJobScheduler()
+    options = {"code": "c", "run_key": "r", "lease_ms": 60_000}
+    first = await service.acquire(options)
+    assert first.acquired
+    assert await service.complete(first.lease)
+    assert service.forget(first.id)
+    again = await service.acquire(options)
+    assert again.acquired
+    assert again.fencing_token > first.fencing_token
+
+
+async def test_the_lease_carries_its_client_deadline_in_memory() -> None:
+    service = InMemoryJobScheduler()
+    won = await service.acquire({"code": "c", "run_key": "r", "lease_ms": 1_000})
+    assert won.acquired
+    lease = won.lease
+    assert 0.9 < lease.time_left <= 0.98
+    await asyncio.sleep(0.05)
+    assert await service.heartbeat(lease)
+    assert lease.time_left > 0.95
+    assert won.lease.deadline == lease.deadline
+    # A lease built by hand knows no deadline and never runs out on the client.
+    manual = JobExecutionLease(
+        id=lease.id, owner_token=lease.owner_token, idempotency_key="k", fencing_token=1
+    )
+    assert manual.time_left == float("inf")
+    assert manual.is_held

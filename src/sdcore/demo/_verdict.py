@@ -27,7 +27,7 @@ class Takeover:
         run_key: The tick.
         started_by: ``(replica, pid, fencing_token)`` of each run that started, never finished.
         finished_by: ``(replica, pid)`` of the run that finished it.
-        fencing_token: The finishing run's fencing token (2 after one takeover).
+        fencing_token: The finishing run's fencing token (above the dead owner's).
     """
 
     run_key: str

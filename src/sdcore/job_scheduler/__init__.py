@@ -19,6 +19,8 @@ from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
+    LEASE_CLOCK_MARGIN,
+    LEASE_SLACK_MS,
     InvalidJobIdentityOptionsError,
     InvalidJobLeaseOptionsError,
     JobAcquired,
@@ -45,6 +47,8 @@ from sdcore.job_scheduler._service import JobSchedulerDatabaseError, JobSchedule
 __all__ = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
+    "LEASE_CLOCK_MARGIN",
+    "LEASE_SLACK_MS",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",

@@ -6,7 +6,6 @@ once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from psycopg.rows import dict_row
 from sdcore._internal.identifiers import check_identifier, qualified
 from sdcore._internal.sql import queries, render
 from sdcore.job_scheduler._model import (
+    _UUID,
     JobSchedulerError,
     JobSchedulerStatus,
     JobSchedulerUnavailableError,
@@ -32,7 +32,6 @@ MAX_AGE = timedelta(days=36_500)
 FINISHED = (JobSchedulerStatus.SUCCESS, JobSchedulerStatus.FAIL)
 # The earliest instant PostgreSQL's timestamptz holds: the first keyset bound of a prune.
 _BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 class InvalidAdminRequestError(JobSchedulerError, ValueError):

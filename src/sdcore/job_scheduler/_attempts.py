@@ -6,11 +6,12 @@ after a backoff. These statements keep that budget on the row (column ``attempts
 ``lease/0003``) and are used by :mod:`sdcore.scheduling` only.
 
 Rules of :data:`ACQUIRE_ATTEMPT` (everything else is the plain ``ACQUIRE``: a new row is
-``RUNNING``; a takeover rotates the owner token, adds one to the fencing token, clears ``data``):
+``RUNNING``; a takeover rotates the owner token, draws a higher fencing token from the table's
+sequence, records the new owner's ``lease_ms``, clears ``data``):
 
 - no row: insert it, ``attempts = 1``;
-- ``RUNNING`` silent for longer than the lease (its owner died): take it, ``attempts + 1`` (an
-  abandoned attempt is re-run whatever the budget);
+- ``RUNNING`` silent for longer than *its owner's* lease (its owner died): take it,
+  ``attempts + 1`` (an abandoned attempt is re-run whatever the budget);
 - ``FAIL`` released by an operator (``data`` has ``released`` or ``released_by``): take it and
   start a new budget, ``attempts = 1``;
 - ``FAIL`` otherwise: take it only while ``attempts < max_attempts`` and once
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from sdcore.job_scheduler._model import JobSchedulerStatus
-from sdcore.job_scheduler._sql import COLUMNS
+from sdcore.job_scheduler._sql import COLUMNS, fencing_sequence
 
 MAX_BACKOFF_MS = 2**31 - 1
 
@@ -35,19 +36,21 @@ _RELEASED = "(j.data ? 'released' OR j.data ? 'released_by')"
 ACQUIRE_ATTEMPT = """\
 INSERT INTO {table} AS j
     (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
-     fencing_token, data, created_at, modified_at, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, 'RUNNING', %s::uuid, 1, NULL, clock_timestamp(), clock_timestamp(),
-        1)
+     fencing_token, data, created_at, modified_at, lease_ms, attempts)
+VALUES (%s, %s, %s, %s, %s, %s, 'RUNNING', %s::uuid, nextval({sequence}), NULL, clock_timestamp(),
+        clock_timestamp(), %s::bigint, 1)
 ON CONFLICT (lock_key) DO UPDATE
 SET status = 'RUNNING',
     owner_token = EXCLUDED.owner_token,
-    fencing_token = j.fencing_token + 1,
+    fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
     name = EXCLUDED.name,
     data = NULL,
+    lease_ms = EXCLUDED.lease_ms,
     attempts = CASE WHEN j.status = 'FAIL' AND {released} THEN 1 ELSE j.attempts + 1 END,
     modified_at = clock_timestamp()
 WHERE (j.status = 'RUNNING'
-       AND clock_timestamp() - j.modified_at > %s::bigint * interval '1 millisecond')
+       AND clock_timestamp() - j.modified_at
+           > coalesce(j.lease_ms, EXCLUDED.lease_ms) * interval '1 millisecond')
    OR (j.status = 'FAIL' AND {released})
    OR (j.status = 'FAIL'
        AND j.attempts < %s::int
@@ -63,8 +66,8 @@ RECORD_SKIPPED = """\
 INSERT INTO {table}
     (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
      fencing_token, data, created_at, modified_at, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, 'FAIL', %s::uuid, 1, %s::jsonb, clock_timestamp(),
-        clock_timestamp(), 0)
+VALUES (%s, %s, %s, %s, %s, %s, 'FAIL', %s::uuid, nextval({sequence}), %s::jsonb,
+        clock_timestamp(), clock_timestamp(), 0)
 ON CONFLICT (lock_key) DO NOTHING"""
 
 TICK_RECORDS = """\
@@ -131,12 +134,17 @@ class TickStatements:
 
     @classmethod
     def render(cls, table: sql.Identifier) -> TickStatements:
-        """Render every statement for ``table``."""
+        """Render every statement for ``table`` (and its fencing sequence, as ``_sql`` names it)."""
         quoted = table.as_string(None)
+        sequence = fencing_sequence(table)
 
         def one(template: str) -> bytes:
             return template.format(
-                table=quoted, columns=COLUMNS, released=_RELEASED, max_backoff=MAX_BACKOFF_MS
+                table=quoted,
+                columns=COLUMNS,
+                released=_RELEASED,
+                max_backoff=MAX_BACKOFF_MS,
+                sequence=sequence,
             ).encode("utf-8")
 
         return cls(

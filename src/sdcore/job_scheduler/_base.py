@@ -8,12 +8,14 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast, overload
 
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
 from sdcore.job_scheduler._model import (
+    LEASE_SLACK_MS,
     JobAcquireResult,
     JobExecutionLease,
     JobLease,
@@ -28,6 +30,7 @@ T = TypeVar("T")
 
 RELEASED_DATA: Mapping[str, Any] = {"released": True}
 MAX_ERROR_TEXT = 4096
+SLACK = LEASE_SLACK_MS / 1000
 
 
 def error_text(exc: BaseException) -> str:
@@ -135,6 +138,18 @@ class BaseJobScheduler(abc.ABC):
         awaitable it returns is awaited. While ``fn`` runs, a heartbeat extends the lease every
         ``heartbeat_ms``.
 
+        ``fn`` starts only on a lease the database confirmed with at least half of it left (see
+        :meth:`acquire`). From then on the lease holds on the client until its *client
+        deadline*: when the last successful acquire or heartbeat was sent, plus ``lease_ms``
+        less :data:`~sdcore.job_scheduler.LEASE_CLOCK_MARGIN`. A timer of its own fires at the
+        deadline, whether or not a database call is hanging: an async ``fn`` is cancelled, a
+        thread sees :attr:`~JobExecutionLease.is_held` turn ``False`` (and is waited for at most
+        :data:`~sdcore.job_scheduler.LEASE_SLACK_MS` before ``run_exclusive`` raises without
+        it). Heartbeats and the finalize are bounded by the lease's time left, so
+        ``run_exclusive`` returns or raises at most ``LEASE_SLACK_MS`` after the client deadline
+        (plus the time an async ``fn`` takes to unwind), and never reports success for a
+        completion whose answer did not come back.
+
         Args:
             options: Identity and timing of the run.
             fn: The work.
@@ -145,20 +160,33 @@ class BaseJobScheduler(abc.ABC):
         Raises:
             InvalidJobIdentityOptionsError: Bad identity, before any SQL.
             InvalidJobLeaseOptionsError: Bad timing, before any SQL.
-            LostJobLeaseError: Ownership was lost before the outcome was recorded.
+            LostJobLeaseError: Ownership was lost (or ran out on the client) before the outcome
+                was recorded.
             JobSchedulerUnavailableError: The database could not be reached to acquire.
             BaseException: Whatever ``fn`` raised (after the row was marked ``FAIL``).
         """
         opts = coerce_options(options)
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-        loop = asyncio.get_running_loop()
-        sent_at = loop.time()
         outcome = await self.acquire(opts)
         if not outcome.acquired:
             return RunExclusiveResult(acquired=False, result=None)
-        run = _Run(self, opts, outcome.lease, sent_at)
+        lease = outcome.lease
+        if lease.time_left <= 0:
+            # A backend that does not keep client deadlines cannot hand us an expired lease, but
+            # one that answered too late must not start fn.
+            await self._give_back(lease)
+            return RunExclusiveResult(acquired=False, result=None)
+        run = _Run(self, opts, lease)
         return RunExclusiveResult(acquired=True, result=await run.execute(fn))
+
+    async def _give_back(self, lease: JobExecutionLease) -> None:
+        task = asyncio.ensure_future(self.fail(lease, {"error": "acquire answered too late"}))
+        done, _ = await asyncio.wait({task}, timeout=SLACK)
+        if not done:
+            task.add_done_callback(_consume)
+        elif not task.cancelled() and task.exception() is not None:
+            self._log.warning("could not give back a late lease: %s", task.exception())
 
     # --- scheduler tick operations (used by sdcore.scheduling; statements in _attempts.py) ---
     # The plain lease above keeps the seed's behaviour (a FAIL row is taken at once). These
@@ -202,10 +230,11 @@ class BaseJobScheduler(abc.ABC):
         Returns:
             ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
         """
-        loop = asyncio.get_running_loop()
-        sent_at = loop.time()
         outcome, attempt = await self.acquire_attempt(options, budget)
         if not outcome.acquired:
+            return RunExclusiveResult(acquired=False, result=None)
+        if outcome.lease.time_left <= 0:
+            await self._give_back(outcome.lease)
             return RunExclusiveResult(acquired=False, result=None)
         call: Callable[[JobExecutionLease], Any]
         if inspect.iscoroutinefunction(fn):
@@ -218,31 +247,38 @@ class BaseJobScheduler(abc.ABC):
             def call(lease: JobExecutionLease) -> Any:
                 return fn(lease, attempt)
 
-        run = _Run(self, options, outcome.lease, sent_at)
+        run = _Run(self, options, outcome.lease)
         return RunExclusiveResult(acquired=True, result=await run.execute(call))
 
 
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _Run:
-    """One owned execution: the callable, its heartbeat and its finalize."""
+    """One owned execution: the callable, its heartbeat, its deadline timer and its finalize."""
 
     def __init__(
         self,
         service: BaseJobScheduler,
         options: JobAcquireOptions,
         lease: JobExecutionLease,
-        sent_at: float,
     ) -> None:
         self.service = service
         self.options = options
         self.lease = lease
+        self.state = lease._state
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None  # noqa: S101 - run_exclusive is always awaited in a task
         self.task = task
-        # Conservative: the database wrote modified_at after we sent the statement.
-        self.confirmed_at = sent_at
+        self.timer: asyncio.TimerHandle | None = None
         self.cancellable = False
         self.cancel_requested = False
+        # Why the last heartbeat did not confirm the lease (named in the loss at the deadline).
+        self.beat_problem: str | None = None
         self.log_extra = {
             "job_id": lease.id,
             "job_code": options.code,
@@ -257,19 +293,22 @@ class _Run:
             beat = asyncio.create_task(
                 self._heartbeat(), name=f"sdcore-heartbeat:{self.options.code}"
             )
+        self._arm(self.state.time_left())
         try:
             try:
                 result = await self._call(fn)
             finally:
-                # No await between fn's end and here: the heartbeat cannot cancel us any more.
+                # No await between fn's end and here: the heartbeat and the deadline timer
+                # cannot cancel us any more.
                 self.cancellable = False
+                self._disarm()
         except asyncio.CancelledError as exc:
             await self._stop(beat)
             ours = self.cancel_requested and self.task.uncancel() == 0
             if ours:
                 await self._finalize(self.service.fail, {"error": "lease lost; run cancelled"})
                 raise self._lost_error() from exc
-            self.lease._state.mark_lost("run cancelled")
+            self.state.mark_lost("run cancelled")
             await self._finalize(self.service.fail, {"error": "cancelled"})
             raise
         except BaseException as exc:
@@ -299,6 +338,28 @@ class _Run:
             raise self._lost_error()
         return result
 
+    def _arm(self, delay: float) -> None:
+        if delay != float("inf"):
+            self.timer = self.loop.call_later(max(delay, 0.0), self._on_deadline)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_deadline(self) -> None:
+        # Fired by the event loop at the client deadline, whatever the database calls are doing.
+        self.timer = None
+        left = self.state.time_left()
+        if left > 0:  # a heartbeat moved the deadline meanwhile
+            self._arm(left)
+            return
+        self._lose(
+            f"the lease ran out on the client: {self.beat_problem}"
+            if self.beat_problem
+            else "the lease ran out on the client: no heartbeat confirmed it in time"
+        )
+
     async def _owned_status(self) -> JobSchedulerStatus | None:
         try:
             status, cancelled = await _settle(self.service.status_of(self.lease))
@@ -309,7 +370,7 @@ class _Run:
         return status
 
     def _lost_error(self) -> LostJobLeaseError:
-        return LostJobLeaseError(self.lease.id, self.lease._state.reason or "ownership was lost")
+        return LostJobLeaseError(self.lease.id, self.state.reason or "ownership was lost")
 
     async def _call(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
         if inspect.iscoroutinefunction(fn):
@@ -317,16 +378,33 @@ class _Run:
             return cast("T", await fn(self.lease))
         ctx = contextvars.copy_context()
         future = self.loop.run_in_executor(None, functools.partial(ctx.run, fn, self.lease))
+        self.cancellable = True
         try:
             result = await asyncio.shield(future)
         except asyncio.CancelledError:
             # A thread cannot be stopped: tell it through the lease and wait, so that the row is
-            # not released to another replica while this one still works.
-            self.lease._state.mark_lost("run cancelled")
-            await _settle(asyncio.wait({future}))
+            # not released to another replica while this one still works. After a loss the row
+            # is no longer ours to protect: wait for the thread only until the slack is used up.
+            self.cancellable = False
+            self.state.mark_lost("run cancelled")
+            if self.cancel_requested:
+                limit = max(self.state.time_left(), 0.0) + SLACK
+                (done, _), _ = await _settle(asyncio.wait({future}, timeout=limit))
+                if not done:
+                    future.add_done_callback(_consume)
+                    self.service._log.error(
+                        "job %r run %r: the lease was lost and the thread still runs "
+                        "(it should check lease.is_held)",
+                        self.options.code,
+                        self.options.run_key,
+                        extra={"action": "thread_abandoned", **self.log_extra},
+                    )
+            else:
+                await _settle(asyncio.wait({future}))
             raise
+        self.cancellable = False
         if inspect.isawaitable(result):
-            if self.lease._state.lost:
+            if self.state.lost:
                 if inspect.iscoroutine(result):
                     result.close()
                 raise self._lost_error()
@@ -337,6 +415,8 @@ class _Run:
     async def _stop(self, beat: asyncio.Task[None] | None) -> None:
         if beat is None:
             return
+        # The heartbeat never awaits a database call directly (see _heartbeat), so it ends at
+        # once even when a statement hangs.
         beat.cancel()
         _, cancelled = await _settle(asyncio.wait({beat}))
         if cancelled:
@@ -349,14 +429,13 @@ class _Run:
         data: Mapping[str, Any] | None,
     ) -> bool:
         """Record the outcome; retry while the database is unreachable and the lease may hold."""
-        deadline = self.confirmed_at + self.options.lease_ms / 1000
         delay = 0.05
         while True:
             try:
                 ok, cancelled = await _settle(method(self.lease, data))
             except JobSchedulerUnavailableError as exc:
-                if self.loop.time() + delay >= deadline:
-                    self.lease._state.mark_lost(
+                if time.monotonic() + delay >= self.state.deadline:
+                    self.state.mark_lost(
                         "the outcome could not be recorded before the lease expired"
                     )
                     self.service._log.error(
@@ -382,19 +461,19 @@ class _Run:
             if cancelled:
                 self.task.cancel()
             if not ok:
-                self.lease._state.mark_lost(
-                    self.lease._state.reason or "the row was reclaimed or released"
-                )
+                self.state.mark_lost(self.state.reason or "the row was reclaimed or released")
             return ok
 
     async def _heartbeat(self) -> None:
         interval = self.options.heartbeat_ms / 1000
-        lease_s = self.options.lease_ms / 1000
-        timeout = max(interval, 0.2)
-        due = self.confirmed_at + interval
+        state = self.state
+        confirmed = state.deadline - state.valid
+        if confirmed != confirmed or confirmed == float("-inf"):  # no client deadline known
+            confirmed = time.monotonic()
+        due = confirmed + interval
         while True:
-            await asyncio.sleep(max(0.0, due - self.loop.time()))
-            sent = self.loop.time()
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            sent = time.monotonic()
             lag = sent - due
             if lag > interval:
                 self.service._log.warning(
@@ -404,11 +483,25 @@ class _Run:
                     lag,
                     extra={"action": "heartbeat_late", **self.log_extra},
                 )
+            # The call runs in a task of its own and is never cancelled from here: cancelling
+            # a psycopg statement waits for the server (~10 s when the network is cut). The
+            # backend bounds the statement; the deadline timer fires the loss meanwhile.
+            call = asyncio.ensure_future(self.service.heartbeat(self.lease))
+            self.beat_problem = "the database did not answer the heartbeat"
             try:
-                async with asyncio.timeout(timeout):
-                    ok = await self.service.heartbeat(self.lease)
+                done, _ = await asyncio.wait({call}, timeout=max(state.time_left(), 0.0))
+            except asyncio.CancelledError:
+                call.add_done_callback(_consume)
+                raise
+            if not done:
+                call.add_done_callback(_consume)
+                self._lose("the database did not answer the heartbeat within the lease")
+                return
+            try:
+                ok = call.result()
             except (JobSchedulerUnavailableError, TimeoutError) as exc:
-                if self.loop.time() - self.confirmed_at >= lease_s:
+                self.beat_problem = "the database was unreachable for longer than the lease"
+                if state.time_left() <= 0:
                     self._lose("the database was unreachable for longer than the lease")
                     return
                 self.service._log.warning(
@@ -418,7 +511,7 @@ class _Run:
                     exc or type(exc).__name__,
                     extra={"action": "heartbeat_error", **self.log_extra},
                 )
-                due = self.loop.time() + min(interval, 1.0)
+                due = time.monotonic() + min(interval, 1.0)
                 continue
             except Exception as exc:  # noqa: BLE001 - never "Task exception was never retrieved"
                 self.service._log.exception(
@@ -427,19 +520,23 @@ class _Run:
                     self.options.run_key,
                     extra={"action": "heartbeat_error", **self.log_extra},
                 )
-                if self.loop.time() - self.confirmed_at >= lease_s:
-                    self._lose(f"heartbeat kept failing: {error_text(exc)[:200]}")
+                self.beat_problem = f"heartbeat kept failing: {error_text(exc)[:200]}"
+                if state.time_left() <= 0:
+                    self._lose(self.beat_problem)
                     return
-                due = self.loop.time() + min(interval, 1.0)
+                due = time.monotonic() + min(interval, 1.0)
                 continue
             if not ok:
                 self._lose("the heartbeat was refused: the row was reclaimed or released")
                 return
-            self.confirmed_at = sent
+            state.confirm(sent)
+            self.beat_problem = None
             due = sent + interval
 
     def _lose(self, reason: str) -> None:
-        self.lease._state.mark_lost(reason)
+        if self.state.lost:
+            return
+        self.state.mark_lost(reason)
         self.service._log.warning(
             "job %r run %r: lease lost: %s",
             self.options.code,

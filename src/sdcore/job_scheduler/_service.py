@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import re
+import asyncio
+import os
+import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -16,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, TickStatements
-from sdcore.job_scheduler._base import BaseJobScheduler
+from sdcore.job_scheduler._base import SLACK, BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
     JobAcquireResult,
@@ -27,6 +30,9 @@ from sdcore.job_scheduler._model import (
     JobSchedulerStatus,
     JobSchedulerType,
     JobSchedulerUnavailableError,
+    _check_lease,
+    _check_lock_keys,
+    _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
@@ -56,19 +62,74 @@ class JobSchedulerDatabaseError(JobSchedulerError):
         super().__init__(message)
 
 
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+class _Abandoned(Exception):
+    """A statement did not answer in time; its connection was shut down under it."""
 
 
-def _check_lease(lease: object) -> tuple[str, str]:
-    """Validate a lease before SQL: both parts must be UUID strings."""
-    if not isinstance(lease, JobLease):
-        raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
-    job_id, token = lease.id, lease.owner_token
-    if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
-        raise ValueError("lease.id must be a UUID string")
-    if not isinstance(token, str) or _UUID.fullmatch(token) is None:
-        raise ValueError("lease.owner_token must be a UUID string")
-    return job_id, token
+def _shut_down(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut a connection's socket down under its pending statement.
+
+    Cancelling the awaiting task instead would run psycopg's cancellation: a cancel request with
+    its own 5 s timeout, then up to 5 s more waiting for the server, which is no bound at all when
+    the network is cut. After a shutdown the pending read returns at once; the connection is then
+    broken and goes back to the pool, which replaces it.
+    """
+    try:
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    except (OSError, psycopg.Error):
+        return  # already closed: the statement is failing anyway
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+class _Watchdog:
+    """Abandons statements that outlive their limit; one timer per service, not per statement.
+
+    A timer per statement (``call_later`` + ``cancel``) cost ~8 µs, two per lease cycle. Here a
+    statement costs a dict insert and a pop; a sweep every ``TICK`` seconds runs only while
+    statements are in flight. A statement is abandoned between ``limit - TICK`` and ``limit``
+    after it started, never later.
+    """
+
+    TICK = 0.05
+
+    __slots__ = ("_fired", "_handle", "_inflight")
+
+    def __init__(self) -> None:
+        self._inflight: dict[int, tuple[psycopg.AsyncConnection[Any], float]] = {}
+        self._fired: set[int] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self, conn: psycopg.AsyncConnection[Any], limit: float) -> None:
+        self._inflight[id(conn)] = (conn, time.monotonic() + limit - self.TICK)
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.TICK, self._sweep)
+
+    def done(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Stop watching ``conn``; ``True`` if its statement was abandoned."""
+        key = id(conn)
+        self._inflight.pop(key, None)
+        if self._fired and key in self._fired:
+            self._fired.discard(key)
+            return True
+        return False
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for key, (conn, until) in list(self._inflight.items()):
+            if until <= now:
+                del self._inflight[key]
+                self._fired.add(key)
+                _shut_down(conn)
+        self._handle = (
+            asyncio.get_running_loop().call_later(self.TICK, self._sweep)
+            if self._inflight
+            else None
+        )
 
 
 def _row(r: tuple[Any, ...]) -> JobScheduler:
@@ -86,10 +147,11 @@ def _row(r: tuple[Any, ...]) -> JobScheduler:
         data=r[10],
         created_at=r[11],
         modified_at=r[12],
+        lease_ms=r[13],
     )
 
 
-def _acquired(r: tuple[Any, ...]) -> JobAcquired:
+def _acquired(r: tuple[Any, ...], state: _LeaseState) -> JobAcquired:
     row = _row(r)
     return JobAcquired(
         row=row,
@@ -97,7 +159,16 @@ def _acquired(r: tuple[Any, ...]) -> JobAcquired:
         owner_token=row.owner_token,
         idempotency_key=row.idempotency_key,
         fencing_token=row.fencing_token,
+        _state=state,
     )
+
+
+def _limit(lease: JobLease) -> float | None:
+    """How long a finalize or status read of ``lease`` may take: its time left, plus the slack."""
+    state: _LeaseState | None = getattr(lease, "_state", None)
+    if state is None or state.deadline == float("inf"):
+        return None
+    return max(state.deadline - time.monotonic(), 0.0) + SLACK
 
 
 class JobSchedulerService(BaseJobScheduler):
@@ -112,7 +183,9 @@ class JobSchedulerService(BaseJobScheduler):
         pool: An open ``psycopg_pool.AsyncConnectionPool``.
         table: Table name (default ``job_scheduler``).
         schema: Schema name, or ``None`` for the connection's ``search_path``.
-        max_connections: Connections held for lease statements (at most this many in flight).
+        max_connections: Connections held for lease statements (at most this many in flight);
+            capped at ``pool.max_size - 1`` when the pool has two or more, so the service never
+            holds the last connection of a pool it shares with the application.
         statement_timeout_ms: Server-side timeout of each lease statement (0 = none).
         transaction_pooling: ``pool`` goes through a transaction-mode pooler (PgBouncer
             ``pool_mode=transaction``): no session settings; each statement carries its own.
@@ -148,9 +221,24 @@ class JobSchedulerService(BaseJobScheduler):
         self._sql = LeaseStatements.render(qualified(table, schema))
         self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
+        # Never hold the pool's last connection: a handler using jobs.pool (or the application
+        # sharing the pool) would otherwise wait for PoolTimeout while the service idles.
+        pool_size = pool.max_size
+        held = max_connections
+        if pool_size >= 2 and held >= pool_size:
+            held = pool_size - 1
+        elif pool_size < 2:
+            self._log.warning(
+                "the lease service holds the only connection of its pool (max_size=%s): "
+                "nothing else can use this pool; give it max_size >= 2 to share it",
+                pool_size,
+                extra={"action": "pool_too_small"},
+            )
+        self._max_connections = held
+        self._watchdog = _Watchdog()
         self._held = HeldConnections(
             pool,
-            size=max_connections,
+            size=held,
             statement_timeout_ms=statement_timeout_ms,
             transaction_pooling=transaction_pooling is True,
         )
@@ -294,39 +382,87 @@ class JobSchedulerService(BaseJobScheduler):
             f"lease statement refused ({sqlstate}): {redact_text(str(exc))}", sqlstate
         )
 
-    async def _fetch(self, query: bytes, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        conn = await self._held.get()
+    @property
+    def max_connections(self) -> int:
+        """Connections the service holds at most (always fewer than a shared pool's max_size)."""
+        return self._max_connections
+
+    async def _get(self, limit: float | None) -> psycopg.AsyncConnection[Any]:
+        # An idle held connection is handed out without waiting: no timer on the hot path.
+        if limit is None or self._held._idle:
+            return await self._held.get()
+        try:
+            async with asyncio.timeout(max(limit, 0.0)):
+                return await self._held.get()
+        except TimeoutError:
+            raise _Abandoned("no connection became free in time") from None
+
+    async def _fetch(
+        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
+    ) -> tuple[Any, ...] | None:
+        conn = await self._get(limit)
+        if limit is not None:
+            self._watchdog.watch(conn, limit)
         try:
             cur = await conn.execute(query, params)
             row: tuple[Any, ...] | None = await cur.fetchone()
-        except BaseException:
+        except BaseException as exc:
+            abandoned = limit is not None and self._watchdog.done(conn)
             await self._held.put(conn, broken=conn.broken)
+            if abandoned:
+                raise _Abandoned("the statement did not answer in time") from exc
             raise
+        if limit is not None and self._watchdog.done(conn):
+            # Answered just as its socket was shut down: the result stands, the connection not.
+            await self._held.put(conn, broken=True)
+            return row
         self._held.release(conn)
         return row
 
-    async def _rowcount(self, query: bytes, params: tuple[Any, ...]) -> int:
-        conn = await self._held.get()
+    async def _rowcount(
+        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
+    ) -> int:
+        conn = await self._get(limit)
+        if limit is not None:
+            self._watchdog.watch(conn, limit)
         try:
             cur = await conn.execute(query, params)
-        except BaseException:
+        except BaseException as exc:
+            abandoned = limit is not None and self._watchdog.done(conn)
             await self._held.put(conn, broken=conn.broken)
+            if abandoned:
+                raise _Abandoned("the statement did not answer in time") from exc
             raise
+        if limit is not None and self._watchdog.done(conn):
+            await self._held.put(conn, broken=True)
+            return cur.rowcount
         self._held.release(conn)
         return cur.rowcount
 
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """Insert a new ``RUNNING`` row, or take over a ``FAIL`` / expired ``RUNNING`` row.
 
-        Expiry is judged by the database clock. Taking over rotates the owner token, adds one to
-        the fencing token, clears ``data`` and keeps the idempotency key. A ``SUCCESS`` row is
-        never taken over.
+        Expiry is the owner's lease, judged by the database clock: a ``RUNNING`` row is taken
+        over only once its owner's ``lease_ms`` has passed since its last acquire or heartbeat,
+        whatever ``lease_ms`` this call asks for. Taking over rotates the owner token, draws a
+        new fencing token (above every token the table handed out), clears ``data`` and keeps
+        the idempotency key. A ``SUCCESS`` row is never taken over.
+
+        The lease is valid on the client from the moment the statement was *sent*, for
+        ``lease_ms`` less :data:`~sdcore.job_scheduler.LEASE_CLOCK_MARGIN`. An answer that
+        used more than half of that is confirmed with a heartbeat before it is reported; an
+        acquire that cannot be confirmed in time is abandoned (its connection shut down, not
+        cancelled and awaited) and reported not acquired: a row it may have written expires
+        after its lease like any other. A caller cancelled while the statement is in flight
+        reads the row back by its token and marks a row it turned out to own ``FAIL`` before
+        the cancellation propagates.
 
         Args:
             options: ``JobAcquireOptions`` or a mapping with the same keys.
 
         Returns:
-            ``JobAcquired`` (with row, tokens and keys) or ``JobNotAcquired``.
+            ``JobAcquired`` (with row, tokens, keys and the lease's client deadline) or
+            ``JobNotAcquired``.
 
         Raises:
             InvalidJobIdentityOptionsError: Bad identity, before any SQL.
@@ -346,33 +482,131 @@ class JobSchedulerService(BaseJobScheduler):
             token,
             opts.lease_ms,
         )
+        sent = time.monotonic()
+        state = _LeaseState.for_lease(opts.lease_ms, sent)
         try:
-            row = await self._fetch(self._sql.acquire, params)
+            row = await self._fetch(self._sql.acquire, params, state.valid)
         except _LOSER_ERRORS:
+            return _NOT_ACQUIRED
+        except _Abandoned:
+            self._log_abandoned(opts, "acquire")
             return _NOT_ACQUIRED
         except psycopg.OperationalError as exc:
             if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
-                return await self._acquire_again(opts.lock_key, params, exc)
+                return await self._acquire_again(opts, params, state, exc)
             raise self._wrap(exc) from exc
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
-        return _NOT_ACQUIRED if row is None else _acquired(row)
+        except asyncio.CancelledError:
+            await self._resolve_cancelled(opts, token, state)
+            raise
+        if row is None:
+            return _NOT_ACQUIRED
+        return await self._confirmed(opts, _acquired(row, state))
+
+    async def _confirmed(self, opts: JobAcquireOptions, won: JobAcquired) -> JobAcquireResult:
+        """Report ``won`` only with at least half its client lease left; else confirm it."""
+        state = won._state
+        if state.time_left() >= state.valid / 2:
+            return won
+        # The round trip used up more than half the lease (a slow commit, a stalled network):
+        # the row may be about to expire, or have expired already. A fenced heartbeat renews it
+        # from the moment it is sent, or proves it was lost.
+        try:
+            ok = await self.heartbeat(won.lease)
+        except JobSchedulerError:
+            ok = False
+        except asyncio.CancelledError:
+            await self._fail_quietly(won.lease, opts)
+            raise
+        if ok and state.time_left() >= state.valid / 2:
+            return won
+        self._log.warning(
+            "job %r run %r: acquire answered too late to keep its lease; not acquired",
+            opts.code,
+            opts.run_key,
+            extra={"action": "acquire_too_late", "job_code": opts.code, "run_key": opts.run_key},
+        )
+        await self._fail_quietly(won.lease, opts)
+        return _NOT_ACQUIRED
+
+    async def _fail_quietly(self, lease: JobLease, opts: JobAcquireOptions) -> None:
+        """Mark a row this acquire owns but will not report ``FAIL``, within the slack."""
+        try:
+            job_id, token = _check_lease(lease)
+            await self._rowcount(
+                self._sql.finalize,
+                (JobSchedulerStatus.FAIL.value, '{"error": "acquire abandoned"}', job_id, token),
+                SLACK,
+            )
+        except (psycopg.Error, _Abandoned) as exc:
+            self._log.warning(
+                "job %r run %r: could not release an abandoned acquire (it expires with its "
+                "lease): %s",
+                opts.code,
+                opts.run_key,
+                redact_text(str(exc)),
+                extra={"action": "acquire_release_failed", "job_code": opts.code},
+            )
+
+    async def _resolve_cancelled(
+        self, opts: JobAcquireOptions, token: str, state: _LeaseState
+    ) -> None:
+        """The caller was cancelled mid-acquire: find out whether it won, and give the run back."""
+        limit = max(state.time_left(), 0.0) + SLACK
+        try:
+            row = await self._fetch(self._sql.read_owned, (opts.lock_key, token), limit)
+        except (psycopg.Error, _Abandoned) as exc:
+            self._log.warning(
+                "job %r run %r: acquire cancelled with an unknown outcome (a row it wrote "
+                "expires with its lease): %s",
+                opts.code,
+                opts.run_key,
+                redact_text(str(exc)),
+                extra={"action": "acquire_cancelled_unknown", "job_code": opts.code},
+            )
+            return
+        if row is not None and row[7] == JobSchedulerStatus.RUNNING.value:
+            await self._fail_quietly(_acquired(row, state).lease, opts)
+
+    def _log_abandoned(self, opts: JobAcquireOptions, what: str) -> None:
+        self._log.warning(
+            "job %r run %r: %s did not answer within the lease; connection abandoned",
+            opts.code,
+            opts.run_key,
+            what,
+            extra={"action": "statement_abandoned", "job_code": opts.code, "run_key": opts.run_key},
+        )
 
     async def _acquire_again(
-        self, lock_key: str, params: tuple[Any, ...], first: psycopg.Error
+        self,
+        opts: JobAcquireOptions,
+        params: tuple[Any, ...],
+        state: _LeaseState,
+        first: psycopg.Error,
     ) -> JobAcquireResult:
         # The connection broke: the statement may or may not have committed. Our token is in
-        # the row only if it did; otherwise the same statement is a fresh, safe attempt.
+        # the row only if it did; otherwise the same statement is a fresh, safe attempt (whose
+        # lease then runs from when it is sent).
         await self._held.reset_idle()
         try:
-            row = await self._fetch(self._sql.read_owned, (lock_key, params[6]))
+            row = await self._fetch(
+                self._sql.read_owned, (opts.lock_key, params[6]), max(state.time_left(), 0.0)
+            )
             if row is None:
-                row = await self._fetch(self._sql.acquire, params)
+                sent = time.monotonic()
+                state = _LeaseState.for_lease(opts.lease_ms, sent)
+                row = await self._fetch(self._sql.acquire, params, state.valid)
         except _LOSER_ERRORS:
+            return _NOT_ACQUIRED
+        except _Abandoned:
+            self._log_abandoned(opts, "acquire")
             return _NOT_ACQUIRED
         except psycopg.Error as exc:
             raise self._wrap(exc) from first
-        return _NOT_ACQUIRED if row is None else _acquired(row)
+        if row is None or row[7] != JobSchedulerStatus.RUNNING.value:
+            return _NOT_ACQUIRED
+        return await self._confirmed(opts, _acquired(row, state))
 
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """Return the status of each run that has a row, by ``lock_key``.
@@ -384,14 +618,11 @@ class JobSchedulerService(BaseJobScheduler):
             ``{lock_key: status}`` for the keys that have a row.
 
         Raises:
-            ValueError: Too many keys or a key that is not a str.
+            ValueError: A single str, too many keys, a key that is not a str, or one with NUL
+                or invalid Unicode (before any SQL).
             JobSchedulerUnavailableError: The database could not be reached.
         """
-        keys = list(lock_keys)
-        if len(keys) > 10_000:
-            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
-        if not all(type(key) is str for key in keys):
-            raise ValueError("lock keys must be str")
+        keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
         conn = await self._held.get()
@@ -410,6 +641,11 @@ class JobSchedulerService(BaseJobScheduler):
     async def heartbeat(self, lease: JobLease) -> bool:
         """Bump ``modified_at`` by the database clock if ``lease`` is the current RUNNING owner.
 
+        For a lease returned by ``acquire`` the statement is bounded by the lease itself: an
+        answer later than ``lease_ms`` (less the clock margin) after sending could not renew
+        anything, so the connection is abandoned then and the heartbeat raises. A heartbeat that
+        succeeds moves the lease's client deadline to its send time plus the lease.
+
         Args:
             lease: The capability returned by ``acquire``.
 
@@ -417,18 +653,30 @@ class JobSchedulerService(BaseJobScheduler):
             ``True`` if the lease was extended; ``False`` if ownership was lost.
 
         Raises:
-            JobSchedulerUnavailableError: The database could not be reached (twice).
+            JobSchedulerUnavailableError: The database could not be reached (twice), or did not
+                answer within the lease.
         """
         params = _check_lease(lease)
+        state: _LeaseState | None = getattr(lease, "_state", None)
         for attempt in (1, 2):
+            sent = time.monotonic()
+            limit = None if state is None or state.valid == float("inf") else state.valid
             try:
-                return await self._rowcount(self._sql.heartbeat, params) == 1
+                ok = await self._rowcount(self._sql.heartbeat, params, limit) == 1
+            except _Abandoned as exc:
+                raise JobSchedulerUnavailableError(
+                    "the heartbeat did not answer within the lease; connection abandoned"
+                ) from exc
             except psycopg.OperationalError as exc:
                 if attempt == 2 or (exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown)):
                     raise self._wrap(exc) from exc
                 await self._held.reset_idle()
+                continue
             except psycopg.Error as exc:
                 raise self._wrap(exc) from exc
+            if ok and state is not None:
+                state.confirm(sent)
+            return ok
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
@@ -503,7 +751,11 @@ class JobSchedulerService(BaseJobScheduler):
         """
         params = _check_lease(lease)
         try:
-            row = await self._fetch(self._sql.read_status, params)
+            row = await self._fetch(self._sql.read_status, params, _limit(lease))
+        except _Abandoned as exc:
+            raise JobSchedulerUnavailableError(
+                "the status read did not answer in time; connection abandoned"
+            ) from exc
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
         return None if row is None else _STATUS[row[0]]
@@ -533,9 +785,14 @@ class JobSchedulerService(BaseJobScheduler):
             budget.max_attempts,
             budget.backoff_ms,
         )
+        sent = time.monotonic()
+        state = _LeaseState.for_lease(options.lease_ms, sent)
         try:
-            row = await self._fetch(self._tick_sql.acquire_attempt, params)
+            row = await self._fetch(self._tick_sql.acquire_attempt, params, state.valid)
         except _LOSER_ERRORS:
+            return _NOT_ACQUIRED, 0
+        except _Abandoned:
+            self._log_abandoned(options, "acquire")
             return _NOT_ACQUIRED, 0
         except psycopg.OperationalError as exc:
             if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
@@ -543,19 +800,30 @@ class JobSchedulerService(BaseJobScheduler):
             # Ambiguous commit: our token is in the row only if the statement committed.
             await self._held.reset_idle()
             try:
-                owned = await self._fetch(self._sql.read_owned, (options.lock_key, token))
+                owned = await self._fetch(
+                    self._sql.read_owned, (options.lock_key, token), max(state.time_left(), 0.0)
+                )
+            except _Abandoned:
+                return _NOT_ACQUIRED, 0
             except psycopg.Error as again:
                 raise self._wrap(again) from exc
-            if owned is None:
+            if owned is None or owned[7] != JobSchedulerStatus.RUNNING.value:
                 return _NOT_ACQUIRED, 0
             records = await self.tick_records([options.lock_key])
             record = records.get(options.lock_key)
-            return _acquired(owned), 1 if record is None else record.attempts
+            result = await self._confirmed(options, _acquired(owned, state))
+            if not result.acquired:
+                return _NOT_ACQUIRED, 0
+            return result, 1 if record is None else record.attempts
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
+        except asyncio.CancelledError:
+            await self._resolve_cancelled(options, token, state)
+            raise
         if row is None:
             return _NOT_ACQUIRED, 0
-        return _acquired(row[:-1]), int(row[-1])
+        result = await self._confirmed(options, _acquired(row[:-1], state))
+        return (result, int(row[-1])) if result.acquired else (_NOT_ACQUIRED, 0)
 
     async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
         """Record a tick as skipped (``FAIL``, 0 attempts) if it has no row; ``True`` if written.
@@ -594,14 +862,10 @@ class JobSchedulerService(BaseJobScheduler):
         """Return what the table says about each tick that has a row, by ``lock_key``.
 
         Raises:
-            ValueError: More than 10,000 keys or a key that is not a str.
+            ValueError: As for :meth:`statuses` (the same check, before any SQL).
             JobSchedulerUnavailableError: The database could not be reached.
         """
-        keys = list(lock_keys)
-        if len(keys) > 10_000:
-            raise ValueError(f"at most 10000 lock keys per call, got {len(keys)}")
-        if not all(type(key) is str for key in keys):
-            raise ValueError("lock keys must be str")
+        keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
         conn = await self._held.get()
@@ -632,8 +896,17 @@ class JobSchedulerService(BaseJobScheduler):
         job_id, token = _check_lease(lease)
         text = dump_json_object(data)
         params = (status.value, text, job_id, token)
+        # Bounded by the lease's time left plus the slack: an answer that does not come back by
+        # then is never reported as recorded.
+        limit = _limit(lease)
+        until = None if limit is None else time.monotonic() + limit
         try:
-            return await self._rowcount(self._sql.finalize, params) == 1
+            return await self._rowcount(self._sql.finalize, params, limit) == 1
+        except _Abandoned as exc:
+            raise JobSchedulerUnavailableError(
+                f"recording {status.value} did not answer in time; connection abandoned, "
+                "outcome unknown"
+            ) from exc
         except psycopg.OperationalError as exc:
             if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
                 raise self._wrap(exc) from exc
@@ -642,14 +915,20 @@ class JobSchedulerService(BaseJobScheduler):
             raise self._wrap(exc) from exc
         # Ambiguous commit: never report success unless the row shows it.
         await self._held.reset_idle()
+        left = None if until is None else until - time.monotonic()
         try:
-            row = await self._fetch(self._sql.read_status, (job_id, token))
+            row = await self._fetch(self._sql.read_status, (job_id, token), left)
             if row is None:
                 return False
             if row[0] == status.value:
                 return True
             if row[0] != JobSchedulerStatus.RUNNING.value:
                 return False
-            return await self._rowcount(self._sql.finalize, params) == 1
+            left = None if until is None else until - time.monotonic()
+            return await self._rowcount(self._sql.finalize, params, left) == 1
+        except _Abandoned as exc:
+            raise JobSchedulerUnavailableError(
+                f"recording {status.value}: outcome unknown, the database did not answer in time"
+            ) from exc
         except psycopg.Error as exc:
             raise self._wrap(exc) from first

@@ -20,7 +20,8 @@ from sdcore.outbox._model import (
     check_options,
 )
 from sdcore.outbox._outbox import DEFAULT_CHANNEL, DEFAULT_DEDUP_WINDOW_MS, Outbox, OutboxEntry
-from sdcore.outbox._relay import OutboxRelay, OutboxStats, RelayState
+from sdcore.outbox._relay import OutboxRelay, RelayState
+from sdcore.outbox._store import OutboxFailure, OutboxStats, OutboxStore, PostgresOutboxStore
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -31,12 +32,15 @@ __all__ = [
     "Outbox",
     "OutboxEntry",
     "OutboxError",
+    "OutboxFailure",
     "OutboxKeyConflictError",
     "OutboxMessage",
     "OutboxRelay",
     "OutboxStats",
     "OutboxStatus",
+    "OutboxStore",
     "OutboxTransactionRequiredError",
+    "PostgresOutboxStore",
     "Publisher",
     "PublisherUnavailableError",
     "RelayState",

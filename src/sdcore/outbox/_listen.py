@@ -1,10 +1,18 @@
-"""The relay's LISTEN connection: every notification on the outbox channel sets a wake-up flag."""
+"""The relay's wake-ups: PostgreSQL's LISTEN connection, and the loop that follows any store's.
+
+:func:`pg_notifications` is :meth:`PostgresOutboxStore.notifications`: one LISTEN connection,
+made from ``listen_dsn`` when given (a direct connection, e.g. past a transaction-pooling proxy),
+otherwise from the pool's own conninfo and kwargs (not from the pool: a LISTEN session must stay
+one session). :class:`Notifications` is the relay's side: it follows a store's notifications,
+sets the wake-up flag on each, and subscribes again after a failure (polling covers the gap).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
@@ -15,67 +23,72 @@ from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
 
 
-class Notifications:
-    """Keeps one LISTEN connection open and sets ``wake`` on every notification.
+async def _connect_args(
+    pool: AsyncConnectionPool[Any], listen_dsn: str | None
+) -> tuple[str, dict[str, Any]]:
+    if listen_dsn is not None:
+        return listen_dsn, {"autocommit": True}
+    # psycopg_pool accepts a str or a (possibly async) callable for both.
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+    if callable(kwargs):
+        kwargs = kwargs()
+    if inspect.isawaitable(conninfo):
+        conninfo = await conninfo
+    if inspect.isawaitable(kwargs):
+        kwargs = await kwargs
+    return str(conninfo), {**(kwargs or {}), "autocommit": True}
 
-    The connection is made from ``listen_dsn`` when given (a direct connection, e.g. past a
-    transaction-pooling proxy), otherwise from the pool's own conninfo and kwargs (not from the
-    pool: a LISTEN session must stay one session). It reconnects after a failure; polling covers
-    the gap.
+
+async def pg_notifications(
+    pool: AsyncConnectionPool[Any], *, channel: str, listen_dsn: str | None
+) -> AsyncIterator[None]:
+    """LISTEN on ``channel``; yield once when listening, then once per notification.
+
+    Raises:
+        psycopg.Error: The connection could not be made, or broke.
+    """
+    statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+    conninfo, kwargs = await _connect_args(pool, listen_dsn)
+    conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+    async with conn:
+        await conn.execute(statement)
+        yield None
+        async for _ in conn.notifies():
+            yield None
+
+
+class Notifications:
+    """Follows a store's notifications and sets ``wake`` on every one.
 
     Args:
-        pool: The relay's pool (for its connection settings).
-        channel: The NOTIFY channel.
+        source: The store's ``notifications`` method (called again after each failure).
         wake: The relay's wake-up flag.
-        listen_dsn: Connect here instead of where the pool connects.
-        logger: Where to log a lost connection.
+        logger: Where to log a lost subscription.
     """
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        source: Callable[[], AsyncIterator[None]],
         *,
-        channel: str,
         wake: asyncio.Event,
-        listen_dsn: str | None,
         logger: logging.Logger,
     ) -> None:
-        self._pool = pool
-        self._statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+        self._source = source
         self._wake = wake
-        self._listen_dsn = listen_dsn
         self._log = logger
         self.listening = False
         """True while the LISTEN is in place (a health check's "can be woken")."""
 
-    async def _connect_args(self) -> tuple[str, dict[str, Any]]:
-        if self._listen_dsn is not None:
-            return self._listen_dsn, {"autocommit": True}
-        # psycopg_pool accepts a str or a (possibly async) callable for both.
-        conninfo: Any = self._pool.conninfo
-        kwargs: Any = self._pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-        if callable(kwargs):
-            kwargs = kwargs()
-        if inspect.isawaitable(conninfo):
-            conninfo = await conninfo
-        if inspect.isawaitable(kwargs):
-            kwargs = await kwargs
-        return str(conninfo), {**(kwargs or {}), "autocommit": True}
-
     async def run(self) -> None:
-        """LISTEN until cancelled; reconnect a second after a failure."""
+        """Listen until cancelled; subscribe again a second after a failure."""
         while True:
             try:
-                conninfo, kwargs = await self._connect_args()
-                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-                async with conn:
-                    await conn.execute(self._statement)
+                async for _ in self._source():
                     self.listening = True
-                    self._wake.set()  # catch up on anything committed while not listening
-                    async for _ in conn.notifies():
-                        self._wake.set()
+                    self._wake.set()  # the first: catch up on anything committed meanwhile
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - polling covers the gap; log and reconnect

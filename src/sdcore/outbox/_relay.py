@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -17,8 +18,15 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
 from sdcore.outbox._listen import Notifications
-from sdcore.outbox._model import OutboxMessage, Publisher, PublisherUnavailableError
+from sdcore.outbox._model import OutboxMessage, OutboxStatus, Publisher, PublisherUnavailableError
 from sdcore.outbox._outbox import Outbox
+from sdcore.outbox._store import (
+    MAX_ERROR_LENGTH,
+    OutboxFailure,
+    OutboxStats,
+    OutboxStore,
+    PostgresOutboxStore,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,19 +40,6 @@ class RelayState:
     failed: int
     last_publish_at: datetime | None
     last_error: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutboxStats:
-    """Row counts of the outbox table."""
-
-    pending: int
-    due: int
-    dead: int
-    published: int
-    oldest_pending_age_s: float | None
-    tombstones: int = 0
-    """Published rows pruned to their key (kept for the outbox's deduplication window)."""
 
 
 def _ms(name: str, value: int, minimum: int) -> int:
@@ -69,7 +64,11 @@ class OutboxRelay:
     outbox's ``dedup_window_ms`` has passed since their publication.
 
     Args:
-        pool: Connection pool for the outbox's database.
+        pool: Connection pool for the outbox's database, or an :class:`OutboxStore` (e.g.
+            ``sdcore.testing.MemoryOutboxStore``; then ``outbox`` is the store's and
+            ``listen_dsn`` / ``transaction_pooling`` configure nothing and must stay unset).
+            A pool is wrapped in a :class:`PostgresOutboxStore`, which the relay exposes as
+            :attr:`store`.
         publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
         outbox: The outbox table (default ``Outbox()``).
         batch_size: Rows per claim.
@@ -92,13 +91,14 @@ class OutboxRelay:
             rows by polling every ``poll_interval_ms``.
 
     Raises:
-        ValueError: An out-of-range setting, or ``retention_ms`` longer than the outbox's
-            ``dedup_window_ms``.
+        ValueError: An out-of-range setting, ``retention_ms`` longer than the outbox's
+            ``dedup_window_ms``, or ``outbox`` / ``listen_dsn`` / ``transaction_pooling`` given
+            with a store.
     """
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: AsyncConnectionPool[Any] | OutboxStore,
         publisher: Publisher,
         *,
         outbox: Outbox | None = None,
@@ -114,8 +114,18 @@ class OutboxRelay:
         listen_dsn: str | None = None,
         transaction_pooling: bool = False,
     ) -> None:
-        self._pool = pool
         self._publisher = publisher
+        store = pool if isinstance(pool, OutboxStore) else None
+        if store is not None:
+            own: object = getattr(store, "outbox", None)
+            if outbox is not None and outbox is not own:
+                raise ValueError("outbox= is the store's own: leave it unset with a store")
+            if listen_dsn is not None or transaction_pooling:
+                raise ValueError(
+                    "listen_dsn / transaction_pooling configure a PostgresOutboxStore: pass"
+                    " them to the store, not to a relay given a store"
+                )
+            outbox = own if isinstance(own, Outbox) else None
         self.outbox = outbox or Outbox()
         self._batch = _ms("batch_size", batch_size, 1)
         self._poll = _ms("poll_interval_ms", poll_interval_ms, 10) / 1000
@@ -131,13 +141,15 @@ class OutboxRelay:
                 f" ({self.outbox.dedup_window_ms}): a key must stay taken at least as long as its"
                 " row is kept"
             )
-        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
-            raise ValueError("listen_dsn must be a non-empty DSN str or None")
-        self._listen_dsn = listen_dsn
-        self._transaction_pooling = bool(transaction_pooling)
-        # Under transaction pooling, a server-side prepared statement may be met (or missed) by
-        # another client of the proxy.
-        self._prepare: bool | None = False if self._transaction_pooling else None
+        if store is None:
+            store = PostgresOutboxStore(
+                pool,  # type: ignore[arg-type]  # not a store, so a pool
+                outbox=self.outbox,
+                listen_dsn=listen_dsn,
+                transaction_pooling=transaction_pooling,
+            )
+        self.store: OutboxStore = store
+        """Where the relay claims rows and records outcomes."""
         self._log = logging.getLogger(logger_name)
         self._wake = asyncio.Event()
         self._stop_event = asyncio.Event()
@@ -145,11 +157,7 @@ class OutboxRelay:
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._notifications = Notifications(
-            pool,
-            channel=self.outbox.channel,
-            wake=self._wake,
-            listen_dsn=listen_dsn,
-            logger=self._log,
+            self.store.notifications, wake=self._wake, logger=self._log
         )
         self._broker_available = True
         self._published = 0
@@ -188,7 +196,7 @@ class OutboxRelay:
             return
         self._stopping = False
         self._stop_event.clear()
-        if self._listen_dsn is not None or not self._transaction_pooling:
+        if self.store.listens:
             self._listener = asyncio.create_task(
                 self._notifications.run(), name="sdcore-outbox-listen"
             )
@@ -217,37 +225,17 @@ class OutboxRelay:
 
         Raises:
             PublisherUnavailableError: The broker is down (the claims were released).
-            psycopg.Error: The database is down.
+            psycopg.Error: The database is down (a store's own error, for another store).
         """
         token = uuid.uuid4()
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                self.outbox.sql.claim, (self._claim_ms, token, self._batch), prepare=self._prepare
-            )
-            rows = await cur.fetchall()
-        if not rows:
+        messages = await self.store.claim(limit=self._batch, claim_ms=self._claim_ms, token=token)
+        if not messages:
             return 0
-        messages = [
-            OutboxMessage(
-                id=r[0],
-                idempotency_key=r[1],
-                queue=r[2],
-                name=r[3],
-                job_id=r[4],
-                payload=r[5],
-                options=r[6],
-                attempts=r[7],
-                max_attempts=r[8],
-                created_at=r[9],
-            )
-            for r in rows
-        ]
         try:
             results = list(await self._publisher.publish(messages))
         except PublisherUnavailableError as exc:
-            await self._execute(
-                self.outbox.sql.unclaim,
-                (error_text(exc)[:2000], [m.id for m in messages], token),
+            await self.store.unclaim(
+                [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
@@ -267,21 +255,19 @@ class OutboxRelay:
         published = [m.id for m, r in zip(messages, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(messages, results, strict=True) if r is not None]
         if published:
-            await self._execute(self.outbox.sql.published, (published,))
+            await self.store.mark_published(published)
             self._published += len(published)
             self._last_publish_at = datetime.now(UTC)
         if failed:
-            ids = [m.id for m, _ in failed]
-            errors = [error_text(r)[:2000] for _, r in failed]
-            delays = [
-                min(self._retry_base * 2 ** max(m.attempts - 1, 0), self._retry_max)
-                for m, _ in failed
-            ]
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(
-                    self.outbox.sql.failed, (ids, errors, delays, token), prepare=self._prepare
+            failures = [
+                OutboxFailure(
+                    id=m.id,
+                    error=error_text(r)[:MAX_ERROR_LENGTH],
+                    delay_ms=min(self._retry_base * 2 ** max(m.attempts - 1, 0), self._retry_max),
                 )
-                landed = {row[0]: row[1] for row in await cur.fetchall()}
+                for m, r in failed
+            ]
+            landed = await self.store.mark_failed(failures, token=token)
             self._failed += len(landed)
             for message, error in failed:
                 if message.id not in landed:
@@ -299,7 +285,7 @@ class OutboxRelay:
                         },
                     )
                     continue
-                dead = landed[message.id] == "DEAD"
+                dead = landed[message.id] is OutboxStatus.DEAD
                 self._log.log(
                     logging.ERROR if dead else logging.WARNING,
                     "outbox message %d (%r on queue %r) %s: %s",
@@ -316,25 +302,9 @@ class OutboxRelay:
                     },
                 )
 
-    async def _execute(self, query: bytes, params: tuple[Any, ...]) -> None:
-        async with self._pool.connection() as conn:
-            await conn.execute(query, params, prepare=self._prepare)
-
     async def stats(self) -> OutboxStats:
-        """Count rows by status (one query)."""
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(self.outbox.sql.stats, prepare=self._prepare)
-            row = await cur.fetchone()
-        assert row is not None  # noqa: S101 - an aggregate always returns one row
-        age = None if row[4] is None else float(row[4])
-        return OutboxStats(
-            pending=row[0],
-            due=row[1],
-            dead=row[2],
-            published=row[3],
-            oldest_pending_age_s=age,
-            tombstones=row[5],
-        )
+        """Count rows by status (one query on PostgreSQL)."""
+        return await self.store.stats()
 
     async def prune(self) -> int:
         """Prune in batches; return how many published rows became tombstones.
@@ -343,16 +313,15 @@ class OutboxRelay:
         key, digest and job id, so the key stays taken; tombstones of messages published more
         than the outbox's ``dedup_window_ms`` ago are deleted, which frees their keys.
         """
-        tombstoned = await self._batches(self.outbox.sql.tombstone, self._retention)
-        await self._batches(self.outbox.sql.prune, self.outbox.dedup_window_ms)
+        tombstoned = await self._batches(self.store.tombstone, self._retention)
+        await self._batches(self.store.prune, self.outbox.dedup_window_ms)
         return tombstoned
 
-    async def _batches(self, query: bytes, age_ms: int) -> int:
+    @staticmethod
+    async def _batches(step: Callable[..., Awaitable[int]], age_ms: int) -> int:
         total = 0
         while True:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(query, (age_ms, 1000), prepare=self._prepare)
-                changed = int(cur.rowcount)
+            changed = await step(older_than_ms=age_ms, limit=1000)
             total += changed
             if changed < 1000:
                 return total
@@ -385,7 +354,7 @@ class OutboxRelay:
             self._broker_available = True
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self._prune_every
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(psycopg.Error, OSError):
                     pruned = await self.prune()
                     if pruned:
                         self._log.info("pruned %d published outbox row(s)", pruned)

@@ -67,6 +67,8 @@ class JobSchedulerColumns:
     data: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime]
     modified_at: Mapped[datetime]
+    lease_ms: Mapped[int | None]
+    attempts: Mapped[int]
 
     if TYPE_CHECKING:
         # The declarative base supplies the keyword constructor at run time; this only tells

@@ -13,8 +13,10 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Index,
+    Integer,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     String,
     Table,
     Text,
@@ -86,13 +88,24 @@ def job_scheduler_table(
             nullable=False,
             server_default=text("clock_timestamp()"),
         ),
+        # Migration lease/0002: the lease the current owner asked for (NULL on 0.1.0 rows).
+        Column("lease_ms", BigInteger, nullable=True),
+        # Migration lease/0003: the scheduler's attempt budget.
+        Column("attempts", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("id", name=name("pkey")),
         UniqueConstraint("lock_key", name=name("lock_key_key")),
         CheckConstraint("type IN ('INITIAL', 'SCHEDULE')", name=name("type_check")),
         CheckConstraint("status IN ('RUNNING', 'SUCCESS', 'FAIL')", name=name("status_check")),
         CheckConstraint("(type = 'INITIAL') = (run_key IS NULL)", name=name("run_key_check")),
         CheckConstraint("fencing_token >= 1", name=name("fencing_token_check")),
+        CheckConstraint("lease_ms IS NULL OR lease_ms > 2", name=name("lease_ms_check")),
+        CheckConstraint("attempts >= 0", name=name("attempts_check")),
         schema=schema,
+    )
+    # The fencing sequence (migration lease/0002): create_all() creates it; Alembic autogenerate
+    # does not compare or create sequences (see docs/how-to/sqlalchemy-alembic.md).
+    Sequence(
+        derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1
     )
     Index(name("code_created_at_idx"), result.c.code, result.c.created_at.desc())
     Index(name("status_modified_at_idx"), result.c.status, result.c.modified_at)

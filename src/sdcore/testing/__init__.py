@@ -1,12 +1,16 @@
-"""Public fakes for users' own unit tests: an in-memory job scheduler and a controllable clock.
+"""Public fakes for users' own unit tests: an in-memory job scheduler, an in-memory outbox
+store for the relay, a recording publisher and a controllable clock.
 
 ``InMemoryJobScheduler`` follows the same contract as ``JobSchedulerService`` (the project runs
-one contract suite against both), with ``clock`` playing the database clock.
+one contract suite against both), with ``clock`` playing the database clock: expiry is the
+owner's lease by that clock, fencing tokens come from one counter per scheduler (as from the
+table's sequence), and leases carry a client deadline by the real monotonic clock.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -24,10 +28,21 @@ from sdcore.job_scheduler._model import (
     JobScheduler,
     JobSchedulerStatus,
     JobSchedulerType,
+    _check_lease,
+    _check_lock_keys,
+    _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+from sdcore.testing._outbox import MemoryOutboxRow, MemoryOutboxStore
 
-__all__ = ["FakeClock", "InMemoryJobScheduler", "InMemoryScheduleStore", "RecordingPublisher"]
+__all__ = [
+    "FakeClock",
+    "InMemoryJobScheduler",
+    "InMemoryScheduleStore",
+    "MemoryOutboxRow",
+    "MemoryOutboxStore",
+    "RecordingPublisher",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -94,8 +109,26 @@ class InMemoryJobScheduler(BaseJobScheduler):
         self._clock = clock
         self._rows: dict[str, JobScheduler] = {}
         self._by_id: dict[str, str] = {}
+        self._fencing = 0  # the table's fencing sequence
         # Scheduler attempt budgets (the ``attempts`` column); rows made by plain acquire count 1.
         self._attempts: dict[str, int] = {}
+
+    def _next_fencing_token(self) -> int:
+        self._fencing += 1
+        return self._fencing
+
+    def forget(self, job_id: str) -> bool:
+        """Delete a row, as a prune would (its key may then be created anew).
+
+        Returns:
+            Whether a row was deleted.
+        """
+        key = self._by_id.pop(job_id, None)
+        if key is None:
+            return False
+        del self._rows[key]
+        self._attempts.pop(key, None)
+        return True
 
     def rows(self) -> list[JobScheduler]:
         """Return every row, oldest first."""
@@ -109,6 +142,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire`."""
         opts = coerce_options(options)
+        state = _LeaseState.for_lease(opts.lease_ms, time.monotonic())
         now = self._clock()
         token = str(uuid.uuid4())
         current = self._rows.get(opts.lock_key)
@@ -123,15 +157,18 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 run_key=opts.run_key,
                 status=JobSchedulerStatus.RUNNING,
                 owner_token=token,
-                fencing_token=1,
+                fencing_token=self._next_fencing_token(),
                 data=None,
                 created_at=now,
                 modified_at=now,
+                lease_ms=opts.lease_ms,
             )
             self._by_id[row.id] = row.lock_key
         else:
+            # Expiry is the owner's lease (a row without one falls back to the contender's).
+            owner_lease = current.lease_ms if current.lease_ms is not None else opts.lease_ms
             stale = current.status is JobSchedulerStatus.RUNNING and now - current.modified_at > (
-                timedelta(milliseconds=opts.lease_ms)
+                timedelta(milliseconds=owner_lease)
             )
             if not (current.status is JobSchedulerStatus.FAIL or stale):
                 return JobNotAcquired()
@@ -139,10 +176,11 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 current,
                 status=JobSchedulerStatus.RUNNING,
                 owner_token=token,
-                fencing_token=current.fencing_token + 1,
+                fencing_token=self._next_fencing_token(),
                 name=opts.name,
                 data=None,
                 modified_at=now,
+                lease_ms=opts.lease_ms,
             )
         self._rows[row.lock_key] = row
         return JobAcquired(
@@ -151,6 +189,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
             owner_token=token,
             idempotency_key=row.idempotency_key,
             fencing_token=row.fencing_token,
+            _state=state,
         )
 
     def attempts(self, lock_key: str) -> int | None:
@@ -201,7 +240,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.tick_records`."""
         records = {}
-        for key in lock_keys:
+        for key in _check_lock_keys(lock_keys):
             row = self._rows.get(key)
             if row is None:
                 continue
@@ -216,40 +255,35 @@ class InMemoryJobScheduler(BaseJobScheduler):
         return records
 
     def _owned(self, lease: JobLease) -> JobScheduler | None:
-        if not isinstance(lease, JobLease):
-            raise TypeError(f"lease must be a JobLease, got {type(lease).__name__}")
-        for field, value in (("lease.id", lease.id), ("lease.owner_token", lease.owner_token)):
-            try:
-                uuid.UUID(value)
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"{field} must be a UUID string") from None
-        row = self.get(lease.id)
-        if (
-            row is None
-            or row.owner_token != lease.owner_token
-            or row.status is not JobSchedulerStatus.RUNNING
-        ):
+        job_id, token = _check_lease(lease)  # the validator PostgreSQL's backend uses
+        row = self.get(job_id)
+        if row is None or row.owner_token != token or row.status is not JobSchedulerStatus.RUNNING:
             return None
         return row
 
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.statuses`."""
-        return {key: self._rows[key].status for key in lock_keys if key in self._rows}
+        keys = _check_lock_keys(lock_keys)
+        return {key: self._rows[key].status for key in keys if key in self._rows}
 
     async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.status_of`."""
-        self._owned(lease)  # validates the lease
-        row = self.get(lease.id)
-        if row is None or row.owner_token != lease.owner_token:
+        job_id, token = _check_lease(lease)
+        row = self.get(job_id)
+        if row is None or row.owner_token != token:
             return None
         return row.status
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.heartbeat`."""
+        sent = time.monotonic()
         row = self._owned(lease)
         if row is None:
             return False
         self._rows[row.lock_key] = replace(row, modified_at=self._clock())
+        state: _LeaseState | None = getattr(lease, "_state", None)
+        if state is not None:
+            state.confirm(sent)
         return True
 
     async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
@@ -263,6 +297,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
     def _finish(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> bool:
+        _check_lease(lease)  # the lease is checked before the data, as by PostgreSQL's backend
         text = dump_json_object(data)
         row = self._owned(lease)
         if row is None:

@@ -5,127 +5,29 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import pytest
 
 from sdcore.job_scheduler import (
-    BaseJobScheduler,
     JobAcquired,
     JobAcquireOptions,
     JobExecutionLease,
     JobLease,
-    JobSchedulerService,
     JobSchedulerStatus,
     JobSchedulerType,
     JsonTypeError,
     JsonValueError,
     LostJobLeaseError,
 )
-from sdcore.testing import FakeClock, InMemoryJobScheduler
-from tests.integration.test_migrations import DDL_0_1_0, LEGACY_CODE, SEED_0_1_0
-
-
-@dataclass
-class Backend:
-    name: str
-    service: BaseJobScheduler
-    age: Callable[[str, int], Awaitable[None]]
-    read: Callable[[str], Awaitable[dict[str, Any]]]
-    count: Callable[[], Awaitable[int]]
-
-
-async def _memory_backend() -> Backend:
-    clock = FakeClock()
-    service = InMemoryJobScheduler(clock=clock)
-
-    async def age(job_id: str, ms: int) -> None:
-        clock.advance(ms=ms)
-
-    async def read(job_id: str) -> dict[str, Any]:
-        row = service.get(job_id)
-        assert row is not None
-        return {
-            "status": row.status.value,
-            "owner_token": row.owner_token,
-            "fencing_token": row.fencing_token,
-            "data": row.data,
-            "code": row.code,
-            "run_key": row.run_key,
-            "name": row.name,
-            "idempotency_key": row.idempotency_key,
-        }
-
-    async def count() -> int:
-        return len(service.rows())
-
-    return Backend("memory", service, age, read, count)
-
-
-@pytest.fixture(params=["memory", "postgres", "postgres-upgraded-from-0.1.0"])
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "memory":
-        yield await _memory_backend()
-        return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    if request.param == "postgres-upgraded-from-0.1.0":
-        # The 0.1.0 tables with unrelated rows; ensure_schema() below migrates them in place.
-        with psycopg.connect(dsn, autocommit=True) as setup:
-            setup.execute(DDL_0_1_0.read_bytes())
-            setup.execute(SEED_0_1_0)
-    async with JobSchedulerService.connect(dsn) as service:
-        await service.ensure_schema()
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-
-            async def age(job_id: str, ms: int) -> None:
-                await conn.execute(
-                    "UPDATE job_scheduler SET modified_at = modified_at - %s * interval '1 ms'"
-                    " WHERE id = %s",
-                    (ms, job_id),
-                )
-
-            async def read(job_id: str) -> dict[str, Any]:
-                cur = await conn.execute(
-                    "SELECT status, owner_token::text, fencing_token, data, code, run_key, name,"
-                    " idempotency_key FROM job_scheduler WHERE id = %s",
-                    (job_id,),
-                )
-                row = await cur.fetchone()
-                assert row is not None
-                keys = ("status", "owner_token", "fencing_token", "data", "code", "run_key")
-                return dict(zip((*keys, "name", "idempotency_key"), row, strict=True))
-
-            async def count() -> int:
-                cur = await conn.execute(
-                    "SELECT count(*) FROM job_scheduler WHERE code <> %s", (LEGACY_CODE,)
-                )
-                row = await cur.fetchone()
-                assert row is not None
-                return int(row[0])
-
-            yield Backend("postgres", service, age, read, count)
-
-
-def _opts(**kwargs: Any) -> JobAcquireOptions:
-    kwargs.setdefault("code", "contract")
-    kwargs.setdefault("run_key", "2026-07-20T03:00:00Z")
-    return JobAcquireOptions(**kwargs)
-
-
-async def _acquire(backend: Backend, **kwargs: Any) -> JobAcquired:
-    result = await backend.service.acquire(_opts(**kwargs))
-    assert result.acquired
-    return result
+from tests.contract._lease import Backend, _acquire, _opts
 
 
 async def test_first_acquire_inserts_a_running_row(backend: Backend) -> None:
     options = _opts(name="Sync orders")
     result = await backend.service.acquire(options)
     assert isinstance(result, JobAcquired)
-    assert result.fencing_token == 1
+    assert result.fencing_token == backend.base + 1
     assert result.idempotency_key == options.idempotency_key
     assert uuid.UUID(result.owner_token).version == 4
     assert result.row.status is JobSchedulerStatus.RUNNING
@@ -182,7 +84,7 @@ async def test_fail_row_is_taken_over_at_once_with_rotated_tokens(backend: Backe
     second = await _acquire(backend)
     assert second.id == first.id
     assert second.owner_token != first.owner_token
-    assert second.fencing_token == first.fencing_token + 1 == 2
+    assert second.fencing_token == first.fencing_token + 1 == backend.base + 2
     assert second.idempotency_key == first.idempotency_key
     row = await backend.read(second.id)
     assert row["data"] is None
@@ -202,8 +104,22 @@ async def test_running_row_is_taken_over_only_after_the_lease(backend: Backend) 
     assert not (await backend.service.acquire(_opts(lease_ms=60_000))).acquired
     await backend.age(first.id, 30_001)
     second = await _acquire(backend, lease_ms=60_000)
-    assert second.fencing_token == 2
+    assert second.fencing_token == backend.base + 2
     assert not await backend.service.complete(first.lease)
+
+
+async def test_expiry_is_the_owners_lease_not_the_contenders(backend: Backend) -> None:
+    first = await _acquire(backend, lease_ms=60_000)
+    await backend.age(first.id, 2_000)
+    # A contender asking a shorter lease cannot take over inside the owner's lease ...
+    assert not (await backend.service.acquire(_opts(lease_ms=1_000))).acquired
+    await backend.age(first.id, 58_001)
+    # ... and one asking a longer lease does not wait longer than the owner's lease.
+    second = await _acquire(backend, lease_ms=3_600_000)
+    assert second.fencing_token > first.fencing_token
+    assert second.row.lease_ms == 3_600_000
+    await backend.age(second.id, 120_000)
+    assert not (await backend.service.acquire(_opts(lease_ms=60_000))).acquired
 
 
 async def test_heartbeat_keeps_a_running_row(backend: Backend) -> None:
@@ -220,7 +136,7 @@ async def test_release_lets_the_next_acquire_take_the_row(backend: Backend) -> N
     assert await backend.service.release(first.lease)
     assert (await backend.read(first.id))["data"] == {"released": True}
     second = await _acquire(backend)
-    assert second.fencing_token == 2
+    assert second.fencing_token == backend.base + 2
 
 
 async def test_initial_runs_once_per_code(backend: Backend) -> None:
@@ -329,7 +245,7 @@ async def test_run_exclusive_runs_a_plain_function_in_a_worker_thread(backend: B
         return lease.fencing_token
 
     outcome = await backend.service.run_exclusive({"code": "sync", "run_key": "r"}, work)
-    assert outcome.result == 1
+    assert outcome.result == backend.base + 1
 
 
 async def test_run_exclusive_awaits_an_awaitable_returned_by_a_plain_callable(
@@ -442,7 +358,7 @@ async def test_loss_seen_by_the_heartbeat_cancels_an_async_function(backend: Bac
         )
     assert not reached_end
     row = await backend.read(ids[0])
-    assert (row["status"], row["fencing_token"]) == ("RUNNING", 2)
+    assert (row["status"], row["fencing_token"]) == ("RUNNING", backend.base + 2)
     assert _no_other_tasks(before)
 
 

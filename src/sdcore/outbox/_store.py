@@ -1,0 +1,309 @@
+"""The relay's storage port, ``OutboxStore``, and its PostgreSQL implementation.
+
+The relay's policy (batches, retry delays, dead-lettering, back-off, pruning cadence) lives in
+:class:`~sdcore.outbox.OutboxRelay`; everything it reads or writes goes through these methods.
+``sdcore.testing.MemoryOutboxStore`` implements the same port in memory, and one contract suite
+(``tests/contract/test_outbox_store.py``) runs against both.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.outbox._listen import pg_notifications
+from sdcore.outbox._model import OutboxMessage, OutboxStatus
+from sdcore.outbox._outbox import Outbox
+
+MAX_ERROR_LENGTH = 2000
+"""Longest ``last_error`` a store keeps (the relay cuts errors to this length)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxStats:
+    """Row counts of the outbox table."""
+
+    pending: int
+    due: int
+    dead: int
+    published: int
+    oldest_pending_age_s: float | None
+    tombstones: int = 0
+    """Published rows pruned to their key (kept for the outbox's deduplication window)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxFailure:
+    """One message's failed publish attempt, as the relay records it.
+
+    Attributes:
+        id: The row's id.
+        error: What went wrong (at most :data:`MAX_ERROR_LENGTH` characters are kept).
+        delay_ms: When the row is due again, from now (ignored if the row becomes ``DEAD``).
+    """
+
+    id: int
+    error: str
+    delay_ms: int
+
+
+@runtime_checkable
+class OutboxStore(Protocol):
+    """Where the relay claims outbox rows and records what became of them.
+
+    Every outcome but a delivery is fenced by the claim token: a relay whose claim expired and
+    was taken over by another cannot record a failure or an unclaim over the other's outcome.
+    Times are the store's clock (PostgreSQL's ``clock_timestamp()``).
+    """
+
+    @property
+    def listens(self) -> bool:
+        """Whether :meth:`notifications` can wake the relay (else it only polls)."""
+        ...
+
+    def notifications(self) -> AsyncIterator[None]:
+        """Yield once when listening starts (to catch up) and once per new-row notification.
+
+        Raises whatever broke the subscription; the relay logs it and subscribes again.
+        """
+        ...
+
+    async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
+        """Claim up to ``limit`` due rows for ``claim_ms`` under ``token``, counting an attempt.
+
+        Due: ``PENDING``, ``next_attempt_at`` reached, and not under a live claim; oldest
+        ``next_attempt_at`` first, then by id. The messages carry the attempts after this one.
+        """
+        ...
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        """Record deliveries: ``PENDING`` or ``DEAD`` rows become ``PUBLISHED``, whoever's claim.
+
+        A delivery is a fact: the job is in the broker, so the row is neither due nor dead.
+        """
+        ...
+
+    async def mark_failed(
+        self, failures: Sequence[OutboxFailure], *, token: uuid.UUID
+    ) -> dict[int, OutboxStatus]:
+        """Record failed attempts under ``token``: back off, or ``DEAD`` after ``max_attempts``.
+
+        Returns:
+            ``{id: new status}`` of the rows this claim still held; the others are left alone.
+        """
+        ...
+
+    async def unclaim(self, ids: Sequence[int], *, token: uuid.UUID, error: str) -> None:
+        """Give back rows claimed under ``token`` without counting the attempt (broker down)."""
+        ...
+
+    async def stats(self) -> OutboxStats:
+        """Count the rows by status."""
+        ...
+
+    async def tombstone(self, *, older_than_ms: int, limit: int) -> int:
+        """Drop the payload of up to ``limit`` rows published before ``older_than_ms`` ago.
+
+        The key, digest and job id are kept (the key stays taken). Returns how many changed.
+        """
+        ...
+
+    async def prune(self, *, older_than_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` tombstones published before ``older_than_ms`` ago.
+
+        Returns how many were deleted (their keys are free again).
+        """
+        ...
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int of at least {minimum}, got {value!r:.40}")
+    return value
+
+
+def check_claim(limit: object, claim_ms: object, token: object) -> tuple[int, int, uuid.UUID]:
+    """Validate :meth:`OutboxStore.claim`'s arguments (every store calls this one check)."""
+    if not isinstance(token, uuid.UUID):
+        raise TypeError(f"token must be a uuid.UUID, got {type(token).__name__}")
+    return _count("limit", limit, 1), _count("claim_ms", claim_ms, 1), token
+
+
+def check_ids(ids: object) -> list[int]:
+    """Validate row ids: a sequence (not a str) of ints."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+        raise TypeError(f"ids must be a sequence of ints, got {type(ids).__name__}")
+    return [_count("id", value, 1) for value in ids]
+
+
+def check_token(token: object) -> uuid.UUID:
+    """Validate a claim token."""
+    if not isinstance(token, uuid.UUID):
+        raise TypeError(f"token must be a uuid.UUID, got {type(token).__name__}")
+    return token
+
+
+def check_error(error: object) -> str:
+    """Validate an error text; return it cut to :data:`MAX_ERROR_LENGTH` and storable."""
+    if not isinstance(error, str):
+        raise TypeError(f"error must be a str, got {type(error).__name__}")
+    text = error.replace("\x00", "\\0")[:MAX_ERROR_LENGTH]
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def check_failures(failures: object) -> list[OutboxFailure]:
+    """Validate failures: a sequence of :class:`OutboxFailure`, each id once."""
+    if isinstance(failures, str | bytes) or not isinstance(failures, Sequence):
+        raise TypeError("failures must be a sequence of OutboxFailure")
+    checked: list[OutboxFailure] = []
+    seen: set[int] = set()
+    for failure in failures:
+        if not isinstance(failure, OutboxFailure):
+            raise TypeError(f"failures must be OutboxFailure, got {type(failure).__name__}")
+        row_id = _count("failure.id", failure.id, 1)
+        if row_id in seen:
+            raise ValueError(f"failure for row {row_id} given twice")
+        seen.add(row_id)
+        error = check_error(failure.error)
+        checked.append(
+            OutboxFailure(id=row_id, error=error, delay_ms=_count("delay_ms", failure.delay_ms, 0))
+        )
+    return checked
+
+
+def check_age(older_than_ms: object, limit: object) -> tuple[int, int]:
+    """Validate a prune step's age and batch size."""
+    return _count("older_than_ms", older_than_ms, 0), _count("limit", limit, 1)
+
+
+class PostgresOutboxStore:
+    """:class:`OutboxStore` on an outbox table in PostgreSQL (the relay's production store).
+
+    Claims and outcomes are short autocommit statements on ``pool``; ``FOR UPDATE SKIP LOCKED``
+    and the claim time keep concurrent relays off each other's rows.
+
+    Args:
+        pool: Connection pool for the outbox's database.
+        outbox: The outbox table (default ``Outbox()``).
+        listen_dsn: LISTEN on a direct connection to this DSN instead of one made from the
+            pool's settings (for a pool behind PgBouncer in transaction mode).
+        transaction_pooling: The pool goes through a transaction-pooling proxy: statements are
+            never prepared server-side, and without ``listen_dsn`` the store does not listen.
+
+    Raises:
+        ValueError: ``listen_dsn`` is empty or not a str.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        outbox: Outbox | None = None,
+        listen_dsn: str | None = None,
+        transaction_pooling: bool = False,
+    ) -> None:
+        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
+            raise ValueError("listen_dsn must be a non-empty DSN str or None")
+        self.pool = pool
+        self.outbox = outbox or Outbox()
+        self._sql = self.outbox.sql
+        self._listen_dsn = listen_dsn
+        self._transaction_pooling = bool(transaction_pooling)
+        # Under transaction pooling, a server-side prepared statement may be met (or missed) by
+        # another client of the proxy.
+        self._prepare: bool | None = False if self._transaction_pooling else None
+
+    @property
+    def listens(self) -> bool:
+        """``False`` only under transaction pooling without a ``listen_dsn``."""
+        return self._listen_dsn is not None or not self._transaction_pooling
+
+    def notifications(self) -> AsyncIterator[None]:
+        """LISTEN on the outbox's channel on a connection of its own; yield per notification."""
+        return pg_notifications(self.pool, channel=self.outbox.channel, listen_dsn=self._listen_dsn)
+
+    async def _execute(self, query: bytes, params: tuple[Any, ...]) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, params, prepare=self._prepare)
+            return int(cur.rowcount)
+
+    async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
+        """See :meth:`OutboxStore.claim`."""
+        limit, claim_ms, token = check_claim(limit, claim_ms, token)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self._sql.claim, (claim_ms, token, limit), prepare=self._prepare
+            )
+            rows = await cur.fetchall()
+        return [
+            OutboxMessage(
+                id=r[0],
+                idempotency_key=r[1],
+                queue=r[2],
+                name=r[3],
+                job_id=r[4],
+                payload=r[5],
+                options=r[6],
+                attempts=r[7],
+                max_attempts=r[8],
+                created_at=r[9],
+            )
+            for r in rows
+        ]
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        """See :meth:`OutboxStore.mark_published`."""
+        checked = check_ids(ids)
+        if checked:
+            await self._execute(self._sql.published, (checked,))
+
+    async def mark_failed(
+        self, failures: Sequence[OutboxFailure], *, token: uuid.UUID
+    ) -> dict[int, OutboxStatus]:
+        """See :meth:`OutboxStore.mark_failed`."""
+        checked, token = check_failures(failures), check_token(token)
+        if not checked:
+            return {}
+        params = (
+            [f.id for f in checked],
+            [f.error for f in checked],
+            [f.delay_ms for f in checked],
+            token,
+        )
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql.failed, params, prepare=self._prepare)
+            return {row[0]: OutboxStatus(row[1]) for row in await cur.fetchall()}
+
+    async def unclaim(self, ids: Sequence[int], *, token: uuid.UUID, error: str) -> None:
+        """See :meth:`OutboxStore.unclaim`."""
+        checked, token, text = check_ids(ids), check_token(token), check_error(error)
+        if checked:
+            await self._execute(self._sql.unclaim, (text, checked, token))
+
+    async def stats(self) -> OutboxStats:
+        """See :meth:`OutboxStore.stats` (one query)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql.stats, prepare=self._prepare)
+            row = await cur.fetchone()
+        assert row is not None  # noqa: S101 - an aggregate always returns one row
+        age = None if row[4] is None else float(row[4])
+        return OutboxStats(
+            pending=row[0],
+            due=row[1],
+            dead=row[2],
+            published=row[3],
+            oldest_pending_age_s=age,
+            tombstones=row[5],
+        )
+
+    async def tombstone(self, *, older_than_ms: int, limit: int) -> int:
+        """See :meth:`OutboxStore.tombstone`."""
+        return await self._execute(self._sql.tombstone, check_age(older_than_ms, limit))
+
+    async def prune(self, *, older_than_ms: int, limit: int) -> int:
+        """See :meth:`OutboxStore.prune`."""
+        return await self._execute(self._sql.prune, check_age(older_than_ms, limit))

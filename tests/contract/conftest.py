@@ -1,0 +1,63 @@
+"""Contract suites: one set of tests per port, run against every implementation.
+
+Each suite is parametrized by a fixture whose parameters name the implementation (``memory``,
+``postgres``, ``postgres-upgraded-from-0.1.0``). The hook below marks every test by the
+implementations it runs on, so ``pytest tests/contract -m "not postgres"`` (or ``-k memory``)
+runs the in-memory halves with no server, and ``-m postgres`` only the database halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.contract._lease import BACKENDS, Backend, memory_backend, postgres_backend
+from tests.contract._outbox import STORES, StoreBackend, memory_store, postgres_store
+
+HERE = Path(__file__).parent
+
+# The fixtures whose parameter names the implementation under test.
+IMPLEMENTATION_FIXTURES = ("backend", "store")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each contract test ``memory`` or ``postgres`` by the implementation it runs on."""
+    del config
+    for item in items:
+        if not item.path.is_relative_to(HERE):
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or not any(n in callspec.params for n in IMPLEMENTATION_FIXTURES):
+            # A test with no implementation parameter: it uses a server if it asks for one.
+            if "pg_dsn" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.postgres)
+            continue
+        params = callspec.params
+        implementations = [str(params[n]) for n in IMPLEMENTATION_FIXTURES if n in params]
+        if any(value.startswith("postgres") for value in implementations):
+            item.add_marker(pytest.mark.postgres)
+        elif "memory" in implementations:
+            item.add_marker(pytest.mark.memory)
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """Each implementation of the lease port in turn (the database ones need ``pg_dsn``)."""
+    if request.param == "memory":
+        yield await memory_backend()
+        return
+    dsn: str = request.getfixturevalue("pg_dsn")
+    async for value in postgres_backend(dsn, upgraded=request.param != "postgres"):
+        yield value
+
+
+@pytest.fixture(params=STORES)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
+    """Each implementation of the outbox store port in turn (PostgreSQL needs ``pg_dsn``)."""
+    if request.param == "memory":
+        yield await memory_store()
+        return
+    async for value in postgres_store(request.getfixturevalue("pg_dsn")):
+        yield value
