@@ -18,7 +18,8 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   └── ReadOnlyJobRecordError              (RuntimeError; sdcore.sqlalchemy)
     ├── SchedulingError                         sdcore.scheduling
     │   ├── InvalidScheduleError                (ValueError)
-    │   └── ScheduleNotFoundError               (KeyError)
+    │   ├── ScheduleNotFoundError               (KeyError)
+    │   └── ScheduleControlError                (ValueError; the control plane)
     ├── EventError                              sdcore.events
     │   ├── InvalidEventNameError               (ValueError)
     │   ├── InvalidListenerError                (TypeError)
@@ -36,6 +37,7 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   ├── JobRejectedError                    (RuntimeError)
     │   └── InvalidProcessorError               (ValueError)
     ├── InvalidIdentifierError                  (ValueError; sdcore.postgres)
+    ├── DatabaseConnectError                    (ConnectionError; sdcore.postgres: .reason)
     ├── MigrationError                          (RuntimeError; sdcore.postgres)
     ├── JsonValueError / JsonTypeError          (ValueError / TypeError; job data, payloads)
     ├── EmbeddedUnavailableError                (RuntimeError; sdcore.demo)

@@ -16,6 +16,8 @@ JOB_SCHEDULER = [
     "DEFAULT_LEASE_MS",
     "LEASE_CLOCK_MARGIN",
     "LEASE_SLACK_MS",
+    "MAX_BACKOFF_MS",
+    "AttemptBudget",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
@@ -43,9 +45,12 @@ JOB_SCHEDULER = [
     "ReleasedRun",
     "RunExclusiveResult",
     "RunRecord",
+    "TickRecord",
     "bullmq_job_id",
     "idempotency_key",
+    "js_trim",
     "lock_key",
+    "resolve_timing",
 ]
 
 

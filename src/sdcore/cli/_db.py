@@ -28,15 +28,17 @@ from sdcore.job_scheduler import (
     LeaseAdmin,
 )
 from sdcore.postgres import (
+    DEFAULT_TABLES,
     SCHEMA_LOCK_ID,
+    Component,
     MigrationStatus,
+    full_sql,
     migrate,
     migration_scripts,
     migration_status,
     redact_dsn,
     redact_text,
 )
-from sdcore.postgres._migrations import DEFAULT_TABLES, Component, full_sql
 
 APPLICATION_NAME = "sdcore-cli"
 _UNDEFINED_TABLE = pg_errors.UndefinedTable.sqlstate

@@ -15,6 +15,7 @@ from sdcore.job_scheduler._admin import (
     ReleasedRun,
     RunRecord,
 )
+from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget, TickRecord
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
@@ -40,7 +41,9 @@ from sdcore.job_scheduler._options import (
     JobAcquireOptions,
     bullmq_job_id,
     idempotency_key,
+    js_trim,
     lock_key,
+    resolve_timing,
 )
 from sdcore.job_scheduler._service import JobSchedulerDatabaseError, JobSchedulerService
 
@@ -49,6 +52,8 @@ __all__ = [
     "DEFAULT_LEASE_MS",
     "LEASE_CLOCK_MARGIN",
     "LEASE_SLACK_MS",
+    "MAX_BACKOFF_MS",
+    "AttemptBudget",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
     "InvalidJobIdentityOptionsError",
@@ -76,7 +81,10 @@ __all__ = [
     "ReleasedRun",
     "RunExclusiveResult",
     "RunRecord",
+    "TickRecord",
     "bullmq_job_id",
     "idempotency_key",
+    "js_trim",
     "lock_key",
+    "resolve_timing",
 ]

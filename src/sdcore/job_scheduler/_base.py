@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast, overload
 
+from sdcore._internal.errors import error_text
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
 from sdcore.job_scheduler._model import (
     LEASE_SLACK_MS,
@@ -29,22 +30,7 @@ from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 T = TypeVar("T")
 
 RELEASED_DATA: Mapping[str, Any] = {"released": True}
-MAX_ERROR_TEXT = 4096
 SLACK = LEASE_SLACK_MS / 1000
-
-
-def error_text(exc: BaseException) -> str:
-    """Return a bounded, jsonb-safe text of an exception (type and message)."""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        message = "<unprintable message>"
-    text = f"{type(exc).__qualname__}: {message}" if message else type(exc).__qualname__
-    text = text.replace("\x00", "\\x00")
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > MAX_ERROR_TEXT:
-        text = text[: MAX_ERROR_TEXT - 1] + "…"
-    return text
 
 
 async def _settle(aw: Awaitable[T]) -> tuple[T, bool]:

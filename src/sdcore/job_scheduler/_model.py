@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from sdcore.exceptions import SdcoreError
+
 T = TypeVar("T")
 
 DEFAULT_LEASE_MS: int = 900_000
@@ -56,7 +58,7 @@ class JobSchedulerType(enum.StrEnum):
     SCHEDULE = "SCHEDULE"
 
 
-class JobSchedulerError(Exception):
+class JobSchedulerError(SdcoreError):
     """Base class of every error raised by :mod:`sdcore.job_scheduler`."""
 
 

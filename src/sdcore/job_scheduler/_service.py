@@ -17,6 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.identifiers import qualified
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, TickStatements
 from sdcore.job_scheduler._base import SLACK, BaseJobScheduler
@@ -36,11 +37,16 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
-from sdcore.postgres import migrate, schema_sql
-from sdcore.postgres._connections import HeldConnections
-from sdcore.postgres._dsn import redact_text
-from sdcore.postgres._pool import DatabaseConnectError, PoolSettings, create_pool, open_pool
-from sdcore.postgres._schema import qualified
+from sdcore.postgres import (
+    DatabaseConnectError,
+    HeldConnections,
+    PoolSettings,
+    create_pool,
+    migrate,
+    open_pool,
+    redact_text,
+    schema_sql,
+)
 
 _NOT_ACQUIRED = JobNotAcquired()
 _STATUS = {member.value: member for member in JobSchedulerStatus}

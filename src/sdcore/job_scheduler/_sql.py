@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from sdcore.postgres._schema import derived_name
+from sdcore.postgres import derived_name
 
 COLUMNS = (
     "id::text, lock_key, idempotency_key, code, name, type, run_key, status, "

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.identifiers import qualified
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease
 from sdcore.outbox._model import (
@@ -27,7 +28,6 @@ from sdcore.outbox._model import (
 )
 from sdcore.outbox._sql import OutboxStatements
 from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
-from sdcore.postgres._schema import qualified
 
 if TYPE_CHECKING:
     from sdcore.job_scheduler import JobSchedulerService

@@ -1,8 +1,11 @@
 """PostgreSQL plumbing shared by every sdcore feature: migrations, DSNs, pools, connections."""
 
+from sdcore.postgres._connections import HeldConnections
 from sdcore.postgres._dsn import redact_dsn, redact_text
 from sdcore.postgres._migrations import (
+    DEFAULT_TABLES,
     AppliedMigration,
+    Component,
     Migration,
     MigrationError,
     MigrationStatus,
@@ -31,10 +34,13 @@ from sdcore.postgres._schema import (
 )
 
 __all__ = [
+    "DEFAULT_TABLES",
     "POOLER_SQLSTATES",
     "SCHEMA_LOCK_ID",
     "AppliedMigration",
+    "Component",
     "DatabaseConnectError",
+    "HeldConnections",
     "InvalidIdentifierError",
     "Migration",
     "MigrationError",

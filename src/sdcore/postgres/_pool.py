@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff, BasePool
 
+from sdcore.exceptions import SdcoreError
 from sdcore.postgres._dsn import redact_dsn, redact_text
 
 # Refusals no retry can cure (libpq reports no SQLSTATE for them, only the server's text).
@@ -37,7 +38,7 @@ _PERMANENT = re.compile(
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
-class DatabaseConnectError(ConnectionError):
+class DatabaseConnectError(SdcoreError, ConnectionError):
     """No connection to the database could be opened.
 
     Attributes:

@@ -17,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sdcore.job_scheduler import BaseJobScheduler, JobAcquireOptions, JobSchedulerStatus
-from sdcore.job_scheduler._attempts import TickRecord
+from sdcore.job_scheduler import (
+    BaseJobScheduler,
+    JobAcquireOptions,
+    JobSchedulerStatus,
+    TickRecord,
+)
 from sdcore.scheduling._policy import CatchUp
 from sdcore.scheduling._triggers import Trigger, expected_instants
 

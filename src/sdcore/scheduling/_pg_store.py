@@ -17,10 +17,10 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.identifiers import qualified
 from sdcore._internal.sql import queries
 from sdcore.job_scheduler import JobScheduler
 from sdcore.postgres import derived_name, migrate
-from sdcore.postgres._schema import qualified
 from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,

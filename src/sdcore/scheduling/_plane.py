@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus
-from sdcore.job_scheduler._attempts import TickRecord
-from sdcore.job_scheduler._base import error_text
+from sdcore._internal.errors import error_text
+from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, TickRecord
 from sdcore.scheduling._catch_up import MAX_CATCH_UP, MAX_RANGE_TICKS, latest_instants, lock_key
 from sdcore.scheduling._control import (
     BACKFILL_PREFIX,

@@ -14,11 +14,13 @@ from typing import Any, Literal, TypedDict
 
 from sdcore.job_scheduler import (
     DEFAULT_HEARTBEAT_MS,
+    MAX_BACKOFF_MS,
+    AttemptBudget,
     InvalidJobIdentityOptionsError,
     JobAcquireOptions,
+    js_trim,
+    resolve_timing,
 )
-from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget
-from sdcore.job_scheduler._options import js_trim, resolve_timing
 from sdcore.scheduling._cron import InvalidScheduleError, SchedulingError
 from sdcore.scheduling._triggers import ScheduleKind
 
