@@ -152,6 +152,7 @@ def test_db_upgrade_creates_the_table_then_is_idempotent(cli: Cli, pg_dsn: str) 
         'created table "job_scheduler" with 4 indexes',
         'applied lease migration 0001_initial to "job_scheduler"',
         'applied lease migration 0002_owner to "job_scheduler"',
+        'applied lease migration 0003_tick_attempts to "job_scheduler"',
     ]
 
     second = cli("--database-url", pg_dsn, "db", "upgrade")
@@ -171,6 +172,7 @@ def test_db_upgrade_in_a_schema_then_list(cli: Cli, pg_dsn: str) -> None:
     assert result.lines[2:] == [
         'applied lease migration 0001_initial to "ops"."leases"',
         'applied lease migration 0002_owner to "ops"."leases"',
+        'applied lease migration 0003_tick_attempts to "ops"."leases"',
     ]
     listed = cli(*names, "jobs", "list")
     assert (listed.code, listed.out) == (0, "no jobs found\n")
