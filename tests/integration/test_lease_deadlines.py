@@ -456,3 +456,19 @@ async def test_the_service_never_holds_the_last_connection_of_its_pool(pg_dsn: s
         # The service holds its one lease connection; the handler gets the pool's other one.
         outcome = await svc.run_exclusive({"code": "pool", "run_key": "r"}, work)
         assert outcome.result == 1
+
+
+async def test_the_owner_lease_migration_runs_again_without_moving_the_sequence_back(
+    jobs: JobSchedulerService, pg_dsn: str
+) -> None:
+    """lease/0002 applied a second time (as after `sdcore db sql` by hand) changes nothing."""
+    from sdcore.postgres import migrations
+
+    (owner,) = [m for m in migrations("lease") if m.version == 2]
+    first = await jobs.acquire({"code": "again", "run_key": "r", "lease_ms": 60_000})
+    assert isinstance(first, JobAcquired)
+    await _sql(pg_dsn, "DELETE FROM job_scheduler")  # the sequence is now ahead of every row
+    await _sql(pg_dsn, owner.render(table="job_scheduler"))
+    second = await jobs.acquire({"code": "again", "run_key": "r", "lease_ms": 60_000})
+    assert isinstance(second, JobAcquired)
+    assert second.fencing_token > first.fencing_token
