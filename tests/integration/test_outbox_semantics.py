@@ -805,3 +805,43 @@ async def test_sqlalchemy_sessions_get_the_same_conflict_rules(
     rows = await _rows(pool)
     assert [r[0] for r in rows] == ["k"]
     assert rows[0][3] == job_id_v2(f"{_dbname(pg_dsn)}.public.outbox", "k")
+
+
+async def test_a_row_written_by_hand_with_a_bad_queue_or_job_id_is_never_published(
+    pg_dsn: str,
+) -> None:
+    """Security review: the relay re-validates rows it did not write (queue name, job id)."""
+    from sdcore.outbox import OutboxRelay, OutboxStatus
+    from sdcore.testing import RecordingPublisher
+
+    outbox = Outbox(max_attempts=1)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await outbox.ensure_schema(conn)
+        async with conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="good", queue="mail", name="send", payload={"n": 1}
+            )
+        for key, queue, job_id in (
+            ("bad-queue", "mail:evil", "sd2-" + "a" * 64),
+            ("bad-id", "mail", "1:2:3"),
+        ):
+            await conn.execute(
+                "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, max_attempts,"
+                " message_digest) VALUES (%s, %s, 'send', %s, '{}', 1, '\\x00')",
+                (key, queue, job_id),
+            )
+        publisher = RecordingPublisher()
+        pool = AsyncConnectionPool(pg_dsn, kwargs={"autocommit": True}, open=False)
+        async with pool:
+            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            assert await relay.run_once() == 3
+        assert [m.idempotency_key for m in publisher.publishes] == ["good"]
+        cur = await conn.execute(
+            "SELECT idempotency_key, status, last_error FROM outbox ORDER BY id"
+        )
+        rows = {key: (status, error) for key, status, error in await cur.fetchall()}
+    assert rows["good"][0] == OutboxStatus.PUBLISHED.value
+    assert rows["bad-queue"][0] == OutboxStatus.DEAD.value
+    assert "queue" in rows["bad-queue"][1]
+    assert rows["bad-id"][0] == OutboxStatus.DEAD.value
+    assert "job_id" in rows["bad-id"][1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +19,14 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
 from sdcore.outbox._listen import Notifications
-from sdcore.outbox._model import OutboxMessage, OutboxStatus, Publisher, PublisherUnavailableError
+from sdcore.outbox._model import (
+    InvalidOutboxMessageError,
+    OutboxMessage,
+    OutboxStatus,
+    Publisher,
+    PublisherUnavailableError,
+    check_identity,
+)
 from sdcore.outbox._outbox import Outbox
 from sdcore.outbox._store import (
     MAX_ERROR_LENGTH,
@@ -231,18 +239,24 @@ class OutboxRelay:
         messages = await self.store.claim(limit=self._batch, claim_ms=self._claim_ms, token=token)
         if not messages:
             return 0
+        # A row written straight into the table (not through enqueue_once) is checked again
+        # here: a bad queue name or job id fails like a poison message and ends DEAD.
+        invalid = {m.id: problem for m in messages if (problem := _invalid(m)) is not None}
+        valid = [m for m in messages if m.id not in invalid]
         try:
-            results = list(await self._publisher.publish(messages))
+            published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
-            results = [exc] * len(messages)
-        if len(results) != len(messages):
+            published = [exc] * len(valid)
+        if len(published) != len(valid):
             error = RuntimeError("publisher returned the wrong number of results")
-            results = [error] * len(messages)
+            published = [error] * len(valid)
+        outcome = dict(zip((m.id for m in valid), published, strict=True))
+        results = [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
         await self._record(messages, results, token)
         return len(messages)
 
@@ -389,3 +403,19 @@ class OutboxRelay:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._stop_event.wait()
+
+
+_JOB_ID = re.compile(r"sd2?-[0-9a-f]{64}")
+
+
+def _invalid(message: OutboxMessage) -> InvalidOutboxMessageError | None:
+    """Why a claimed row must not be published, or ``None`` when it may."""
+    try:
+        check_identity(message.idempotency_key, message.queue, message.name)
+    except InvalidOutboxMessageError as exc:
+        return exc
+    if not isinstance(message.job_id, str) or _JOB_ID.fullmatch(message.job_id) is None:
+        return InvalidOutboxMessageError(
+            "job_id", "not an id sdcore writes (sd- or sd2- and 64 hex digits); row edited by hand?"
+        )
+    return None
