@@ -71,11 +71,16 @@ def substitute(statement: bytes | str, names: Sequence[str]) -> str:
 
 
 def run_pgbench(
-    dsn: str, script: Path, clients: int, seconds: int, defines: dict[str, str]
+    dsn: str,
+    script: Path,
+    clients: int,
+    seconds: int,
+    defines: dict[str, str],
+    threads: int | None = None,
 ) -> float:
     """Run ``pgbench -M prepared`` with ``script``; return its transactions per second."""
     command = [
-        "pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+        "pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads or clients),
         "-T", str(seconds), "-f", str(script),
     ]  # fmt: skip
     for name, value in defines.items():

@@ -56,7 +56,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import statistics
 import subprocess
@@ -70,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from _harness import run_pgbench as harness_pgbench
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -302,7 +302,6 @@ def worker_main(clients: int, seconds: float, slice_seconds: float, keys: str) -
 # --------------------------------------------------------------------------- pgbench
 
 _PGBENCH_OWNER = "8c1f9a52-3d4e-4b6a-9f0e-2a7b5c9d1e30"  # owner_token is not unique: one will do
-_TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 
 
 def _substitute(statement: bytes, names: Sequence[str]) -> str:
@@ -347,23 +346,15 @@ def pgbench_script() -> str:
 
 def run_pgbench(dsn: str, script: Path, clients: int, seconds: int) -> float:
     """Run pgbench with the lease script; return its transactions (= cycles) per second."""
-    command = [
-        "pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-        "-T", str(seconds), "-f", str(script),
-        "-D", "p_n=0", "-D", "p_code=bench", "-D", "p_type=SCHEDULE",
-        "-D", f"p_token={_PGBENCH_OWNER}", "-D", f"p_lease_ms={LEASE_MS}", "-D", "p_status=SUCCESS",
-    ]  # fmt: skip
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    env = dict(os.environ)
-    if "password" in params:
-        env["PGPASSWORD"] = params.pop("password")
-    done = subprocess.run(
-        [*command, make_conninfo(**params)], capture_output=True, text=True, env=env, check=False
-    )
-    match = _TPS.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"pgbench failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return float(match.group(1))
+    defines = {
+        "p_n": "0",
+        "p_code": "bench",
+        "p_type": "SCHEDULE",
+        "p_token": _PGBENCH_OWNER,
+        "p_lease_ms": str(LEASE_MS),
+        "p_status": "SUCCESS",
+    }
+    return harness_pgbench(dsn, script, clients, seconds, defines)
 
 
 # --------------------------------------------------------------------------- orchestration

@@ -98,7 +98,6 @@ import re
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -109,6 +108,7 @@ from typing import Any
 
 import psycopg
 import redis
+from _harness import run_pgbench as harness_pgbench
 from bullmq import Queue  # type: ignore[import-untyped]
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -542,7 +542,6 @@ async def _enqueue_round(
 
 # ------------------------------------------------------------------ NOTIFY under concurrency
 
-_TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 PGBENCH_SCRIPTS = ("plain", "+enqueue_sql", "+sql_no_notify")
 
 
@@ -599,26 +598,18 @@ def pgbench_scripts(outbox: Outbox) -> dict[str, str]:
 
 def run_pgbench(dsn: str, script: Path, clients: int, seconds: int, outbox: Outbox) -> float:
     """Run pgbench with one script; return its transactions per second."""
-    command = [
-        "pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 4)),
-        "-T", str(seconds), "-f", str(script),
-        "-D", "p_customer=customer-1", "-D", "p_amount=19.90", "-D", "p_queue=orders",
-        "-D", f"p_name={JOB_NAME}", "-D", f"p_payload={json.dumps(_payload(1))}",
-        "-D", f"p_options={json.dumps(_keep())}", "-D", f"p_max={outbox.max_attempts}",
-        "-D", f"p_channel={outbox.channel}",
-        "-D", f"p_target={sql.Identifier(outbox.table).as_string(None)}",
-    ]  # fmt: skip
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    env = dict(os.environ)
-    if "password" in params:
-        env["PGPASSWORD"] = params.pop("password")
-    done = subprocess.run(
-        [*command, make_conninfo(**params)], capture_output=True, text=True, env=env, check=False
-    )
-    match = _TPS.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"pgbench failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return float(match.group(1))
+    defines = {
+        "p_customer": "customer-1",
+        "p_amount": "19.90",
+        "p_queue": "orders",
+        "p_name": JOB_NAME,
+        "p_payload": json.dumps(_payload(1)),
+        "p_options": json.dumps(_keep()),
+        "p_max": str(outbox.max_attempts),
+        "p_channel": outbox.channel,
+        "p_target": sql.Identifier(outbox.table).as_string(None),
+    }
+    return harness_pgbench(dsn, script, clients, seconds, defines, threads=min(clients, 4))
 
 
 async def _pgbench_round(
