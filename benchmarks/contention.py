@@ -108,7 +108,7 @@ async def _measure(dsn: str, replicas: int, ticks: int) -> tuple[Result, Result]
     sdcore, floor = Result(), Result()
     try:
         for _ in range(replicas):
-            cm = JobSchedulerService.connect(dsn, min_size=1, max_size=1)
+            cm = JobSchedulerService.connect(dsn, min_size=1, max_size=2)
             services.append((cm, await cm.__aenter__()))
             conns.append(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
         live = [s for _, s in services]
