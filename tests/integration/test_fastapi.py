@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from sdcore.events import EventBus
@@ -30,7 +30,7 @@ REDIS = "redis://127.0.0.1:6379/0"
 def _app(sd: Sdcore) -> FastAPI:
     app = FastAPI(lifespan=sd.lifespan)
     install(app, sd)
-    app.include_router(health_router())
+    app.include_router(health_router(details=True))
 
     @app.get("/deps")
     async def deps(
@@ -172,3 +172,27 @@ def test_configuration_errors() -> None:
         Sdcore(database_url="")
     with pytest.raises(ValueError, match="redis_url"):
         Sdcore(database_url="postgresql://x/y", processors=[object()])  # type: ignore[list-item]
+
+
+def test_health_details_only_for_whom_the_gate_lets_through(pg_dsn: str) -> None:
+    """Security review: anonymous /health showed internal hosts, ports and exception text."""
+    sd = Sdcore(database_url=pg_dsn)
+    app = FastAPI(lifespan=sd.lifespan)
+    install(app, sd)
+    app.include_router(health_router())
+    secret = "operator-token"
+
+    async def operator(request: Request) -> bool:
+        return request.headers.get("authorization") == f"Bearer {secret}"
+
+    app.include_router(health_router(path="/health/full", details=operator))
+    with TestClient(app) as client:
+        anonymous = client.get("/health").json()
+        assert anonymous == {
+            "status": "ok",
+            "database": {"ok": True},
+            "redis": {"ok": True},
+        }
+        assert "detail" not in client.get("/health/full").json()["database"]
+        full = client.get("/health/full", headers={"authorization": f"Bearer {secret}"}).json()
+        assert full["database"] == {"ok": True, "detail": "reachable"}

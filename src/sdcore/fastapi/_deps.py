@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Annotated, Any
 
@@ -56,20 +58,43 @@ OutboxDep = Annotated[Outbox, Depends(get_outbox)]
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
 
 
-def health_router(*, path: str = "/health", tags: list[str | Enum] | None = None) -> APIRouter:
+DetailGate = Callable[[Request], bool | Awaitable[bool]]
+
+
+def health_router(
+    *,
+    path: str = "/health",
+    tags: list[str | Enum] | None = None,
+    details: bool | DetailGate = False,
+) -> APIRouter:
     """Return a router with ``GET {path}``: database, Redis and relay state.
 
     200 with ``{"status": "ok", ...}`` when every component is fine, 503 with
-    ``{"status": "degraded", ...}`` otherwise. Passwords never appear.
+    ``{"status": "degraded", ...}`` otherwise — each component as ``{"ok": bool}``. The
+    components' ``detail`` texts (hosts, ports, error messages) are added only when ``details``
+    says so: ``True`` for everyone (an internal-only port), or a function of the request (sync or
+    async) that returns ``True`` for an authenticated operator. Passwords never appear.
+
+    Args:
+        path: The route.
+        tags: OpenAPI tags.
+        details: Who may see the detail texts (default: nobody).
     """
     router = APIRouter(tags=list(tags or ["health"]))
 
     @router.get(path, summary="Database, Redis and outbox relay state")
-    async def health(sdcore: SdcoreDep) -> JSONResponse:
+    async def health(request: Request, sdcore: SdcoreDep) -> JSONResponse:
         report = await sdcore.health()
         ok = all(component.ok for component in report.values())
+        show = details if isinstance(details, bool) else details(request)
+        if inspect.isawaitable(show):
+            show = await show
         body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
-        body.update({name: {"ok": c.ok, "detail": c.detail} for name, c in report.items()})
+        for name, component in report.items():
+            shown: dict[str, Any] = {"ok": component.ok}
+            if show is True:
+                shown["detail"] = component.detail
+            body[name] = shown
         return JSONResponse(body, status_code=200 if ok else 503)
 
     return router
