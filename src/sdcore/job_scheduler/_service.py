@@ -631,10 +631,15 @@ class JobSchedulerService(BaseJobScheduler):
         keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
+        rows = await self._fetch_all(self._sql.statuses, (keys,))
+        return {key: _STATUS[status] for key, status in rows}
+
+    async def _fetch_all(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Run a read on a held connection; a driver error becomes the service's error."""
         conn = await self._held.get()
         try:
-            cur = await conn.execute(self._sql.statuses, (keys,))
-            rows = await cur.fetchall()
+            cur = await conn.execute(query, params)
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
         except psycopg.Error as exc:
             await self._held.put(conn, broken=conn.broken)
             raise self._wrap(exc) from exc
@@ -642,7 +647,7 @@ class JobSchedulerService(BaseJobScheduler):
             await self._held.put(conn, broken=conn.broken)
             raise
         await self._held.put(conn)
-        return {key: _STATUS[status] for key, status in rows}
+        return rows
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """Bump ``modified_at`` by the database clock if ``lease`` is the current RUNNING owner.
@@ -874,17 +879,7 @@ class JobSchedulerService(BaseJobScheduler):
         keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
-        conn = await self._held.get()
-        try:
-            cur = await conn.execute(self._tick_sql.tick_records, (keys,))
-            rows = await cur.fetchall()
-        except psycopg.Error as exc:
-            await self._held.put(conn, broken=conn.broken)
-            raise self._wrap(exc) from exc
-        except BaseException:
-            await self._held.put(conn, broken=conn.broken)
-            raise
-        await self._held.put(conn)
+        rows = await self._fetch_all(self._tick_sql.tick_records, (keys,))
         return {
             key: TickRecord(
                 status=_STATUS[status],
