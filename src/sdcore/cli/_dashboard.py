@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+import signal
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sdcore.cli._db import CliError, resolve_dsn
@@ -37,6 +39,31 @@ def _name(field: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def _server(base: type[Any]) -> type[Any]:
+    class Server(base):  # type: ignore[misc]  # uvicorn.Server, imported lazily
+        """uvicorn's server, stopped by SIGTERM/SIGINT through the loop (exit status 0).
+
+        uvicorn re-raises the signal after its graceful shutdown, which would end the CLI with
+        status -15 instead of printing its last line and exiting 0 like ``sdcore relay``.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+        def stop(self) -> None:
+            self.should_exit = True
+
+    return Server
 
 
 def register(
@@ -130,7 +157,7 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
             config = uvicorn.Config(
                 app, host=args.host, port=args.port, log_level="warning", proxy_headers=False
             )
-            await uvicorn.Server(config).serve()
+            await _server(uvicorn.Server)(config).serve()
         emit("dashboard stopped")
 
     asyncio.run(serve())

@@ -84,12 +84,13 @@ ORDER BY started_at DESC, id DESC LIMIT %(limit)s
 -- name: lease_details
 -- What LeaseAdmin does not show of RUNNING rows: the lease length each owner asked for, and the
 -- owner (host:pid) from the run history of schedule ticks (the owner token itself never leaves
--- the database).
+-- the database). An INITIAL lease has no run key; its history rows say 'initial'.
 SELECT j.id::text, j.lease_ms, o.host, o.pid
 FROM {lease} AS j
 LEFT JOIN LATERAL (
     SELECT r.host, r.pid FROM {runs} AS r
-    WHERE r.schedule = j.code AND r.run_key = j.run_key AND r.fencing_token = j.fencing_token
+    WHERE r.schedule = j.code AND r.run_key = coalesce(j.run_key, 'initial')
+      AND r.fencing_token = j.fencing_token
     ORDER BY r.started_at DESC LIMIT 1
 ) AS o ON true
 WHERE j.id = ANY(%(ids)s::uuid[])
