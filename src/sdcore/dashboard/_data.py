@@ -7,13 +7,15 @@ Missed ticks: a schedule's expected ticks come from its trigger (a never-started
 :class:`~sdcore.scheduling.Scheduler` used as a calendar, so cron semantics are the scheduler's
 own), its ticks that ran from the run history, both per hour. A tick is *missed* when it was due
 more than :data:`GRACE` ago, after the schedule was created, and has no successful or running
-run. Expected counts of a finished hour never change and are cached per expression and zone, so
-10,000 schedules sharing a few expressions cost a few calendar walks per hour.
+run. An hour's instants never change and are cached per expression and zone (see
+:class:`Calendar`), so 10,000 schedules sharing a few expressions cost a few calendar walks per
+hour.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ BUCKET = timedelta(hours=1)
 GRACE = timedelta(minutes=1)
 PAGE_SIZE = 50
 MAX_ROWS = 200
-CACHE_SIZE = 50_000
+CACHE_SIZE = 5_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -48,6 +50,8 @@ class Bucket:
     ok: int
     running: int
     failed: int
+    label: str = ""
+    """The hour as ``HH:MM`` (UTC)."""
 
     @property
     def missed(self) -> int:
@@ -129,21 +133,26 @@ def _bucket_starts(now: datetime) -> list[datetime]:
 
 
 class Calendar:
-    """Expected ticks per hour, per (kind, expression, zone), from a never-started Scheduler."""
+    """Expected ticks per hour, per (kind, expression, zone), from a never-started Scheduler.
+
+    Each hour's cron instants are computed once and kept (as POSIX seconds) for the counts of
+    that hour, whole or in part (the current hour, an hour cut by a schedule's creation), so a
+    page of 50 schedules sharing a dozen expressions walks no calendar after the first visit.
+    Interval schedules fire on a grid since the epoch: their counts are arithmetic.
+    """
 
     def __init__(self) -> None:
         self._scheduler = Scheduler()
         self._names: dict[tuple[str, str], str | None] = {}
-        self._counts: OrderedDict[tuple[str, str, str, datetime, datetime], int] = OrderedDict()
+        self._hours: OrderedDict[tuple[str, str, datetime], list[float]] = OrderedDict()
+        self._next: dict[tuple[str, str], datetime | None] = {}
 
     def _entry(self, expression: str, zone: str) -> str | None:
         key = (expression, zone)
         if key not in self._names:
             name = f"calendar-{len(self._names)}"
             try:
-                self._scheduler.add_cron(
-                    name, expression, _noop, time_zone=zone, exclusive=False
-                )
+                self._scheduler.add_cron(name, expression, _noop, time_zone=zone, exclusive=False)
             except InvalidScheduleError:
                 self._names[key] = None
             else:
@@ -160,11 +169,36 @@ class Calendar:
             return EPOCH + (elapsed // every + 1) * every * timedelta(milliseconds=1)
         if kind != "cron":
             return None
+        key = (expression, zone)
+        upcoming = self._next.get(key)
+        if upcoming is not None and upcoming > datetime.now(UTC):
+            return upcoming
         name = self._entry(expression, zone)
-        return None if name is None else self._scheduler.get(name).next_fire_at
+        upcoming = None if name is None else self._scheduler.get(name).next_fire_at
+        if len(self._next) > CACHE_SIZE:
+            self._next.clear()
+        self._next[key] = upcoming
+        return upcoming
 
-    def expected(self, kind: str, expression: str, zone: str, low: datetime, high: datetime) -> int:
-        """How many ticks fall in ``[low, high)``."""
+    def _hour(self, expression: str, zone: str, start: datetime) -> list[float]:
+        key = (expression, zone, start)
+        found = self._hours.get(key)
+        if found is not None:
+            self._hours.move_to_end(key)
+            return found
+        name = self._entry(expression, zone)
+        end = start + BUCKET
+        instants = [] if name is None else self._scheduler.expected_ticks(name, start, end)
+        found = [t.timestamp() for t in instants]
+        self._hours[key] = found
+        if len(self._hours) > CACHE_SIZE:
+            self._hours.popitem(last=False)
+        return found
+
+    def expected(
+        self, kind: str, expression: str, zone: str, bucket: datetime, low: datetime, high: datetime
+    ) -> int:
+        """How many ticks fall in ``[low, high)``, a part of the hour starting at ``bucket``."""
         if high <= low:
             return 0
         if kind == "interval":
@@ -176,17 +210,8 @@ class Calendar:
             return -(-((high - EPOCH) // ms) // every) + ((low - EPOCH) // ms) // -every
         if kind != "cron":
             return 0
-        key = (kind, expression, zone, low, high)
-        found = self._counts.get(key)
-        if found is not None:
-            self._counts.move_to_end(key)
-            return found
-        name = self._entry(expression, zone)
-        count = 0 if name is None else len(self._scheduler.expected_ticks(name, low, high))
-        self._counts[key] = count
-        if len(self._counts) > CACHE_SIZE:
-            self._counts.popitem(last=False)
-        return count
+        instants = self._hour(expression, zone, bucket)
+        return bisect_left(instants, high.timestamp()) - bisect_left(instants, low.timestamp())
 
 
 def _noop(_: object) -> None:
@@ -295,6 +320,7 @@ class DashboardData:
     async def _with_timelines(self, found: Sequence[tuple[Any, ...]]) -> list[ScheduleRow]:
         now = datetime.now(UTC)
         starts = _bucket_starts(now)
+        labels = [start.strftime("%H:%M") for start in starts]
         since, until = starts[0], now
         ran: dict[tuple[str, int], tuple[int, int, int]] = {}
         names = [r[0] for r in found if r[2] in ("cron", "interval")]
@@ -317,7 +343,7 @@ class DashboardData:
                     low = max(start, created)
                     high = min(start + BUCKET, now - GRACE)
                     ok, running, failed = ran.get((name, index), (0, 0, 0))
-                    expected = self.calendar.expected(kind, expression, zone, low, high)
+                    expected = self.calendar.expected(kind, expression, zone, start, low, high)
                     buckets.append(
                         Bucket(
                             start=start,
@@ -325,6 +351,7 @@ class DashboardData:
                             ok=ok,
                             running=running,
                             failed=failed,
+                            label=labels[index],
                         )
                     )
                 timeline = tuple(buckets)
