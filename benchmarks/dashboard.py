@@ -157,7 +157,7 @@ def _baselines(pool: AsyncConnectionPool[Any]) -> dict[str, Callable[[], Awaitab
     def listing(query: str | None, offset: int) -> Callable[[], Awaitable[None]]:
         async def page() -> None:
             params = {"query": query, "paused": None, "limit": 50, "offset": offset, **live}
-            rows = (await run(("schedules_page", params), ("schedule_counts", {})))[0]
+            rows = (await run(("schedules_page", params), ("schedule_counts", params)))[0]
             await run(("tick_buckets", {"names": [r[0] for r in rows], **window()}))
 
         return page

@@ -11,7 +11,8 @@ import time_machine
 import sdcore.dashboard
 from sdcore.dashboard import DashboardError
 from sdcore.dashboard._auth import Signer, check_actor, check_token, token_matches
-from sdcore.dashboard._data import Bucket, Calendar
+from sdcore.dashboard._calendar import Calendar
+from sdcore.dashboard._data import Bucket
 from sdcore.dashboard._format import age, timeline
 from sdcore.scheduling import Scheduler
 

@@ -11,34 +11,12 @@ from typing import Any
 
 from sdcore.cli._db import CliError, resolve_dsn
 from sdcore.cli._format import escape
-from sdcore.postgres import check_identifier
+from sdcore.cli._parser import _identifier, _int_in
 
 TOKEN_ENV = "SDCORE_DASHBOARD_TOKEN"  # noqa: S105 - the variable's name, not a secret
 DEFAULT_PORT = 8089
 OPEN_TIMEOUT_S = 10
 Emit = Callable[[str], None]
-
-
-def _port(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text[:6]) <= 65_535:
-        raise argparse.ArgumentTypeError(f"invalid port {text[:20]!r}: expected 1..65535")
-    return int(text)
-
-
-def _refresh(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text[:6]) > 3_600:
-        raise argparse.ArgumentTypeError(f"invalid refresh {text[:20]!r}: expected 0..3600")
-    return int(text)
-
-
-def _name(field: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        try:
-            return check_identifier(field, text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
 
 
 def _server(base: type[Any]) -> type[Any]:
@@ -84,18 +62,21 @@ def register(
     parser.add_argument("--queue-prefix", default="bull", help="BullMQ key prefix (default: bull)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
-        "--port", type=_port, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})"
+        "--port",
+        type=_int_in(1, 65_535),
+        default=DEFAULT_PORT,
+        help=f"port (default: {DEFAULT_PORT})",
     )
     parser.add_argument(
         "--outbox-table",
-        type=_name("outbox table"),
+        type=_identifier("outbox table"),
         default="outbox",
         metavar="NAME",
         help="outbox table name (default: outbox; in --schema)",
     )
     parser.add_argument(
         "--refresh",
-        type=_refresh,
+        type=_int_in(0, 3_600),
         default=10,
         metavar="SECONDS",
         help="browsers refresh the tables this often; 0: never (default: 10)",

@@ -7,16 +7,13 @@ Missed ticks: a schedule's expected ticks come from its trigger (a never-started
 :class:`~sdcore.scheduling.Scheduler` used as a calendar, so cron semantics are the scheduler's
 own), its ticks that ran from the run history, both per hour. A tick is *missed* when it was due
 more than :data:`GRACE` ago, after the schedule was created, and has no successful or running
-run. An hour's instants never change and are cached per expression and zone (see
-:class:`Calendar`), so 10,000 schedules sharing a few expressions cost a few calendar walks per
-hour.
+run. An hour's instants never change and are cached per expression and zone (``_calendar``),
+so 10,000 schedules sharing a few expressions cost a few calendar walks per hour.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,18 +24,16 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.sql import queries
+from sdcore.dashboard._calendar import BUCKET, Calendar
 from sdcore.job_scheduler import JobScheduler, JobSchedulerStatus, LeaseAdmin
 from sdcore.outbox import Outbox, OutboxStats, PostgresOutboxStore
 from sdcore.postgres import derived_name
-from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, Scheduler
+from sdcore.scheduling import PostgresScheduleStore
 
 BUCKETS = 24
-BUCKET = timedelta(hours=1)
 GRACE = timedelta(minutes=1)
 PAGE_SIZE = 50
 MAX_ROWS = 200
-CACHE_SIZE = 5_000
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,11 +47,11 @@ class Bucket:
     failed: int
     label: str = ""
     """The hour as ``HH:MM`` (UTC)."""
+    missed: int = field(init=False)
+    """Expected ticks that neither succeeded nor are running (failed ones included)."""
 
-    @property
-    def missed(self) -> int:
-        """Expected ticks that neither succeeded nor are running (failed ones included)."""
-        return max(0, self.expected - self.ok - self.running)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "missed", max(0, self.expected - self.ok - self.running))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,100 +127,6 @@ def _bucket_starts(now: datetime) -> list[datetime]:
     return [top - (BUCKETS - 1 - i) * BUCKET for i in range(BUCKETS)]
 
 
-class Calendar:
-    """Expected ticks per hour, per (kind, expression, zone), from a never-started Scheduler.
-
-    Each hour's cron instants are computed once and kept (as POSIX seconds) for the counts of
-    that hour, whole or in part (the current hour, an hour cut by a schedule's creation), so a
-    page of 50 schedules sharing a dozen expressions walks no calendar after the first visit.
-    Interval schedules fire on a grid since the epoch: their counts are arithmetic.
-    """
-
-    def __init__(self) -> None:
-        self._scheduler = Scheduler()
-        self._names: dict[tuple[str, str], str | None] = {}
-        self._hours: OrderedDict[tuple[str, str, datetime], list[float]] = OrderedDict()
-        self._next: dict[tuple[str, str], datetime | None] = {}
-
-    def _entry(self, expression: str, zone: str) -> str | None:
-        key = (expression, zone)
-        if key not in self._names:
-            name = f"calendar-{len(self._names)}"
-            try:
-                self._scheduler.add_cron(name, expression, _noop, time_zone=zone, exclusive=False)
-            except InvalidScheduleError:
-                self._names[key] = None
-            else:
-                self._names[key] = name
-        return self._names[key]
-
-    def next_fire(self, kind: str, expression: str, zone: str) -> datetime | None:
-        """The next fire instant after now (``None``: not a cron/interval schedule)."""
-        if kind == "interval":
-            every = _every_ms(expression)
-            if every is None:
-                return None
-            elapsed = (datetime.now(UTC) - EPOCH) // timedelta(milliseconds=1)
-            return EPOCH + (elapsed // every + 1) * every * timedelta(milliseconds=1)
-        if kind != "cron":
-            return None
-        key = (expression, zone)
-        upcoming = self._next.get(key)
-        if upcoming is not None and upcoming > datetime.now(UTC):
-            return upcoming
-        name = self._entry(expression, zone)
-        upcoming = None if name is None else self._scheduler.get(name).next_fire_at
-        if len(self._next) > CACHE_SIZE:
-            self._next.clear()
-        self._next[key] = upcoming
-        return upcoming
-
-    def _hour(self, expression: str, zone: str, start: datetime) -> list[float]:
-        key = (expression, zone, start)
-        found = self._hours.get(key)
-        if found is not None:
-            self._hours.move_to_end(key)
-            return found
-        name = self._entry(expression, zone)
-        end = start + BUCKET
-        instants = [] if name is None else self._scheduler.expected_ticks(name, start, end)
-        found = [t.timestamp() for t in instants]
-        self._hours[key] = found
-        if len(self._hours) > CACHE_SIZE:
-            self._hours.popitem(last=False)
-        return found
-
-    def expected(
-        self, kind: str, expression: str, zone: str, bucket: datetime, low: datetime, high: datetime
-    ) -> int:
-        """How many ticks fall in ``[low, high)``, a part of the hour starting at ``bucket``."""
-        if high <= low:
-            return 0
-        if kind == "interval":
-            every = _every_ms(expression)
-            if every is None:
-                return 0
-            ms = timedelta(milliseconds=1)
-            # Grid points k * every (ms since the epoch) with low <= point < high.
-            return -(-((high - EPOCH) // ms) // every) + ((low - EPOCH) // ms) // -every
-        if kind != "cron":
-            return 0
-        instants = self._hour(expression, zone, bucket)
-        return bisect_left(instants, high.timestamp()) - bisect_left(instants, low.timestamp())
-
-
-def _noop(_: object) -> None:
-    return None
-
-
-def _every_ms(expression: str) -> int | None:
-    try:
-        every = int(expression)
-    except ValueError:
-        return None
-    return every if every > 0 else None
-
-
 class DashboardData:
     """The dashboard's reads and writes over one pool.
 
@@ -295,10 +196,9 @@ class DashboardData:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql["schedules_page"], params)
             found = list(await cur.fetchall())
-            cur = await conn.execute(self._sql["schedule_counts"])
+            cur = await conn.execute(self._sql["schedule_counts"], params)
             counts = await cur.fetchone()
-        total, paused_count = (int(counts[0]), int(counts[1])) if counts else (0, 0)
-        matched = int(found[0][11]) if found else 0
+        total, paused_count, matched = (int(n) for n in counts) if counts else (0, 0, 0)
         rows = await self._with_timelines(found)
         return SchedulePage(
             rows=rows,
@@ -333,17 +233,20 @@ class DashboardData:
             }
             for name, index, ok, running, failed in await self._all("tick_buckets", params):
                 ran[(name, int(index))] = (int(ok), int(running), int(failed))
+        # Every bucket ends an hour after it starts, but the current one ends GRACE before now.
+        highs = [min(start + BUCKET, now - GRACE) for start in starts]
+        none = (0, 0, 0)
         rows = []
         for r in found:
             name, kind, expression, zone, paused, created = r[0], r[2], r[3], r[4], r[5], r[10]
             timeline: tuple[Bucket, ...] = ()
             if kind in ("cron", "interval"):
                 buckets = []
+                expected_in = self.calendar.expected
                 for index, start in enumerate(starts):
-                    low = max(start, created)
-                    high = min(start + BUCKET, now - GRACE)
-                    ok, running, failed = ran.get((name, index), (0, 0, 0))
-                    expected = self.calendar.expected(kind, expression, zone, start, low, high)
+                    low = start if created <= start else created
+                    ok, running, failed = ran.get((name, index), none)
+                    expected = expected_in(kind, expression, zone, start, low, highs[index])
                     buckets.append(
                         Bucket(
                             start=start,
@@ -499,7 +402,6 @@ def _glob(text: str) -> str:
 
 __all__ = [
     "Bucket",
-    "Calendar",
     "DashboardData",
     "LeaseRow",
     "QueueRow",

@@ -5,11 +5,11 @@
 -- million runs answer in milliseconds on the existing indexes.
 
 -- name: schedules_page
--- One page of live schedules by name, with the total that matched (for the pager), who declares
--- each one now and its last run. The last run is one probe of runs (schedule, started_at DESC).
+-- One page of live schedules by name (the primary key's order), with who declares each one now
+-- and its last run: one probe of runs (schedule, started_at DESC) per row of the page.
 WITH page AS (
     SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at,
-           s.paused_by, s.paused_reason, s.options, s.created_at, count(*) OVER () AS total
+           s.paused_by, s.paused_reason, s.options, s.created_at
     FROM {schedules} AS s
     WHERE s.removed_at IS NULL
       AND (%(query)s::text IS NULL OR strpos(lower(s.name), lower(%(query)s::text)) > 0)
@@ -18,7 +18,7 @@ WITH page AS (
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT p.name, p.origin, p.kind, p.expression, p.time_zone, p.paused, p.paused_at, p.paused_by,
-       p.paused_reason, p.options, p.created_at, p.total,
+       p.paused_reason, p.options, p.created_at, NULL,
        coalesce(d.replicas, 0), lr.started_at, lr.status, lr.error
 FROM page AS p
 LEFT JOIN LATERAL (
@@ -34,12 +34,17 @@ LEFT JOIN LATERAL (
 ORDER BY p.name
 
 -- name: schedule_counts
--- The headline numbers of the schedules page.
-SELECT count(*), count(*) FILTER (WHERE paused) FROM {schedules} WHERE removed_at IS NULL
+-- The headline numbers and the pager's total, in one scan (a window count(*) OVER () on the page
+-- query would read and sort every matching row before the LIMIT: 11 ms for 10,000 rows).
+SELECT count(*), count(*) FILTER (WHERE paused),
+       count(*) FILTER (
+           WHERE (%(query)s::text IS NULL OR strpos(lower(name), lower(%(query)s::text)) > 0)
+             AND (%(paused)s::boolean IS NULL OR paused = %(paused)s::boolean))
+FROM {schedules} WHERE removed_at IS NULL
 
 -- name: schedule_one
 SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
-       s.paused_reason, s.options, s.created_at, 1::bigint,
+       s.paused_reason, s.options, s.created_at, NULL,
        (SELECT count(*) FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
         WHERE x.schedule = s.name
           AND r.last_seen >= clock_timestamp() - %(live_ms)s::bigint * interval '1 millisecond'),
