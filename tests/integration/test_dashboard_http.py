@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import httpx
@@ -89,6 +90,22 @@ async def test_actions_need_the_token_and_the_csrf_token(pg_dsn: str) -> None:
             r = await alice.post("/schedule/pause", data={"name": NAME, "csrf": token})
             assert r.status_code == 409
             assert "already paused" in r.text
+
+            # A backfill of the last few seconds (UTC, as a datetime-local field sends it).
+            now = datetime.now(UTC).replace(microsecond=0)
+            window = {
+                "name": NAME,
+                "csrf": token,
+                "from": (now - timedelta(seconds=8)).strftime("%Y-%m-%dT%H:%M:%S"),
+                "to": (now - timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+            r = await alice.post("/schedule/backfill", data={**window, "from": "yesterday"})
+            assert r.status_code == 400
+            r = await alice.post("/schedule/backfill", data=window)
+            assert r.status_code == 303, r.text
+            actions = await ScheduleAdmin(c.b.schedule_store).actions(NAME)
+            assert [a.action.value for a in actions[:2]] == ["backfill", "pause"]
+            assert {a.actor for a in actions[:2]} == {"alice (dashboard)"}
 
             # Another visitor's CSRF token does not fit alice's session.
             async with httpx.AsyncClient(base_url=url) as mallory:

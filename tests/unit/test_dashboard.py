@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import time_machine
+from psycopg_pool import AsyncConnectionPool
 
 import sdcore.dashboard
-from sdcore.dashboard import DashboardError
+from sdcore.dashboard import DashboardError, dashboard_app
 from sdcore.dashboard._auth import Signer, check_actor, check_token, token_matches
 from sdcore.dashboard._calendar import Calendar
 from sdcore.dashboard._data import Bucket
@@ -17,6 +19,10 @@ from sdcore.dashboard._format import age, timeline
 from sdcore.scheduling import Scheduler
 
 TOKEN = "unit-test-operator-token-000"
+
+
+def _unopened_pool() -> AsyncConnectionPool[Any]:
+    return AsyncConnectionPool("postgresql://nowhere.invalid/x", open=False)
 
 
 def test_public_surface() -> None:
@@ -66,6 +72,15 @@ def test_tokens_and_names_are_checked() -> None:
             check_token(bad)
     with pytest.raises(DashboardError, match="16 bytes"):
         Signer(b"short")
+    refused: list[dict[str, Any]] = [
+        {"refresh_s": -1},
+        {"refresh_s": True},
+        {"queue_prefix": ""},
+        {"secret": "s" * 20},
+    ]
+    for options in refused:
+        with pytest.raises(DashboardError):
+            dashboard_app(_unopened_pool(), **options)
     assert check_actor("  alice   smith ") == "alice smith"
     assert check_actor("") is None
     assert check_actor("x" * 101) is None

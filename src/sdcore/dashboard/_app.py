@@ -5,6 +5,7 @@ time, and they name dependencies local to :func:`dashboard_app`.
 """
 
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +20,15 @@ from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.dashboard import _format
-from sdcore.dashboard._auth import COOKIE, Session, Signer, check_actor, check_token, token_matches
+from sdcore.dashboard._auth import (
+    COOKIE,
+    DashboardError,
+    Session,
+    Signer,
+    check_actor,
+    check_token,
+    token_matches,
+)
 from sdcore.dashboard._data import MISSING_TABLE, DashboardData, queue_counts
 from sdcore.job_scheduler import JobScheduler
 from sdcore.outbox import Outbox
@@ -103,9 +112,15 @@ def dashboard_app(
         title: Shown in the page title.
 
     Raises:
-        DashboardError: A short token or secret.
+        DashboardError: A short token or secret, or a bad ``refresh_s`` or ``queue_prefix``.
     """
     token = check_token(token)
+    if isinstance(refresh_s, bool) or not isinstance(refresh_s, int) or not 0 <= refresh_s <= 3600:
+        raise DashboardError(f"refresh_s must be an int from 0 to 3600, got {refresh_s!r:.40}")
+    if not isinstance(queue_prefix, str) or not queue_prefix or "\x00" in queue_prefix:
+        raise DashboardError(f"queue_prefix must be a non-empty str, got {queue_prefix!r:.40}")
+    if secret is not None and not isinstance(secret, bytes):
+        raise DashboardError("secret must be bytes (at least 16)")
     if isinstance(source, Runtime):
         pool, store = source.pool, source.schedule_store
         outbox = source.outbox
@@ -122,8 +137,6 @@ def dashboard_app(
     elif token is not None:
         signer = Signer.for_token(token)
     else:
-        import secrets
-
         signer = Signer(secrets.token_bytes(32))
     log = logging.getLogger("sdcore.dashboard")
     env = jinja2.Environment(
