@@ -590,7 +590,7 @@ def _complete(script: str, *words: str) -> list[str]:
 @pytest.mark.parametrize(
     ("words", "expected"),
     [
-        (("sdcore", "d"), ["db", "demo"]),
+        (("sdcore", "d"), ["db", "demo", "dashboard"]),
         (("sdcore", "db", ""), ["sql", "upgrade", "status", "-h", "--help"]),
         (("sdcore", "--database-url", "x", "jobs", "l"), ["list"]),
         (("sdcore", "jobs", "list", "--status", ""), ["RUNNING", "SUCCESS", "FAIL"]),

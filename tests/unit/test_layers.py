@@ -2,10 +2,11 @@
 
 Layers, bottom to top (a package may import its own layer's other packages only where listed as
 lower): ``_internal``/``_json`` → ``events``/``postgres`` → ``job_scheduler`` →
-``scheduling``/``outbox`` → ``queues`` → ``runtime``/``sqlalchemy``/``testing`` → ``fastapi`` →
-``cli``/``demo``. Imports inside functions and under ``TYPE_CHECKING`` count too. What two
-packages share lives in ``sdcore._internal``, the one private module every package may import;
-the in-memory doubles of ``sdcore.testing`` are the one listed exception (``FRIENDS``).
+``scheduling``/``outbox`` → ``queues`` → ``runtime``/``sqlalchemy``/``testing`` →
+``fastapi``/``dashboard`` → ``cli``/``demo``. Imports inside functions and under
+``TYPE_CHECKING`` count too. What two packages share lives in ``sdcore._internal``, the one
+private module every package may import; the in-memory doubles of ``sdcore.testing`` are the one
+listed exception (``FRIENDS``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LAYERS: dict[str, int] = {
     "sqlalchemy": 5,
     "testing": 5,
     "fastapi": 6,
+    "dashboard": 6,
     "cli": 7,
     "demo": 7,
     "__init__": 8,  # ``sdcore`` itself, which re-exports lazily

@@ -11,6 +11,7 @@ from pathlib import Path
 from sdcore import __version__
 from sdcore.cli._completion import completion_script
 from sdcore.cli._control import CONTROL_COMMANDS, run_control
+from sdcore.cli._dashboard import run_dashboard
 from sdcore.cli._db import (
     CliError,
     Target,
@@ -135,6 +136,8 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         )
         run_app(run_options, _emit)
         return
+    if args.group == "dashboard":
+        return run_dashboard(args, environ, _emit)
     if command == ("schedules", "list") and args.app:
         list_schedules(args.app, _emit, as_json=args.json)
         return

@@ -455,6 +455,9 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
     from sdcore.cli._control import add_control_commands  # imports this module
 
     add_control_commands(schedule_commands, lambda c: _connection_options(c, top=False))
+    from sdcore.cli._dashboard import register as add_dashboard  # imports this module
+
+    add_dashboard(commands, lambda c: _connection_options(c, top=False))
     return parser
 
 

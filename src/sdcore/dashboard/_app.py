@@ -1,0 +1,410 @@
+"""``dashboard_app``: the dashboard as a FastAPI application, to serve or to mount.
+
+No ``from __future__ import annotations`` here: FastAPI reads the routes' annotations at run
+time, and they name dependencies local to :func:`dashboard_app`.
+"""
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import jinja2
+import psycopg
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.dashboard import _format
+from sdcore.dashboard._auth import (
+    COOKIE,
+    DashboardError,
+    Session,
+    Signer,
+    check_actor,
+    check_token,
+    token_matches,
+)
+from sdcore.dashboard._data import MISSING_TABLE, DashboardData, queue_counts
+from sdcore.job_scheduler import JobScheduler
+from sdcore.outbox import Outbox
+from sdcore.runtime import Runtime
+from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling import ScheduleControlError as ControlError
+
+MAX_FORM_BYTES = 16_384
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+NOTICES = {
+    "paused": "Paused: no replica starts its ticks until it is resumed.",
+    "resumed": "Resumed: replicas apply their catch-up policy to the pause.",
+    "triggered": "Triggered: one replica runs it now.",
+    "backfill": "Backfill requested: one replica runs the window's ticks, oldest first.",
+    "retried": "The outbox row is pending again and due now.",
+    "login": "Signed in: actions are recorded with your name.",
+    "logout": "Signed out: the dashboard is read-only.",
+}
+Operator = Callable[..., Awaitable[str | None]] | Callable[..., str | None]
+
+
+class Refused(Exception):
+    """A request the dashboard turns down with a status and a message for people."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(message)
+
+
+@dataclass(slots=True, kw_only=True)
+class Visit:
+    """One request's session and operator."""
+
+    session: Session
+    fresh: bool
+    actor: str | None
+    csrf: str
+    base: str
+
+
+def dashboard_app(
+    source: Runtime | AsyncConnectionPool[Any],
+    *,
+    token: str | None = None,
+    operator: Operator | None = None,
+    secret: bytes | None = None,
+    redis_url: str | None = None,
+    queue_prefix: str = "bull",
+    lease_table: str = JobScheduler.TABLE_NAME,
+    schema: str | None = None,
+    schedules_table: str = "sdcore_schedules",
+    outbox: Outbox | None = None,
+    refresh_s: int = 10,
+    title: str = "sdcore",
+) -> FastAPI:
+    """Build the dashboard: schedules, runs, leases, outbox and queues; actions for operators.
+
+    Serve it (``sdcore dashboard``, uvicorn) or mount it: ``app.mount("/sdcore",
+    dashboard_app(runtime, operator=current_admin))``. Pages are read-only unless an operator
+    is known: ``token`` (the login form's shared secret) or ``operator``, a FastAPI dependency of
+    the host application that returns the operator's name (``None``: not an operator).
+
+    Args:
+        source: A :class:`~sdcore.Runtime` (its pool, tables and Redis), or an open pool.
+        token: Operator token (at least 16 characters), compared in constant time.
+        operator: The host application's dependency naming the operator.
+        secret: Key that signs session cookies (at least 16 bytes). Default: derived from
+            ``token``; with ``operator`` alone, random per process (give one when several
+            replicas serve the dashboard behind one address).
+        redis_url: Show BullMQ queues from this Redis (default: the runtime's).
+        queue_prefix: BullMQ key prefix.
+        lease_table: The lease table (pool only).
+        schema: Schema of the lease and schedules tables (pool only).
+        schedules_table: The schedules table (pool only).
+        outbox: The outbox table (pool only; default ``Outbox()``).
+        refresh_s: Tables refresh in the browser every this many seconds (0: never).
+        title: Shown in the page title.
+
+    Raises:
+        DashboardError: A short token or secret, or a bad ``refresh_s`` or ``queue_prefix``.
+    """
+    token = check_token(token)
+    if isinstance(refresh_s, bool) or not isinstance(refresh_s, int) or not 0 <= refresh_s <= 3600:
+        raise DashboardError(f"refresh_s must be an int from 0 to 3600, got {refresh_s!r:.40}")
+    if not isinstance(queue_prefix, str) or not queue_prefix or "\x00" in queue_prefix:
+        raise DashboardError(f"queue_prefix must be a non-empty str, got {queue_prefix!r:.40}")
+    if secret is not None and not isinstance(secret, bytes):
+        raise DashboardError("secret must be bytes (at least 16)")
+    if isinstance(source, Runtime):
+        pool, store = source.pool, source.schedule_store
+        outbox = source.outbox
+        redis_url = redis_url or source.redis_url
+    else:
+        pool = source
+        store = PostgresScheduleStore(
+            pool, table=schedules_table, schema=schema, lease_table=lease_table
+        )
+    data = DashboardData(pool, store=store, lease_table=lease_table, schema=schema, outbox=outbox)
+    admin = ScheduleAdmin(store)
+    if secret is not None:
+        signer = Signer(secret)
+    elif token is not None:
+        signer = Signer.for_token(token)
+    else:
+        signer = Signer(secrets.token_bytes(32))
+    log = logging.getLogger("sdcore.dashboard")
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("sdcore.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(_format.FILTERS)
+    app = FastAPI(title=f"{title} dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(packages=[("sdcore.dashboard", "static")]), name="static")
+
+    async def no_operator() -> str | None:
+        return None
+
+    host_operator: Callable[..., Awaitable[str | None]] = no_operator
+    if operator is not None:
+        host = operator
+
+        async def from_host(who: Annotated[object, Depends(host)]) -> str | None:
+            return who if isinstance(who, str) and who.strip() else None
+
+        host_operator = from_host
+
+    async def visit(
+        request: Request, host_actor: Annotated[str | None, Depends(host_operator)]
+    ) -> Visit:
+        session = signer.load(request.cookies.get(COOKIE))
+        fresh = session is None
+        if session is None:
+            session = signer.new_session(None)
+        actor = host_actor or (session.actor if token is not None else None)
+        base = str(request.scope.get("root_path", "")).rstrip("/")
+        return Visit(
+            session=session, fresh=fresh, actor=actor, csrf=signer.csrf(session), base=base
+        )
+
+    Seen = Annotated[Visit, Depends(visit)]
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Any:
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Referrer-Policy"] = "same-origin"
+        if not request.url.path.startswith(f"{request.scope.get('root_path', '')}/static"):
+            response.headers["Cache-Control"] = "no-store"
+            response.headers["Vary"] = "Cookie, X-Sdcore-Fragment"
+        return response
+
+    def cookie(response: Response, request: Request, seen: Visit, session: Session) -> None:
+        response.set_cookie(
+            COOKIE,
+            signer.dump(session),
+            max_age=session.expires - int(datetime.now(UTC).timestamp()),
+            path=seen.base or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def render(
+        request: Request, seen: Visit, name: str, code: int = 200, **values: Any
+    ) -> HTMLResponse:
+        notice = NOTICES.get(request.query_params.get("notice", ""))
+        context = {
+            "base": seen.base,
+            "title": title,
+            "actor": seen.actor,
+            "csrf": seen.csrf,
+            "can_act": seen.actor is not None,
+            "login_enabled": token is not None,
+            "refresh_s": refresh_s,
+            "notice": notice,
+            "now": datetime.now(UTC),
+            "queues_enabled": redis_url is not None,
+            "page": name.removesuffix(".html"),
+            **values,
+        }
+        template = env.get_template(name)
+        if request.headers.get("X-Sdcore-Fragment") == "1":
+            body = "".join(template.blocks["content"](template.new_context(context)))
+        else:
+            body = template.render(context)
+        response = HTMLResponse(body, status_code=code)
+        if seen.fresh:
+            cookie(response, request, seen, seen.session)
+        return response
+
+    async def form(request: Request, seen: Visit, *, operator_only: bool = True) -> dict[str, str]:
+        """The POSTed form, after the operator, Origin and CSRF checks."""
+        if operator_only and seen.actor is None:
+            if token is None and operator is None:
+                raise Refused(403, "This dashboard is read-only: it has no operator credentials.")
+            raise Refused(401, "Sign in as an operator first: the dashboard is read-only.")
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+            raise Refused(403, "Cross-origin request refused.")
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            raise Refused(403, "Cross-site request refused.")
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise Refused(413, "Form too large.")
+        fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        if seen.fresh or not signer.check_csrf(seen.session, fields.get("csrf")):
+            raise Refused(403, "Missing or wrong CSRF token: reload the page and try again.")
+        return fields
+
+    def back(seen: Visit, path: str, **query: str) -> RedirectResponse:
+        where = f"{seen.base}{path}" + (f"?{urlencode(query)}" if query else "")
+        return RedirectResponse(where, status_code=303)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> HTMLResponse:
+        seen = await visit(request, None)
+        return render(request, seen, "error.html", code=exc.status, message=exc.message)
+
+    # --- pages -------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    async def schedules(request: Request, seen: Seen, q: str = "", state: str = "") -> Response:
+        page = _page_number(request.query_params.get("page", "1"))
+        paused = {"paused": True, "active": False}.get(state)
+        try:
+            found = await data.schedules(query=q[:200] or None, paused=paused, page=page)
+        except MISSING_TABLE:
+            return render(request, seen, "missing.html", what="schedules", flag="--schedules")
+        return render(request, seen, "schedules.html", found=found, q=q[:200], state=state)
+
+    @app.get("/schedule", response_class=HTMLResponse)
+    async def schedule(request: Request, seen: Seen, name: str = "") -> Response:
+        try:
+            row = await data.schedule(name)
+        except MISSING_TABLE:
+            return render(request, seen, "missing.html", what="schedules", flag="--schedules")
+        if row is None:
+            raise Refused(404, f"No schedule named {name!r}.")
+        runs = await data.runs(name)
+        actions = await admin.actions(name, limit=20)
+        return render(request, seen, "schedule.html", row=row, runs=runs, actions=actions)
+
+    @app.get("/leases", response_class=HTMLResponse)
+    async def leases(request: Request, seen: Seen) -> Response:
+        try:
+            rows = await data.running_leases()
+        except MISSING_TABLE:
+            return render(request, seen, "missing.html", what="lease", flag="")
+        return render(request, seen, "leases.html", rows=rows)
+
+    @app.get("/outbox", response_class=HTMLResponse)
+    async def outbox_page(request: Request, seen: Seen, status: str = "") -> Response:
+        statuses = [status] if status in ("PENDING", "DEAD") else ["PENDING", "DEAD"]
+        try:
+            stats = await data.outbox_stats()
+            rows = await data.outbox_rows(statuses)
+        except MISSING_TABLE:
+            return render(request, seen, "missing.html", what="outbox", flag="--outbox")
+        return render(request, seen, "outbox.html", stats=stats, rows=rows, status=status)
+
+    @app.get("/queues", response_class=HTMLResponse)
+    async def queues(request: Request, seen: Seen) -> Response:
+        if redis_url is None:
+            return render(request, seen, "queues.html", rows=None, error=None)
+        try:
+            rows = await queue_counts(redis_url, queue_prefix)
+        except Exception as exc:  # noqa: BLE001 - Redis down is shown, not a 500
+            return render(request, seen, "queues.html", rows=None, error=_format.one_line(exc))
+        return render(request, seen, "queues.html", rows=rows, error=None)
+
+    @app.get("/login", response_class=HTMLResponse)
+    async def login_page(request: Request, seen: Seen) -> Response:
+        return render(request, seen, "login.html", failed=False)
+
+    # --- actions -----------------------------------------------------------------------------
+
+    @app.post("/login", response_model=None)
+    async def login(request: Request, seen: Seen) -> Response:
+        fields = await form(request, seen, operator_only=False)
+        if token is None:
+            raise Refused(403, "Token sign-in is off for this dashboard.")
+        actor = check_actor(fields.get("name", ""))
+        if actor is None or not token_matches(token, fields.get("token")):
+            log.warning("dashboard: a sign-in was refused", extra={"action": "dashboard_login"})
+            return render(request, seen, "login.html", code=401, failed=True)
+        log.info(
+            "dashboard: %s signed in", actor, extra={"action": "dashboard_login", "actor": actor}
+        )
+        response = back(seen, "/", notice="login")
+        cookie(response, request, seen, signer.new_session(actor))
+        return response
+
+    @app.post("/logout", response_model=None)
+    async def logout(request: Request, seen: Seen) -> Response:
+        await form(request, seen, operator_only=False)
+        response = back(seen, "/", notice="logout")
+        cookie(response, request, seen, signer.new_session(None))
+        return response
+
+    @app.post("/schedule/{verb}", response_model=None)
+    async def act(request: Request, seen: Seen, verb: str) -> Response:
+        fields = await form(request, seen)
+        name = fields.get("name", "")
+        reason = fields.get("reason", "").strip() or None
+        actor = f"{seen.actor} (dashboard)"
+        try:
+            if verb == "pause":
+                done = await admin.pause(name, actor=actor, reason=reason)
+            elif verb == "resume":
+                done = await admin.resume(name, actor=actor, reason=reason)
+            elif verb == "trigger":
+                done = await admin.trigger(name, actor=actor, reason=reason)
+            elif verb == "backfill":
+                start, end = _instant(fields, "from"), _instant(fields, "to")
+                concurrency = _page_number(fields.get("concurrency", "1") or "1")
+                done = await admin.backfill(
+                    name, start, end, actor=actor, reason=reason, concurrency=concurrency
+                )
+            else:
+                raise Refused(404, f"Unknown action {verb!r}.")
+        except (ControlError, InvalidScheduleError) as exc:
+            raise Refused(409, str(exc)) from None
+        log.info(
+            "dashboard: %s: %s %r (action %s)",
+            seen.actor,
+            verb,
+            name,
+            done.id,
+            extra={"action": f"dashboard_{verb}", "actor": seen.actor, "schedule": name},
+        )
+        notice = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}.get(verb, verb)
+        return back(seen, "/schedule", name=name, notice=notice)
+
+    @app.post("/outbox/retry", response_model=None)
+    async def retry(request: Request, seen: Seen) -> Response:
+        fields = await form(request, seen)
+        text = fields.get("id", "")
+        if not text.isascii() or not text.isdigit() or not 0 < int(text) < 2**63:
+            raise Refused(400, "The outbox row id must be a positive integer.")
+        try:
+            retried = await data.retry_outbox(int(text))
+        except psycopg.Error as exc:
+            raise Refused(503, f"The database refused the retry: {_format.one_line(exc)}") from None
+        if not retried:
+            raise Refused(409, f"No DEAD or PENDING outbox row with id {text}.")
+        log.info(
+            "dashboard: %s retried outbox row %s",
+            seen.actor,
+            text,
+            extra={"action": "dashboard_outbox_retry", "actor": seen.actor, "outbox_id": text},
+        )
+        return back(seen, "/outbox", notice="retried")
+
+    return app
+
+
+def _page_number(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text[:6] or 0) <= 100_000:
+        raise Refused(400, "Expected a positive number.")
+    return int(text)
+
+
+def _instant(fields: Mapping[str, str], key: str) -> datetime:
+    text = fields.get(key, "").strip()
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise Refused(400, f"The backfill's {key!r} must be a date and time (UTC).") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+__all__ = ["Operator", "dashboard_app"]

@@ -1,0 +1,414 @@
+"""What the dashboard's pages show, read from PostgreSQL (and Redis) one page at a time.
+
+Statements are in ``sdcore/postgres/sql/dashboard.sql``; writes go through the public operator
+APIs (:class:`~sdcore.scheduling.ScheduleAdmin`, the outbox's own retry statement).
+
+Missed ticks: a schedule's expected ticks come from its trigger (a never-started
+:class:`~sdcore.scheduling.Scheduler` used as a calendar, so cron semantics are the scheduler's
+own), its ticks that ran from the run history, both per hour. A tick is *missed* when it was due
+more than :data:`GRACE` ago, after the schedule was created, and has no successful or running
+run. An hour's instants never change and are cached per expression and zone (``_calendar``),
+so 10,000 schedules sharing a few expressions cost a few calendar walks per hour.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore._internal.sql import queries
+from sdcore.dashboard._calendar import BUCKET, Calendar
+from sdcore.job_scheduler import JobScheduler, JobSchedulerStatus, LeaseAdmin
+from sdcore.outbox import Outbox, OutboxStats, PostgresOutboxStore
+from sdcore.postgres import derived_name
+from sdcore.scheduling import PostgresScheduleStore
+
+BUCKETS = 24
+GRACE = timedelta(minutes=1)
+PAGE_SIZE = 50
+MAX_ROWS = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bucket:
+    """One hour of a schedule's timeline."""
+
+    start: datetime
+    expected: int
+    ok: int
+    running: int
+    failed: int
+    label: str = ""
+    """The hour as ``HH:MM`` (UTC)."""
+    missed: int = field(init=False)
+    """Expected ticks that neither succeeded nor are running (failed ones included)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "missed", max(0, self.expected - self.ok - self.running))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """A schedule as the schedules page shows it."""
+
+    name: str
+    origin: str
+    kind: str
+    expression: str
+    time_zone: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    paused_reason: str | None
+    exclusive: bool
+    replicas: int
+    last_run_at: datetime | None
+    last_status: str | None
+    last_error: str | None
+    next_fire_at: datetime | None
+    timeline: tuple[Bucket, ...] = ()
+
+    @property
+    def missed(self) -> int:
+        """Missed ticks over the timeline."""
+        return sum(b.missed for b in self.timeline)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulePage:
+    """One page of schedules."""
+
+    rows: list[ScheduleRow]
+    matched: int
+    total: int
+    paused: int
+    page: int
+    pages: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRow:
+    """A RUNNING lease."""
+
+    id: str
+    code: str
+    run_key: str | None
+    fencing_token: int
+    owner: str | None
+    heartbeat_age: timedelta
+    lease_ms: int | None
+    started_at: datetime
+
+    @property
+    def stale(self) -> bool:
+        """The owner's lease has passed without a heartbeat (another replica may take it)."""
+        return self.lease_ms is not None and self.heartbeat_age.total_seconds() * 1000 > (
+            self.lease_ms
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueRow:
+    """A BullMQ queue's job counts."""
+
+    name: str
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+def _bucket_starts(now: datetime) -> list[datetime]:
+    top = now.replace(minute=0, second=0, microsecond=0)
+    return [top - (BUCKETS - 1 - i) * BUCKET for i in range(BUCKETS)]
+
+
+class DashboardData:
+    """The dashboard's reads and writes over one pool.
+
+    Args:
+        pool: An open pool (autocommit connections).
+        store: The schedules control plane's store (its tables).
+        lease_table: The lease table.
+        schema: The lease table's schema.
+        outbox: The outbox table.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        store: PostgresScheduleStore,
+        lease_table: str = JobScheduler.TABLE_NAME,
+        schema: str | None = None,
+        outbox: Outbox | None = None,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.outbox = outbox or Outbox()
+        self.leases = LeaseAdmin(table=lease_table, schema=schema)
+        self.calendar = Calendar()
+
+        def companion(suffix: str) -> sql.Identifier:
+            name = derived_name(store.table, suffix)
+            where = store.schema
+            return sql.Identifier(name) if where is None else sql.Identifier(where, name)
+
+        def table(name: str, where: str | None) -> sql.Identifier:
+            return sql.Identifier(name) if where is None else sql.Identifier(where, name)
+
+        names = {
+            "schedules": table(store.table, store.schema),
+            "replicas": companion("replicas"),
+            "declarations": companion("declarations"),
+            "runs": companion("runs"),
+            "lease": table(lease_table, schema),
+            "outbox": table(self.outbox.table, self.outbox.schema),
+        }
+        self._sql = {
+            key: sql.SQL(text).format(**names).as_string(None).encode("utf-8")
+            for key, text in queries("dashboard").items()
+        }
+        self._outbox_store = PostgresOutboxStore(pool, outbox=self.outbox)
+
+    async def _all(self, key: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql[key], params)
+            return list(await cur.fetchall())
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    async def schedules(
+        self, *, query: str | None = None, paused: bool | None = None, page: int = 1
+    ) -> SchedulePage:
+        """One page of schedules (``PAGE_SIZE``), by name, with their 24-hour timelines."""
+        params = {
+            "query": query or None,
+            "paused": paused,
+            "limit": PAGE_SIZE,
+            "offset": (page - 1) * PAGE_SIZE,
+            "live_ms": self.store.live_ms,
+        }
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql["schedules_page"], params)
+            found = list(await cur.fetchall())
+            cur = await conn.execute(self._sql["schedule_counts"], params)
+            counts = await cur.fetchone()
+        total, paused_count, matched = (int(n) for n in counts) if counts else (0, 0, 0)
+        rows = await self._with_timelines(found)
+        return SchedulePage(
+            rows=rows,
+            matched=matched,
+            total=total,
+            paused=paused_count,
+            page=page,
+            pages=max(1, math.ceil(matched / PAGE_SIZE)),
+        )
+
+    async def schedule(self, name: str) -> ScheduleRow | None:
+        """One live schedule with its timeline, or ``None``."""
+        found = await self._all(
+            "schedule_one", {"name": name, "live_ms": self.store.live_ms}
+        )
+        rows = await self._with_timelines(found)
+        return rows[0] if rows else None
+
+    async def _with_timelines(self, found: Sequence[tuple[Any, ...]]) -> list[ScheduleRow]:
+        now = datetime.now(UTC)
+        starts = _bucket_starts(now)
+        labels = [start.strftime("%H:%M") for start in starts]
+        since, until = starts[0], now
+        ran: dict[tuple[str, int], tuple[int, int, int]] = {}
+        names = [r[0] for r in found if r[2] in ("cron", "interval")]
+        if names:
+            params = {
+                "names": names,
+                "since": since,
+                "until": until,
+                "bucket_s": int(BUCKET.total_seconds()),
+            }
+            for name, index, ok, running, failed in await self._all("tick_buckets", params):
+                ran[(name, int(index))] = (int(ok), int(running), int(failed))
+        # Every bucket ends an hour after it starts, but the current one ends GRACE before now.
+        highs = [min(start + BUCKET, now - GRACE) for start in starts]
+        none = (0, 0, 0)
+        rows = []
+        for r in found:
+            name, kind, expression, zone, paused, created = r[0], r[2], r[3], r[4], r[5], r[10]
+            timeline: tuple[Bucket, ...] = ()
+            if kind in ("cron", "interval"):
+                buckets = []
+                expected_in = self.calendar.expected
+                for index, start in enumerate(starts):
+                    low = start if created <= start else created
+                    ok, running, failed = ran.get((name, index), none)
+                    expected = expected_in(kind, expression, zone, start, low, highs[index])
+                    buckets.append(
+                        Bucket(
+                            start=start,
+                            expected=max(expected, ok + running + failed),
+                            ok=ok,
+                            running=running,
+                            failed=failed,
+                            label=labels[index],
+                        )
+                    )
+                timeline = tuple(buckets)
+            options = r[9] or {}
+            rows.append(
+                ScheduleRow(
+                    name=name,
+                    origin=r[1],
+                    kind=kind,
+                    expression=expression,
+                    time_zone=zone,
+                    paused=bool(paused),
+                    paused_at=r[6],
+                    paused_by=r[7],
+                    paused_reason=r[8],
+                    exclusive=bool(options.get("exclusive", False)),
+                    replicas=int(r[12]),
+                    last_run_at=r[13],
+                    last_status=r[14],
+                    last_error=r[15],
+                    next_fire_at=None
+                    if paused
+                    else self.calendar.next_fire(kind, expression, zone),
+                    timeline=timeline,
+                )
+            )
+        return rows
+
+    async def runs(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        """A schedule's runs, newest first."""
+        keys = (
+            "run_key",
+            "source",
+            "scheduled_at",
+            "started_at",
+            "finished_at",
+            "status",
+            "attempt",
+            "fencing_token",
+            "host",
+            "pid",
+            "error",
+        )
+        found = await self._all("runs_of", {"name": name, "limit": limit})
+        return [dict(zip(keys, r, strict=True)) for r in found]
+
+    # --- leases ------------------------------------------------------------------------------
+
+    async def running_leases(self) -> list[LeaseRow]:
+        """RUNNING leases, newest first (at most ``MAX_ROWS``), with owner and heartbeat age."""
+        async with self.pool.connection() as conn:
+            runs = await self.leases.list_runs(
+                conn, status=JobSchedulerStatus.RUNNING, limit=MAX_ROWS
+            )
+            cur = await conn.execute(self._sql["lease_details"], {"ids": [r.id for r in runs]})
+            details = {r[0]: r[1:] for r in await cur.fetchall()}
+        rows = []
+        for run in runs:
+            lease_ms, host, pid = details.get(run.id, (None, None, None))
+            rows.append(
+                LeaseRow(
+                    id=run.id,
+                    code=run.code,
+                    run_key=run.run_key,
+                    fencing_token=run.fencing_token,
+                    owner=None if host is None else f"{host}:{pid}",
+                    heartbeat_age=run.age,
+                    lease_ms=lease_ms,
+                    started_at=run.created_at,
+                )
+            )
+        return rows
+
+    # --- outbox ------------------------------------------------------------------------------
+
+    async def outbox_stats(self) -> OutboxStats:
+        """Row counts of the outbox table."""
+        return await self._outbox_store.stats()
+
+    async def outbox_rows(self, statuses: Sequence[str]) -> list[dict[str, Any]]:
+        """Rows of these statuses, newest first (at most ``MAX_ROWS``)."""
+        keys = (
+            "id",
+            "status",
+            "queue",
+            "name",
+            "attempts",
+            "max_attempts",
+            "next_attempt_at",
+            "idempotency_key",
+            "last_error",
+            "created_at",
+            "claimed_until",
+        )
+        found = await self._all("outbox_rows", {"statuses": list(statuses), "limit": MAX_ROWS})
+        return [dict(zip(keys, r, strict=True)) for r in found]
+
+    async def retry_outbox(self, row_id: int) -> bool:
+        """Make a DEAD (or pending) row due now, attempts reset; ``False``: no such row."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.outbox.sql.retry, (row_id,))
+            return await cur.fetchone() is not None
+
+
+async def queue_counts(redis_url: str, prefix: str, *, limit: int = 100) -> list[QueueRow]:
+    """Job counts of the BullMQ queues under ``prefix`` (found by their ``meta``/``events`` keys).
+
+    Raises:
+        ImportError: The ``redis`` package is missing (``sdcore[bullmq]``).
+        redis.RedisError: Redis cannot be reached.
+    """
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    async with client:
+        names: set[str] = set()
+        for suffix in ("meta", "events", "wait", "completed", "failed"):
+            pattern = f"{_glob(prefix)}:*:{suffix}"
+            async for key in client.scan_iter(match=pattern, count=1000):
+                text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                names.add(text[len(prefix) + 1 : -len(suffix) - 1])
+                if len(names) >= limit:
+                    break
+        rows = []
+        for name in sorted(names)[:limit]:
+            base = f"{prefix}:{name}:"
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.llen(base + "wait")
+                pipe.llen(base + "active")
+                pipe.zcard(base + "delayed")
+                pipe.zcard(base + "prioritized")
+                pipe.zcard(base + "completed")
+                pipe.zcard(base + "failed")
+                pipe.llen(base + "paused")
+                values = await pipe.execute()
+            keys = ("waiting", "active", "delayed", "prioritized", "completed", "failed", "paused")
+            rows.append(QueueRow(name=name, counts=dict(zip(keys, map(int, values), strict=True))))
+        return rows
+
+
+def _glob(text: str) -> str:
+    """Escape Redis glob characters in a literal prefix."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+__all__ = [
+    "Bucket",
+    "DashboardData",
+    "LeaseRow",
+    "QueueRow",
+    "SchedulePage",
+    "ScheduleRow",
+    "queue_counts",
+]
+
+# psycopg's errors the pages turn into a notice instead of a 500 (a table not created yet).
+MISSING_TABLE = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)

@@ -1,0 +1,158 @@
+"""The dashboard's pure parts: signed sessions, CSRF tokens, the tick calendar, formatting."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import time_machine
+from psycopg_pool import AsyncConnectionPool
+
+import sdcore.dashboard
+from sdcore.dashboard import DashboardError, dashboard_app
+from sdcore.dashboard._auth import Signer, check_actor, check_token, token_matches
+from sdcore.dashboard._calendar import Calendar
+from sdcore.dashboard._data import Bucket
+from sdcore.dashboard._format import age, timeline
+from sdcore.scheduling import Scheduler
+
+TOKEN = "unit-test-operator-token-000"
+
+
+def _unopened_pool() -> AsyncConnectionPool[Any]:
+    return AsyncConnectionPool("postgresql://nowhere.invalid/x", open=False)
+
+
+def test_public_surface() -> None:
+    assert sdcore.dashboard.__all__ == ["DashboardError", "Operator", "dashboard_app"]
+
+
+def test_a_session_cookie_round_trips_and_a_tampered_one_is_refused() -> None:
+    signer = Signer.for_token(TOKEN)
+    session = signer.new_session("alice")
+    value = signer.dump(session)
+    assert signer.load(value) == session
+    body, mac = value.split(".")
+    assert signer.load(body + "." + mac[:-1] + ("A" if mac[-1] != "A" else "B")) is None
+    forged = signer.dump(signer.new_session("mallory")).split(".")[0]
+    assert signer.load(forged + "." + mac) is None
+    assert Signer.for_token(TOKEN + "x").load(value) is None, "another token, another key"
+    assert Signer.for_token(TOKEN).load(value) == session, "the same token on another replica"
+    for junk in (None, "", "a.b.c", "x" * 5000, "..", "not-base64!.abc"):
+        assert signer.load(junk) is None
+
+
+def test_an_expired_session_is_refused() -> None:
+    signer = Signer.for_token(TOKEN)
+    value = signer.dump(signer.new_session("alice"))
+    with time_machine.travel(time.time() + 13 * 3600, tick=False):
+        assert signer.load(value) is None
+
+
+def test_csrf_tokens_belong_to_one_session() -> None:
+    signer = Signer.for_token(TOKEN)
+    one, two = signer.new_session(None), signer.new_session(None)
+    assert one.sid != two.sid
+    assert signer.check_csrf(one, signer.csrf(one))
+    assert not signer.check_csrf(one, signer.csrf(two))
+    assert not signer.check_csrf(one, None)
+    assert not signer.check_csrf(None, signer.csrf(one))
+
+
+def test_tokens_and_names_are_checked() -> None:
+    assert token_matches(TOKEN, TOKEN)
+    assert not token_matches(TOKEN, TOKEN[:-1])
+    assert not token_matches(None, "")
+    assert not token_matches(TOKEN, None)
+    assert check_token(None) is None
+    for bad in ("short", " " * 20, 12345):
+        with pytest.raises(DashboardError, match="at least 16"):
+            check_token(bad)
+    with pytest.raises(DashboardError, match="16 bytes"):
+        Signer(b"short")
+    refused: list[dict[str, Any]] = [
+        {"refresh_s": -1},
+        {"refresh_s": True},
+        {"queue_prefix": ""},
+        {"secret": "s" * 20},
+    ]
+    for options in refused:
+        with pytest.raises(DashboardError):
+            dashboard_app(_unopened_pool(), **options)
+    assert check_actor("  alice   smith ") == "alice smith"
+    assert check_actor("") is None
+    assert check_actor("x" * 101) is None
+
+
+@pytest.mark.parametrize("every_ms", [1, 7, 1_000, 60_000, 3_600_000, 7 * 60_000 + 13])
+def test_interval_counts_match_the_grid(every_ms: int) -> None:
+    calendar = Calendar()
+    start = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)
+    for low_ms, high_ms in ((0, 3_600_000), (1, 3_599_999), (123_456, 2_000_001), (5, 5)):
+        low = start + timedelta(milliseconds=low_ms)
+        high = start + timedelta(milliseconds=high_ms)
+        epoch_low = int((low - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1))
+        epoch_high = int((high - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1))
+        brute = sum(1 for ms in range(epoch_low, epoch_high) if ms % every_ms == 0)
+        assert calendar.expected("interval", str(every_ms), "UTC", start, low, high) == brute
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone"),
+    [
+        ("*/1 * * * *", "UTC"),
+        ("30 2 * * *", "Europe/Paris"),  # 02:30 does not exist on 2026-03-29 in Paris
+        ("*/20 * * * * *", "UTC"),
+        ("0 * * * *", "America/New_York"),
+    ],
+)
+def test_cron_counts_match_the_scheduler(expression: str, zone: str) -> None:
+    calendar = Calendar()
+    reference = Scheduler()
+    reference.add_cron("ref", expression, lambda tick: None, time_zone=zone, exclusive=False)
+    day = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)
+    for hour in range(24):
+        start = day + timedelta(hours=hour)
+        for low, high in (
+            (start, start + timedelta(hours=1)),
+            (start + timedelta(minutes=17, seconds=3), start + timedelta(minutes=41)),
+        ):
+            expected = len(reference.expected_ticks("ref", low, high))
+            assert calendar.expected("cron", expression, zone, start, low, high) == expected
+    assert calendar.expected("cron", "not a cron", "UTC", day, day, day + timedelta(hours=1)) == 0
+    assert calendar.next_fire("cron", "not a cron", "UTC") is None
+
+
+def test_next_fire_is_after_now() -> None:
+    calendar = Calendar()
+    now = datetime.now(UTC)
+    fire = calendar.next_fire("cron", "*/5 * * * * *", "UTC")
+    assert fire is not None
+    assert now < fire <= now + timedelta(seconds=5)
+    interval = calendar.next_fire("interval", "60000", "UTC")
+    assert interval is not None
+    assert interval.second == 0
+    assert interval.microsecond == 0
+    assert calendar.next_fire("timeout", "100", "UTC") is None
+
+
+def test_a_bucket_counts_failed_ticks_as_missed() -> None:
+    start = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    bucket = Bucket(start=start, expected=60, ok=55, running=1, failed=2, label="08:00")
+    assert bucket.missed == 4
+    strip = timeline([bucket] * 24)
+    assert strip.count("<rect") == 24
+    assert 'class="miss"' in strip
+    assert "08:00 UTC: 60 expected, 55 succeeded, 1 running, 2 failed, 4 missed" in strip
+    assert "—" in timeline([])
+
+
+def test_ages_are_short() -> None:
+    assert age(timedelta(milliseconds=850)) == "850 ms"
+    assert age(timedelta(seconds=12)) == "12 s"
+    assert age(timedelta(minutes=4)) == "4 min"
+    assert age(timedelta(hours=3)) == "3 h"
+    assert age(timedelta(days=2)) == "2 d"
+    assert age(None) == "—"
