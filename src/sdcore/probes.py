@@ -19,6 +19,8 @@ A relay task that ended is stuck too. Without due rows an idle relay is never st
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +31,14 @@ from sdcore._internal.redact import redact_text
 if TYPE_CHECKING:
     from sdcore.runtime import Runtime
 
-__all__ = ["DEFAULT_RELAY_STUCK_AFTER_S", "ProbeCheck", "ProbeResult", "liveness", "readiness"]
+__all__ = [
+    "DEFAULT_RELAY_STUCK_AFTER_S",
+    "ProbeCheck",
+    "ProbeResult",
+    "liveness",
+    "readiness",
+    "serve",
+]
 
 DEFAULT_RELAY_STUCK_AFTER_S = 60.0
 _TIMEOUT_S = 2.0
@@ -134,3 +143,63 @@ async def _relay(runtime: Runtime) -> ProbeCheck:
         ok=False,
         detail=f"stuck: {stats.due} row(s) due and no round completed for {idle:.0f} s{error}",
     )
+
+
+# --- a tiny HTTP server for processes without a web framework (``sdcore run --metrics-port``) --
+
+_log = logging.getLogger("sdcore.probes")
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+async def serve(runtime: Runtime, *, host: str = "0.0.0.0", port: int) -> asyncio.Server:  # noqa: S104
+    """Serve ``GET /livez``, ``/readyz`` and ``/metrics`` of ``runtime`` on ``host:port``.
+
+    HTTP/1.0-style, one request per connection, on the runtime's event loop: what a Kubernetes
+    probe and a Prometheus scrape need, nothing more. ``/metrics`` answers 404 unless the
+    runtime has metrics. Close the returned server to stop (``server.close()``).
+
+    Raises:
+        OSError: The port cannot be bound.
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                request = await reader.readline()
+                while (await reader.readline()).strip():
+                    pass  # headers: nothing in them matters here
+                status, kind, body = await _answer(runtime, request)
+            head = (
+                f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode("ascii") + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        except Exception:  # noqa: BLE001 - one bad request never stops the server
+            _log.exception("probe server: request failed", extra={"action": "probe_failed"})
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
+
+
+async def _answer(runtime: Runtime, request: bytes) -> tuple[int, str, bytes]:
+    parts = request.decode("latin-1").split()
+    if len(parts) < 2:
+        return 405, "text/plain", b"bad request\n"
+    method, path = parts[0], parts[1].split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        return 405, "text/plain", b"GET only\n"
+    if path in ("/livez", "/readyz"):
+        result = await (liveness(runtime) if path == "/livez" else readiness(runtime))
+        body = json.dumps(result.as_dict(), separators=(",", ":")).encode()
+        return 200 if result.ok else 503, "application/json", body
+    if path == "/metrics":
+        if runtime.metrics is None:
+            return 404, "text/plain", b"metrics are off\n"
+        from sdcore.metrics import CONTENT_TYPE
+
+        return 200, CONTENT_TYPE, await runtime.metrics.scrape()
+    return 404, "text/plain", b"not found: /livez, /readyz, /metrics\n"

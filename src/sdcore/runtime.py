@@ -209,11 +209,20 @@ class Runtime:
         self.tracing: SdcoreTracing | None = None
         self.telemetry: Telemetry = NOOP
         """The observers every component reports to (``NOOP`` without metrics or tracing)."""
-        self._observe(metrics, tracing)
+        self.instrument(metrics=metrics, tracing=tracing)
 
-    def _observe(self, metrics: bool | SdcoreMetrics, tracing: bool | SdcoreTracing) -> None:
+    def instrument(
+        self, *, metrics: bool | SdcoreMetrics = False, tracing: bool | SdcoreTracing = False
+    ) -> None:
+        """Turn metrics and/or tracing on after construction (``sdcore run --metrics-port``).
+
+        Raises:
+            RuntimeStateError: The runtime is started, or already instrumented.
+        """
         if not metrics and not tracing:
             return
+        if self.started or self.telemetry is not NOOP:
+            raise RuntimeStateError("instrument() must be called once, before start()")
         hub = self.telemetry = Telemetry()
         if metrics:
             from sdcore.metrics import SdcoreMetrics
