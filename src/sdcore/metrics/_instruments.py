@@ -119,28 +119,39 @@ class MetricsObserver(Observer):
             registry=registry,
         )
 
+        # Labelled children by label values: ``labels()`` validates and locks on every call, a
+        # dict lookup does not (these run on every tick and every lease).
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def tick_started(self, run: RunScope) -> None:
         if run.attempt <= 1:
-            self.lag.labels(run.schedule).observe(run.lag_s)
+            self._child(self.lag, run.schedule).observe(run.lag_s)
 
     def tick_finished(self, run: RunScope, outcome: str, duration_s: float) -> None:
-        self.runs.labels(run.schedule, outcome).inc()
-        self.duration.labels(run.schedule).observe(duration_s)
+        self._child(self.runs, run.schedule, outcome).inc()
+        self._child(self.duration, run.schedule).observe(duration_s)
 
     def tick_skipped(self, schedule: str, outcome: str) -> None:
-        self.runs.labels(schedule, outcome).inc()
+        self._child(self.runs, schedule, outcome).inc()
 
     def lease_acquired(self, job: str) -> None:
-        self.acquired.labels(job).inc()
-        self.held.labels(job).inc()
+        self._child(self.acquired, job).inc()
+        self._child(self.held, job).inc()
 
     def lease_released(self, job: str, lost: bool) -> None:
-        self.held.labels(job).dec()
+        self._child(self.held, job).dec()
         if lost:
-            self.lost.labels(job).inc()
+            self._child(self.lost, job).inc()
 
     def heartbeat_failed(self, job: str) -> None:
-        self.heartbeat_failures.labels(job).inc()
+        self._child(self.heartbeat_failures, job).inc()
 
     def relay_batch_finished(
         self, batch: BatchScope, results: Sequence[BaseException | None]
@@ -150,17 +161,16 @@ class MetricsObserver(Observer):
         self.batches.inc()
         self.batch_duration.observe(time.perf_counter() - batch.started)
         for message, result in zip(batch.messages, results, strict=True):
-            queue = message.queue
             if result is None:
-                self.published.labels(queue).inc()
+                self._child(self.published, message.queue).inc()
             else:
-                self.publish_failures.labels(queue).inc()
+                self._child(self.publish_failures, message.queue).inc()
 
     def relay_error(self, reason: str) -> None:
-        self.relay_errors.labels(reason).inc()
+        self._child(self.relay_errors, reason).inc()
 
     def job_finished(
         self, queue: str, job: Any, token: Any, error: BaseException | None, duration_s: float
     ) -> None:
-        self.jobs.labels(queue, "completed" if error is None else "failed").inc()
-        self.job_duration.labels(queue).observe(duration_s)
+        self._child(self.jobs, queue, "completed" if error is None else "failed").inc()
+        self._child(self.job_duration, queue).observe(duration_s)
