@@ -38,6 +38,8 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ("sdcore_outbox_messages", {"status": "dead"}, 1),
     ("sdcore_queue_jobs_total", {"queue": "mq", "outcome": "completed"}, 1),
     ("sdcore_schedule_missed_ticks", {"schedule": "absent"}, 2),
+    # The window starts at the schedule's first row: its first tick is not judged.
+    ("sdcore_schedule_missed_ticks", {"schedule": "boom"}, 1),
 ]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

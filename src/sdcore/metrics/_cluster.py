@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -27,10 +27,18 @@ from sdcore.job_scheduler import JobSchedulerStatus
 
 if TYPE_CHECKING:
     from sdcore.job_scheduler import BaseJobScheduler
-    from sdcore.outbox import OutboxStats, OutboxStore
+    from sdcore.outbox import OutboxStats
     from sdcore.scheduling import Scheduler
 
 _log = logging.getLogger("sdcore.metrics")
+
+
+class OutboxCounts(Protocol):
+    """What the collector needs of an outbox store (``PostgresOutboxStore`` has it)."""
+
+    async def stats(self) -> OutboxStats:
+        """Count the outbox's rows by status."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +82,7 @@ class ClusterCollector(Collector):
         *,
         scheduler: Scheduler | None,
         jobs: BaseJobScheduler | None,
-        outbox: OutboxStore | None,
+        outbox: OutboxCounts | None,
         window_s: float = 3600.0,
         settle_s: float = 60.0,
         timeout_s: float = 2.0,

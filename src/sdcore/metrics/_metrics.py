@@ -11,7 +11,7 @@ from sdcore.metrics._instruments import MetricsObserver
 
 if TYPE_CHECKING:
     from sdcore.job_scheduler import BaseJobScheduler
-    from sdcore.outbox import OutboxStore
+    from sdcore.metrics._cluster import OutboxCounts
     from sdcore.scheduling import Scheduler
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -91,7 +91,7 @@ class SdcoreMetrics:
         *,
         scheduler: Scheduler | None,
         jobs: BaseJobScheduler | None,
-        outbox: OutboxStore | None,
+        outbox: OutboxCounts | None,
     ) -> ClusterCollector:
         """Register the cluster collector reading ``scheduler``'s ticks and ``outbox``'s rows.
 
