@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "_internal": 0,
     "_json": 0,
     "exceptions": 0,
+    "jsonlog": 0,
     "events": 1,
     "postgres": 1,
     "job_scheduler": 2,

@@ -115,7 +115,7 @@ def test_other_surfaces() -> None:
 def test_importing_sdcore_imports_no_optional_dependency() -> None:
     code = (
         "import sys, sdcore, sdcore.job_scheduler, sdcore.testing, sdcore.postgres;"
-        "import sdcore.probes;"
+        "import sdcore.probes, sdcore.jsonlog;"
         "opt = ('sqlalchemy', 'redis', 'bullmq', 'fastapi', 'cronsim', 'prometheus_client',"
         " 'opentelemetry');"
         "bad = [m for m in opt if m in sys.modules];"
@@ -126,6 +126,7 @@ def test_importing_sdcore_imports_no_optional_dependency() -> None:
 
 
 def test_observability_surfaces() -> None:
+    import sdcore.jsonlog
     import sdcore.metrics
     import sdcore.probes
     import sdcore.tracing
@@ -139,12 +140,14 @@ def test_observability_surfaces() -> None:
         "SdcoreMetrics",
     ]
     assert sdcore.tracing.__all__ == ["SdcoreTracing"]
+    assert sdcore.jsonlog.__all__ == ["JsonFormatter"]
     assert sdcore.probes.__all__ == [
         "DEFAULT_RELAY_STUCK_AFTER_S",
         "ProbeCheck",
         "ProbeResult",
         "liveness",
         "readiness",
+        "serve",
     ]
 
 
