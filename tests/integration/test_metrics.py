@@ -7,15 +7,12 @@ by FastAPI over ASGI; the exposition is parsed with ``prometheus_client``'s own 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,10 +21,10 @@ from sdcore.metrics import METRIC_NAMES, SdcoreMetrics
 from sdcore.outbox import Outbox
 from sdcore.queues import Job, Processor
 from sdcore.scheduling import Tick
+from tests.integration._redis_prefix import REDIS_URL, redis_prefix
 
 pytestmark = pytest.mark.postgres
 
-REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 BOUNDED_LABELS = {"schedule", "outcome", "job", "queue", "reason", "status", "le"}
 
 # What the scrape must show before the values are checked (name, labels, at least).
@@ -48,18 +45,8 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
     """A BullMQ key prefix of this test; its keys are deleted afterwards."""
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
-    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    keys = [key async for key in client.scan_iter(match=f"{name}:*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    async with redis_prefix() as name:
+        yield name
 
 
 class Echo(Processor):

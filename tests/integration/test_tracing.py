@@ -4,13 +4,10 @@ transaction that wrote an outbox row, through the relay and BullMQ (Redis), to t
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,26 +18,16 @@ from sdcore import Runtime
 from sdcore.queues import Job, Processor
 from sdcore.scheduling import Tick
 from sdcore.tracing import SdcoreTracing
+from tests.integration._redis_prefix import REDIS_URL, redis_prefix
 
 pytestmark = pytest.mark.postgres
-
-REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
 
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
-    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    keys = [key async for key in client.scan_iter(match=f"{name}:*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    """A BullMQ key prefix of this test; its keys are deleted afterwards."""
+    async with redis_prefix() as name:
+        yield name
 
 
 class Seen(Processor):

@@ -255,29 +255,17 @@ class Telemetry:
 
     def tick_skipped(self, schedule: str, outcome: str) -> None:
         """A tick of ``schedule`` was skipped on purpose."""
-        for observer in self._observers:
-            try:
-                observer.tick_skipped(schedule, outcome)
-            except Exception:  # noqa: BLE001
-                self._failed("tick_skipped", observer)
+        self._each("tick_skipped", schedule, outcome)
 
     # --- leases --------------------------------------------------------------------------
 
     def lease_acquired(self, job: str) -> None:
         """A lease of ``job`` was won and its work starts."""
-        for observer in self._observers:
-            try:
-                observer.lease_acquired(job)
-            except Exception:  # noqa: BLE001
-                self._failed("lease_acquired", observer)
+        self._each("lease_acquired", job)
 
     def lease_released(self, job: str, lost: bool) -> None:
         """The work of a lease of ``job`` ended; ``lost``: ownership was lost."""
-        for observer in self._observers:
-            try:
-                observer.lease_released(job, lost)
-            except Exception:  # noqa: BLE001
-                self._failed("lease_released", observer)
+        self._each("lease_released", job, lost)
 
     def heartbeat_failed(self, job: str) -> None:
         """A heartbeat of ``job`` failed."""
@@ -306,11 +294,7 @@ class Telemetry:
 
     def relay_round(self) -> None:
         """A relay round completed."""
-        for observer in self._observers:
-            try:
-                observer.relay_round()
-            except Exception:  # noqa: BLE001
-                self._failed("relay_round", observer)
+        self._each("relay_round")
 
     def trace_context(self) -> Mapping[str, str] | None:
         """The trace context to write with an outbox row, or ``None`` (no tracing, no span)."""
