@@ -266,8 +266,10 @@ class OutboxRelay:
             published = [error] * len(valid)
         outcome = dict(zip((m.id for m in valid), published, strict=True))
         results = [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
-        await self._record(messages, results, token)
-        self.telemetry.relay_batch_finished(batch, results)
+        try:
+            await self._record(messages, results, token)
+        finally:
+            self.telemetry.relay_batch_finished(batch, results)
         return len(messages)
 
     async def _record(
