@@ -31,7 +31,7 @@ class SlowStore:
 def _values(registry: CollectorRegistry) -> dict[str, float]:
     text = generate_latest(registry).decode()
     return {
-        sample.name + "".join(f"{{{v}}}" for v in sample.labels.values()): sample.value
+        sample.name + "".join(f"{{{v}}}" for _, v in sorted(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
@@ -130,3 +130,49 @@ def test_the_shared_noop_hub_cannot_be_changed() -> None:
         NOOP.add(Observer())
     with pytest.raises(TypeError, match="Observer"):
         Telemetry().add(object())  # type: ignore[arg-type]
+
+
+async def test_ticks_of_sync_and_async_handlers_are_spans_and_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from sdcore.scheduling import Scheduler, Tick
+    from sdcore.testing import InMemoryJobScheduler
+    from sdcore.tracing import SdcoreTracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    metrics = SdcoreMetrics()
+    hub = Telemetry([metrics.observer, SdcoreTracing(tracer_provider=provider)])
+    jobs = InMemoryJobScheduler()
+    scheduler = Scheduler(jobs=jobs)
+    jobs.telemetry = scheduler.telemetry = hub
+    current: dict[str, bool] = {}
+
+    def in_thread(tick: Tick) -> None:  # runs in a worker thread
+        current["thread"] = trace.get_current_span().get_span_context().is_valid
+
+    async def on_loop(tick: Tick) -> None:
+        current["loop"] = trace.get_current_span().get_span_context().is_valid
+
+    scheduler.add_interval("thread", 100, in_thread)
+    scheduler.add_interval("loop", 100, on_loop)
+    with caplog.at_level(logging.ERROR):
+        async with scheduler:
+            async with asyncio.timeout(10):
+                while len({s.name for s in exporter.get_finished_spans()}) < 2:
+                    await asyncio.sleep(0.02)
+    # The tick span is current inside the handler, on the loop and in the thread alike, and the
+    # context is restored afterwards (no "Failed to detach context" error).
+    assert current == {"thread": True, "loop": True}
+    assert not trace.get_current_span().get_span_context().is_valid
+    assert not [r for r in caplog.records if "detach" in r.getMessage()]
+    values = _values(metrics.registry)
+    assert values["sdcore_schedule_runs_total{success}{thread}"] >= 1
+    assert values["sdcore_schedule_runs_total{success}{loop}"] >= 1
+    assert values["sdcore_job_leases_held{loop}"] == 0
