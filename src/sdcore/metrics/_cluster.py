@@ -106,6 +106,7 @@ class ClusterCollector(Collector):
         self.figures = ClusterFigures()
         self._watching_since = datetime.now(UTC)
         self._inflight: asyncio.Task[None] | None = None
+        self._first_seen: dict[str, datetime] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def refresh(self, *, force: bool = False) -> ClusterFigures:
@@ -164,7 +165,11 @@ class ClusterCollector(Collector):
         for info in scheduler.schedules():
             if not info.exclusive or info.kind.value not in ("cron", "interval"):
                 continue
-            first = await jobs.first_seen(info.name)
+            first = self._first_seen.get(info.name)
+            if first is None:
+                first = await jobs.first_seen(info.name)
+                if first is not None:  # a schedule's first row only changes if pruned: kept
+                    self._first_seen[info.name] = first
             floor = first if first is not None else self._watching_since
             start = max(now - self.window, floor)
             if start >= end:
