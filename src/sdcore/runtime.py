@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -27,15 +28,19 @@ from typing import TYPE_CHECKING, Any, Self
 
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
 from sdcore.postgres import PoolSettings, create_pool, redact_dsn, redact_text
+from sdcore.probes import DEFAULT_RELAY_STUCK_AFTER_S, ProbeResult, liveness, readiness
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
+    from sdcore.metrics import SdcoreMetrics
     from sdcore.queues import BullMQPublisher, Processor, Workers
+    from sdcore.tracing import SdcoreTracing
 
 __all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
 
@@ -94,6 +99,14 @@ class Runtime:
         relay_listen_url: A direct (not pooled) URL of the same database for the relay's
             LISTEN. Under ``transaction_pooling`` without it the relay polls (a notification
             cannot cross a transaction-mode pooler); with it, it is woken within milliseconds.
+        metrics: Prometheus metrics (``sdcore[metrics]``): ``True`` for
+            :class:`~sdcore.metrics.SdcoreMetrics` on a registry of their own, or your own
+            instance; exposed as :attr:`metrics` (``None`` when off).
+        tracing: OpenTelemetry spans and trace propagation through the outbox
+            (``sdcore[otel]``): ``True`` for :class:`~sdcore.tracing.SdcoreTracing` on the
+            global tracer provider, or your own instance; :attr:`tracing`.
+        relay_stuck_after_s: Readiness fails when the relay has rows due and completed no
+            round for this long (see :mod:`sdcore.probes`).
 
     Raises:
         ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
@@ -126,6 +139,9 @@ class Runtime:
         reconnect_max_delay_ms: int = 1_000,
         reconnect_timeout_ms: int = 300_000,
         relay_listen_url: str | None = None,
+        metrics: bool | SdcoreMetrics = False,
+        tracing: bool | SdcoreTracing = False,
+        relay_stuck_after_s: float = DEFAULT_RELAY_STUCK_AFTER_S,
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
@@ -133,6 +149,14 @@ class Runtime:
             raise ValueError("processors need redis_url")
         if isinstance(pool_max_size, bool) or not isinstance(pool_max_size, int):
             raise ValueError(f"pool_max_size must be an int, got {pool_max_size!r}")
+        if (
+            isinstance(relay_stuck_after_s, bool)
+            or not isinstance(relay_stuck_after_s, int | float)
+            or relay_stuck_after_s <= 0
+        ):
+            raise ValueError(
+                f"relay_stuck_after_s must be a positive number, got {relay_stuck_after_s!r:.40}"
+            )
         if pool_max_size < 2:
             raise ValueError(
                 f"pool_max_size must be at least 2, got {pool_max_size}: the job scheduler holds "
@@ -178,6 +202,45 @@ class Runtime:
         self._grace = grace_period_ms / 1000
         self._log = logging.getLogger(logger_name or self.default_logger_name)
         self._stack: AsyncExitStack | None = None
+        self.relay_stuck_after_s = float(relay_stuck_after_s)
+        self.started_at: float | None = None
+        """``time.monotonic()`` when :meth:`start` completed (``None`` when stopped)."""
+        self.metrics: SdcoreMetrics | None = None
+        self.tracing: SdcoreTracing | None = None
+        self.telemetry: Telemetry = NOOP
+        """The observers every component reports to (``NOOP`` without metrics or tracing)."""
+        self.instrument(metrics=metrics, tracing=tracing)
+
+    def instrument(
+        self, *, metrics: bool | SdcoreMetrics = False, tracing: bool | SdcoreTracing = False
+    ) -> None:
+        """Turn metrics and/or tracing on after construction (``sdcore run --metrics-port``).
+
+        Raises:
+            RuntimeStateError: The runtime is started, or already instrumented.
+        """
+        if not metrics and not tracing:
+            return
+        if self.started or self.telemetry is not NOOP:
+            raise RuntimeStateError("instrument() must be called once, before start()")
+        hub = self.telemetry = Telemetry()
+        if metrics:
+            from sdcore.metrics import SdcoreMetrics
+            from sdcore.outbox import PostgresOutboxStore
+
+            self.metrics = metrics if isinstance(metrics, SdcoreMetrics) else SdcoreMetrics()
+            self.metrics.bind(
+                scheduler=self.scheduler,
+                jobs=self.jobs,
+                outbox=PostgresOutboxStore(self.pool, outbox=self.outbox),
+            )
+            hub.add(self.metrics.observer)
+        if tracing:
+            from sdcore.tracing import SdcoreTracing
+
+            self.tracing = tracing if isinstance(tracing, SdcoreTracing) else SdcoreTracing()
+            hub.add(self.tracing)
+        self.jobs.telemetry = self.scheduler.telemetry = self.outbox.telemetry = hub
 
     @property
     def queues_enabled(self) -> bool:
@@ -242,6 +305,7 @@ class Runtime:
             self.relay = self.workers = self.publisher = None
             raise
         self._stack = stack
+        self.started_at = time.monotonic()
         self._log.info(
             "sdcore started (database %s, queues %s, scheduler %s)",
             redact_dsn(self.database_url),
@@ -278,8 +342,11 @@ class Runtime:
         stack, self._stack = self._stack, None
         if stack is None:
             return
+        self.started_at = None
         try:
             await stack.aclose()
+            if self.metrics is not None:
+                await self.metrics.aclose()
         finally:
             self.relay = self.workers = self.publisher = None
             self._log.info("sdcore stopped", extra={"action": "stopped"})
@@ -332,14 +399,24 @@ class Runtime:
                 transaction_pooling=self.transaction_pooling,
                 listen_dsn=self.relay_listen_url,
             )
+            relay.telemetry = self.telemetry
             await relay.start()
             self.relay = relay
             stack.push_async_callback(self._step, "relay", lambda: relay.stop(self._grace))
         if self.processors and self.run_processors:
             workers = Workers(self.processors, redis_url=redis_url, prefix=self._prefix)
+            workers.telemetry = self.telemetry
             await workers.start()
             self.workers = workers
             stack.push_async_callback(self._step, "workers", lambda: workers.close(self._grace))
+
+    async def liveness(self) -> ProbeResult:
+        """Whether this process should keep running (no I/O; see :mod:`sdcore.probes`)."""
+        return await liveness(self)
+
+    async def readiness(self) -> ProbeResult:
+        """Whether this replica is ready: alive, database reachable, relay not stuck."""
+        return await readiness(self)
 
     async def health(self) -> dict[str, ComponentHealth]:
         """Check the database, Redis and the relay (each check bounded to 2 s)."""

@@ -600,8 +600,17 @@ def _complete(script: str, *words: str) -> list[str]:
         (("sdcore", "--log-level", "W"), ["WARNING"]),
         (("sdcore", "completion", "z"), ["zsh"]),
     ],
-    ids=["command", "subcommand", "after-option", "jobs-status", "prune-status",
-         "outbox-status", "json-flag", "log-level", "shell"],
+    ids=[
+        "command",
+        "subcommand",
+        "after-option",
+        "jobs-status",
+        "prune-status",
+        "outbox-status",
+        "json-flag",
+        "log-level",
+        "shell",
+    ],
 )
 def test_bash_completion(cli: Cli, words: tuple[str, ...], expected: list[str]) -> None:
     script = cli("completion", "bash")
@@ -632,9 +641,7 @@ def _log_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str:
     return f"{name}:scheduler"
 
 
-def test_log_level_and_json_logs(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_log_level_and_json_logs(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = _log_app(tmp_path, monkeypatch, "sdcore_cli_log_app_json")
     shown = cli("--log-level", "info", "--log-json", "schedules", "list", "--app", app)
     assert shown.code == 0, shown.err

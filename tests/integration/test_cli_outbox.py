@@ -139,8 +139,22 @@ def test_missing_outbox_table_hint_is_the_outbox_upgrade(
     assert main(["--database-url", pg_dsn, "outbox", "list"]) == 1
     err = capsys.readouterr().err
     assert 'table "outbox" does not exist; run `sdcore db upgrade --outbox`' in err
-    assert main(["--database-url", pg_dsn, "--schema", "ops", "outbox", "retry", "7",
-                 "--outbox-table", "events_out"]) == 1
+    assert (
+        main(
+            [
+                "--database-url",
+                pg_dsn,
+                "--schema",
+                "ops",
+                "outbox",
+                "retry",
+                "7",
+                "--outbox-table",
+                "events_out",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "run `sdcore --schema ops db upgrade --outbox --outbox-table events_out`" in err
     # The hint works as written, and outbox list then works.

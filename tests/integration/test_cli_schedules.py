@@ -158,10 +158,12 @@ def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -
     assert main([*base, "missed", "mark-overdue-tasks", "--app", APP, *window, "--json"]) == 0
     missed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert missed == [
-        {"run_key": "2026-07-21T23:00:00Z", "scheduled_at": "2026-07-21T23:00:00Z",
-         "status": "FAIL"},
-        {"run_key": "2026-07-22T23:00:00Z", "scheduled_at": "2026-07-22T23:00:00Z",
-         "status": None},
+        {
+            "run_key": "2026-07-21T23:00:00Z",
+            "scheduled_at": "2026-07-21T23:00:00Z",
+            "status": "FAIL",
+        },
+        {"run_key": "2026-07-22T23:00:00Z", "scheduled_at": "2026-07-22T23:00:00Z", "status": None},
     ]
 
 
@@ -170,8 +172,17 @@ def test_missed_refuses_a_schedule_that_left_no_rows(
 ) -> None:
     _seed(pg_dsn)  # rows for mark-overdue-tasks only
     code = main(
-        ["--database-url", pg_dsn, "schedules", "missed", "refresh-stats", "--app", APP,
-         "--since", "1h"]
+        [
+            "--database-url",
+            pg_dsn,
+            "schedules",
+            "missed",
+            "refresh-stats",
+            "--app",
+            APP,
+            "--since",
+            "1h",
+        ]
     )
     captured = capsys.readouterr()
     assert code == 1
@@ -235,7 +246,11 @@ def test_every_listing_json_pipes_into_jq(pg_dsn: str) -> None:
     for label, command in commands.items():
         pipeline = f"set -o pipefail; {sys.executable} -m sdcore.cli {command} | {jq} -e '{check}'"
         done = subprocess.run(
-            ["bash", "-c", pipeline], capture_output=True, text=True, timeout=60, env=env,
+            ["bash", "-c", pipeline],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
             check=False,
         )
         assert done.returncode == 0, (label, done.stdout, done.stderr)

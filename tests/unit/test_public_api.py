@@ -115,12 +115,40 @@ def test_other_surfaces() -> None:
 def test_importing_sdcore_imports_no_optional_dependency() -> None:
     code = (
         "import sys, sdcore, sdcore.job_scheduler, sdcore.testing, sdcore.postgres;"
-        "opt = ('sqlalchemy', 'redis', 'bullmq', 'fastapi', 'cronsim');"
+        "import sdcore.probes, sdcore.jsonlog;"
+        "opt = ('sqlalchemy', 'redis', 'bullmq', 'fastapi', 'cronsim', 'prometheus_client',"
+        " 'opentelemetry');"
         "bad = [m for m in opt if m in sys.modules];"
         "print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_observability_surfaces() -> None:
+    import sdcore.jsonlog
+    import sdcore.metrics
+    import sdcore.probes
+    import sdcore.tracing
+
+    assert sdcore.metrics.__all__ == [
+        "CONTENT_TYPE",
+        "METRIC_NAMES",
+        "ClusterCollector",
+        "ClusterFigures",
+        "MetricsObserver",
+        "SdcoreMetrics",
+    ]
+    assert sdcore.tracing.__all__ == ["SdcoreTracing"]
+    assert sdcore.jsonlog.__all__ == ["JsonFormatter"]
+    assert sdcore.probes.__all__ == [
+        "DEFAULT_RELAY_STUCK_AFTER_S",
+        "ProbeCheck",
+        "ProbeResult",
+        "liveness",
+        "readiness",
+        "serve",
+    ]
 
 
 def test_scheduling_surface() -> None:
@@ -209,6 +237,8 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "get_sdcore",
         "health_router",
         "install",
+        "metrics_router",
+        "probes_router",
     ]
 
 

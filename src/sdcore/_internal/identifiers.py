@@ -83,5 +83,3 @@ def derived_name(table: str, suffix: str) -> str:
     room = MAX_IDENTIFIER_BYTES - len(suffix.encode("utf-8")) - len(digest) - 2
     base = table.encode("utf-8")[:room].decode("utf-8", "ignore")
     return f"{base}_{digest}_{suffix}"
-
-

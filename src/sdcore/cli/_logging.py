@@ -12,25 +12,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
 
-from sdcore.cli._format import json_line, one_line, utc_iso
-from sdcore.postgres import redact_text
-
-# Attributes every LogRecord has; anything else came in through ``extra=`` and is shown.
-_STANDARD = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
-)
-
-
-def _redact(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = redact_text(text, secret)
-    return redact_text(text)
-
-
-def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {key: value for key, value in vars(record).items() if key not in _STANDARD}
+from sdcore.cli._format import one_line, utc_iso
+from sdcore.jsonlog import JsonFormatter
 
 
 class _Formatter(logging.Formatter):
@@ -38,35 +22,19 @@ class _Formatter(logging.Formatter):
 
     def __init__(self, *, as_json: bool, secrets: Sequence[str]) -> None:
         super().__init__()
+        # One masking for both forms: the JSON formatter's (sdcore.jsonlog).
+        self._mask = JsonFormatter(secrets=secrets)
         self._json = as_json
-        self._secrets = list(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
+        if self._json:
+            return self._mask.format(record)
         when = utc_iso(datetime.fromtimestamp(record.created, UTC), precise=True)
         message = record.getMessage()
         if record.exc_info:
             message = f"{message}\n{self.formatException(record.exc_info)}"
-        message = _redact(message, self._secrets)
-        if self._json:
-            shown: dict[str, Any] = {
-                "time": when,
-                "level": record.levelname,
-                "logger": record.name,
-                "message": message,
-            }
-            for key, value in _extras(record).items():
-                if isinstance(value, str):
-                    value = _redact(value, self._secrets)
-                shown.setdefault(key, value)
-            try:
-                return json_line(shown)
-            except (TypeError, ValueError):
-                return json_line({k: v if _is_plain(v) else str(v) for k, v in shown.items()})
+        message = self._mask.redact(message)
         return f"{when} {record.levelname} {record.name}: {one_line(message)}"
-
-
-def _is_plain(value: object) -> bool:
-    return value is None or isinstance(value, str | int | float | bool)
 
 
 @contextmanager

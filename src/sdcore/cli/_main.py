@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         args = parse_args(arguments, __version__)
-        with cli_logging(args.log_level, as_json=args.log_json, secrets=secrets):
+        as_json = args.log_json or environ.get("SDCORE_LOG_JSON", "") in ("1", "true")
+        with cli_logging(args.log_level, as_json=as_json, secrets=secrets):
             _dispatch(args, environ)
     except HelpExit as exc:
         return exc.status
@@ -133,6 +134,8 @@ def _dispatch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
             relay=not args.no_relay,
             processors=not args.no_processors,
             ready_file=Path(args.ready_file) if args.ready_file else None,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         run_app(run_options, _emit)
         return

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
+from sdcore.cli._metrics import add_run_arguments
 from sdcore.postgres import InvalidIdentifierError, check_identifier
 
 DEFAULT_TABLE = "job_scheduler"
@@ -383,6 +384,7 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
     run.add_argument("--no-scheduler", action="store_true", help="do not run the schedules")
     run.add_argument("--no-relay", action="store_true", help="do not run the outbox relay")
     run.add_argument("--no-processors", action="store_true", help="do not run the queue processors")
+    add_run_arguments(run)  # --metrics-port (sdcore.cli._metrics)
     run.add_argument(
         "--ready-file",
         metavar="PATH",

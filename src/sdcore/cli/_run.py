@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdcore.cli import _metrics
 from sdcore.cli._db import CliError
 from sdcore.cli._format import escape, one_line
 from sdcore.postgres import redact_text
@@ -36,6 +37,8 @@ class RunOptions:
     relay: bool = True
     processors: bool = True
     ready_file: Path | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - see sdcore.cli._metrics
 
 
 def load(spec: str) -> object:
@@ -131,17 +134,19 @@ async def _run(obj: object, options: RunOptions, emit: Callable[[str], None]) ->
         target.run_scheduler = options.scheduler
         target.run_relay = options.relay
         target.run_processors = options.processors
+    _metrics.prepare(target, options.metrics_port)
     try:
         await target.__aenter__()
     except Exception as exc:  # noqa: BLE001 - start-up failure as one line
         detail = one_line(redact_text(f"{type(exc).__name__}: {exc}"))
         raise CliError(f"{escape(options.spec)} did not start: {detail}") from None
     try:
-        if options.ready_file is not None:
-            options.ready_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
-        emit(describe(target, options))
-        await stop.wait()
-        emit("stopping: running ticks and jobs get the grace period…")
+        async with _metrics.serving(target, options.metrics_port, options.metrics_host):
+            if options.ready_file is not None:
+                options.ready_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
+            emit(describe(target, options))
+            await stop.wait()
+            emit("stopping: running ticks and jobs get the grace period…")
     finally:
         if options.ready_file is not None:
             with contextlib.suppress(FileNotFoundError):

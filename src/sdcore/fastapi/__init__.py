@@ -5,6 +5,8 @@ sd = Sdcore(database_url=..., redis_url=os.environ.get("REDIS_URL"))
 app = FastAPI(lifespan=sd.lifespan)
 install(app, sd)
 app.include_router(health_router())
+app.include_router(probes_router())      # /livez, /readyz
+app.include_router(metrics_router())     # /metrics (Sdcore(metrics=True), sdcore[metrics])
 
 @sd.scheduler.cron(CronExpression.EVERY_DAY_AT_1AM, name="mark-overdue-tasks")
 async def mark_overdue(tick: Tick) -> None: ...
@@ -33,6 +35,7 @@ from sdcore.fastapi._deps import (
     health_router,
     install,
 )
+from sdcore.fastapi._monitoring import metrics_router, probes_router
 from sdcore.fastapi._runtime import ComponentHealth, Sdcore
 
 __all__ = [
@@ -50,4 +53,6 @@ __all__ = [
     "get_sdcore",
     "health_router",
     "install",
+    "metrics_router",
+    "probes_router",
 ]

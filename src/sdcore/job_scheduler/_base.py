@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVar, cast, overload
 
 from sdcore._internal.errors import error_text
+from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
 from sdcore.job_scheduler._model import (
     LEASE_SLACK_MS,
@@ -56,6 +57,8 @@ class BaseJobScheduler(abc.ABC):
     Args:
         logger_name: Name of the logger used for run and heartbeat events.
     """
+
+    telemetry: Telemetry = NOOP  # observers of leases and heartbeats (sdcore.metrics)
 
     def __init__(self, *, logger_name: str = "sdcore.job_scheduler") -> None:
         self._log = logging.getLogger(logger_name)
@@ -274,6 +277,17 @@ class _Run:
         }
 
     async def execute(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
+        self.service.telemetry.lease_acquired(self.options.code)
+        lost = False
+        try:
+            return await self._execute(fn)
+        except LostJobLeaseError:
+            lost = True
+            raise
+        finally:
+            self.service.telemetry.lease_released(self.options.code, lost)
+
+    async def _execute(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
         beat = None
         if self.options.heartbeat_ms > 0:
             beat = asyncio.create_task(
@@ -481,11 +495,13 @@ class _Run:
                 raise
             if not done:
                 call.add_done_callback(_consume)
+                self.service.telemetry.heartbeat_failed(self.options.code)
                 self._lose("the database did not answer the heartbeat within the lease")
                 return
             try:
                 ok = call.result()
             except (JobSchedulerUnavailableError, TimeoutError) as exc:
+                self.service.telemetry.heartbeat_failed(self.options.code)
                 self.beat_problem = "the database was unreachable for longer than the lease"
                 if state.time_left() <= 0:
                     self._lose("the database was unreachable for longer than the lease")
@@ -500,6 +516,7 @@ class _Run:
                 due = time.monotonic() + min(interval, 1.0)
                 continue
             except Exception as exc:  # noqa: BLE001 - never "Task exception was never retrieved"
+                self.service.telemetry.heartbeat_failed(self.options.code)
                 self.service._log.exception(
                     "job %r run %r: heartbeat error",
                     self.options.code,

@@ -145,6 +145,8 @@ class OutboxMessage:
     attempts: int
     max_attempts: int
     created_at: datetime
+    trace_context: dict[str, str] | None = None
+    """The enqueuing span's W3C trace context (``traceparent``…), with ``sdcore.tracing``."""
 
 
 class Publisher(Protocol):

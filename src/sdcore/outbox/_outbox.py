@@ -12,6 +12,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
+from sdcore._internal.telemetry import NOOP, Telemetry, trace_json
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease
 from sdcore.outbox._model import (
@@ -87,6 +88,8 @@ class Outbox:
         InvalidOutboxMessageError: A bad namespace.
         ValueError: ``max_attempts`` or ``dedup_window_ms`` out of range.
     """
+
+    telemetry: Telemetry = NOOP  # whose trace context rows carry (sdcore.tracing)
 
     def __init__(
         self,
@@ -181,6 +184,7 @@ class Outbox:
             "namespace": self.namespace,
             "target": self._target,
             "channel": self.channel,
+            "trace": trace_json(self.telemetry),
         }
 
     async def enqueue_once(

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
     InvalidOutboxMessageError,
@@ -48,6 +49,8 @@ class RelayState:
     failed: int
     last_publish_at: datetime | None
     last_error: str | None
+    last_round_at: float | None = None
+    """``time.monotonic()`` when a round (claim, publish, record) last completed."""
 
 
 def _ms(name: str, value: int, minimum: int) -> int:
@@ -103,6 +106,8 @@ class OutboxRelay:
             ``dedup_window_ms``, or ``outbox`` / ``listen_dsn`` / ``transaction_pooling`` given
             with a store.
     """
+
+    telemetry: Telemetry = NOOP  # observers of batches and rounds (sdcore.metrics, .tracing)
 
     def __init__(
         self,
@@ -172,6 +177,7 @@ class OutboxRelay:
         self._failed = 0
         self._last_publish_at: datetime | None = None
         self._last_error: str | None = None
+        self._last_round_at: float | None = None
 
     @property
     def state(self) -> RelayState:
@@ -184,6 +190,7 @@ class OutboxRelay:
             failed=self._failed,
             last_publish_at=self._last_publish_at,
             last_error=self._last_error,
+            last_round_at=self._last_round_at,
         )
 
     async def __aenter__(self) -> Self:
@@ -243,9 +250,11 @@ class OutboxRelay:
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
         invalid = {m.id: problem for m in messages if (problem := _invalid(m)) is not None}
         valid = [m for m in messages if m.id not in invalid]
+        batch = self.telemetry.relay_batch_started(messages)
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            self.telemetry.relay_batch_finished(batch, ())
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
@@ -257,7 +266,10 @@ class OutboxRelay:
             published = [error] * len(valid)
         outcome = dict(zip((m.id for m in valid), published, strict=True))
         results = [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
-        await self._record(messages, results, token)
+        try:
+            await self._record(messages, results, token)
+        finally:
+            self.telemetry.relay_batch_finished(batch, results)
         return len(messages)
 
     async def _record(
@@ -351,21 +363,26 @@ class OutboxRelay:
             try:
                 claimed = await self.run_once()
             except PublisherUnavailableError as exc:
+                self.telemetry.relay_error("broker_unavailable")
                 backoff = self._back_off(backoff, "broker unavailable", exc)
                 self._broker_available = False
                 await self._pause(backoff)
                 continue
             except (psycopg.Error, OSError) as exc:
+                self.telemetry.relay_error("database_unavailable")
                 backoff = self._back_off(backoff, "database unavailable", exc)
                 await self._pause(backoff)
                 continue
             except Exception as exc:  # noqa: BLE001 - the relay must outlive a bad round
+                self.telemetry.relay_error("error")
                 self._log.exception("outbox relay round failed", extra={"action": "relay_error"})
                 backoff = self._back_off(backoff, "unexpected error", exc)
                 await self._pause(backoff)
                 continue
             backoff = 0.0
             self._broker_available = True
+            self._last_round_at = loop.time()
+            self.telemetry.relay_round()
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self._prune_every
                 with contextlib.suppress(psycopg.Error, OSError):

@@ -21,24 +21,29 @@ from psycopg import sql
 # database, the table's real schema (resolved through search_path when the Outbox has none) and
 # the table, each quote_ident()-ed so the joined text is unambiguous.
 #
+# trace_context: the W3C trace context of the enqueuing span (sdcore.tracing), or NULL; not part
+# of the message (nor of its digest): the same message enqueued from two traces is one message.
+#
 # message_digest = SHA-256 of jsonb's canonical text (keys sorted and deduplicated, whitespace
 # normalized) of [queue, name, payload, options]: equal messages, as jsonb compares them, have
 # equal digests. The migration backfills 0.1.0 rows with the same expression.
 ENQUEUE = """\
 WITH inserted AS (
     INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts,
-                         message_digest)
+                         message_digest, trace_context)
     SELECT m.key, m.queue, m.name,
            'sd2-' || encode(sha256(convert_to(
                CAST(octet_length(convert_to(m.ns, 'UTF8')) AS text) || ':' || m.ns || m.key,
                'UTF8')), 'hex'),
            m.payload, m.options, m.max_attempts,
            sha256(convert_to(CAST(jsonb_build_array(m.queue, m.name, m.payload, m.options)
-                                  AS text), 'UTF8'))
+                                  AS text), 'UTF8')),
+           m.trace_context
     FROM (
         SELECT CAST(%(key)s AS text) AS key, CAST(%(queue)s AS text) AS queue,
                CAST(%(name)s AS text) AS name, CAST(%(payload)s AS jsonb) AS payload,
                CAST(%(options)s AS jsonb) AS options, CAST(%(max)s AS integer) AS max_attempts,
+               CAST(%(trace)s AS jsonb) AS trace_context,
                COALESCE(CAST(%(namespace)s AS text), (
                    SELECT quote_ident(current_database()) || '.' || quote_ident(n.nspname)
                           || '.' || quote_ident(c.relname)
@@ -81,7 +86,7 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING id, idempotency_key, queue, name, job_id, payload, options, attempts, max_attempts,
-          created_at"""
+          created_at, trace_context"""
 
 # A delivery is a fact, whoever's claim it was: any relay that published the job may mark the
 # row, even one whose claim was taken over, and even a row another relay marked DEAD meanwhile

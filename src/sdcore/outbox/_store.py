@@ -251,6 +251,7 @@ class PostgresOutboxStore:
                 attempts=r[7],
                 max_attempts=r[8],
                 created_at=r[9],
+                trace_context=r[10],
             )
             for r in rows
         ]

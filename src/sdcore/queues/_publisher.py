@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.telemetry import trace_option
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 from sdcore.queues._bullmq import Queue
 from sdcore.queues._errors import JobRejectedError, JobTooLargeError
@@ -196,7 +197,7 @@ class BullMQPublisher:
         return {
             "name": message.name,
             "data": message.payload,
-            "opts": {**message.options, "jobId": message.job_id},
+            "opts": {**message.options, "jobId": message.job_id, **trace_option(message)},
         }
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> list[BaseException | None]:

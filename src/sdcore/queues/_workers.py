@@ -14,6 +14,7 @@ from redis import exceptions as redis_errors
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.queues._bullmq import Worker
 from sdcore.queues._processor import Processor, check_processor, is_final_attempt
 from sdcore.queues._publisher import DEFAULT_PREFIX, check_prefix
@@ -65,6 +66,8 @@ class Workers:
         InvalidProcessorError: A processor is invalid.
         ValueError: Two processors for one queue, no processor, a bad URL, prefix or interval.
     """
+
+    telemetry: Telemetry = NOOP  # observers of processed jobs (sdcore.metrics, sdcore.tracing)
 
     def __init__(
         self,
@@ -147,7 +150,7 @@ class Workers:
     def _worker(self, processor: Processor) -> Any:
         async def handler(job: Any, token: str) -> Any:
             # Two positional parameters: bullmq then passes no AbortSignal.
-            return await processor.process(job)
+            return await self.telemetry.process(processor.queue, job, processor.process)
 
         worker = Worker(
             processor.queue,

@@ -14,6 +14,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sdcore._internal.telemetry import (
+    FAILURE,
+    LOST_LEASE,
+    NOOP,
+    SKIPPED_OVERLAP,
+    SUCCESS,
+    RunScope,
+    Telemetry,
+)
 from sdcore.job_scheduler import (
     BaseJobScheduler,
     JobAcquireOptions,
@@ -65,6 +74,8 @@ class TickRunner:
         jobs: The lease service, or ``None`` (every process runs every tick).
         logger: The scheduler's logger.
     """
+
+    telemetry: Telemetry = NOOP  # observers of ticks (sdcore.metrics, sdcore.tracing)
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
@@ -149,6 +160,7 @@ class TickRunner:
                 extra={"action": "tick_overlap_skipped", "schedule": name, "run_key": tick.run_key},
             )
             if record_skip:
+                self.telemetry.tick_skipped(name, SKIPPED_OVERLAP)
                 await self.record_skipped(name, kind, policy, tick, "overlap")
             return TickOutcome(ran=False, succeeded=False, attempts=0)
         lease = guard.lease
@@ -214,17 +226,21 @@ class TickRunner:
         # Local tries: each is an attempt *offer*; the row's budget decides whether it runs.
         for local in range(1, 2 * policy.retries + 2):
             ran_now = False
+            run = self.telemetry.tick_scope(name)
             try:
                 attempt, executed = await self._attempt(
-                    name, kind, handler, policy, replace(tick, attempt=local)
+                    name, kind, handler, policy, replace(tick, attempt=local), run
                 )
             except asyncio.CancelledError:
+                self.telemetry.tick_finished(run, FAILURE)
                 raise
             except LostJobLeaseError as exc:
+                self.telemetry.tick_finished(run, LOST_LEASE)
                 # Another replica may own the tick now; whatever it does is the tick's outcome.
                 self._log_error("lease lost during the run", name, tick, exc, "tick_lease_lost")
                 return TickOutcome(ran=True, succeeded=False, attempts=attempt)
             except _HandlerFailed as failed:
+                self.telemetry.tick_finished(run, FAILURE)
                 attempt = failed.attempt
                 current = replace(tick, attempt=attempt)
                 self._log_error(
@@ -234,9 +250,11 @@ class TickRunner:
                 executed = None
             except JobSchedulerError as exc:
                 # Database down…: logged; the loop goes on, catch-up decides later.
+                self.telemetry.tick_finished(run, FAILURE)
                 self._log_error("tick not run here", name, tick, exc, "tick_not_run")
                 executed = None
             if executed:
+                self.telemetry.tick_finished(run, SUCCESS)
                 return TickOutcome(ran=True, succeeded=True, attempts=attempt)
             if policy.retries == 0 or local > 2 * policy.retries:
                 break
@@ -296,7 +314,13 @@ class TickRunner:
         return wait
 
     async def _attempt(
-        self, name: str, kind: ScheduleKind, handler: Handler, policy: RunPolicy, tick: Tick
+        self,
+        name: str,
+        kind: ScheduleKind,
+        handler: Handler,
+        policy: RunPolicy,
+        tick: Tick,
+        run: RunScope | None = None,
     ) -> tuple[int, bool]:
         """Offer one attempt. Returns ``(attempt, ran_and_succeeded)``; ``False``: not ours.
 
@@ -304,6 +328,7 @@ class TickRunner:
             _HandlerFailed: The handler raised (the row is ``FAIL``).
         """
         if self.jobs is None or not policy.exclusive:
+            self.telemetry.tick_started(run, tick)
             try:
                 await _call(handler, tick)
             except Exception as exc:
@@ -315,7 +340,9 @@ class TickRunner:
         def bind(lease: JobExecutionLease, attempt: int) -> Tick:
             nonlocal number
             number = attempt
-            return replace(tick, lease=lease, attempt=attempt)
+            bound = replace(tick, lease=lease, attempt=attempt)
+            self.telemetry.tick_started(run, bound)
+            return bound
 
         call: Callable[[JobExecutionLease, int], Any]
         if inspect.iscoroutinefunction(handler):

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 from zoneinfo import ZoneInfo
 
+from sdcore._internal.telemetry import Telemetry
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
 from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
@@ -87,6 +88,15 @@ class Scheduler:
         # handler (run history); see sdcore.scheduling._control.
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._wrap: Callable[[str, Handler], Handler] | None = None
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The observers of this scheduler's ticks (``NOOP``; a Runtime installs its own)."""
+        return self._sup.runner.telemetry
+
+    @telemetry.setter
+    def telemetry(self, hub: Telemetry) -> None:
+        self._sup.runner.telemetry = hub
 
     # --- registration ------------------------------------------------------------------------
 

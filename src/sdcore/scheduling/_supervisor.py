@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sdcore._internal.telemetry import SKIPPED_OVERLAP, SKIPPED_PAUSE
 from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
 from sdcore.scheduling._catch_up import (
     MAX_CATCH_UP,
@@ -115,6 +116,11 @@ class Supervisor:
         self.gate: Callable[[str], str | None] | None = None
 
     @property
+    def runner(self) -> TickRunner:
+        """The tick runner (the scheduler's telemetry hangs on it)."""
+        return self._runner
+
+    @property
     def tasks(self) -> int:
         """Ticks (and skip records) in progress."""
         return len(self._tasks)
@@ -163,6 +169,7 @@ class Supervisor:
         reason = None if self.gate is None else self.gate(entry.name)
         if reason is not None and path not in (StartPath.TRIGGER, StartPath.BACKFILL):
             if path is StartPath.FIRE:
+                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_PAUSE)
                 self._log.info(
                     "schedule %r run %r: skipped, the schedule is %s",
                     entry.name,
@@ -194,6 +201,7 @@ class Supervisor:
                 },
             )
             if path is StartPath.FIRE:
+                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_OVERLAP)
                 self._own(
                     self._runner.record_skipped(
                         entry.name, entry.kind, entry.policy, tick, "overlap"
