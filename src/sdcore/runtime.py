@@ -22,16 +22,16 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
-from sdcore.postgres import PoolSettings, create_pool, redact_dsn, redact_text
+from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class ComponentHealth:
     detail: str
 
 
-class Runtime:
+class Runtime(AsyncStartStop):
     """The job scheduler, scheduler, event bus, outbox, relay and queue workers of one service.
 
     Built at import time (so that routes and schedules can be declared against it); nothing
@@ -94,6 +94,10 @@ class Runtime:
         relay_listen_url: A direct (not pooled) URL of the same database for the relay's
             LISTEN. Under ``transaction_pooling`` without it the relay polls (a notification
             cannot cross a transaction-mode pooler); with it, it is woken within milliseconds.
+        relay_batch_size: Outbox rows the relay claims at a time.
+        lease_table: The job lease table (the scheduler's run records).
+        schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
+        application_name: Shown in ``pg_stat_activity`` for the pool's connections.
 
     Raises:
         ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
@@ -126,13 +130,19 @@ class Runtime:
         reconnect_max_delay_ms: int = 1_000,
         reconnect_timeout_ms: int = 300_000,
         relay_listen_url: str | None = None,
+        relay_batch_size: int = 100,
+        lease_table: str = DEFAULT_TABLES["lease"],
+        schema: str | None = None,
+        application_name: str = "sdcore",
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
         if processors and not redis_url:
             raise ValueError("processors need redis_url")
-        if isinstance(pool_max_size, bool) or not isinstance(pool_max_size, int):
-            raise ValueError(f"pool_max_size must be an int, got {pool_max_size!r}")
+        sizes = (("pool_max_size", pool_max_size), ("relay_batch_size", relay_batch_size))
+        for name, value in sizes:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if pool_max_size < 2:
             raise ValueError(
                 f"pool_max_size must be at least 2, got {pool_max_size}: the job scheduler holds "
@@ -148,6 +158,7 @@ class Runtime:
             reconnect_min_delay_ms=reconnect_min_delay_ms,
             reconnect_max_delay_ms=reconnect_max_delay_ms,
             reconnect_timeout_ms=reconnect_timeout_ms,
+            application_name=application_name,
         )
         self.transaction_pooling = transaction_pooling
         self.relay_listen_url = relay_listen_url or None
@@ -155,6 +166,8 @@ class Runtime:
         self.pool: AsyncConnectionPool[Any] = create_pool(database_url, settings)
         self.jobs = JobSchedulerService(
             self.pool,
+            table=lease_table,
+            schema=schema,
             max_connections=max(1, pool_max_size // 2),
             transaction_pooling=transaction_pooling,
         )
@@ -162,7 +175,9 @@ class Runtime:
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
         )
         poll_only = transaction_pooling or not schedules_listen
-        self.schedule_store = PostgresScheduleStore(self.pool, transaction_pooling=poll_only)
+        self.schedule_store = PostgresScheduleStore(
+            self.pool, schema=schema, lease_table=lease_table, transaction_pooling=poll_only
+        )
         self.control = ScheduleControl(self.scheduler, self.schedule_store, listen=not poll_only)
         self.events = EventBus()
         self.outbox = outbox or Outbox()
@@ -175,6 +190,7 @@ class Runtime:
         self.run_processors = True
         self._ensure_schema = ensure_schema
         self._prefix = queue_prefix
+        self._relay_batch_size = relay_batch_size
         self._grace = grace_period_ms / 1000
         self._log = logging.getLogger(logger_name or self.default_logger_name)
         self._stack: AsyncExitStack | None = None
@@ -188,18 +204,6 @@ class Runtime:
     def started(self) -> bool:
         """Whether :meth:`start` completed and :meth:`stop` has not run since."""
         return self._stack is not None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Start everything: pool → migrations → (Redis: publisher, relay, workers) → scheduler.
@@ -329,6 +333,7 @@ class Runtime:
                 self.pool,
                 publisher,
                 outbox=self.outbox,
+                batch_size=self._relay_batch_size,
                 transaction_pooling=self.transaction_pooling,
                 listen_dsn=self.relay_listen_url,
             )
