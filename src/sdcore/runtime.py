@@ -98,6 +98,9 @@ class Runtime(AsyncStartStop):
         lease_table: The job lease table (the scheduler's run records).
         schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
         application_name: Shown in ``pg_stat_activity`` for the pool's connections.
+        schedule_control: Run the schedules control plane with the scheduler (pause, trigger,
+            backfill, stored schedules; this replica's schedules are recorded in its tables).
+            ``False``: the schedules run as declared and nothing else reaches them.
 
     Raises:
         ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
@@ -134,6 +137,7 @@ class Runtime(AsyncStartStop):
         lease_table: str = DEFAULT_TABLES["lease"],
         schema: str | None = None,
         application_name: str = "sdcore",
+        schedule_control: bool = True,
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
@@ -186,6 +190,7 @@ class Runtime(AsyncStartStop):
         self.relay: OutboxRelay | None = None
         self.workers: Workers | None = None
         self.run_scheduler = bool(scheduler)
+        self.run_schedule_control = bool(schedule_control)
         self.run_relay = bool(relay)
         self.run_processors = True
         self._ensure_schema = ensure_schema
@@ -231,7 +236,7 @@ class Runtime(AsyncStartStop):
             if self.run_scheduler:
                 # The control plane first (a paused schedule must not fire at start-up), and
                 # stopped first (no trigger or backfill starts a tick into a closing scheduler).
-                control = await self._start_control()
+                control = self.run_schedule_control and await self._start_control()
                 try:
                     await self.scheduler.start_all()
                 except BaseException:
