@@ -66,33 +66,37 @@ def progress_line(progress: Any) -> str:
     )
 
 
+def _emit_json(items: Sequence[Any], as_dict: Callable[[Any], dict[str, Any]], emit: Emit) -> None:
+    for item in items:
+        emit(json_line(as_dict(item)))
+
+
+def _schedule_json(s: Any) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "origin": s.origin,
+        "kind": s.kind,
+        "expression": s.expression,
+        "time_zone": s.time_zone,
+        "paused": s.paused,
+        "paused_at": _plain(s.paused_at),
+        "paused_by": s.paused_by,
+        "paused_reason": s.paused_reason,
+        "handler": s.handler,
+        "args": s.args,
+        "next_fire_at": _plain(s.next_fire_at),
+        "last_run_at": _plain(s.last_run_at),
+        "last_status": s.last_status,
+        "replicas": list(s.replicas),
+        "last_seen_at": _plain(s.last_seen_at),
+        "versions": s.versions,
+    }
+
+
 def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
     """Print the cluster's schedules (``sdcore schedules list`` without ``--app``)."""
     if as_json:
-        for s in states:
-            emit(
-                json_line(
-                    {
-                        "name": s.name,
-                        "origin": s.origin,
-                        "kind": s.kind,
-                        "expression": s.expression,
-                        "time_zone": s.time_zone,
-                        "paused": s.paused,
-                        "paused_at": _plain(s.paused_at),
-                        "paused_by": s.paused_by,
-                        "paused_reason": s.paused_reason,
-                        "handler": s.handler,
-                        "args": s.args,
-                        "next_fire_at": _plain(s.next_fire_at),
-                        "last_run_at": _plain(s.last_run_at),
-                        "last_status": s.last_status,
-                        "replicas": list(s.replicas),
-                        "last_seen_at": _plain(s.last_seen_at),
-                        "versions": s.versions,
-                    }
-                )
-            )
+        _emit_json(states, _schedule_json, emit)
         return
     rows = [
         [
@@ -120,30 +124,29 @@ def _seconds(value: Any) -> str:
     return "-" if value is None else f"{value.total_seconds():.3f}s"
 
 
+def _run_json(r: Any) -> dict[str, Any]:
+    return {
+        "schedule": r.schedule,
+        "run_key": r.run_key,
+        "source": r.source,
+        "status": r.status,
+        "scheduled_at": utc_iso(r.scheduled_at, precise=True),
+        "started_at": utc_iso(r.started_at, precise=True),
+        "finished_at": _precise(r.finished_at),
+        "lag_ms": _ms(r.lag),
+        "duration_ms": _ms(r.duration),
+        "attempt": r.attempt,
+        "fencing_token": r.fencing_token,
+        "host": r.host,
+        "pid": r.pid,
+        "error": r.error,
+    }
+
+
 def emit_history(runs: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
     """Print the runs of a schedule (``sdcore schedules history``)."""
     if as_json:
-        for r in runs:
-            emit(
-                json_line(
-                    {
-                        "schedule": r.schedule,
-                        "run_key": r.run_key,
-                        "source": r.source,
-                        "status": r.status,
-                        "scheduled_at": utc_iso(r.scheduled_at, precise=True),
-                        "started_at": utc_iso(r.started_at, precise=True),
-                        "finished_at": _precise(r.finished_at),
-                        "lag_ms": _ms(r.lag),
-                        "duration_ms": _ms(r.duration),
-                        "attempt": r.attempt,
-                        "fencing_token": r.fencing_token,
-                        "host": r.host,
-                        "pid": r.pid,
-                        "error": r.error,
-                    }
-                )
-            )
+        _emit_json(runs, _run_json, emit)
         return
     rows = [
         [
@@ -167,8 +170,7 @@ def emit_history(runs: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
 def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
     """Print the control actions of a schedule (``sdcore schedules log``)."""
     if as_json:
-        for action in actions:
-            emit(json_line(action_json(action)))
+        _emit_json(actions, action_json, emit)
         return
     rows = []
     for a in actions:
