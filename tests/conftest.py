@@ -53,6 +53,8 @@ _STAMP = "%y%m%d%H%M%S"
 RUN_STARTED = datetime.now(UTC)
 RUN_ID = f"{RUN_STARTED:{_STAMP}}_{secrets.token_hex(3)}"
 _NAME = re.compile(rf"{PREFIX}(?P<stamp>[0-9]{{12}})_(?P<rand>[0-9a-f]{{6}})(?:_.*)?")
+_LEGACY = re.compile(rf"{PREFIX}[0-9a-f]{{10}}_.*")
+_LEGACY_COMMENT = re.compile(r"sdcore test run created ([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8})")
 _counter = itertools.count()
 # The components whose tables the schema template holds, under their default names.
 SCHEMA_COMPONENTS: tuple[Component, ...] = ("lease", "outbox", "schedules")
@@ -122,11 +124,20 @@ def is_stale(name: str, comment: str | None, now: datetime) -> bool:
 
     Over means: its id (the UTC start in the name) is older than :data:`STALE_AFTER`, or it was
     made on this host, in this pid namespace, by a pid that is no longer alive. A name of this
-    run, or one that does not follow the scheme, is never stale.
+    run, or one that does not follow the scheme, is never stale — except a name of the scheme
+    before (``sdcore_test_<10 hex>_…``, "created <UTC time>" in its comment) once that is older
+    than :data:`STALE_AFTER`.
     """
-    match = _NAME.fullmatch(name)
-    if match is None or name.startswith(f"{PREFIX}{RUN_ID}"):
+    if name.startswith(f"{PREFIX}{RUN_ID}"):
         return False
+    match = _NAME.fullmatch(name)
+    if match is None:
+        # The scheme before run ids had a timestamp: a creation stamp in the comment.
+        legacy = _LEGACY.fullmatch(name) and _LEGACY_COMMENT.fullmatch(comment or "")
+        if not legacy:
+            return False
+        created = datetime.strptime(legacy[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        return now - created > STALE_AFTER
     started = datetime.strptime(match["stamp"], _STAMP).replace(tzinfo=UTC)
     if now - started > STALE_AFTER:
         return True

@@ -63,3 +63,12 @@ def test_foreign_and_malformed_names_are_left_alone() -> None:
         assert not is_stale(name, _comment(pid=_dead_pid()), NOW)
     for comment in ("sdcore test run created 2000-01-01", "[]", "{}"):
         assert not is_stale(_name(NOW - timedelta(minutes=1)), comment, NOW)
+
+
+def test_databases_of_the_scheme_before_are_swept_by_their_stamp_only() -> None:
+    name = f"{PREFIX}0123456789_4"
+    old = (NOW - STALE_AFTER - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
+    fresh = (NOW - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
+    assert is_stale(name, f"sdcore test run created {old}", NOW)
+    assert not is_stale(name, f"sdcore test run created {fresh}", NOW)
+    assert not is_stale(name, None, NOW)
