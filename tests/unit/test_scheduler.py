@@ -123,8 +123,9 @@ async def test_sync_handlers_run_in_a_thread() -> None:
     threads: list[int] = []
     scheduler = Scheduler(jobs=InMemoryJobScheduler())
     scheduler.add_interval("sync", 200, lambda tick: threads.append(threading.get_ident()))
-    async with scheduler:
-        await asyncio.sleep(0.5)
+    async with scheduler, asyncio.timeout(5):
+        while not threads:  # the first tick, within 200 ms
+            await asyncio.sleep(0.01)
     assert threads
     assert main not in threads
 
