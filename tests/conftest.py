@@ -1,7 +1,18 @@
-"""Shared fixtures: a fresh PostgreSQL database per test, copied from an empty template.
+"""Shared fixtures: a fresh PostgreSQL database per test, copied from a template of this run.
 
-Database names carry a random run id, so concurrent runs on one server never collide; databases
-left by a crashed run are swept after a day (each is stamped with its creation time).
+Two templates are made once per run, on first use: one empty, one holding the whole current
+schema (every migration of the lease, outbox and schedules tables, default names). ``pg_dsn``
+is a copy of the empty one — what migration tests and "table does not exist" tests need —
+unless the test also asks for ``jobs``: then it is the copy with the schema
+(``empty_dsn`` is always empty, ``schema_dsn`` always has the schema, ``make_dsn(schema=...)``
+makes as many as a test wants).
+
+Names carry this run's id, ``sdcore_test_<UTC yymmddHHMMSS>_<random>_…``, so two runs on one
+server (CI jobs, containers whose pytest has the same small pid) never drop or reuse each
+other's databases. Each database's comment records the run's host, pid namespace and pid. At
+the start of a run, :func:`sweep_stale` drops the databases of other runs only when their run
+is certainly over: its pytest process is gone (same host and pid namespace, pid not alive), or
+its id is older than :data:`STALE_AFTER`. A live run's databases are never touched.
 
 The server comes from ``SDCORE_TEST_DATABASE_URL`` (or ``DATABASE_URL``; default
 ``postgresql://postgres@127.0.0.1:5432/postgres``). A missing server is a failure with a hint,
@@ -10,22 +21,59 @@ never a silent skip.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
+import json
 import os
-import uuid
+import queue
+import re
+import secrets
+import socket
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import Component, migrate
 
 ADMIN_DSN = os.environ.get(
     "SDCORE_TEST_DATABASE_URL",
     os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
 )
+PREFIX = "sdcore_test_"
+STALE_AFTER = timedelta(hours=12)
+_STAMP = "%y%m%d%H%M%S"
+RUN_STARTED = datetime.now(UTC)
+RUN_ID = f"{RUN_STARTED:{_STAMP}}_{secrets.token_hex(3)}"
+_NAME = re.compile(rf"{PREFIX}(?P<stamp>[0-9]{{12}})_(?P<rand>[0-9a-f]{{6}})(?:_.*)?")
+_LEGACY = re.compile(rf"{PREFIX}[0-9a-f]{{10}}_.*")
+_LEGACY_COMMENT = re.compile(r"sdcore test run created ([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8})")
 _counter = itertools.count()
+# The components whose tables the schema template holds, under their default names.
+SCHEMA_COMPONENTS: tuple[Component, ...] = ("lease", "outbox", "schedules")
+
+
+UNIT = os.path.join(os.path.dirname(__file__), "unit")
+DATABASE_FIXTURES = frozenset({"pg_dsn", "empty_dsn", "schema_dsn", "make_dsn", "jobs"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every unit test ``memory`` (no server), so that ``pytest tests/unit tests/contract
+    -k memory`` and ``-m "not postgres"`` select the same socket-free tests; a unit test that
+    asks for a database would be marked ``postgres`` instead."""
+    del config
+    for item in items:
+        if not str(item.path).startswith(UNIT + os.sep):
+            continue
+        uses_db = DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.postgres if uses_db else pytest.mark.memory)
 
 
 def dsn_for(dbname: str) -> str:
@@ -33,6 +81,11 @@ def dsn_for(dbname: str) -> str:
     params = conninfo_to_dict(ADMIN_DSN)
     params["dbname"] = dbname
     return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+def unique_name(tag: str = "") -> str:
+    """A database name (or any server-wide name) unique to this run and call."""
+    return f"{PREFIX}{RUN_ID}_{tag}{next(_counter)}"
 
 
 def _admin() -> psycopg.Connection[tuple[object, ...]]:
@@ -46,77 +99,212 @@ def _admin() -> psycopg.Connection[tuple[object, ...]]:
         )
 
 
-# Unique per run: two runs on one server (CI jobs, containers whose pytest has the same small
-# pid) never drop or reuse each other's databases.
-RUN_ID = uuid.uuid4().hex[:10]
-PREFIX = "sdcore_test_"
-STALE_AFTER = "1 day"
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]": one per container
+    except OSError:
+        return ""
 
 
-def _sweep_stale(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """Drop test databases that a crashed run left behind more than a day ago."""
+OWNER = {"host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def is_stale(name: str, comment: str | None, now: datetime) -> bool:
+    """Whether ``name`` belongs to another run that is certainly over.
+
+    Over means: its id (the UTC start in the name) is older than :data:`STALE_AFTER`, or it was
+    made on this host, in this pid namespace, by a pid that is no longer alive. A name of this
+    run, or one that does not follow the scheme, is never stale — except a name of the scheme
+    before (``sdcore_test_<10 hex>_…``, "created <UTC time>" in its comment) once that is older
+    than :data:`STALE_AFTER`.
+    """
+    if name.startswith(f"{PREFIX}{RUN_ID}"):
+        return False
+    match = _NAME.fullmatch(name)
+    if match is None:
+        # The scheme before run ids had a timestamp: a creation stamp in the comment.
+        legacy = _LEGACY.fullmatch(name) and _LEGACY_COMMENT.fullmatch(comment or "")
+        if not legacy:
+            return False
+        created = datetime.strptime(legacy[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        return now - created > STALE_AFTER
+    started = datetime.strptime(match["stamp"], _STAMP).replace(tzinfo=UTC)
+    if now - started > STALE_AFTER:
+        return True
+    try:
+        owner = json.loads(comment or "")
+    except ValueError:
+        return False
+    if not isinstance(owner, dict):
+        return False
+    same_host = owner.get("host") == OWNER["host"] and owner.get("pidns") == OWNER["pidns"]
+    pid = owner.get("pid")
+    return bool(same_host and OWNER["pidns"] and isinstance(pid, int) and not _alive(pid))
+
+
+def sweep_stale(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """Drop the test databases of runs that are over (see :func:`is_stale`); return their names."""
     rows = conn.execute(
-        "SELECT d.datname FROM pg_database d"
-        " WHERE d.datname LIKE %s AND d.datname NOT LIKE %s"
-        " AND shobj_description(d.oid, 'pg_database') < %s",
-        (PREFIX + "%", f"{PREFIX}{RUN_ID}%", _stamp(f"now() - interval '{STALE_AFTER}'", conn)),
+        "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database"
+        " WHERE datname LIKE %s AND NOT datistemplate",
+        (PREFIX.replace("_", r"\_") + "%",),
     ).fetchall()
-    for (name,) in rows:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _stamp(expression: str, conn: psycopg.Connection[tuple[object, ...]]) -> str:
-    row = conn.execute(
-        f"SELECT to_char(({expression}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
-    ).fetchone()
-    assert row is not None
-    return "sdcore test run created " + str(row[0])
+    now = datetime.now(UTC)
+    dropped = []
+    for name, comment in rows:
+        if is_stale(str(name), None if comment is None else str(comment), now):
+            try:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(str(name))
+                    )
+                )
+            except psycopg.Error:
+                continue  # another run's sweep dropped it first
+            dropped.append(str(name))
+    return dropped
 
 
 def _create(conn: psycopg.Connection[tuple[object, ...]], name: str, template: str) -> None:
-    conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{_stamp('now()', conn)}'")
+    conn.execute(
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template)
+        )
+    )
+    comment = json.dumps({**OWNER, "run": RUN_ID})
+    conn.execute(
+        sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(comment))
+    )
+
+
+def _drop(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+class _Dropper:
+    """Drops the databases of finished tests on a thread of its own.
+
+    ``DROP DATABASE`` waits for a checkpoint, seconds on a busy shared server; the next test need
+    not wait for it. :meth:`close` (at the end of the run) waits for every drop.
+    """
+
+    DRAIN_TIMEOUT_S = 300
+
+    def __init__(self) -> None:
+        self._names: queue.Queue[str | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="drop-test-dbs", daemon=True)
+                self._thread.start()
+        self._names.put(name)
+
+    def _run(self) -> None:
+        with _admin() as conn:
+            while (name := self._names.get()) is not None:
+                # On failure the name is left for the next run's sweep (this run is over by then).
+                with contextlib.suppress(psycopg.Error):
+                    _drop(conn, name)
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._names.put(None)
+            thread.join(self.DRAIN_TIMEOUT_S)
+
+
+_dropper = _Dropper()
+
+
+async def _apply_schema(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for component in SCHEMA_COMPONENTS:
+            await migrate(conn, component)
 
 
 @pytest.fixture(scope="session")
 def template_db() -> Iterator[str]:
-    """An empty template database for this test run (its name is unique to the run)."""
+    """An empty template database for this run (also sweeps the databases of finished runs)."""
     name = f"{PREFIX}{RUN_ID}_tmpl"
     with _admin() as conn:
-        _sweep_stale(conn)
+        sweep_stale(conn)
         _create(conn, name, "template0")
     yield name
+    _dropper.close()  # every test database made from it is gone first
     with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop(conn, name)
+
+
+@pytest.fixture(scope="session")
+def schema_template_db(template_db: str) -> Iterator[str]:
+    """A template holding the current schema: every migration applied once per run."""
+    name = f"{PREFIX}{RUN_ID}_tmpl_schema"
+    with _admin() as conn:
+        _create(conn, name, template_db)
+    # On a thread of its own: this fixture may be requested from inside a running event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _apply_schema(dsn_for(name))).result()
+    yield name
+    with _admin() as conn:
+        _drop(conn, name)
 
 
 @pytest.fixture
-def make_dsn(template_db: str) -> Iterator[Callable[[], str]]:
-    """A factory of fresh, empty databases (all dropped after the test)."""
+def make_dsn(request: pytest.FixtureRequest, template_db: str) -> Iterator[Callable[..., str]]:
+    """A factory of fresh databases, empty or (``schema=True``) with the schema; all dropped
+    after the test."""
     made: list[str] = []
 
-    def make() -> str:
-        name = f"{PREFIX}{RUN_ID}_{next(_counter)}"
+    def make(*, schema: bool = False) -> str:
+        template = request.getfixturevalue("schema_template_db") if schema else template_db
+        name = unique_name()
         with _admin() as conn:
-            _create(conn, name, template_db)
+            _create(conn, name, template)
         made.append(name)
         return dsn_for(name)
 
     yield make
-    with _admin() as conn:
-        for name in made:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for name in made:
+        _dropper.drop(name)
 
 
 @pytest.fixture
-def pg_dsn(make_dsn: Callable[[], str]) -> str:
+def empty_dsn(make_dsn: Callable[..., str]) -> str:
     """DSN of a fresh, empty database (dropped after the test)."""
     return make_dsn()
 
 
 @pytest.fixture
+def pg_dsn(request: pytest.FixtureRequest, make_dsn: Callable[..., str]) -> str:
+    """DSN of a fresh database (dropped after the test): empty, or copied with the schema when
+    the test also uses ``jobs`` (then it is the service's database)."""
+    return make_dsn(schema="jobs" in request.fixturenames)
+
+
+@pytest.fixture
+def schema_dsn(make_dsn: Callable[..., str]) -> str:
+    """DSN of a fresh database copied with the current schema (dropped after the test)."""
+    return make_dsn(schema=True)
+
+
+@pytest.fixture
 async def jobs(pg_dsn: str) -> AsyncIterator[JobSchedulerService]:
-    """A connected service with its schema applied."""
+    """A connected service on a database copied with the schema (``ensure_schema`` is a no-op
+    there, and checks it)."""
     async with JobSchedulerService.connect(pg_dsn) as service:
         await service.ensure_schema()
         yield service

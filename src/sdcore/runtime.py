@@ -23,17 +23,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import Outbox, OutboxRelay
-from sdcore.postgres import PoolSettings, create_pool, redact_dsn, redact_text
+from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
 from sdcore.probes import DEFAULT_RELAY_STUCK_AFTER_S, ProbeResult, liveness, readiness
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
@@ -59,7 +59,7 @@ class ComponentHealth:
     detail: str
 
 
-class Runtime:
+class Runtime(AsyncStartStop):
     """The job scheduler, scheduler, event bus, outbox, relay and queue workers of one service.
 
     Built at import time (so that routes and schedules can be declared against it); nothing
@@ -107,6 +107,13 @@ class Runtime:
             global tracer provider, or your own instance; :attr:`tracing`.
         relay_stuck_after_s: Readiness fails when the relay has rows due and completed no
             round for this long (see :mod:`sdcore.probes`).
+        relay_batch_size: Outbox rows the relay claims at a time.
+        lease_table: The job lease table (the scheduler's run records).
+        schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
+        application_name: Shown in ``pg_stat_activity`` for the pool's connections.
+        schedule_control: Run the schedules control plane with the scheduler (pause, trigger,
+            backfill, stored schedules; this replica's schedules are recorded in its tables).
+            ``False``: the schedules run as declared and nothing else reaches them.
 
     Raises:
         ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
@@ -142,13 +149,16 @@ class Runtime:
         metrics: bool | SdcoreMetrics = False,
         tracing: bool | SdcoreTracing = False,
         relay_stuck_after_s: float = DEFAULT_RELAY_STUCK_AFTER_S,
+        relay_batch_size: int = 100,
+        lease_table: str = DEFAULT_TABLES["lease"],
+        schema: str | None = None,
+        application_name: str = "sdcore",
+        schedule_control: bool = True,
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
         if processors and not redis_url:
             raise ValueError("processors need redis_url")
-        if isinstance(pool_max_size, bool) or not isinstance(pool_max_size, int):
-            raise ValueError(f"pool_max_size must be an int, got {pool_max_size!r}")
         if (
             isinstance(relay_stuck_after_s, bool)
             or not isinstance(relay_stuck_after_s, int | float)
@@ -157,6 +167,10 @@ class Runtime:
             raise ValueError(
                 f"relay_stuck_after_s must be a positive number, got {relay_stuck_after_s!r:.40}"
             )
+        sizes = (("pool_max_size", pool_max_size), ("relay_batch_size", relay_batch_size))
+        for name, value in sizes:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if pool_max_size < 2:
             raise ValueError(
                 f"pool_max_size must be at least 2, got {pool_max_size}: the job scheduler holds "
@@ -172,6 +186,7 @@ class Runtime:
             reconnect_min_delay_ms=reconnect_min_delay_ms,
             reconnect_max_delay_ms=reconnect_max_delay_ms,
             reconnect_timeout_ms=reconnect_timeout_ms,
+            application_name=application_name,
         )
         self.transaction_pooling = transaction_pooling
         self.relay_listen_url = relay_listen_url or None
@@ -179,6 +194,8 @@ class Runtime:
         self.pool: AsyncConnectionPool[Any] = create_pool(database_url, settings)
         self.jobs = JobSchedulerService(
             self.pool,
+            table=lease_table,
+            schema=schema,
             max_connections=max(1, pool_max_size // 2),
             transaction_pooling=transaction_pooling,
         )
@@ -186,7 +203,9 @@ class Runtime:
             jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
         )
         poll_only = transaction_pooling or not schedules_listen
-        self.schedule_store = PostgresScheduleStore(self.pool, transaction_pooling=poll_only)
+        self.schedule_store = PostgresScheduleStore(
+            self.pool, schema=schema, lease_table=lease_table, transaction_pooling=poll_only
+        )
         self.control = ScheduleControl(self.scheduler, self.schedule_store, listen=not poll_only)
         self.events = EventBus()
         self.outbox = outbox or Outbox()
@@ -195,10 +214,12 @@ class Runtime:
         self.relay: OutboxRelay | None = None
         self.workers: Workers | None = None
         self.run_scheduler = bool(scheduler)
+        self.run_schedule_control = bool(schedule_control)
         self.run_relay = bool(relay)
         self.run_processors = True
         self._ensure_schema = ensure_schema
         self._prefix = queue_prefix
+        self._relay_batch_size = relay_batch_size
         self._grace = grace_period_ms / 1000
         self._log = logging.getLogger(logger_name or self.default_logger_name)
         self._stack: AsyncExitStack | None = None
@@ -252,18 +273,6 @@ class Runtime:
         """Whether :meth:`start` completed and :meth:`stop` has not run since."""
         return self._stack is not None
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         """Start everything: pool → migrations → (Redis: publisher, relay, workers) → scheduler.
 
@@ -290,7 +299,7 @@ class Runtime:
             if self.run_scheduler:
                 # The control plane first (a paused schedule must not fire at start-up), and
                 # stopped first (no trigger or backfill starts a tick into a closing scheduler).
-                control = await self._start_control()
+                control = self.run_schedule_control and await self._start_control()
                 try:
                     await self.scheduler.start_all()
                 except BaseException:
@@ -396,6 +405,7 @@ class Runtime:
                 self.pool,
                 publisher,
                 outbox=self.outbox,
+                batch_size=self._relay_batch_size,
                 transaction_pooling=self.transaction_pooling,
                 listen_dsn=self.relay_listen_url,
             )

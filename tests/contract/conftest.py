@@ -2,8 +2,9 @@
 
 Each suite is parametrized by a fixture whose parameters name the implementation (``memory``,
 ``postgres``, ``postgres-upgraded-from-0.1.0``). The hook below marks every test by the
-implementations it runs on, so ``pytest tests/contract -m "not postgres"`` (or ``-k memory``)
-runs the in-memory halves with no server, and ``-m postgres`` only the database halves.
+implementations it runs on (one without an implementation parameter: ``postgres`` if it asks for
+a database, else ``memory``), so ``pytest tests/contract -m "not postgres"`` and ``-k memory``
+both run the in-memory halves with no server, and ``-m postgres`` only the database halves.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if callspec is None or not any(n in callspec.params for n in IMPLEMENTATION_FIXTURES):
             # A test with no implementation parameter: it uses a server if it asks for one.
-            if "pg_dsn" in getattr(item, "fixturenames", ()):
+            if {"pg_dsn", "empty_dsn", "schema_dsn"} & set(getattr(item, "fixturenames", ())):
                 item.add_marker(pytest.mark.postgres)
+            else:
+                item.add_marker(pytest.mark.memory)
             continue
         params = callspec.params
         implementations = [str(params[n]) for n in IMPLEMENTATION_FIXTURES if n in params]
@@ -48,8 +51,11 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         yield await memory_backend()
         return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    async for value in postgres_backend(dsn, upgraded=request.param != "postgres"):
+    # The upgrade starts from the 0.1.0 tables in an empty database; the plain one starts from
+    # the current schema, copied from this run's template.
+    upgraded = request.param != "postgres"
+    dsn: str = request.getfixturevalue("empty_dsn" if upgraded else "schema_dsn")
+    async for value in postgres_backend(dsn, upgraded=upgraded):
         yield value
 
 
@@ -59,5 +65,5 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
     if request.param == "memory":
         yield await memory_store()
         return
-    async for value in postgres_store(request.getfixturevalue("pg_dsn")):
+    async for value in postgres_store(request.getfixturevalue("schema_dsn")):
         yield value

@@ -14,7 +14,8 @@ async def _kill_lease_backends(dsn: str, application_name: str) -> int:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
         cur = await admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE application_name = %s AND pid <> pg_backend_pid()",
+            " WHERE application_name = %s AND pid <> pg_backend_pid()"
+            " AND datname = current_database()",  # never another test run's sessions
             (application_name,),
         )
         row = await cur.fetchone()

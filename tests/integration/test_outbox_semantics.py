@@ -651,7 +651,8 @@ async def test_listen_dsn_listens_on_its_own_connection(
         await _until(listening, what="LISTEN")
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT query FROM pg_stat_activity WHERE application_name = %s",
+                "SELECT query FROM pg_stat_activity WHERE application_name = %s"
+                " AND datname = current_database()",
                 ("sdcore-relay-listen",),
             )
             assert [r[0] for r in await cur.fetchall()] == ['LISTEN "sdcore_outbox"']

@@ -31,6 +31,14 @@ def in_loop_time(test: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     return run
 
 
+def block_loop(seconds: float) -> None:
+    """What a blocking call (``time.sleep`` in async code) does to a loop-time loop: ``seconds``
+    pass at once, and no callback runs meanwhile."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, looptime.LoopTimeEventLoop), "only inside @in_loop_time"
+    loop.setup_looptime(start=loop.time() + seconds)
+
+
 BASE = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
 
 

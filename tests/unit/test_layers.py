@@ -133,3 +133,38 @@ def test_the_check_catches_what_it_should(package: str, source: str, expected: s
 )
 def test_the_check_allows_what_it_should(package: str, source: str) -> None:
     assert violations(package, source, "x.py") == []
+
+
+# Who may build a connection pool: the pool factory itself, the composition root, and the job
+# scheduler's documented convenience ``JobSchedulerService.connect``. Every entry point (CLI,
+# demo, FastAPI) gets its pool from a ``Runtime``.
+POOL_BUILDERS = {"postgres/_pool.py", "runtime.py", "job_scheduler/_service.py"}
+_POOL_CALLS = {"create_pool", "AsyncConnectionPool", "SdcorePool"}
+
+
+def pool_builds(source: str) -> list[int]:
+    """Lines of ``source`` that call ``create_pool`` / ``AsyncConnectionPool`` / ``SdcorePool``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _POOL_CALLS:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_runtime_and_the_pool_factory_build_pools() -> None:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where not in POOL_BUILDERS:
+            found += [f"{where}:{line}" for line in pool_builds(path.read_text("utf-8"))]
+    assert found == [], f"build the pool through a Runtime instead: {found}"
+
+
+def test_the_pool_check_catches_what_it_should() -> None:
+    direct = "from psycopg_pool import AsyncConnectionPool\np = AsyncConnectionPool(d)"
+    assert pool_builds(direct) == [2]
+    assert pool_builds("import sdcore.postgres as pg\npool = pg.create_pool(dsn, settings)") == [2]
+    assert pool_builds("pool: AsyncConnectionPool[Any] = runtime.pool") == []

@@ -21,6 +21,7 @@ from sdcore.outbox import (
     PublisherUnavailableError,
 )
 from sdcore.testing import FakeClock, MemoryOutboxStore, RecordingPublisher
+from tests.unit._looptime import in_loop_time
 
 
 def _store(clock: FakeClock, **outbox: Any) -> MemoryOutboxStore:
@@ -187,6 +188,7 @@ async def test_the_background_relay_wakes_on_enqueue() -> None:
     assert {row.status for row in store.rows()} == {OutboxStatus.PUBLISHED}
 
 
+@in_loop_time
 async def test_the_background_relay_backs_off_while_the_store_is_down() -> None:
     store, publisher = MemoryOutboxStore(), RecordingPublisher()
     store.unavailable = True

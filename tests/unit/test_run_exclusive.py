@@ -17,6 +17,7 @@ from sdcore.job_scheduler import (
     LostJobLeaseError,
 )
 from sdcore.testing import InMemoryJobScheduler
+from tests.unit._looptime import in_loop_time
 
 
 class Flaky(InMemoryJobScheduler):
@@ -49,6 +50,7 @@ def _status(service: InMemoryJobScheduler) -> JobSchedulerStatus:
     return row.status
 
 
+@in_loop_time
 async def test_transient_heartbeat_errors_are_logged_and_retried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -91,6 +93,7 @@ async def test_database_unreachable_longer_than_the_lease_counts_as_lost() -> No
     assert not reached_end
 
 
+@in_loop_time
 async def test_finalize_is_retried_while_the_lease_may_still_hold() -> None:
     service = Flaky()
     service.complete_failures = 3
@@ -101,6 +104,7 @@ async def test_finalize_is_retried_while_the_lease_may_still_hold() -> None:
     assert _status(service) is JobSchedulerStatus.SUCCESS
 
 
+@in_loop_time
 async def test_finalize_that_cannot_be_recorded_before_expiry_is_a_loss() -> None:
     service = Flaky()
     service.complete_failures = 10**6
@@ -109,6 +113,7 @@ async def test_finalize_that_cannot_be_recorded_before_expiry_is_a_loss() -> Non
     assert _status(service) is JobSchedulerStatus.RUNNING  # it will expire; never a false SUCCESS
 
 
+@in_loop_time
 async def test_finalize_survives_repeated_cancellation() -> None:
     service = Flaky()
     service.complete_delay = 0.3
@@ -130,6 +135,7 @@ async def test_finalize_survives_repeated_cancellation() -> None:
     assert _status(service) is JobSchedulerStatus.SUCCESS
 
 
+@in_loop_time
 async def test_heartbeat_interval_follows_the_options() -> None:
     service = Flaky()
 
@@ -142,6 +148,7 @@ async def test_heartbeat_interval_follows_the_options() -> None:
     assert 3 <= service.heartbeats <= 6
 
 
+@in_loop_time
 async def test_heartbeat_zero_disables_it() -> None:
     service = Flaky()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,21 +21,41 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from tests.unit._looptime import in_loop_time
+
+
+def loop_wall_clock() -> Callable[[], datetime]:
+    """Now at the start, then moving with the running loop's (fast-forwarded) time.
+
+    The control plane reads the real clock for its own bookkeeping (actions since start, the
+    catch-up window); a clock that starts at real now and only runs ahead keeps those readings
+    in order with the doubles' timestamps.
+    """
+    loop = asyncio.get_running_loop()
+    start, t0 = datetime.now(UTC), loop.time()
+    return lambda: start + timedelta(seconds=loop.time() - t0)
 
 EVERY_MS = 200
 
 
 class Cluster:
-    def __init__(self, replicas: int = 2, catch_up: str = "off") -> None:
-        self.jobs = InMemoryJobScheduler()
-        self.store = InMemoryScheduleStore(self.jobs)
+    def __init__(
+        self,
+        replicas: int = 2,
+        catch_up: str = "off",
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        now = clock or (lambda: datetime.now(UTC))
+        self.clock = now
+        self.jobs = InMemoryJobScheduler(clock=now)
+        self.store = InMemoryScheduleStore(self.jobs, clock=now)
         self.admin = ScheduleAdmin(self.store)
         self.runs: list[tuple[str, int]] = []
         self.digests: list[tuple[str, dict[str, Any], int]] = []
         self.schedulers: list[Scheduler] = []
         self.controls: list[ScheduleControl] = []
         for index in range(replicas):
-            scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000)
+            scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=now)
 
             def record(tick: Tick, index: int = index) -> None:
                 assert tick.run_key is not None
@@ -86,7 +106,13 @@ def no_duplicates(runs: list[tuple[str, int]]) -> None:
     assert [k for k, n in counts.items() if n > 1] == []
 
 
-async def test_pause_trigger_resume(cluster: Cluster) -> None:
+@in_loop_time
+async def test_pause_trigger_resume() -> None:
+    async with Cluster(clock=loop_wall_clock()) as cluster:
+        await _pause_trigger_resume(cluster)
+
+
+async def _pause_trigger_resume(cluster: Cluster) -> None:
     await until(lambda: len(cluster.runs) >= 2)
     paused = await cluster.admin.pause("beat", actor="ops", reason="incident 42")
     assert paused.action is ActionKind.PAUSE
@@ -95,8 +121,9 @@ async def test_pause_trigger_resume(cluster: Cluster) -> None:
     before = len(cluster.runs)
     await asyncio.sleep(3 * EVERY_MS / 1000)
     assert len(cluster.runs) == before  # nothing starts while paused
+    now = cluster.clock()
     missed = await cluster.schedulers[0].missed_ticks(
-        "beat", datetime.now(UTC) - timedelta(milliseconds=4 * EVERY_MS), datetime.now(UTC)
+        "beat", now - timedelta(milliseconds=4 * EVERY_MS), now
     )
     assert any(m.skipped == "paused" for m in missed)
     trigger = await cluster.admin.trigger("beat", actor="ops")
@@ -176,7 +203,13 @@ async def test_refusals_change_nothing(cluster: Cluster) -> None:
     assert not row.paused
 
 
-async def test_stored_schedule_create_change_remove(cluster: Cluster) -> None:
+@in_loop_time
+async def test_stored_schedule_create_change_remove() -> None:
+    async with Cluster(clock=loop_wall_clock()) as cluster:
+        await _stored_schedule_create_change_remove(cluster)
+
+
+async def _stored_schedule_create_change_remove(cluster: Cluster) -> None:
     admin = cluster.admin
     await admin.create(
         "digest-acme", handler="digest", every_ms=EVERY_MS, args={"customer": "acme"}, actor="ops"
@@ -208,8 +241,9 @@ async def test_stored_schedule_create_change_remove(cluster: Cluster) -> None:
     no_duplicates([(k, i) for k, _, i in cluster.digests])
 
 
+@in_loop_time
 async def test_resume_catches_up_latest() -> None:
-    async with Cluster(catch_up="latest") as cluster:
+    async with Cluster(catch_up="latest", clock=loop_wall_clock()) as cluster:
         await until(lambda: len(cluster.runs) >= 1)
         await cluster.admin.pause("beat", actor="ops")
         await until(lambda: all(c.paused("beat") for c in cluster.controls))

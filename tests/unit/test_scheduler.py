@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.testing import InMemoryJobScheduler
-from tests.unit._looptime import in_loop_time, loop_clock
+from tests.unit._looptime import block_loop, in_loop_time, loop_clock
 
 
 async def _seen_at_start(jobs: InMemoryJobScheduler, code: str) -> None:
@@ -122,8 +123,9 @@ async def test_sync_handlers_run_in_a_thread() -> None:
     threads: list[int] = []
     scheduler = Scheduler(jobs=InMemoryJobScheduler())
     scheduler.add_interval("sync", 200, lambda tick: threads.append(threading.get_ident()))
-    async with scheduler:
-        await asyncio.sleep(0.5)
+    async with scheduler, asyncio.timeout(5):
+        while not threads:  # the first tick, within 200 ms
+            await asyncio.sleep(0.01)
     assert threads
     assert main not in threads
 
@@ -470,16 +472,22 @@ async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
     assert set(Counter(ran).values()) == {1}
 
 
+@in_loop_time
 async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
     """SC-04: a replica whose loop is blocked across ticks uses the schedule's keys."""
-    import time
-
     seen: list[Tick] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
-    scheduler.add_interval("grid", 300, lambda tick: seen.append(tick))
+    clock = loop_clock()
+    scheduler = Scheduler(clock=clock, jobs=InMemoryJobScheduler(clock=clock))
+    lateness: list[timedelta] = []
+
+    def grid(tick: Tick) -> None:
+        seen.append(tick)
+        lateness.append(clock() - tick.scheduled_at)
+
+    scheduler.add_interval("grid", 300, grid)
 
     async def block(tick: Tick) -> None:
-        time.sleep(0.65)  # blocks the event loop (deliberately) across two grid points
+        block_loop(0.65)  # blocks the event loop (deliberately) across two grid points
 
     scheduler.add_interval("blocker", 1000, block, exclusive=False)
     async with scheduler:
@@ -494,6 +502,10 @@ async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
             + f"{tick.scheduled_at.microsecond // 1000:03d}Z"
         )
     assert len({t.run_key for t in seen}) == len(seen)
+    # The block was felt: a grid point passed while blocked, and the next tick fired late.
+    gaps = [b.scheduled_at - a.scheduled_at for a, b in itertools.pairwise(seen)]
+    assert max(gaps) > timedelta(milliseconds=300)
+    assert max(lateness) > timedelta(0)
 
 
 def test_stop_start_cycles_do_not_grow_the_timer_heap() -> None:

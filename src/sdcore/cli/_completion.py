@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from sdcore.cli._format import emit
+from sdcore.cli._options import add_command
+
+SHELLS = ("bash", "zsh")
 
 # Private argparse attributes, read-only: the only way to walk a parser (shtab does the same).
 _SubParsers = argparse._SubParsersAction
@@ -113,9 +120,32 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> list[str]:
     Raises:
         ValueError: Another shell.
     """
-    if shell not in ("bash", "zsh"):
+    if shell not in SHELLS:
         raise ValueError(f"unsupported shell {shell!r}")
     head = [f"# sdcore {shell} completion: eval \"$(sdcore completion {shell})\""]
     if shell == "zsh":
         head += ["autoload -U +X bashcompinit && bashcompinit"]
     return [*head, *_bash_function(parser), "complete -o default -F _sdcore sdcore"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore completion bash|zsh``."""
+    completion = add_command(
+        subparsers,
+        "completion",
+        _completion,
+        help="print a shell completion script (bash or zsh)",
+    )
+    completion.add_argument(
+        "shell",
+        choices=SHELLS,
+        help="bash: eval \"$(sdcore completion bash)\"; zsh: eval \"$(sdcore completion zsh)\"",
+    )
+
+
+def _completion(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    from sdcore import __version__
+    from sdcore.cli._parser import build_parser  # builds every command, this one included
+
+    for line in completion_script(build_parser(__version__), args.shell):
+        emit(line)

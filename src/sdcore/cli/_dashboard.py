@@ -9,13 +9,13 @@ import signal
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from sdcore.cli._db import CliError, resolve_dsn
-from sdcore.cli._format import escape
-from sdcore.cli._parser import _identifier, _int_in
+from sdcore.cli._format import emit, escape
+from sdcore.cli._options import add_command, connection_options, int_in, outbox_table_option
+from sdcore.cli._target import CliError, started_runtime, target_of
 
 TOKEN_ENV = "SDCORE_DASHBOARD_TOKEN"  # noqa: S105 - the variable's name, not a secret
 DEFAULT_PORT = 8089
-OPEN_TIMEOUT_S = 10
+POOL_SIZE = 6  # the job scheduler holds at most half: three for concurrent page loads
 Emit = Callable[[str], None]
 
 
@@ -44,12 +44,12 @@ def _server(base: type[Any]) -> type[Any]:
     return Server
 
 
-def register(
-    commands: Any, connection_options: Callable[[argparse.ArgumentParser], None]
-) -> None:
+def register(subparsers: Any) -> None:
     """Add ``sdcore dashboard`` to the top-level subparsers."""
-    parser = commands.add_parser(
+    parser = add_command(
+        subparsers,
         "dashboard",
+        _dashboard_command,
         help="serve the web dashboard: schedules, runs, leases, outbox, queues",
         description=(
             "Serve the dashboard over HTTP until SIGTERM. Read-only unless "
@@ -63,20 +63,14 @@ def register(
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
         "--port",
-        type=_int_in(1, 65_535),
+        type=int_in(1, 65_535),
         default=DEFAULT_PORT,
         help=f"port (default: {DEFAULT_PORT})",
     )
-    parser.add_argument(
-        "--outbox-table",
-        type=_identifier("outbox table"),
-        default="outbox",
-        metavar="NAME",
-        help="outbox table name (default: outbox; in --schema)",
-    )
+    outbox_table_option(parser)
     parser.add_argument(
         "--refresh",
-        type=_int_in(0, 3_600),
+        type=int_in(0, 3_600),
         default=10,
         metavar="SECONDS",
         help="browsers refresh the tables this often; 0: never (default: 10)",
@@ -86,8 +80,12 @@ def register(
     )
 
 
+def _dashboard_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    run_dashboard(args, environ, emit)
+
+
 def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Emit) -> None:
-    """Serve the dashboard until SIGTERM / SIGINT.
+    """Serve the dashboard until SIGTERM / SIGINT, on the pool of a (scheduler-less) Runtime.
 
     Raises:
         CliError: The extra is missing, the token is too short, or the database is unreachable.
@@ -101,28 +99,18 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
             f"the dashboard needs its extra: pip install 'sdcore[dashboard]' ({exc})"
         ) from None
     from sdcore.outbox import Outbox
-    from sdcore.postgres import DatabaseConnectError, PoolSettings, create_pool, open_pool
 
-    dsn = resolve_dsn(args.database_url, environ)
+    target = target_of(args, environ)
     token = None if args.read_only else (environ.get(TOKEN_ENV) or None)
     redis_url = args.redis_url or None
 
     async def serve() -> None:
-        settings = PoolSettings(
-            min_size=1,
-            max_size=4,
-            application_name="sdcore-dashboard",
-            open_timeout_ms=OPEN_TIMEOUT_S * 1000,
-        )
-        pool = create_pool(dsn, settings)
-        try:
-            await open_pool(pool)
-        except DatabaseConnectError as exc:
-            raise CliError(f"cannot connect to the database: {exc.reason}") from None
-        async with pool:
+        async with started_runtime(
+            target, pool_max_size=POOL_SIZE, application_name="sdcore-dashboard"
+        ) as runtime:
             try:
                 app = dashboard_app(
-                    pool,
+                    runtime.pool,
                     token=token,
                     redis_url=redis_url,
                     queue_prefix=args.queue_prefix,

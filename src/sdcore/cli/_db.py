@@ -1,174 +1,28 @@
-"""Connections, driver-error translation and the ``sdcore db`` commands.
-
-Every message that may contain the connection string or a driver error passes through
-``redact_text`` before it is shown; the DSN itself is shown only through ``redact_dsn``.
-"""
+"""``sdcore db sql|upgrade|status``: print the DDL, apply pending migrations, show their state."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import os
-import shlex
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
-from sdcore.cli import _queries as q
-from sdcore.cli._format import json_line, one_line, render_table, utc_iso
-from sdcore.cli._parser import DEFAULT_OUTBOX_TABLE, DEFAULT_TABLE, UsageError
-from sdcore.job_scheduler import (
-    JobSchedulerDatabaseError,
-    JobSchedulerUnavailableError,
-    LeaseAdmin,
-)
+from sdcore.cli._format import emit, json_line, render_table, utc_iso
+from sdcore.cli._options import add_command, add_group, connection_options, outbox_table_option
+from sdcore.cli._target import Target, connect_async, describe_error, target_of
 from sdcore.postgres import (
     DEFAULT_TABLES,
-    SCHEMA_LOCK_ID,
     Component,
     MigrationStatus,
+    UpgradeReport,
     full_sql,
-    migrate,
     migration_scripts,
     migration_status,
-    redact_dsn,
-    redact_text,
+    upgrade,
 )
-
-APPLICATION_NAME = "sdcore-cli"
-_UNDEFINED_TABLE = pg_errors.UndefinedTable.sqlstate
-_INVALID_SCHEMA = pg_errors.InvalidSchemaName.sqlstate
-_INSUFFICIENT_PRIVILEGE = pg_errors.InsufficientPrivilege.sqlstate
-DEFAULT_CONNECT_TIMEOUT_S = 10
-
-
-class CliError(Exception):
-    """An expected failure: printed as one ``sdcore: error: …`` line, exit status 1."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Target:
-    """Where a table lives: the connection string and the validated names.
-
-    Attributes:
-        dsn: The connection string.
-        table: The table (the lease table, or the outbox table when ``outbox``).
-        schema: Its schema, or ``None`` for the ``search_path``.
-        outbox: Whether ``table`` is a transactional outbox table (changes the fix hints).
-    """
-
-    dsn: str
-    table: str
-    schema: str | None
-    outbox: bool = False
-
-    @property
-    def identifier(self) -> sql.Identifier:
-        """The quoted ``schema.table`` (or ``table``)."""
-        if self.schema is None:
-            return sql.Identifier(self.table)
-        return sql.Identifier(self.schema, self.table)
-
-    @property
-    def shown(self) -> str:
-        """The quoted name, for messages."""
-        return self.identifier.as_string(None)
-
-    def upgrade_command(self) -> str:
-        """The ``sdcore db upgrade`` invocation that creates this table."""
-        words = ["sdcore"]
-        if not self.outbox and self.table != DEFAULT_TABLE:
-            words += ["--table", self.table]
-        if self.schema is not None:
-            words += ["--schema", self.schema]
-        words += ["db", "upgrade"]
-        if self.outbox:
-            words.append("--outbox")
-            if self.table != DEFAULT_OUTBOX_TABLE:
-                words += ["--outbox-table", self.table]
-        return shlex.join(words)
-
-
-def resolve_dsn(option: str | None, environ: Mapping[str, str]) -> str:
-    """Return ``--database-url``, else ``$DATABASE_URL``, checked to be a parsable conninfo.
-
-    Raises:
-        UsageError: Neither is set (or both are empty), or the string cannot be parsed. The
-            message never repeats the string: a parse error may quote a piece of a password.
-    """
-    dsn = option if option else environ.get("DATABASE_URL", "")
-    if not dsn:
-        raise UsageError(
-            "no database: pass --database-url URL or set DATABASE_URL "
-            "(use --database-url postgresql:// to rely on the PG* variables alone)"
-        )
-    source = "--database-url" if option else "DATABASE_URL"
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        raise UsageError(
-            f"{source} is not a valid libpq connection string (URL or key=value)"
-        ) from None
-    # libpq splits "postgresql://u:p@ss@host" at the first "@": the password's tail would be
-    # shown as part of the host name in every connection error.
-    if "@" in str(params.get("host", "")):
-        raise UsageError(
-            f"{source} has an '@' in its host name: percent-encode an '@' in the password as %40"
-        )
-    return dsn
-
-
-def _connect_kwargs(dsn: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"application_name": APPLICATION_NAME, "autocommit": True}
-    # An unreachable host must fail in seconds, unless the user chose a timeout.
-    if "connect_timeout" not in conninfo_to_dict(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
-        kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
-    return kwargs
-
-
-def describe_error(exc: psycopg.Error, target: Target) -> CliError:
-    """Turn a driver error into one redacted, actionable message."""
-    if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
-        return CliError(f"table {target.shown} does not exist; run `{target.upgrade_command()}`")
-    detail = one_line(redact_text(str(exc), target.dsn))
-    if isinstance(exc, pg_errors.UndefinedColumn):
-        kind = "an sdcore outbox table" if target.outbox else "an sdcore lease table"
-        return CliError(
-            f"table {target.shown} is not {kind} ({detail}); check --schema"
-            f"{' and --outbox-table' if target.outbox else ' and --table'}"
-        )
-    if isinstance(exc, pg_errors.InsufficientPrivilege):
-        return CliError(f"permission denied: {detail}")
-    state = f" ({exc.sqlstate})" if exc.sqlstate else ""
-    return CliError(f"database error{state}: {detail}")
-
-
-def _cannot_connect(exc: Exception, dsn: str) -> CliError:
-    detail = one_line(redact_text(str(exc), dsn))
-    return CliError(f"cannot connect to {one_line(redact_dsn(dsn))}: {detail}")
-
-
-@contextmanager
-def connection(target: Target) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-    """Open an autocommit connection: every statement is its own short transaction.
-
-    Raises:
-        CliError: The database cannot be reached, or a statement failed.
-    """
-    try:
-        conn = psycopg.connect(target.dsn, **_connect_kwargs(target.dsn))
-    except psycopg.Error as exc:
-        raise _cannot_connect(exc, target.dsn) from None
-    try:
-        with conn:
-            yield conn
-    except psycopg.Error as exc:
-        raise describe_error(exc, target) from None
 
 
 def _tables(
@@ -182,42 +36,6 @@ def _tables(
         control = Target(dsn=target.dsn, table=DEFAULT_TABLES["schedules"], schema=target.schema)
         tables.append(("schedules", control))
     return tables
-
-
-AsyncConn = psycopg.AsyncConnection[Any]
-T = TypeVar("T")
-
-
-def run_admin(target: Target, operation: Callable[[LeaseAdmin, AsyncConn], Awaitable[T]]) -> T:
-    """Run one :class:`LeaseAdmin` operation on a fresh autocommit connection.
-
-    Raises:
-        CliError: The database cannot be reached, the table is missing, or a statement failed
-            (one redacted line, with the fix when there is one).
-    """
-
-    async def run() -> T:
-        admin = LeaseAdmin(table=target.table, schema=target.schema)
-        try:
-            conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
-        except psycopg.Error as exc:
-            raise _cannot_connect(exc, target.dsn) from None
-        async with conn:
-            return await operation(admin, conn)
-
-    try:
-        return asyncio.run(run())
-    except JobSchedulerDatabaseError as exc:
-        if exc.sqlstate in (_UNDEFINED_TABLE, _INVALID_SCHEMA):
-            raise CliError(
-                f"table {target.shown} does not exist; run `{target.upgrade_command()}`"
-            ) from None
-        detail = one_line(redact_text(str(exc), target.dsn))
-        if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
-            raise CliError(f"permission denied: {detail}") from None
-        raise CliError(f"database error ({exc.sqlstate}): {detail}") from None
-    except JobSchedulerUnavailableError as exc:
-        raise CliError(one_line(redact_text(str(exc), target.dsn))) from None
 
 
 def db_sql(
@@ -283,62 +101,20 @@ def db_status(
 
 
 async def _status(target: Target, component: Component) -> MigrationStatus:
-    try:
-        conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
-    except psycopg.Error as exc:
-        raise _cannot_connect(exc, target.dsn) from None
-    async with conn:
+    async with await connect_async(target) as conn:
         return await migration_status(conn, component, table=target.table, schema=target.schema)
 
 
 async def _upgrade(target: Target, component: Component) -> list[str]:
-    try:
-        conn = await psycopg.AsyncConnection.connect(target.dsn, **_connect_kwargs(target.dsn))
-    except psycopg.Error as exc:
-        raise _cannot_connect(exc, target.dsn) from None
-    async with conn:
-        # The session lock is the one migrate() takes per transaction (re-entrant for this
-        # session): holding it across the before/after reads makes the report true even when
-        # several replicas or operators upgrade at once.
-        await conn.execute(q.SCHEMA_LOCK, (SCHEMA_LOCK_ID,))
-        try:
-            before = await _inventory(conn, target)
-            applied = await migrate(conn, component, table=target.table, schema=target.schema)
-            after = await _inventory(conn, target)
-        finally:
-            await conn.execute(q.SCHEMA_UNLOCK, (SCHEMA_LOCK_ID,))
-    lines = _report(target, before, after, bool(applied))
-    lines += [f"applied {component} migration {m.name} to {target.shown}" for m in applied]
+    async with await connect_async(target) as conn:
+        report = await upgrade(conn, component, table=target.table, schema=target.schema)
+    lines = _report(target, report)
+    lines += [f"applied {component} migration {m.name} to {target.shown}" for m in report.applied]
     return lines
 
 
-@dataclass(frozen=True, slots=True)
-class _Inventory:
-    schema_exists: bool
-    table_exists: bool
-    indexes: int
-
-
-async def _inventory(conn: psycopg.AsyncConnection[Any], target: Target) -> _Inventory:
-    schema_exists = True
-    if target.schema is not None:
-        cur = await conn.execute(q.SCHEMA_EXISTS, (target.schema,))
-        row = await cur.fetchone()
-        schema_exists = bool(row and row[0])
-    oid = None
-    if schema_exists:
-        cur = await conn.execute(q.TABLE_OID, (target.shown,))
-        row = await cur.fetchone()
-        oid = row[0] if row else None
-    indexes = 0
-    if oid is not None:
-        cur = await conn.execute(q.INDEX_COUNT, (oid,))
-        row = await cur.fetchone()
-        indexes = int(row[0]) if row else 0
-    return _Inventory(schema_exists, oid is not None, indexes)
-
-
-def _report(target: Target, before: _Inventory, after: _Inventory, migrated: bool) -> list[str]:
+def _report(target: Target, report: UpgradeReport) -> list[str]:
+    before, after = report.before, report.after
     lines: list[str] = []
     if target.schema is not None and not before.schema_exists:
         lines.append(f"created schema {sql.Identifier(target.schema).as_string(None)}")
@@ -349,7 +125,7 @@ def _report(target: Target, before: _Inventory, after: _Inventory, migrated: boo
         if added > 0:
             noun = "index" if added == 1 else "indexes"
             lines.append(f"table {target.shown} exists; created {added} missing {noun}")
-    if not lines and not migrated:
+    if not lines and not report.applied:
         lines.append(f"table {target.shown} is up to date; nothing to do")
     return lines
 
@@ -386,3 +162,64 @@ def format_migration_status(statuses: list[MigrationStatus], *, as_json: bool) -
         lines += [f"  warning: {name} changed since it was applied" for name in status.modified]
         lines += [f"  note: {name} was applied by a newer sdcore" for name in status.unknown]
     return lines
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore db sql|upgrade|status``."""
+    commands = add_group(subparsers, "db", "print or apply the schema")
+    sql_cmd = add_command(commands, "sql", _sql, help="print the DDL (no database needed)")
+    connection_options(sql_cmd)
+    upgrade = add_command(
+        commands,
+        "upgrade",
+        _upgrade_command,
+        help="apply pending migrations (race-safe; a 0.1.0 table is upgraded in place)",
+    )
+    connection_options(upgrade)
+    status = add_command(
+        commands,
+        "status",
+        _status_command,
+        help="show applied and pending migrations (changes nothing)",
+    )
+    connection_options(status)
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    sql_cmd.add_argument(
+        "--migrations",
+        action="store_true",
+        help="each migration's own script, recording itself in sdcore_migrations",
+    )
+    for command in (sql_cmd, upgrade, status):
+        command.add_argument(
+            "--outbox", action="store_true", help="also the transactional outbox table"
+        )
+        command.add_argument(
+            "--schedules",
+            action="store_true",
+            help="also the schedules control-plane tables (sdcore_schedules…; in --schema)",
+        )
+        outbox_table_option(command)
+
+
+def _outbox_of(args: argparse.Namespace) -> str | None:
+    return args.outbox_table if args.outbox else None
+
+
+def _sql(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    target = Target(dsn="", table=args.table, schema=args.schema)
+    lines = db_sql(
+        target, _outbox_of(args), per_migration=args.migrations, schedules=args.schedules
+    )
+    for line in lines:
+        emit(line)
+
+
+def _upgrade_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    for line in db_upgrade(target_of(args, environ), _outbox_of(args), schedules=args.schedules):
+        emit(line)
+
+
+def _status_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    statuses = db_status(target_of(args, environ), _outbox_of(args), schedules=args.schedules)
+    for line in format_migration_status(statuses, as_json=args.json):
+        emit(line)

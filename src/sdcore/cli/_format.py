@@ -9,6 +9,7 @@ is pure ASCII (``ensure_ascii``), so it is safe for the same reasons.
 from __future__ import annotations
 
 import json
+import sys
 import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -143,3 +144,12 @@ def compact_age(age: timedelta) -> str:
 def json_line(value: Mapping[str, Any]) -> str:
     """Serialize one object as a single pure-ASCII JSON line (control and bidi chars escaped)."""
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
+def emit(line: str) -> None:
+    """Print one line of command output; a character the terminal cannot encode is escaped."""
+    try:
+        print(line)
+    except UnicodeEncodeError:
+        encoding = sys.stdout.encoding or "ascii"
+        print(line.encode(encoding, "backslashreplace").decode(encoding))

@@ -6,14 +6,34 @@ prints. ``owner_token`` is the capability to write a run; no command selects it.
 
 from __future__ import annotations
 
+import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sdcore.cli._db import AsyncConn, CliError, Target, run_admin
-from sdcore.cli._format import compact_age, escape, json_line, render_table, utc_iso
+from sdcore.cli._format import compact_age, emit, escape, json_line, render_table, utc_iso
+from sdcore.cli._options import (
+    ALL_STATUSES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LIST_LIMIT,
+    FINISHED_STATUSES,
+    MAX_BATCH_SIZE,
+    MAX_CODE_LENGTH,
+    MAX_LIST_LIMIT,
+    MAX_REASON_LENGTH,
+    add_command,
+    add_group,
+    connection_options,
+    int_in,
+    json_option,
+    limit_option,
+    older_than_option,
+    parse_job_id,
+    text,
+)
+from sdcore.cli._target import AsyncConn, CliError, Target, run_admin, target_of
 from sdcore.job_scheduler import (
     JobNotFoundError,
     JobNotRunningError,
@@ -213,3 +233,82 @@ def prune_jobs(target: Target, emit: Emit, options: PruneOptions) -> None:
 
 def _rows(count: int, noun: str = "row") -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore jobs list|release|prune``."""
+    commands = add_group(subparsers, "jobs", "inspect and operate job runs")
+
+    listing = add_command(commands, "list", _list, help="show runs, newest first")
+    connection_options(listing)
+    listing.add_argument(
+        "--code", metavar="CODE", type=text("code", MAX_CODE_LENGTH, strip=True), help="exact code"
+    )
+    listing.add_argument("--status", type=str.upper, choices=ALL_STATUSES, help="only this status")
+    limit_option(
+        listing,
+        DEFAULT_LIST_LIMIT,
+        f"at most this many rows, 1..{MAX_LIST_LIMIT} (default: {DEFAULT_LIST_LIMIT})",
+    )
+    json_option(listing)
+
+    release = add_command(commands, "release", _release, help="mark a stuck RUNNING run FAIL")
+    connection_options(release)
+    release.add_argument("id", type=parse_job_id, help="job id (UUID) from `sdcore jobs list`")
+    release.add_argument(
+        "--reason",
+        metavar="TEXT",
+        type=text("reason", MAX_REASON_LENGTH),
+        help="stored in the row's data",
+    )
+
+    prune = add_command(commands, "prune", _prune, help="delete old finished runs")
+    connection_options(prune)
+    older_than_option(
+        prune, "finished before now minus this (database clock): 30d, 12h, 90m, 45s, 1d12h"
+    )
+    prune.add_argument(
+        "--status",
+        type=str.upper,
+        choices=FINISHED_STATUSES,
+        help="only this status (default: SUCCESS and FAIL; RUNNING is never pruned)",
+    )
+    prune.add_argument(
+        "--batch-size",
+        type=int_in(1, MAX_BATCH_SIZE),
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"rows per DELETE transaction (default: {DEFAULT_BATCH_SIZE})",
+    )
+    prune.add_argument(
+        "--include-initial",
+        action="store_true",
+        help="also delete INITIAL rows (their job would run again!)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+
+def _list(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    list_jobs(
+        target_of(args, environ),
+        emit,
+        code=args.code,
+        status=args.status,
+        limit=args.limit,
+        as_json=args.json,
+    )
+
+
+def _release(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    release_job(target_of(args, environ), emit, job_id=args.id, reason=args.reason)
+
+
+def _prune(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    options = PruneOptions(
+        older_than=args.older_than,
+        statuses=FINISHED_STATUSES if args.status is None else (args.status,),
+        batch_size=args.batch_size,
+        include_initial=args.include_initial,
+        dry_run=args.dry_run,
+    )
+    prune_jobs(target_of(args, environ), emit, options)

@@ -56,7 +56,7 @@ def prepare(target: Any, port: int | None) -> None:
 @asynccontextmanager
 async def serving(target: Any, port: int | None, host: str) -> AsyncIterator[None]:
     """Serve the monitoring endpoints of a started Runtime while the block runs."""
-    from sdcore.cli._db import CliError  # not at import: _db imports the parser, which imports us
+    from sdcore.cli._target import CliError
     from sdcore.probes import serve
     from sdcore.runtime import Runtime
 

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
-from sdcore.cli._db import CliError, Target, connection, describe_error
-from sdcore.cli._format import escape, json_line, render_table, utc_iso
-from sdcore.cli._jobs import Emit
+from sdcore._internal.sql import queries, render
+from sdcore.cli._format import emit, escape, json_line, one_line, render_table, utc_iso
+from sdcore.cli._options import (
+    DEFAULT_LIST_LIMIT,
+    TRANSACTION_POOLING_ENV,
+    UsageError,
+    add_command,
+    add_group,
+    connection_options,
+    int_in,
+    json_option,
+    limit_option,
+    outbox_table_option,
+    transaction_pooling,
+)
+from sdcore.cli._target import CliError, Target, connection, describe_error, target_of
 from sdcore.outbox import Outbox
+from sdcore.postgres import redact_text
+
+Emit = Callable[[str], None]
 
 HEADERS = (
     "id",
@@ -24,13 +42,14 @@ HEADERS = (
     "idempotency_key",
     "last_error",
 )
-# The database answered the check a moment ago: a pool that still cannot open is a new outage.
-OPEN_TIMEOUT_S = 10
 WIDTHS = {"name": 24, "idempotency_key": 28, "last_error": 60}
-_LIST = """\
-SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key, job_id,
-       last_error, created_at, published_at
-FROM {table} WHERE status = ANY(%s) ORDER BY id DESC LIMIT %s"""
+RELAY_POOL_SIZE = 4
+STATUSES = ("PENDING", "DEAD", "PUBLISHED")
+DEFAULT_STATUSES = ("PENDING", "DEAD")
+
+
+def _list_query(target: Target) -> Any:
+    return render(queries("outbox_admin")["list_rows"], target.identifier)
 
 
 def list_outbox(
@@ -41,9 +60,8 @@ def list_outbox(
     Raises:
         CliError: Database unreachable or table missing.
     """
-    query = sql.SQL(_LIST).format(table=target.identifier)
     with connection(target) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query, (statuses, limit)).fetchall()
+        rows = cur.execute(_list_query(target), (statuses, limit)).fetchall()
     if as_json:
         for row in rows:
             shown = dict(row)
@@ -98,9 +116,8 @@ def check_outbox(target: Target) -> None:
         CliError: Cannot connect, the table is missing (with the command that creates it), or
             it is not an outbox table.
     """
-    query = sql.SQL(_LIST).format(table=target.identifier)
     with connection(target) as conn:
-        conn.execute(query, ([], 0))
+        conn.execute(_list_query(target), ([], 0))
 
 
 def run_relay(
@@ -114,57 +131,125 @@ def run_relay(
 ) -> None:
     """Run an outbox relay until SIGTERM / SIGINT, publishing to BullMQ on ``redis_url``.
 
-    With ``transaction_pooling`` the relay's pool sends no server-side prepared statement (the
-    URL is a transaction-mode pooler such as PgBouncer) and the relay polls instead of LISTENing
-    (a notification cannot reach it through such a pooler).
+    The relay is a :class:`~sdcore.runtime.Runtime` with only its relay on (no scheduler, no
+    processors, no migrations): one pool, wired as every other entry point wires it. With
+    ``transaction_pooling`` the pool sends no server-side prepared statement (the URL is a
+    transaction-mode pooler such as PgBouncer) and the relay polls instead of LISTENing (a
+    notification cannot reach it through such a pooler).
 
     Raises:
         CliError: The extra is missing, or the database / Redis cannot be reached at start, or
             the outbox table is missing.
     """
     try:
-        from sdcore.queues import BullMQPublisher
+        import sdcore.queues  # noqa: F401 - the extra's check, before any connection
     except ImportError as exc:
         raise CliError(f"the relay needs its extra: {exc}") from None
-    from sdcore.outbox import OutboxRelay
-    from sdcore.postgres import DatabaseConnectError, PoolSettings, create_pool, open_pool
+    from sdcore.runtime import Runtime
 
     check_outbox(target)
+    runtime = Runtime(
+        database_url=target.dsn,
+        redis_url=redis_url,
+        queue_prefix=prefix,
+        outbox=Outbox(table=target.table, schema=target.schema),
+        relay_batch_size=batch_size,
+        transaction_pooling=transaction_pooling,
+        scheduler=False,
+        ensure_schema=False,
+        pool_max_size=RELAY_POOL_SIZE,
+        application_name="sdcore-relay",
+        logger_name="sdcore.cli.relay",
+    )
 
     async def relay() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        outbox = Outbox(table=target.table, schema=target.schema)
-        settings = PoolSettings(
-            min_size=1,
-            max_size=4,
-            application_name="sdcore-relay",
-            transaction_pooling=transaction_pooling,
-            open_timeout_ms=OPEN_TIMEOUT_S * 1000,
-        )
-        pool = create_pool(target.dsn, settings)
         try:
-            await open_pool(pool)
-        except DatabaseConnectError as exc:
-            raise CliError(f"cannot connect to the database: {exc.reason}") from None
-        publisher = BullMQPublisher.from_url(redis_url, prefix=prefix)
-        relay = OutboxRelay(
-            pool,
-            publisher,
-            outbox=outbox,
-            batch_size=batch_size,
-            transaction_pooling=transaction_pooling,
-        )
-        async with pool, publisher, relay:
+            await runtime.start()
+        except Exception as exc:  # noqa: BLE001 - one redacted line (pool timeout, Redis…)
+            detail = one_line(redact_text(str(exc) or type(exc).__name__, target.dsn))
+            raise CliError(f"the relay did not start: {detail}") from None
+        relay = runtime.relay
+        try:
             emit(f"relaying {escape(target.shown)} to BullMQ ({escape(prefix)}); SIGTERM stops")
             await stop.wait()
             emit("stopping: finishing the batch in flight…")
-        state = relay.state
-        emit(f"stopped; published {state.published} message(s), {state.failed} failure(s)")
+        finally:
+            await runtime.stop()
+        if relay is not None:
+            state = relay.state
+            emit(f"stopped; published {state.published} message(s), {state.failed} failure(s)")
 
     try:
         asyncio.run(relay())
     except psycopg.Error as exc:
         raise describe_error(exc, target) from None
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore outbox list|retry`` and ``sdcore relay``."""
+    commands = add_group(subparsers, "outbox", "inspect and retry transactional outbox rows")
+    listing = add_command(commands, "list", _list, help="pending and dead rows, newest first")
+    retry = add_command(commands, "retry", _retry, help="make a DEAD row due again")
+    relay = add_command(subparsers, "relay", _relay, help="run the outbox relay until SIGTERM")
+    for command in (listing, retry, relay):
+        connection_options(command)
+        outbox_table_option(command)
+    listing.add_argument(
+        "--status",
+        type=str.upper,
+        choices=(*STATUSES, "ALL"),
+        action="append",
+        help="repeatable; default: PENDING and DEAD",
+    )
+    limit_option(
+        listing, DEFAULT_LIST_LIMIT, f"at most this many rows (default: {DEFAULT_LIST_LIMIT})"
+    )
+    json_option(listing)
+    retry.add_argument("id", type=int_in(1, 2**63 - 1), help="outbox row id")
+    relay.add_argument("--redis-url", metavar="URL", help="Redis URL (default: $REDIS_URL)")
+    relay.add_argument(
+        "--transaction-pooling",
+        action="store_true",
+        default=None,
+        help="the database URL is a transaction-mode pooler such as PgBouncer: no server-side "
+        f"prepared statements (default: ${TRANSACTION_POOLING_ENV}=1)",
+    )
+    relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
+    relay.add_argument(
+        "--batch-size", type=int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
+    )
+
+
+def _outbox_target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
+    lease = target_of(args, environ)
+    return Target(dsn=lease.dsn, table=args.outbox_table, schema=lease.schema, outbox=True)
+
+
+def _list(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    chosen = args.status or DEFAULT_STATUSES
+    statuses = list(STATUSES) if "ALL" in chosen else sorted(set(chosen))
+    target = _outbox_target(args, environ)
+    list_outbox(target, emit, statuses=statuses, limit=args.limit, as_json=args.json)
+
+
+def _retry(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    retry_outbox(_outbox_target(args, environ), emit, args.id)
+
+
+def _relay(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    target = _outbox_target(args, environ)
+    url = args.redis_url or environ.get("REDIS_URL")
+    if not url:
+        raise UsageError("the relay needs Redis: --redis-url or REDIS_URL")
+    run_relay(
+        target,
+        emit,
+        redis_url=url,
+        prefix=args.prefix,
+        batch_size=args.batch_size,
+        transaction_pooling=transaction_pooling(args.transaction_pooling, environ),
+    )

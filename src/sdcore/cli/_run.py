@@ -8,6 +8,7 @@ the parts that belong in a long-lived process until SIGTERM or SIGINT, then stop
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib
@@ -15,14 +16,15 @@ import inspect
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sdcore.cli import _metrics
-from sdcore.cli._db import CliError
-from sdcore.cli._format import escape, one_line
+from sdcore.cli._format import emit, escape, one_line
+from sdcore.cli._options import add_command, logging_options
+from sdcore.cli._target import CliError
 from sdcore.postgres import redact_text
 
 MAX_FACTORY_DEPTH = 3
@@ -153,3 +155,42 @@ async def _run(obj: object, options: RunOptions, emit: Callable[[str], None]) ->
                 options.ready_file.unlink()
         await target.__aexit__(None, None, None)
     emit("stopped")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore run MODULE:ATTR``."""
+    run = add_command(
+        subparsers,
+        "run",
+        _run_command,
+        help="run an application's Runtime (schedules, relay, processors) until SIGTERM",
+        description=(
+            "Import MODULE:ATTR — a sdcore Runtime, a Scheduler, an app with sdcore installed, or "
+            "a factory returning one — and run it as a long-lived worker process. SIGTERM or "
+            "SIGINT stops it gracefully."
+        ),
+    )
+    run.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.worker:runtime")
+    logging_options(run)
+    run.add_argument("--no-scheduler", action="store_true", help="do not run the schedules")
+    run.add_argument("--no-relay", action="store_true", help="do not run the outbox relay")
+    run.add_argument("--no-processors", action="store_true", help="do not run the queue processors")
+    _metrics.add_run_arguments(run)  # --metrics-port, --metrics-host
+    run.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write the pid here once started, remove it at exit (for an exec readiness probe)",
+    )
+
+
+def _run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    options = RunOptions(
+        spec=args.app,
+        scheduler=not args.no_scheduler,
+        relay=not args.no_relay,
+        processors=not args.no_processors,
+        ready_file=Path(args.ready_file) if args.ready_file else None,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    run_app(options, emit)

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from psycopg import sql
-
-from sdcore.cli._db import CliError, Target, connection
-from sdcore.cli._format import escape, json_line, render_table, utc_iso
+from sdcore.cli import _control
+from sdcore.cli._format import emit, escape, json_line, render_table, utc_iso
 from sdcore.cli._jobs import Emit, list_jobs
+from sdcore.cli._options import (
+    MAX_CODE_LENGTH,
+    add_command,
+    add_group,
+    connection_options,
+    json_option,
+    limit_option,
+    parse_since,
+    text,
+)
+from sdcore.cli._target import (
+    CliError,
+    MissedTicksError,
+    Target,
+    run_admin,
+    started_runtime,
+    target_of,
+)
+from sdcore.job_scheduler import LeaseAdmin
 
 if TYPE_CHECKING:
     from sdcore.scheduling import MissedTick, Scheduler
@@ -30,7 +49,6 @@ SCHEDULE_KEYS = (
     "next_fire_at",
     "next_fire_local",
 )
-_ANY_RUN = "SELECT EXISTS (SELECT 1 FROM {table} WHERE code = %s AND type = 'SCHEDULE')"
 
 
 def _scheduling() -> ModuleType:
@@ -175,7 +193,7 @@ def missed_ticks(
     Raises:
         CliError: Unknown schedule, bad range, no recorded run at all, database failure.
     """
-    from sdcore.job_scheduler import JobSchedulerError, JobSchedulerService
+    from sdcore.job_scheduler import JobSchedulerError
 
     scheduling = _scheduling()
     scheduler = load_scheduler(spec)
@@ -186,9 +204,11 @@ def missed_ticks(
         info = scheduler.get(name)
     except scheduling.ScheduleNotFoundError:
         raise CliError(f"no schedule named {escape(name)!r} in {spec}") from None
-    with connection(target) as conn:
-        row = conn.execute(sql.SQL(_ANY_RUN).format(table=target.identifier), (name,)).fetchone()
-    if not (row and row[0]):
+
+    async def recorded(admin: LeaseAdmin, conn: Any) -> bool:
+        return await admin.has_schedule_runs(conn, name)
+
+    if not run_admin(target, recorded):
         how = (
             "it is not exclusive in this Scheduler (no jobs= or exclusive=False)"
             if not info.exclusive
@@ -201,10 +221,8 @@ def missed_ticks(
         )
 
     async def query() -> list[MissedTick]:
-        async with JobSchedulerService.connect(
-            target.dsn, table=target.table, schema=target.schema, max_size=1
-        ) as jobs:
-            return await scheduler.missed_ticks(name, since, end, jobs=jobs)
+        async with started_runtime(target) as runtime:
+            return await scheduler.missed_ticks(name, since, end, jobs=runtime.jobs)
 
     try:
         found = asyncio.run(query())
@@ -229,3 +247,68 @@ def missed_ticks(
         emit(line)
     emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")
     return len(found)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdcore schedules list|runs|missed`` and the control-plane commands."""
+    commands = add_group(subparsers, "schedules", "inspect the schedules of an application")
+    for name, handler, about in (
+        ("list", _list, "schedules with their next fire time (UTC and local)"),
+        ("runs", _runs, "recent runs of one schedule"),
+        ("missed", _missed, "expected ticks of one schedule without a SUCCESS row"),
+    ):
+        command = add_command(commands, name, handler, help=about)
+        connection_options(command)
+        command.add_argument(
+            "--app",
+            required=name != "list",
+            metavar="MODULE:ATTRIBUTE",
+            help="where the Scheduler is, e.g. myapp.tasks:scheduler"
+            + (" (list: without it, the cluster's schedules from the database)" * (name == "list")),
+        )
+        json_option(command)
+        if name != "list":
+            command.add_argument("name", type=text("name", MAX_CODE_LENGTH), help="schedule name")
+        if name == "runs":
+            limit_option(command, 20, "at most this many runs (default 20)")
+        if name == "missed":
+            command.add_argument(
+                "--since",
+                type=parse_since,
+                required=True,
+                metavar="WHEN",
+                help="ISO instant with a zone (2026-07-01T00:00:00Z) or a duration ago (24h)",
+            )
+            command.add_argument(
+                "--until",
+                type=parse_since,
+                metavar="WHEN",
+                help="end of the range (default: now)",
+            )
+            command.add_argument(
+                "--check",
+                action="store_true",
+                help="exit status 3 if any tick is missed (for monitoring probes)",
+            )
+    _control.register(commands)
+
+
+def _list(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    if args.app:
+        list_schedules(args.app, emit, as_json=args.json)
+    else:  # the cluster's schedules, from the control plane's tables
+        _control.list_cluster(target_of(args, environ), emit, as_json=args.json)
+
+
+def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    target = target_of(args, environ)
+    schedule_runs(target, args.app, args.name, args.limit, emit, as_json=args.json)
+
+
+def _missed(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    target = target_of(args, environ)
+    missed = missed_ticks(
+        target, args.app, args.name, args.since, args.until, emit, as_json=args.json
+    )
+    if args.check and missed:
+        raise MissedTicksError(f"{missed} missed tick(s) of {args.name!r}")

@@ -23,12 +23,11 @@ import threading
 import time
 from datetime import UTC, datetime
 
-import psycopg
 from psycopg import sql
 
-from sdcore.job_scheduler import JobSchedulerService
 from sdcore.postgres import redact_text
-from sdcore.scheduling import Scheduler, Tick
+from sdcore.runtime import Runtime
+from sdcore.scheduling import Tick
 
 SCHEDULE = "demo-tick"
 DSN_ENV = "SDCORE_DEMO_DSN"
@@ -38,6 +37,9 @@ LEASE_MS = 2_000
 # RUNNING by a dead owner or never started. Ticks before the demo began are skipped by the handler.
 CATCH_UP_WINDOW_MS = 20_000
 EXIT_DEADLINE_S = 5.0
+GRACE_MS = 2_000
+# The job scheduler holds at most half of the pool; the ledger writes use the rest.
+POOL_SIZE = 3
 
 
 async def replica(dsn: str, number: int, table: str, ledger: str, epoch: datetime) -> None:
@@ -61,34 +63,42 @@ async def replica(dsn: str, number: int, table: str, ledger: str, epoch: datetim
     insert = sql.SQL(
         "INSERT INTO {} (run_key, replica, pid, fencing_token, phase) VALUES (%s, %s, %s, %s, %s)"
     ).format(sql.Identifier(ledger))
-    async with (
-        JobSchedulerService.connect(
-            dsn, table=table, max_size=2, application_name=f"sdcore-demo-{number}"
-        ) as jobs,
-        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
-    ):
-        scheduler = Scheduler(jobs=jobs, lease_ms=LEASE_MS, grace_period_ms=2_000)
+    # The same composition root as every other entry point; the demo's tables are its own, so
+    # no migration runs and no control plane records the demo schedule in the database.
+    runtime = Runtime(
+        database_url=dsn,
+        lease_table=table,
+        ensure_schema=False,
+        schedule_control=False,
+        pool_max_size=POOL_SIZE,
+        grace_period_ms=GRACE_MS,
+        application_name=f"sdcore-demo-{number}",
+        logger_name="sdcore.demo",
+    )
 
-        async def tick(t: Tick) -> None:
-            if t.scheduled_at < epoch:
-                return  # before this demo: nothing to show
-            fencing = t.lease.fencing_token if t.lease is not None else 0
-            row = (t.run_key, number, os.getpid(), fencing)
+    async def tick(t: Tick) -> None:
+        if t.scheduled_at < epoch:
+            return  # before this demo: nothing to show
+        fencing = t.lease.fencing_token if t.lease is not None else 0
+        row = (t.run_key, number, os.getpid(), fencing)
+        async with runtime.pool.connection() as conn:
             await conn.execute(insert, (*row, "started"))
-            print(json.dumps({"started": t.run_key, "fencing_token": fencing}), flush=True)
-            await asyncio.sleep(WORK_S)  # the work; a SIGKILL now leaves the lease RUNNING
+        print(json.dumps({"started": t.run_key, "fencing_token": fencing}), flush=True)
+        await asyncio.sleep(WORK_S)  # the work; a SIGKILL now leaves the lease RUNNING
+        async with runtime.pool.connection() as conn:
             await conn.execute(insert, (*row, "done"))
 
-        scheduler.add_cron(
-            SCHEDULE,
-            "* * * * * *",
-            tick,
-            catch_up="all",
-            catch_up_window_ms=CATCH_UP_WINDOW_MS,
-        )
-        async with scheduler:
-            print(json.dumps({"ready": number, "pid": os.getpid()}), flush=True)
-            await stop.wait()
+    runtime.scheduler.add_cron(
+        SCHEDULE,
+        "* * * * * *",
+        tick,
+        catch_up="all",
+        catch_up_window_ms=CATCH_UP_WINDOW_MS,
+        lease_ms=LEASE_MS,
+    )
+    async with runtime:
+        print(json.dumps({"ready": number, "pid": os.getpid()}), flush=True)
+        await stop.wait()
 
 
 def main() -> None:

@@ -302,6 +302,23 @@ class LeaseAdmin:
     def _errors(self) -> _DriverErrors:
         return _DriverErrors(self.shown)
 
+    async def has_schedule_runs(self, conn: psycopg.AsyncConnection[Any], code: str) -> bool:
+        """Whether the table holds any run of the schedule ``code`` (``type = 'SCHEDULE'``).
+
+        A non-exclusive schedule writes no lease row, so "no run at all" tells it apart from a
+        schedule whose ticks were all missed.
+
+        Raises:
+            InvalidAdminRequestError: ``code`` is not a str without NUL.
+        """
+        if not isinstance(code, str) or "\x00" in code:
+            raise InvalidAdminRequestError("code", "must be a str without NUL")
+        query = render(self._sql["has_schedule_runs"], self._identifier)
+        async with self._errors():
+            cur = await conn.execute(query, {"code": code})
+            row = await cur.fetchone()
+        return bool(row and row[0])
+
 
 class _DriverErrors:
     """Turn a driver error into the job scheduler's error tree (``raise … from exc``)."""

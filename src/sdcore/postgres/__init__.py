@@ -32,6 +32,7 @@ from sdcore.postgres._schema import (
     check_identifier,
     derived_name,
 )
+from sdcore.postgres._upgrade import TableInventory, UpgradeReport, upgrade
 
 __all__ = [
     "DEFAULT_TABLES",
@@ -47,6 +48,8 @@ __all__ = [
     "MigrationStatus",
     "PoolSettings",
     "SdcorePool",
+    "TableInventory",
+    "UpgradeReport",
     "apply_schema",
     "check_identifier",
     "create_pool",
@@ -61,4 +64,5 @@ __all__ = [
     "redact_dsn",
     "redact_text",
     "schema_sql",
+    "upgrade",
 ]

@@ -67,3 +67,6 @@ WITH picked AS MATERIALIZED (
     RETURNING j.modified_at
 )
 SELECT count(*), max(modified_at) FROM deleted
+
+-- name: has_schedule_runs
+SELECT EXISTS (SELECT 1 FROM {table} WHERE code = %(code)s AND type = 'SCHEDULE')

@@ -1,0 +1,198 @@
+"""How the control-plane commands print: actions, the cluster's schedules, run history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sdcore.cli._format import compact_age, escape, json_line, render_table, utc_iso
+
+Emit = Callable[[str], None]
+
+
+def when(value: datetime | None) -> str:
+    """A UTC instant to the second, or ``-``."""
+    return "-" if value is None else utc_iso(value)
+
+
+def _precise(value: datetime | None) -> str | None:
+    return None if value is None else utc_iso(value, precise=True)
+
+
+def _plain(value: datetime | None) -> str | None:
+    return None if value is None else utc_iso(value)
+
+
+def action_json(action: Any) -> dict[str, Any]:
+    """One control action as a JSON object."""
+    return {
+        "id": action.id,
+        "schedule": action.schedule,
+        "action": action.action.value,
+        "actor": action.actor,
+        "reason": action.reason,
+        "params": dict(action.params),
+        "progress": None if action.progress is None else dict(action.progress),
+        "outcome": action.outcome,
+        "created_at": utc_iso(action.created_at, precise=True),
+        "finished_at": _precise(action.finished_at),
+    }
+
+
+def describe(action: Any) -> str:
+    """The one line an action command prints: what was recorded and when it takes effect."""
+    what = action.action.value
+    base = f"{what} of {escape(action.schedule)!s} recorded as action {action.id}"
+    if what == "trigger":
+        return base + f" (run key trigger:{action.id}); one replica runs it within ~2 s"
+    if what == "backfill":
+        ticks = action.params.get("ticks")
+        return base + f" ({ticks} tick(s)); follow it with `sdcore schedules log {action.schedule}`"
+    return base + "; every replica applies it within ~2 s"
+
+
+def emit_action(action: Any, emit: Emit, *, as_json: bool) -> None:
+    """Print one action as JSON or as its :func:`describe` line."""
+    emit(json_line(action_json(action)) if as_json else describe(action))
+
+
+def progress_line(progress: Any) -> str:
+    """A backfill's progress while it is followed."""
+    p = dict(progress)
+    return (
+        f"progress: {p.get('succeeded', 0)} succeeded, {p.get('failed', 0)} failed, "
+        f"{p.get('remaining', '?')} remaining of {p.get('total', '?')}"
+    )
+
+
+def _emit_json(items: Sequence[Any], as_dict: Callable[[Any], dict[str, Any]], emit: Emit) -> None:
+    for item in items:
+        emit(json_line(as_dict(item)))
+
+
+def _schedule_json(s: Any) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "origin": s.origin,
+        "kind": s.kind,
+        "expression": s.expression,
+        "time_zone": s.time_zone,
+        "paused": s.paused,
+        "paused_at": _plain(s.paused_at),
+        "paused_by": s.paused_by,
+        "paused_reason": s.paused_reason,
+        "handler": s.handler,
+        "args": s.args,
+        "next_fire_at": _plain(s.next_fire_at),
+        "last_run_at": _plain(s.last_run_at),
+        "last_status": s.last_status,
+        "replicas": list(s.replicas),
+        "last_seen_at": _plain(s.last_seen_at),
+        "versions": s.versions,
+    }
+
+
+def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
+    """Print the cluster's schedules (``sdcore schedules list`` without ``--app``)."""
+    if as_json:
+        _emit_json(states, _schedule_json, emit)
+        return
+    rows = [
+        [
+            escape(s.name),
+            s.origin,
+            escape(s.expression if s.kind != "interval" else f"every {s.expression} ms"),
+            escape(s.time_zone),
+            f"paused by {escape(s.paused_by or '?')}" if s.paused else "active",
+            when(s.next_fire_at),
+            f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
+            str(len(s.replicas)) + (f" ({s.versions} versions!)" if s.versions > 1 else ""),
+        ]
+        for s in states
+    ]
+    headers = ["NAME", "ORIGIN", "WHEN", "ZONE", "STATE", "NEXT", "LAST RUN", "REPLICAS"]
+    for line in render_table(headers, rows, {"NAME": 40, "WHEN": 30, "STATE": 30}):
+        emit(line)
+
+
+def _ms(value: Any) -> int | None:
+    return None if value is None else round(value.total_seconds() * 1000)
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value.total_seconds():.3f}s"
+
+
+def _run_json(r: Any) -> dict[str, Any]:
+    return {
+        "schedule": r.schedule,
+        "run_key": r.run_key,
+        "source": r.source,
+        "status": r.status,
+        "scheduled_at": utc_iso(r.scheduled_at, precise=True),
+        "started_at": utc_iso(r.started_at, precise=True),
+        "finished_at": _precise(r.finished_at),
+        "lag_ms": _ms(r.lag),
+        "duration_ms": _ms(r.duration),
+        "attempt": r.attempt,
+        "fencing_token": r.fencing_token,
+        "host": r.host,
+        "pid": r.pid,
+        "error": r.error,
+    }
+
+
+def emit_history(runs: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
+    """Print the runs of a schedule (``sdcore schedules history``)."""
+    if as_json:
+        _emit_json(runs, _run_json, emit)
+        return
+    rows = [
+        [
+            escape(r.run_key),
+            r.source,
+            r.status,
+            when(r.started_at),
+            _seconds(r.lag),
+            _seconds(r.duration),
+            f"{escape(r.host)}:{r.pid}",
+            "-" if r.fencing_token is None else str(r.fencing_token),
+            escape(r.error or ""),
+        ]
+        for r in runs
+    ]
+    headers = ["RUN KEY", "SOURCE", "STATUS", "STARTED", "LAG", "DURATION", "REPLICA", "FENCE"]
+    for line in render_table([*headers, "ERROR"], rows, {"RUN KEY": 40, "ERROR": 60}):
+        emit(line)
+
+
+def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
+    """Print the control actions of a schedule (``sdcore schedules log``)."""
+    if as_json:
+        _emit_json(actions, action_json, emit)
+        return
+    rows = []
+    for a in actions:
+        progress = ""
+        if a.progress:
+            p = dict(a.progress)
+            progress = (
+                f"{p.get('succeeded', 0)}/{p.get('total', 0)} ok, {p.get('failed', 0)} failed"
+            )
+        age = "-" if a.finished_at is None else compact_age(a.finished_at - a.created_at)
+        rows.append(
+            [
+                str(a.id),
+                a.action.value,
+                escape(a.actor),
+                when(a.created_at),
+                a.outcome or "open",
+                age,
+                progress,
+                escape(a.reason or ""),
+            ]
+        )
+    headers = ["ID", "ACTION", "ACTOR", "AT", "OUTCOME", "TOOK", "PROGRESS", "REASON"]
+    for line in render_table(headers, rows, {"ACTOR": 30, "REASON": 60}):
+        emit(line)
