@@ -182,7 +182,7 @@ def _bare_cycles(
             row = await cur.fetchone()
             if row is None:
                 raise RuntimeError(f"bare: {key} was not acquired")
-            cur = await conn.execute(finalize, ("SUCCESS", None, row[0], row[8]))
+            cur = await conn.execute(finalize, ("SUCCESS", None, row[0], token))
             if cur.rowcount != 1:
                 raise RuntimeError(f"bare: {key} was not completed")
 
@@ -333,7 +333,7 @@ def pgbench_script() -> str:
         statements.acquire,
         [":p_key", ":p_key", ":p_code", "NULL", ":p_type", ":p_n", ":p_token", ":p_lease_ms"],
     )
-    finalize = _substitute(statements.finalize, [":p_status", "NULL", ":id", ":owner_token"])
+    finalize = _substitute(statements.finalize, [":p_status", "NULL", ":id", ":p_token"])
     one_line = " ".join  # a \gset must end the statement's (single) line
     return (
         "\\set p_n :p_n + 1\n"
