@@ -7,7 +7,8 @@
 -- The rules of lease.sql's `acquire` (a new row is RUNNING; a takeover rotates the owner token,
 -- draws a higher fencing token, records the new owner's lease_ms, clears data; a loser facing a
 -- row that is plainly not takeable takes no lock and writes nothing; a row that looks takeable
--- is locked with SKIP LOCKED), with the budget:
+-- is locked with SKIP LOCKED; a new key is inserted only under its advisory lock), with the
+-- budget:
 -- - no row: insert it, attempts = 1;
 -- - RUNNING silent for longer than its owner's lease (its owner died): take it, attempts + 1
 --   (an abandoned attempt is re-run whatever the budget);
@@ -60,7 +61,8 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
            v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
            clock_timestamp(), 1
     FROM v
-    WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+    WHERE CASE WHEN NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+               THEN pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0)) END
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING id::text, fencing_token, idempotency_key, created_at, modified_at, attempts
 )
