@@ -101,6 +101,19 @@ def won(opts: JobAcquireOptions, token: str, r: tuple[Any, ...], state: _LeaseSt
     )
 
 
+def identity_params(opts: JobAcquireOptions, token: str) -> tuple[Any, ...]:
+    """The first parameters of every insert into the lease table, in the statements' order."""
+    return (
+        opts.lock_key,
+        opts.idempotency_key,
+        opts.code,
+        opts.name,
+        str(opts.type),
+        opts.run_key,
+        token,
+    )
+
+
 def _limit(lease: JobLease) -> float | None:
     """How long a finalize or status read of ``lease`` may take: its time left, plus the slack."""
     state: _LeaseState | None = getattr(lease, "_state", None)
@@ -284,13 +297,11 @@ class _LeaseCore(BaseJobScheduler):
                 SLACK,
             )
         except (psycopg.Error, _Abandoned) as exc:
-            self._log.warning(
-                "job %r run %r: could not release an abandoned acquire (it expires with its "
-                "lease): %s",
-                opts.code,
-                opts.run_key,
-                redact_text(str(exc)),
-                extra={"action": "acquire_release_failed", "job_code": opts.code},
+            self._warn(
+                opts,
+                "could not release an abandoned acquire (it expires with its lease)",
+                "acquire_release_failed",
+                exc,
             )
 
     async def _resolve_cancelled(
@@ -301,17 +312,38 @@ class _LeaseCore(BaseJobScheduler):
         try:
             row = await self._fetch(self._sql.read_owned, (opts.lock_key, token), limit)
         except (psycopg.Error, _Abandoned) as exc:
-            self._log.warning(
-                "job %r run %r: acquire cancelled with an unknown outcome (a row it wrote "
-                "expires with its lease): %s",
-                opts.code,
-                opts.run_key,
-                redact_text(str(exc)),
-                extra={"action": "acquire_cancelled_unknown", "job_code": opts.code},
+            self._warn(
+                opts,
+                "acquire cancelled with an unknown outcome (a row it wrote expires with its lease)",
+                "acquire_cancelled_unknown",
+                exc,
             )
             return
         if row is not None and row[0] == RUNNING:
             await self._fail_quietly(JobLease(id=row[1], owner_token=token), opts)
+
+    def _warn(self, opts: JobAcquireOptions, what: str, action: str, exc: BaseException) -> None:
+        self._log.warning(
+            "job %r run %r: %s: %s",
+            opts.code,
+            opts.run_key,
+            what,
+            redact_text(str(exc)),
+            extra={"action": action, "job_code": opts.code},
+        )
+
+    async def _acquire_row(
+        self, opts: JobAcquireOptions, query: bytes, params: tuple[Any, ...], limit: float
+    ) -> tuple[Any, ...] | None:
+        """Send an acquire; ``None`` if lost (also a loser's serialization failure, or no
+        answer within the lease: the connection is then abandoned)."""
+        try:
+            return await self._fetch(query, params, limit)
+        except LOSER_ERRORS:
+            return None
+        except _Abandoned:
+            self._log_abandoned(opts, "acquire")
+            return None
 
     def _log_abandoned(self, opts: JobAcquireOptions, what: str) -> None:
         self._log.warning(
@@ -345,9 +377,7 @@ class _LeaseCore(BaseJobScheduler):
             else:
                 sent = time.monotonic()
                 state = _LeaseState.for_lease(opts.lease_ms, sent)
-                row = await self._fetch(self._sql.acquire, params, state.valid)
-        except LOSER_ERRORS:
-            return NOT_ACQUIRED
+                row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
         except _Abandoned:
             self._log_abandoned(opts, "acquire")
             return NOT_ACQUIRED

@@ -197,9 +197,7 @@ def _identity(
                 f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
             )
         if not run_key:
-            raise InvalidJobIdentityOptionsError(
-                "run_key", "must not be empty for SCHEDULE jobs"
-            )
+            raise InvalidJobIdentityOptionsError("run_key", "must not be empty for SCHEDULE jobs")
         run_key_bytes = _check_text("run_key", run_key, MAX_RUN_KEY_LENGTH)
     return (
         code,

@@ -21,11 +21,11 @@ from psycopg import errors as pg_errors
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._batch import _BatchOperations
 from sdcore.job_scheduler._core import (
-    LOSER_ERRORS,
     NOT_ACQUIRED,
     STATUS,
     JobSchedulerDatabaseError,
     _limit,
+    identity_params,
     won,
 )
 from sdcore.job_scheduler._model import (
@@ -224,25 +224,11 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         """
         opts = options if type(options) is JobAcquireOptions else coerce_options(options)
         token = str(uuid.uuid4())
-        params = (
-            opts.lock_key,
-            opts.idempotency_key,
-            opts.code,
-            opts.name,
-            str(opts.type),
-            opts.run_key,
-            token,
-            opts.lease_ms,
-        )
+        params = (*identity_params(opts, token), opts.lease_ms)
         sent = time.monotonic()
         state = _LeaseState.for_lease(opts.lease_ms, sent)
         try:
-            row = await self._fetch(self._sql.acquire, params, state.valid)
-        except LOSER_ERRORS:
-            return NOT_ACQUIRED
-        except _Abandoned:
-            self._log_abandoned(opts, "acquire")
-            return NOT_ACQUIRED
+            row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
         except psycopg.OperationalError as exc:
             if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
                 return await self._acquire_again(opts, params, state, exc)

@@ -13,7 +13,14 @@ from psycopg import errors as pg_errors
 
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
-from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, STATUS, _LeaseCore, won
+from sdcore.job_scheduler._core import (
+    NOT_ACQUIRED,
+    RUNNING,
+    STATUS,
+    _LeaseCore,
+    identity_params,
+    won,
+)
 from sdcore.job_scheduler._model import JobAcquireResult, _check_lock_keys, _LeaseState
 from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._watchdog import _Abandoned
@@ -34,13 +41,7 @@ class _TickOperations(_LeaseCore):
         """
         token = str(uuid.uuid4())
         params = (
-            options.lock_key,
-            options.idempotency_key,
-            options.code,
-            options.name,
-            str(options.type),
-            options.run_key,
-            token,
+            *identity_params(options, token),
             options.lease_ms,
             budget.max_attempts,
             budget.backoff_ms,
@@ -48,12 +49,8 @@ class _TickOperations(_LeaseCore):
         sent = time.monotonic()
         state = _LeaseState.for_lease(options.lease_ms, sent)
         try:
-            row = await self._fetch(self._tick_sql.acquire_attempt, params, state.valid)
-        except LOSER_ERRORS:
-            return NOT_ACQUIRED, 0
-        except _Abandoned:
-            self._log_abandoned(options, "acquire")
-            return NOT_ACQUIRED, 0
+            query = self._tick_sql.acquire_attempt
+            row = await self._acquire_row(options, query, params, state.valid)
         except psycopg.OperationalError as exc:
             if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
                 raise self._wrap(exc) from exc
@@ -92,13 +89,7 @@ class _TickOperations(_LeaseCore):
             JobSchedulerUnavailableError: The database could not be reached.
         """
         params = (
-            options.lock_key,
-            options.idempotency_key,
-            options.code,
-            options.name,
-            str(options.type),
-            options.run_key,
-            str(uuid.uuid4()),
+            *identity_params(options, str(uuid.uuid4())),
             dump_json_object({"skipped": reason}),
         )
         try:
