@@ -61,8 +61,8 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
            v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
            clock_timestamp(), 1
     FROM v
-    WHERE CASE WHEN NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
-               THEN pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0)) END
+    WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+      AND pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0))
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING id::text, fencing_token, idempotency_key, created_at, modified_at, attempts
 )
