@@ -5,8 +5,9 @@ Everything here runs before any SQL is sent, and is pure (no clock, no I/O, no h
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +15,7 @@ from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
     MAX_SAFE_INTEGER,
+    MAX_STATUS_KEYS,
     InvalidJobIdentityOptionsError,
     InvalidJobLeaseOptionsError,
     JobSchedulerType,
@@ -156,6 +158,60 @@ def resolve_timing(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
     return lease, heartbeat
 
 
+def _identity(
+    code: object, raw_type: object, run_key: object
+) -> tuple[str, JobSchedulerType, str, str]:
+    """Validate an identity; return the trimmed code, the type, the lock and idempotency keys.
+
+    Raises:
+        InvalidJobIdentityOptionsError: Bad ``code``, ``type`` or ``run_key``.
+    """
+    if not isinstance(code, str):
+        raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
+    code = js_trim(code)
+    if not code:
+        raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
+    code_bytes = _check_text("code", code, MAX_CODE_LENGTH)
+
+    if isinstance(raw_type, JobSchedulerType):
+        type_ = raw_type
+    elif type(raw_type) is str and raw_type in _TYPES:
+        type_ = _TYPES[raw_type]
+    else:
+        shown = repr(raw_type) if type(raw_type) is str else _describe(raw_type)
+        raise InvalidJobIdentityOptionsError(
+            "type", f"must be 'INITIAL' or 'SCHEDULE', got {shown[:80]}"
+        )
+
+    run_key_bytes: bytes | None
+    if type_ is JobSchedulerType.INITIAL:
+        if run_key is not None:
+            raise InvalidJobIdentityOptionsError(
+                "run_key", "must be None for INITIAL jobs (one run per code, ever)"
+            )
+        run_key_bytes = None
+    else:
+        if not isinstance(run_key, str):
+            raise InvalidJobIdentityOptionsError(
+                "run_key",
+                f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
+            )
+        if not run_key:
+            raise InvalidJobIdentityOptionsError("run_key", "must not be empty for SCHEDULE jobs")
+        run_key_bytes = _check_text("run_key", run_key, MAX_RUN_KEY_LENGTH)
+    return (
+        code,
+        type_,
+        _key(LOCK_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
+        _key(IDEMPOTENCY_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
+    )
+
+
+# Only for exact str / JobSchedulerType / None values (a str subclass could compare equal to a
+# cached value and skip a check). Invalid identities raise and are never cached.
+_cached_identity = functools.lru_cache(maxsize=4096)(_identity)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobAcquireOptions:
     """Identity and lease timing of one logical run, validated on construction.
@@ -190,43 +246,18 @@ class JobAcquireOptions:
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
         code: object = self.code
-        if not isinstance(code, str):
-            raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
-        code = js_trim(code)
-        if not code:
-            raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
-        code_bytes = _check_text("code", code, MAX_CODE_LENGTH)
-
         raw_type: object = self.type
-        if isinstance(raw_type, JobSchedulerType):
-            type_ = raw_type
-        elif type(raw_type) is str and raw_type in _TYPES:
-            type_ = _TYPES[raw_type]
-        else:
-            shown = repr(raw_type) if type(raw_type) is str else _describe(raw_type)
-            raise InvalidJobIdentityOptionsError(
-                "type", f"must be 'INITIAL' or 'SCHEDULE', got {shown[:80]}"
-            )
-
         run_key: object = self.run_key
-        run_key_bytes: bytes | None
-        if type_ is JobSchedulerType.INITIAL:
-            if run_key is not None:
-                raise InvalidJobIdentityOptionsError(
-                    "run_key", "must be None for INITIAL jobs (one run per code, ever)"
-                )
-            run_key_bytes = None
+        if (
+            type(code) is str
+            and (run_key is None or type(run_key) is str)
+            and (type(raw_type) is str or type(raw_type) is JobSchedulerType)
+        ):
+            # Plain values: the keys of one identity are derived once (two SHA-256 and the
+            # checks), however many times options for it are built.
+            code, type_, lock, idem = _cached_identity(code, raw_type, run_key)
         else:
-            if not isinstance(run_key, str):
-                raise InvalidJobIdentityOptionsError(
-                    "run_key",
-                    f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
-                )
-            if not run_key:
-                raise InvalidJobIdentityOptionsError(
-                    "run_key", "must not be empty for SCHEDULE jobs"
-                )
-            run_key_bytes = _check_text("run_key", run_key, MAX_RUN_KEY_LENGTH)
+            code, type_, lock, idem = _identity(code, raw_type, run_key)
 
         name: object = self.name
         if name is not None:
@@ -242,12 +273,8 @@ class JobAcquireOptions:
         setattr_(self, "type", type_)
         setattr_(self, "lease_ms", lease)
         setattr_(self, "heartbeat_ms", heartbeat)
-        setattr_(self, "lock_key", _key(LOCK_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes))
-        setattr_(
-            self,
-            "idempotency_key",
-            _key(IDEMPOTENCY_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
-        )
+        setattr_(self, "lock_key", lock)
+        setattr_(self, "idempotency_key", idem)
 
 
 _TYPES = {member.value: member for member in JobSchedulerType}
@@ -282,6 +309,46 @@ def coerce_options(options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquire
     if "code" not in options:
         raise InvalidJobIdentityOptionsError("code", "is required")
     return JobAcquireOptions(**options)
+
+
+def coerce_batch(
+    options: Sequence[JobAcquireOptions | Mapping[str, Any]],
+) -> list[JobAcquireOptions]:
+    """Validate every item of an ``acquire_many`` call, all before any SQL.
+
+    Args:
+        options: A sequence of options (typed or mappings), at most :data:`MAX_STATUS_KEYS`.
+
+    Returns:
+        The validated options, in the input order.
+
+    Raises:
+        InvalidJobIdentityOptionsError: Not a sequence, too many items, an invalid item (the
+            error names its index), or two items with one identity (one lock key).
+        InvalidJobLeaseOptionsError: An item with bad timing (the error names its index).
+    """
+    if isinstance(options, str | bytes | Mapping) or not isinstance(options, Sequence):
+        raise InvalidJobIdentityOptionsError(
+            "options", f"must be a sequence of options, got {_describe(options)}"
+        )
+    if len(options) > MAX_STATUS_KEYS:
+        raise InvalidJobIdentityOptionsError(
+            "options", f"at most {MAX_STATUS_KEYS} items per call, got {len(options)}"
+        )
+    batch: list[JobAcquireOptions] = []
+    first: dict[str, int] = {}
+    for index, item in enumerate(options):
+        try:
+            opts = item if type(item) is JobAcquireOptions else coerce_options(item)
+        except (InvalidJobLeaseOptionsError, InvalidJobIdentityOptionsError) as exc:
+            raise type(exc)(f"options[{index}].{exc.field}", exc.problem) from None
+        seen = first.setdefault(opts.lock_key, index)
+        if seen != index:
+            raise InvalidJobIdentityOptionsError(
+                f"options[{index}]", f"the same run as options[{seen}] (one lock key)"
+            )
+        batch.append(opts)
+    return batch
 
 
 def lock_key(code: str, run_key: str | None = None, type: str = "SCHEDULE") -> str:  # noqa: A002
