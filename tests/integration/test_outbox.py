@@ -215,7 +215,7 @@ async def test_psycopg_and_sqlalchemy_send_the_same_statements(
     ) as conn:
         for _ in range(2):  # the second one is a no-op: the "existing" statement runs too
             async with conn.transaction():
-                await Outbox().enqueue_once(conn, **enqueue_twice_args("pg"))
+                await Outbox(notify_interval_ms=0).enqueue_once(conn, **enqueue_twice_args("pg"))
     by_psycopg = [q for q in _RecordingCursor.sent if "outbox" in q]
 
     params = conninfo_to_dict(pg_dsn)
@@ -236,7 +236,7 @@ async def test_psycopg_and_sqlalchemy_send_the_same_statements(
     try:
         for _ in range(2):
             async with AsyncSession(engine) as session, session.begin():
-                await Outbox().enqueue_once(session, **enqueue_twice_args("sa"))
+                await Outbox(notify_interval_ms=0).enqueue_once(session, **enqueue_twice_args("sa"))
     finally:
         await engine.dispose()
     outbox = Outbox()

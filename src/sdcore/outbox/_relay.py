@@ -18,9 +18,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.supervisor import Supervisor
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
     InvalidOutboxMessageError,
+    OutboxDatabaseError,
     OutboxMessage,
     OutboxStatus,
     Publisher,
@@ -143,6 +145,7 @@ class OutboxRelay:
         self._unavailable_max = _ms("unavailable_max_ms", unavailable_max_ms, 10) / 1000
         self._retention = _ms("retention_ms", retention_ms, 0)
         self._prune_every = _ms("prune_every_ms", prune_every_ms, 1000) / 1000
+        self._lively = self.outbox.notify_interval_ms / 1000
         if self._retention > self.outbox.dedup_window_ms:
             raise ValueError(
                 f"retention_ms ({self._retention}) must not exceed the outbox's dedup_window_ms"
@@ -162,8 +165,8 @@ class OutboxRelay:
         self._wake = asyncio.Event()
         self._stop_event = asyncio.Event()
         self._stopping = False
+        self._tasks = Supervisor("sdcore-outbox", logger=self._log)
         self._task: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
         self._notifications = Notifications(
             self.store.notifications, wake=self._wake, logger=self._log
         )
@@ -204,26 +207,21 @@ class OutboxRelay:
             return
         self._stopping = False
         self._stop_event.clear()
+        await self._tasks.start()
         if self.store.listens:
-            self._listener = asyncio.create_task(
-                self._notifications.run(), name="sdcore-outbox-listen"
-            )
-        self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
+            self._tasks.spawn("listen", self._notifications.run, cancel_on_close=True)
+        self._task = self._tasks.spawn("relay", self._run)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Finish the batch in flight (publish and mark), then stop; cancel after ``grace_s``."""
+        """Finish the batches in flight (publish and mark), then stop; cancel after ``grace_s``.
+
+        A batch claimed ahead but not yet published is given back (the attempt is not counted).
+        """
         self._stopping = True
         self._stop_event.set()
         self._wake.set()
-        if self._task is not None:
-            done, _ = await asyncio.wait({self._task}, timeout=grace_s)
-            if not done:
-                self._task.cancel()
-                await asyncio.wait({self._task})
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.wait({self._listener})
-        self._task = self._listener = None
+        await self._tasks.aclose(grace_s)
+        self._task = None
 
     async def run_once(self) -> int:
         """Claim one batch of due rows, publish it, record the outcome.
@@ -233,12 +231,73 @@ class OutboxRelay:
 
         Raises:
             PublisherUnavailableError: The broker is down (the claims were released).
-            psycopg.Error: The database is down (a store's own error, for another store).
+            OutboxDatabaseError: The database is down (a store's own error, for another store).
         """
-        token = uuid.uuid4()
-        messages = await self.store.claim(limit=self._batch, claim_ms=self._claim_ms, token=token)
+        token, messages = await self._claim(self._batch)
         if not messages:
             return 0
+        results = await self._publish(messages, token)
+        await self._record(messages, results, token)
+        return len(messages)
+
+    async def drain(self, max_rows: int | None = None) -> int:
+        """Relay batch after batch until nothing is due (or ``max_rows`` were claimed).
+
+        The background loop runs this. It is pipelined: each claimed batch is published and
+        marked by its own delivery while the next batch is claimed, and up to
+        :data:`PIPELINE_DEPTH` deliveries are in flight, so the database's round trips and
+        commit flushes and Redis's replies overlap the relay's own work. Every batch still goes
+        claim → publish → mark, so the guarantees are those of :meth:`run_once`: a relay that
+        dies leaves its claimed rows to be published again (same job id, deduplicated by
+        BullMQ) once the claim expires; a batch that could not be published because the broker
+        is down is given back without counting an attempt.
+
+        Returns:
+            How many rows were claimed.
+
+        Raises:
+            PublisherUnavailableError: The broker is down (the unpublished claims were released).
+            OutboxDatabaseError: The database is down (a store's own error, for another store).
+        """
+        if max_rows is not None:
+            max_rows = _ms("max_rows", max_rows, 1)
+        total = 0
+        flights: list[asyncio.Future[None]] = []  # deliveries in flight, oldest first
+        try:
+            while True:
+                limit = self._batch if max_rows is None else min(self._batch, max_rows - total)
+                token, messages = await self._claim(limit)
+                total += len(messages)
+                if messages:
+                    flights.append(asyncio.ensure_future(self._deliver(messages, token)))
+                if len(flights) >= PIPELINE_DEPTH:
+                    await flights.pop(0)
+                if len(messages) < limit or self._stopping:
+                    break
+                if max_rows is not None and total >= max_rows:
+                    break
+            while flights:
+                await flights.pop(0)
+        except asyncio.CancelledError:  # stop()'s grace ran out: claims expire, marks may not land
+            for flight in flights:
+                flight.cancel()
+            await asyncio.gather(*flights, return_exceptions=True)
+            raise
+        except BaseException:  # the first error stands; the other deliveries still finish
+            await asyncio.gather(*flights, return_exceptions=True)
+            raise
+        return total
+
+    async def _deliver(self, messages: list[OutboxMessage], token: uuid.UUID) -> None:
+        await self._record(messages, await self._publish(messages, token), token)
+
+    async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
+        token = uuid.uuid4()
+        return token, await self.store.claim(limit=limit, claim_ms=self._claim_ms, token=token)
+
+    async def _publish(
+        self, messages: list[OutboxMessage], token: uuid.UUID
+    ) -> list[BaseException | None]:
         # A row written straight into the table (not through enqueue_once) is checked again
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
         invalid = {m.id: problem for m in messages if (problem := _invalid(m)) is not None}
@@ -255,10 +314,10 @@ class OutboxRelay:
         if len(published) != len(valid):
             error = RuntimeError("publisher returned the wrong number of results")
             published = [error] * len(valid)
+        if not invalid:
+            return published
         outcome = dict(zip((m.id for m in valid), published, strict=True))
-        results = [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
-        await self._record(messages, results, token)
-        return len(messages)
+        return [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
 
     async def _record(
         self,
@@ -344,18 +403,19 @@ class OutboxRelay:
         loop = asyncio.get_running_loop()
         backoff = 0.0
         next_prune = loop.time() + self._prune_every
+        lively_until = 0.0
         while not self._stopping:
             # Cleared before the claim, never after it: a notification that arrives while this
             # round runs stays set, and the sleep below returns at once for another claim.
             self._wake.clear()
             try:
-                claimed = await self.run_once()
+                claimed = await self.drain(max_rows=self._batch * 64)
             except PublisherUnavailableError as exc:
                 backoff = self._back_off(backoff, "broker unavailable", exc)
                 self._broker_available = False
                 await self._pause(backoff)
                 continue
-            except (psycopg.Error, OSError) as exc:
+            except (OutboxDatabaseError, psycopg.Error, OSError) as exc:
                 backoff = self._back_off(backoff, "database unavailable", exc)
                 await self._pause(backoff)
                 continue
@@ -368,13 +428,18 @@ class OutboxRelay:
             self._broker_available = True
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self._prune_every
-                with contextlib.suppress(psycopg.Error, OSError):
+                with contextlib.suppress(OutboxDatabaseError, psycopg.Error, OSError):
                     pruned = await self.prune()
                     if pruned:
                         self._log.info("pruned %d published outbox row(s)", pruned)
-            if claimed >= self._batch:
+            if claimed >= self._batch * 64:
                 continue
-            await self._sleep(self._poll)
+            # Writers that debounce NOTIFY (Outbox.notify_interval_ms) commit rows nobody
+            # announces: while rows keep coming, look again every interval instead of waiting.
+            if claimed and self._lively:
+                lively_until = loop.time() + max(1.0, 50 * self._lively)
+            lively = self._lively and loop.time() < lively_until
+            await self._sleep(min(self._poll, self._lively) if lively else self._poll)
 
     def _back_off(self, current: float, what: str, exc: BaseException) -> float:
         delay = min(max(current * 2, 0.5), self._unavailable_max)
@@ -406,6 +471,8 @@ class OutboxRelay:
 
 
 _JOB_ID = re.compile(r"sd2?-[0-9a-f]{64}")
+PIPELINE_DEPTH = 2
+"""Batches a draining relay has in flight (published and marked) while it claims the next."""
 
 
 def _invalid(message: OutboxMessage) -> InvalidOutboxMessageError | None:
