@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,15 +20,13 @@ from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
-    InvalidOutboxMessageError,
     OutboxDatabaseError,
     OutboxMessage,
-    OutboxStatus,
     Publisher,
     PublisherUnavailableError,
-    check_identity,
 )
 from sdcore.outbox._outbox import Outbox
+from sdcore.outbox._outcomes import invalid_message, log_failures
 from sdcore.outbox._store import (
     MAX_ERROR_LENGTH,
     OutboxFailure,
@@ -64,7 +61,10 @@ class OutboxRelay:
     Run one in every replica: ``FOR UPDATE SKIP LOCKED`` plus a claim time keep relays off each
     other's rows. It wakes on ``LISTEN/NOTIFY`` (the outbox notifies on commit; a notification
     that arrives during a batch starts the next claim as soon as the batch is recorded) and polls
-    every ``poll_interval_ms`` as a fallback. Each claim carries a fresh token: a relay whose
+    every ``poll_interval_ms`` as a fallback; after finding rows it looks again every
+    ``outbox.notify_interval_ms`` for a while, for the rows whose NOTIFY was debounced. Batches
+    are pipelined (:meth:`drain`); the loops run under a supervisor that logs and restarts a
+    loop that raises. Each claim carries a fresh token: a relay whose
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
     a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
@@ -300,7 +300,7 @@ class OutboxRelay:
     ) -> list[BaseException | None]:
         # A row written straight into the table (not through enqueue_once) is checked again
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
-        invalid = {m.id: problem for m in messages if (problem := _invalid(m)) is not None}
+        invalid = {m.id: problem for m in messages if (problem := invalid_message(m)) is not None}
         valid = [m for m in messages if m.id not in invalid]
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
@@ -342,38 +342,7 @@ class OutboxRelay:
             ]
             landed = await self.store.mark_failed(failures, token=token)
             self._failed += len(landed)
-            for message, error in failed:
-                if message.id not in landed:
-                    # Our claim was taken over: the other relay's outcome stands.
-                    self._log.info(
-                        "outbox message %d: publish failed (%s) after this relay's claim was"
-                        " taken over; the other relay's outcome stands",
-                        message.id,
-                        error_text(error)[:300],
-                        extra={
-                            "action": "outbox_claim_lost",
-                            "outbox_id": message.id,
-                            "idempotency_key": message.idempotency_key,
-                            "queue": message.queue,
-                        },
-                    )
-                    continue
-                dead = landed[message.id] is OutboxStatus.DEAD
-                self._log.log(
-                    logging.ERROR if dead else logging.WARNING,
-                    "outbox message %d (%r on queue %r) %s: %s",
-                    message.id,
-                    message.name,
-                    message.queue,
-                    "is DEAD" if dead else f"failed (attempt {message.attempts})",
-                    error_text(error)[:300],
-                    extra={
-                        "action": "outbox_dead" if dead else "outbox_publish_failed",
-                        "outbox_id": message.id,
-                        "idempotency_key": message.idempotency_key,
-                        "queue": message.queue,
-                    },
-                )
+            log_failures(self._log, failed, landed)
 
     async def stats(self) -> OutboxStats:
         """Count rows by status (one query on PostgreSQL)."""
@@ -470,19 +439,5 @@ class OutboxRelay:
                 await self._stop_event.wait()
 
 
-_JOB_ID = re.compile(r"sd2?-[0-9a-f]{64}")
 PIPELINE_DEPTH = 2
 """Batches a draining relay has in flight (published and marked) while it claims the next."""
-
-
-def _invalid(message: OutboxMessage) -> InvalidOutboxMessageError | None:
-    """Why a claimed row must not be published, or ``None`` when it may."""
-    try:
-        check_identity(message.idempotency_key, message.queue, message.name)
-    except InvalidOutboxMessageError as exc:
-        return exc
-    if not isinstance(message.job_id, str) or _JOB_ID.fullmatch(message.job_id) is None:
-        return InvalidOutboxMessageError(
-            "job_id", "not an id sdcore writes (sd- or sd2- and 64 hex digits); row edited by hand?"
-        )
-    return None

@@ -63,17 +63,21 @@ FROM {table} WHERE idempotency_key = CAST(%(key)s AS text)
 -- I/O. SKIP LOCKED and the claim time keep concurrent relays off each other's rows; a relay
 -- that dies leaves its claims to expire. No "id > cursor": a row that commits late is still due.
 -- The claim token fences the outcome: a relay whose claim was taken over cannot record one.
+-- The ids are picked once (ARRAY(…) is an InitPlan) and the rows then found by primary key: as
+-- "id IN (SELECT …)" PostgreSQL 15 hash-joined the picked ids against a sequential scan of the
+-- whole table, published history included (17.9 ms instead of 2.7 ms for 250 of 10,000 rows),
+-- and a semi-join may even run a SKIP LOCKED subquery more than once.
 -- Parameters: claim_ms, token, limit.
 UPDATE {table} SET claimed_until = clock_timestamp() + %s * interval '1 millisecond',
                    claim_token = %s, attempts = attempts + 1
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT id FROM {table}
     WHERE status = 'PENDING' AND next_attempt_at <= clock_timestamp()
       AND (claimed_until IS NULL OR claimed_until < clock_timestamp())
     ORDER BY next_attempt_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING id, idempotency_key, queue, name, job_id, payload, options, attempts, max_attempts,
           created_at
 
@@ -109,25 +113,25 @@ WHERE id = ANY(%s) AND status = 'PENDING' AND claim_token = %s
 -- name: tombstone
 -- Pruning, step 1: published rows past the retention become tombstones (payload and options
 -- dropped; key, digest and job id kept), so the key stays taken for the deduplication window.
--- Parameters: older_than_ms, limit.
+-- Parameters: older_than_ms, limit. (ids picked once, rows found by primary key, as in claim.)
 UPDATE {table} SET payload = jsonb_build_object(), options = jsonb_build_object(),
                    pruned_at = clock_timestamp()
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT id FROM {table}
     WHERE status = 'PUBLISHED' AND pruned_at IS NULL
       AND published_at < clock_timestamp() - %s * interval '1 millisecond'
     LIMIT %s
-)
+))
 
 -- name: prune
 -- Step 2: tombstones of messages published before the window are deleted: only then can the
 -- key be enqueued again (as a new message). Parameters: older_than_ms, limit.
-DELETE FROM {table} WHERE id IN (
+DELETE FROM {table} WHERE id = ANY(ARRAY(
     SELECT id FROM {table}
     WHERE pruned_at IS NOT NULL
       AND published_at < clock_timestamp() - %s * interval '1 millisecond'
     LIMIT %s
-)
+))
 
 -- name: stats
 SELECT count(*) FILTER (WHERE status = 'PENDING'),
