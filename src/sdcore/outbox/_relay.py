@@ -81,7 +81,9 @@ class OutboxRelay:
             :attr:`store`.
         publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
         outbox: The outbox table (default ``Outbox()``).
-        batch_size: Rows per claim.
+        batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``;
+            a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
+            Redis, and only a backlog fills a batch).
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
             after this long (they are re-published with the same job id).
@@ -112,7 +114,7 @@ class OutboxRelay:
         publisher: Publisher,
         *,
         outbox: Outbox | None = None,
-        batch_size: int = 100,
+        batch_size: int = 500,
         poll_interval_ms: int = 1_000,
         claim_ms: int = 30_000,
         retry_base_ms: int = 1_000,
