@@ -471,17 +471,6 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
         async with conn.transaction():
             await business(i)
 
-    async def with_enqueue_once(i: int) -> None:
-        async with conn.transaction():
-            order_id = await business(i)
-            await outbox.enqueue_once(
-                conn,
-                idempotency_key=f"order-created:{order_id}",
-                queue="orders",
-                name=JOB_NAME,
-                payload=_payload(order_id),
-            )
-
     def public_api(other: Outbox) -> Txn:
         async def txn(i: int) -> None:
             async with conn.transaction():
@@ -517,7 +506,7 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
 
     variants: dict[str, Txn] = {
         "plain": plain,
-        "+enqueue_once": with_enqueue_once,
+        "+enqueue_once": public_api(outbox),
         # The NOTIFY on every insert (sdcore ≤ 0.2), and never: the same Python work as
         # +enqueue_once, so the ratios to these two price the NOTIFY alone.
         "+once_notify_all": public_api(Outbox(notify_interval_ms=0)),

@@ -148,21 +148,27 @@ async def test_bad_keys(pool: AsyncConnectionPool[Any], pg_dsn: str, key: Any) -
             await Outbox().enqueue_once(conn, idempotency_key=key, queue="q", name="n", payload={})
 
 
-async def test_sqlalchemy_session_joins_the_session_transaction(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
+def _sa_url(pg_dsn: str) -> Any:
+    """A SQLAlchemy URL (psycopg driver) for the test database."""
     from psycopg.conninfo import conninfo_to_dict
     from sqlalchemy.engine import URL
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     params = conninfo_to_dict(pg_dsn)
-    url = URL.create(
+    return URL.create(
         "postgresql+psycopg",
         username=str(params.get("user", "")) or None,
         host=str(params.get("host", "")) or None,
         port=int(str(params["port"])) if "port" in params else None,
         database=str(params["dbname"]),
     )
+
+
+async def test_sqlalchemy_session_joins_the_session_transaction(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    url = _sa_url(pg_dsn)
     engine = create_async_engine(url)
     try:
         async with AsyncSession(engine) as session:
@@ -201,9 +207,7 @@ class _RecordingCursor(psycopg.AsyncCursor[Any]):
 async def test_psycopg_and_sqlalchemy_send_the_same_statements(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
-    from psycopg.conninfo import conninfo_to_dict
     from sqlalchemy import event
-    from sqlalchemy.engine import URL
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     def enqueue_twice_args(key: str) -> dict[str, Any]:
@@ -218,14 +222,7 @@ async def test_psycopg_and_sqlalchemy_send_the_same_statements(
                 await Outbox(notify_interval_ms=0).enqueue_once(conn, **enqueue_twice_args("pg"))
     by_psycopg = [q for q in _RecordingCursor.sent if "outbox" in q]
 
-    params = conninfo_to_dict(pg_dsn)
-    url = URL.create(
-        "postgresql+psycopg",
-        username=str(params.get("user", "")) or None,
-        host=str(params.get("host", "")) or None,
-        port=int(str(params["port"])) if "port" in params else None,
-        database=str(params["dbname"]),
-    )
+    url = _sa_url(pg_dsn)
     engine = create_async_engine(url)
     by_sqlalchemy: list[str] = []
 

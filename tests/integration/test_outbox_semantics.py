@@ -35,11 +35,13 @@ from sdcore.outbox import (
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
     Outbox,
+    OutboxDatabaseError,
     OutboxEntry,
     OutboxKeyConflictError,
     OutboxMessage,
     OutboxRelay,
     OutboxTransactionRequiredError,
+    PostgresOutboxStore,
     check_options,
 )
 from sdcore.outbox._model import job_id_v2
@@ -904,3 +906,21 @@ async def test_rows_committed_without_a_notify_are_found_by_the_relay_that_is_bu
     waited = time.monotonic() - committed["quiet-2"]
     assert waited < 5  # found by the relay's 300 ms look-again, not by the 60 s poll
     assert [m.idempotency_key for m in publisher.publishes] == ["announced", "quiet-1", "quiet-2"]
+
+
+async def test_database_errors_reach_relay_callers_as_outbox_errors(pg_dsn: str) -> None:
+    """No psycopg error escapes: a missing table, then a closed pool, are OutboxDatabaseError."""
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
+        await pool.open()
+        relay = OutboxRelay(pool, RecordingPublisher(), outbox=Outbox(table="no_such_outbox"))
+        for call in (relay.run_once, relay.drain, relay.stats, relay.prune):
+            with pytest.raises(OutboxDatabaseError) as caught:
+                await call()
+            assert caught.value.sqlstate == "42P01"  # undefined_table
+            assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+            assert isinstance(caught.value, ConnectionError)
+        store = PostgresOutboxStore(pool)
+    with pytest.raises(OutboxDatabaseError, match="claim failed") as closed:
+        await store.claim(limit=1, claim_ms=1000, token=uuid.uuid4())
+    assert closed.value.sqlstate is None
+    assert isinstance(closed.value.__cause__, psycopg.Error)
