@@ -616,16 +616,19 @@ def pgbench_scripts(outbox: Outbox) -> dict[str, str]:
     with_notify = _substitute(outbox.sql.enqueue, params)
     without = _substitute(outbox.sql.enqueue_quiet, params)
     head = f"BEGIN;\n{business} \\gset\n"
-    # The debounce of Outbox(notify_interval_ms=20), per pgbench client (as if each client were
-    # its own process, the worst case for a per-process debounce): the first enqueue in each
-    # 20 ms bucket of the database clock notifies, the others do not.
+    # The debounce of Outbox(notify_interval_ms=20) for clients that share one process, as the
+    # Python part's clients do: in each 20 ms bucket of the database clock one client (the
+    # bucket's number modulo the client count) notifies with its first enqueue, the others do
+    # not. (P processes would send up to P NOTIFYs per bucket.)
     bucket = business.replace(
         "RETURNING id",
         "RETURNING id, CAST(extract(epoch FROM clock_timestamp()) * 1000 / :p_interval AS bigint)"
         " AS bucket",
     )
     debounced = (
-        f"BEGIN;\n{bucket} \\gset\n\\if :bucket > :last\n{with_notify};\n\\set last :bucket\n"
+        f"BEGIN;\n{bucket} \\gset\n"
+        "\\if :bucket > :last and :client_id = :bucket % :p_clients\n"
+        f"{with_notify};\n\\set last :bucket\n"
         f"\\else\n{without};\n\\endif\nCOMMIT;\n"
     )
     return {
@@ -651,6 +654,7 @@ def run_pgbench(dsn: str, script: Path, clients: int, seconds: int, outbox: Outb
         "p_interval": str(DEFAULT_NOTIFY_INTERVAL_MS),
         "last": "0",
     }
+    defines["p_clients"] = str(clients)
     return harness_pgbench(dsn, script, clients, seconds, defines, threads=min(clients, 4))
 
 
@@ -924,7 +928,8 @@ def report(rounds: Sequence[Round], n: int, clients: Sequence[int]) -> bool:
         print(
             "pgbench -M prepared runs the same transactions with no Python client: the enqueue"
             "\nstatement as rendered by the library, with its pg_notify on every insert, debounced"
-            "\n(the first insert per 20 ms of each client notifies), and without it. PostgreSQL"
+            "\n(one insert per 20 ms over all clients notifies, as in one process), and without"
+            "\nit. PostgreSQL"
             "\ntakes a cluster-wide lock for a transaction that notifies and holds it until after"
             "\nits commit record is flushed, so notifying commits cannot share a WAL flush."
         )
