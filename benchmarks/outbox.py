@@ -929,9 +929,9 @@ def report(rounds: Sequence[Round], n: int, clients: Sequence[int]) -> bool:
             "pgbench -M prepared runs the same transactions with no Python client: the enqueue"
             "\nstatement as rendered by the library, with its pg_notify on every insert, debounced"
             "\n(one insert per 20 ms over all clients notifies, as in one process), and without"
-            "\nit. PostgreSQL"
-            "\ntakes a cluster-wide lock for a transaction that notifies and holds it until after"
-            "\nits commit record is flushed, so notifying commits cannot share a WAL flush."
+            "\nit. PostgreSQL takes a cluster-wide lock for a transaction that notifies and holds"
+            "\nit until after its commit record is flushed, so notifying commits cannot share a"
+            "\nWAL flush."
         )
     met = False
     print()
