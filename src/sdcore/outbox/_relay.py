@@ -215,9 +215,10 @@ class OutboxRelay:
         self._task = self._tasks.spawn("relay", self._run)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Finish the batches in flight (publish and mark), then stop; cancel after ``grace_s``.
+        """Claim no more; finish the batches in flight (publish and mark); cancel after ``grace_s``.
 
-        A batch claimed ahead but not yet published is given back (the attempt is not counted).
+        A batch cancelled by the grace stays claimed: it is published again, under the same job
+        id, once its claim expires.
         """
         self._stopping = True
         self._stop_event.set()
