@@ -310,7 +310,7 @@ class BareBulk(BareAdd):
 
 
 class RelayWorkload(Workload):
-    """``OutboxRelay.run_once()`` over its own outbox table, filled before the round."""
+    """``OutboxRelay.drain()`` over its own outbox table, filled before the round."""
 
     def __init__(self, name: str, bench: Bench, batch: int) -> None:
         super().__init__(name, bench)
