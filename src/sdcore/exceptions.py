@@ -30,9 +30,11 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   ├── OutboxKeyConflictError              (ValueError)
     │   ├── DuplicateOutboxKeyError             (ValueError)
     │   ├── OutboxTransactionRequiredError      (RuntimeError)
+    │   ├── OutboxDatabaseError                 (ConnectionError; .sqlstate)
     │   └── PublisherUnavailableError           (ConnectionError)
     ├── QueuesError                             sdcore.queues
     │   ├── RedisClientError                    (ValueError)
+    │   ├── RedisUnavailableError               (ConnectionError)
     │   ├── JobTooLargeError                    (ValueError)
     │   ├── JobRejectedError                    (RuntimeError)
     │   └── InvalidProcessorError               (ValueError)

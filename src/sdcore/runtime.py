@@ -32,7 +32,7 @@ from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxRelay
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
 from sdcore.probes import DEFAULT_RELAY_STUCK_AFTER_S, ProbeResult, liveness, readiness
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
@@ -149,7 +149,7 @@ class Runtime(AsyncStartStop):
         metrics: bool | SdcoreMetrics = False,
         tracing: bool | SdcoreTracing = False,
         relay_stuck_after_s: float = DEFAULT_RELAY_STUCK_AFTER_S,
-        relay_batch_size: int = 100,
+        relay_batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
         lease_table: str = DEFAULT_TABLES["lease"],
         schema: str | None = None,
         application_name: str = "sdcore",

@@ -258,3 +258,75 @@ async def test_relays_killed_in_a_loop_and_redis_crashed_lose_and_double_nothing
     assert duplicates == 0
     assert all(len(ids) == 1 for ids in ledger.ids.values())
     assert len(jobs) == len(committed)
+
+
+_RELAY_FROZEN_BEFORE_MARK = """
+import asyncio, sys
+from psycopg_pool import AsyncConnectionPool
+from sdcore.outbox import OutboxRelay
+from sdcore.queues import BullMQPublisher
+
+async def main(dsn, url, prefix):
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
+        await pool.open()
+        publisher = BullMQPublisher.from_url(url, prefix=prefix, check_server=False)
+        relay = OutboxRelay(pool, publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000)
+
+        async def frozen(ids):  # the jobs are in Redis; the rows are not marked yet
+            print("published", len(ids), flush=True)
+            await asyncio.Event().wait()
+
+        relay.store.mark_published = frozen
+        async with publisher, relay:
+            await asyncio.Event().wait()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, redis_server: RedisServer
+) -> None:
+    """SIGKILL right after a pipelined relay published batches and before it marked them."""
+    prefix = f"kill-mark-{uuid.uuid4().hex[:8]}"
+    keys = [f"order-{i}" for i in range(40)]
+    async with pool.connection() as conn, conn.transaction():
+        for key in keys:
+            await Outbox().enqueue_once(
+                conn, idempotency_key=key, queue="campaign", name="n", payload={"key": key}
+            )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _RELAY_FROZEN_BEFORE_MARK, pg_dsn, redis_server.url, prefix,
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+        assert line.startswith(b"published ")
+        await asyncio.sleep(0.2)  # let the pipeline's other batch reach Redis too, if it will
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), timeout=10)
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM outbox WHERE status = 'PUBLISHED'")
+        assert await cur.fetchone() == (0,)  # killed before any mark
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        before = await client.llen(f"{prefix}:campaign:wait")
+        assert 5 <= before < len(keys)  # at least the frozen batch is in Redis
+        publisher = BullMQPublisher(client, prefix=prefix, check_server=False)
+        relay = OutboxRelay(pool, publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000)
+        async with relay:
+            deadline = time.monotonic() + 30
+            while (await relay.stats()).published < len(keys):
+                assert time.monotonic() < deadline, "the claims of the killed relay never expired"
+                await asyncio.sleep(0.05)
+        waiting = await client.lrange(f"{prefix}:campaign:wait", 0, -1)
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT job_id, status, attempts FROM outbox ORDER BY id")
+            rows = await cur.fetchall()
+    finally:
+        await client.aclose()
+    assert sorted(waiting) == sorted(r[0] for r in rows)  # one job per row: none lost, none twice
+    assert {r[1] for r in rows} == {"PUBLISHED"}
+    assert max(r[2] for r in rows) == 2  # the re-published rows: one more attempt, same job id

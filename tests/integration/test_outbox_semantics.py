@@ -35,11 +35,13 @@ from sdcore.outbox import (
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
     Outbox,
+    OutboxDatabaseError,
     OutboxEntry,
     OutboxKeyConflictError,
     OutboxMessage,
     OutboxRelay,
     OutboxTransactionRequiredError,
+    PostgresOutboxStore,
     check_options,
 )
 from sdcore.outbox._model import job_id_v2
@@ -846,3 +848,80 @@ async def test_a_row_written_by_hand_with_a_bad_queue_or_job_id_is_never_publish
     assert "queue" in rows["bad-queue"][1]
     assert rows["bad-id"][0] == OutboxStatus.DEAD.value
     assert "job_id" in rows["bad-id"][1]
+
+
+async def _notifications(pg_dsn: str, enqueue: Any) -> int:
+    """How many NOTIFYs on the outbox channel the ``enqueue`` coroutine function caused."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener:
+        await listener.execute('LISTEN "sdcore_outbox"')
+        await enqueue()
+        count = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.5):
+                async for _ in listener.notifies():
+                    count += 1
+        return count
+
+
+@pytest.mark.parametrize(("interval_ms", "expected"), [(0, 3), (10_000, 1)])
+async def test_notify_interval_debounces_the_notify_across_instances(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, interval_ms: int, expected: int
+) -> None:
+    async def three_transactions() -> None:
+        for key in ("a", "b", "c"):  # a fresh Outbox each time: the debounce is per process
+            async with pool.connection() as conn, conn.transaction():
+                outbox = Outbox(notify_interval_ms=interval_ms)
+                assert await outbox.enqueue_once(
+                    conn, idempotency_key=f"{interval_ms}-{key}", queue="q", name="n", payload={}
+                )
+
+    assert await _notifications(pg_dsn, three_transactions) == expected
+
+
+async def test_rows_committed_without_a_notify_are_found_by_the_relay_that_is_busy(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """The relay that just found rows looks again every interval: an unannounced row waits ~that."""
+    outbox = Outbox(notify_interval_ms=300)
+    publisher = RecordingPublisher()
+    async with OutboxRelay(pool, publisher, outbox=outbox, poll_interval_ms=60_000) as relay:
+
+        async def listening() -> bool:
+            return relay.state.listening
+
+        await _until(listening, what="LISTEN")
+        await asyncio.sleep(0.2)
+        committed: dict[str, float] = {}
+        for key in ("announced", "quiet-1", "quiet-2"):  # 50 ms apart: only the first notifies
+            async with pool.connection() as conn, conn.transaction():
+                await outbox.enqueue_once(
+                    conn, idempotency_key=key, queue="q", name="n", payload={}
+                )
+            committed[key] = time.monotonic()
+            await asyncio.sleep(0.05)
+
+        async def all_published() -> bool:
+            return relay.state.published == 3
+
+        await _until(all_published, timeout=10, what="the rows committed without a NOTIFY")
+    waited = time.monotonic() - committed["quiet-2"]
+    assert waited < 5  # found by the relay's 300 ms look-again, not by the 60 s poll
+    assert [m.idempotency_key for m in publisher.publishes] == ["announced", "quiet-1", "quiet-2"]
+
+
+async def test_database_errors_reach_relay_callers_as_outbox_errors(pg_dsn: str) -> None:
+    """No psycopg error escapes: a missing table, then a closed pool, are OutboxDatabaseError."""
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
+        await pool.open()
+        relay = OutboxRelay(pool, RecordingPublisher(), outbox=Outbox(table="no_such_outbox"))
+        for call in (relay.run_once, relay.drain, relay.stats, relay.prune):
+            with pytest.raises(OutboxDatabaseError) as caught:
+                await call()
+            assert caught.value.sqlstate == "42P01"  # undefined_table
+            assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+            assert isinstance(caught.value, ConnectionError)
+        store = PostgresOutboxStore(pool)
+    with pytest.raises(OutboxDatabaseError, match="claim failed") as closed:
+        await store.claim(limit=1, claim_ms=1000, token=uuid.uuid4())
+    assert closed.value.sqlstate is None
+    assert isinstance(closed.value.__cause__, psycopg.Error)

@@ -55,7 +55,9 @@ from sdcore.queues import (
     JobTooLargeError,
     Processor,
     RedisClientError,
+    RedisUnavailableError,
     Workers,
+    check_redis_server,
     queues_enabled,
 )
 
@@ -989,3 +991,23 @@ def test_invalid_processors_are_refused() -> None:
         Workers([Recorder("q"), Recorder("q")], redis_url=REDIS_URL)
     with pytest.raises(ValueError, match="redis_url"):
         Workers([Recorder("q")], redis_url="")
+
+
+async def test_the_server_check_wraps_redis_errors() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}", decode_responses=True)
+    try:
+        with pytest.raises(RedisUnavailableError, match="Redis unavailable") as caught:
+            await check_redis_server(client)
+        assert isinstance(caught.value.__cause__, aioredis.ConnectionError)
+        publisher = BullMQPublisher(client)
+        message = OutboxMessage(
+            id=1, idempotency_key="k", queue="q", name="n", job_id="sd2-" + "0" * 64,
+            payload={}, options={}, attempts=1, max_attempts=3, created_at=datetime.now(UTC),
+        )  # fmt: skip
+        with pytest.raises(PublisherUnavailableError):
+            await publisher.publish([message])
+    finally:
+        await client.aclose()

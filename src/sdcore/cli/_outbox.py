@@ -27,7 +27,7 @@ from sdcore.cli._options import (
     transaction_pooling,
 )
 from sdcore.cli._target import CliError, Target, connection, describe_error, target_of
-from sdcore.outbox import Outbox
+from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox
 from sdcore.postgres import redact_text
 
 Emit = Callable[[str], None]
@@ -220,7 +220,11 @@ def register(subparsers: Any) -> None:
     )
     relay.add_argument("--prefix", default="bull", help="BullMQ key prefix (default: bull)")
     relay.add_argument(
-        "--batch-size", type=int_in(1, 10_000), default=100, metavar="N", help="rows per claim"
+        "--batch-size",
+        type=int_in(1, 10_000),
+        default=DEFAULT_RELAY_BATCH_SIZE,
+        metavar="N",
+        help=f"rows per claim (default: {DEFAULT_RELAY_BATCH_SIZE})",
     )
 
 

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.sql import queries
 
 
 async def _connect_args(
@@ -50,7 +51,8 @@ async def pg_notifications(
     Raises:
         psycopg.Error: The connection could not be made, or broke.
     """
-    statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+    text = queries("outbox")["listen"].strip()
+    statement = sql.SQL(text).format(channel=sql.Identifier(channel))
     conninfo, kwargs = await _connect_args(pool, listen_dsn)
     conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
     async with conn:

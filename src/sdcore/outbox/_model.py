@@ -131,6 +131,23 @@ class PublisherUnavailableError(OutboxError, ConnectionError):
     """The broker (Redis) cannot be reached: not the message's fault; retried without counting."""
 
 
+class OutboxDatabaseError(OutboxError, ConnectionError):
+    """A relay or store statement failed in the database (the driver's error is ``__cause__``).
+
+    The relay backs off and retries; rows it had claimed stay claimed until their claim expires,
+    then are published again under the same job id (deduplicated by BullMQ).
+
+    Attributes:
+        sqlstate: The SQLSTATE, or ``None`` when the connection failed before the server answered.
+    """
+
+    def __init__(self, action: str, sqlstate: str | None, detail: str) -> None:
+        self.action = action
+        self.sqlstate = sqlstate
+        code = f" [{sqlstate}]" if sqlstate else ""
+        super().__init__(f"outbox {action} failed in the database{code}: {detail}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutboxMessage:
     """One claimed outbox row, as a publisher receives it."""

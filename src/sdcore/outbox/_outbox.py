@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,11 @@ class _Prepared:
 
 
 DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
+DEFAULT_NOTIFY_INTERVAL_MS = 20
+
+# When an enqueue last carried a NOTIFY, per (database, table, channel), for this process: shared
+# by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too.
+_last_notify: dict[Hashable, float] = {}
 
 
 class Outbox:
@@ -67,10 +73,15 @@ class Outbox:
         schema: Schema, or ``None`` for the connection's ``search_path``.
         channel: ``NOTIFY`` channel that wakes relays.
         max_attempts: Publish attempts before a row becomes ``DEAD``.
-        notify: Send ``NOTIFY`` with each insert so relays wake at once. PostgreSQL serializes
-            the commits of notifying transactions (a server-wide lock held until the commit is
-            flushed), so many concurrent writers enqueue faster with ``notify=False`` and a
-            relay ``poll_interval_ms`` of 100–250 ms.
+        notify: Send ``NOTIFY`` with inserts so relays wake at once (``False``: relays find rows
+            by polling only).
+        notify_interval_ms: Debounce: at most one enqueue per this many ms (per database, table
+            and channel, in this process) carries the ``NOTIFY``; the others commit without
+            one. PostgreSQL serializes the commits of notifying transactions (a server-wide
+            lock held until the commit is flushed), which caps concurrent writers; relays that
+            have just found rows look again every ``notify_interval_ms`` for a second (or 50
+            intervals), so the rows nobody announced wait about one interval. ``0``: every
+            insert notifies. Give the relay's ``Outbox`` the same value.
         namespace: Part of every BullMQ job id, so outboxes that share a Redis and queue names
             never collide on a key. ``None`` (default): the outbox's identity, computed by the
             database at insert — ``"<database>"."<schema>"."<table>"`` (quoted as by
@@ -99,6 +110,7 @@ class Outbox:
         channel: str = DEFAULT_CHANNEL,
         max_attempts: int = 10,
         notify: bool = True,
+        notify_interval_ms: int = DEFAULT_NOTIFY_INTERVAL_MS,
         namespace: str | None = None,
         dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
         exact_numbers: bool = False,
@@ -115,12 +127,21 @@ class Outbox:
             raise ValueError(
                 f"dedup_window_ms must be an int of at least 1000, got {dedup_window_ms!r:.40}"
             )
+        if (
+            isinstance(notify_interval_ms, bool)
+            or not isinstance(notify_interval_ms, int)
+            or not 0 <= notify_interval_ms <= 10_000
+        ):
+            raise ValueError(
+                f"notify_interval_ms must be an int from 0 to 10000, got {notify_interval_ms!r:.40}"
+            )
         target = qualified(table, schema)
         self.table = table
         self.schema = schema
         self.channel = check_identifier("channel", channel)
         self.max_attempts = max_attempts
         self.notify = bool(notify)
+        self.notify_interval_ms = notify_interval_ms if self.notify else 0
         self.namespace = check_namespace(namespace)
         self.dedup_window_ms = dedup_window_ms
         self.exact_numbers = bool(exact_numbers)
@@ -245,9 +266,27 @@ class Outbox:
             return await self._insert(conn, row)
         return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
 
+    def _notifies(self, database: Hashable) -> bool:
+        """Whether this enqueue carries the NOTIFY (see ``notify_interval_ms``)."""
+        if not self.notify:
+            return False
+        if not self.notify_interval_ms:
+            return True
+        key = (database, self._target, self.channel)
+        now = time.monotonic()
+        last = _last_notify.get(key)
+        if last is not None and now - last < self.notify_interval_ms / 1000:
+            return False
+        if len(_last_notify) > 1000:  # many databases in one process: forget, notify again
+            _last_notify.clear()
+        _last_notify[key] = now
+        return True
+
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
         params = self._params(row)
-        query = self.sql.enqueue if self.notify else self.sql.enqueue_quiet
+        info = conn.info
+        notifies = self._notifies((info.host, info.port, info.dbname))
+        query = self.sql.enqueue if notifies else self.sql.enqueue_quiet
         for _ in range(3):
             cur = await conn.execute(query, params)
             if await cur.fetchone() is not None:
@@ -287,17 +326,19 @@ class Outbox:
                 "conn must be a psycopg AsyncConnection or a SQLAlchemy AsyncSession /"
                 f" AsyncConnection, got {type(conn).__name__}"
             )
+        # session.connection() joins (or autobegins) the session's transaction.
+        bound = await conn.connection() if isinstance(conn, AsyncSession) else conn
         if not allow_autocommit:
-            # session.connection() joins (or autobegins) the session's transaction; only the
-            # driver knows whether that transaction is real or AUTOCOMMIT (isolation_level).
-            bound = await conn.connection() if isinstance(conn, AsyncSession) else conn
+            # Only the driver knows whether that transaction is real or AUTOCOMMIT.
             raw = await bound.get_raw_connection()
             if getattr(raw.dbapi_connection, "autocommit", False):
                 raise OutboxTransactionRequiredError(f"SQLAlchemy {type(conn).__name__}")
         # Through session.execute, never a raw driver connection taken before the session's
         # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
         params = self._params(row)
-        query = text(self.sql.enqueue_named if self.notify else self.sql.enqueue_quiet_named)
+        url = bound.engine.url
+        notifies = self._notifies((url.host, url.port, url.database))
+        query = text(self.sql.enqueue_named if notifies else self.sql.enqueue_quiet_named)
         for _ in range(3):
             result = await conn.execute(query, params)
             if result.first() is not None:

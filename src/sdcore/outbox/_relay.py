@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,17 +17,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
-    InvalidOutboxMessageError,
+    OutboxDatabaseError,
     OutboxMessage,
-    OutboxStatus,
     Publisher,
     PublisherUnavailableError,
-    check_identity,
 )
 from sdcore.outbox._outbox import Outbox
+from sdcore.outbox._outcomes import invalid_message, log_failures
 from sdcore.outbox._store import (
     MAX_ERROR_LENGTH,
     OutboxFailure,
@@ -59,13 +58,19 @@ def _ms(name: str, value: int, minimum: int) -> int:
     return value
 
 
+# Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
+DEFAULT_RELAY_BATCH_SIZE = 500
+
 class OutboxRelay:
     """Claims due rows in short transactions, publishes them, marks them published.
 
     Run one in every replica: ``FOR UPDATE SKIP LOCKED`` plus a claim time keep relays off each
     other's rows. It wakes on ``LISTEN/NOTIFY`` (the outbox notifies on commit; a notification
     that arrives during a batch starts the next claim as soon as the batch is recorded) and polls
-    every ``poll_interval_ms`` as a fallback. Each claim carries a fresh token: a relay whose
+    every ``poll_interval_ms`` as a fallback; after finding rows it looks again every
+    ``outbox.notify_interval_ms`` for a while, for the rows whose NOTIFY was debounced. Batches
+    are pipelined (:meth:`drain`); the loops run under a supervisor that logs and restarts a
+    loop that raises. Each claim carries a fresh token: a relay whose
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
     a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
@@ -82,7 +87,9 @@ class OutboxRelay:
             :attr:`store`.
         publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
         outbox: The outbox table (default ``Outbox()``).
-        batch_size: Rows per claim.
+        batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``;
+            a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
+            Redis, and only a backlog fills a batch).
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
             after this long (they are re-published with the same job id).
@@ -115,7 +122,7 @@ class OutboxRelay:
         publisher: Publisher,
         *,
         outbox: Outbox | None = None,
-        batch_size: int = 100,
+        batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
         poll_interval_ms: int = 1_000,
         claim_ms: int = 30_000,
         retry_base_ms: int = 1_000,
@@ -148,6 +155,7 @@ class OutboxRelay:
         self._unavailable_max = _ms("unavailable_max_ms", unavailable_max_ms, 10) / 1000
         self._retention = _ms("retention_ms", retention_ms, 0)
         self._prune_every = _ms("prune_every_ms", prune_every_ms, 1000) / 1000
+        self._lively = self.outbox.notify_interval_ms / 1000
         if self._retention > self.outbox.dedup_window_ms:
             raise ValueError(
                 f"retention_ms ({self._retention}) must not exceed the outbox's dedup_window_ms"
@@ -167,8 +175,8 @@ class OutboxRelay:
         self._wake = asyncio.Event()
         self._stop_event = asyncio.Event()
         self._stopping = False
+        self._tasks = Supervisor("sdcore-outbox", logger=self._log)
         self._task: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
         self._notifications = Notifications(
             self.store.notifications, wake=self._wake, logger=self._log
         )
@@ -211,26 +219,22 @@ class OutboxRelay:
             return
         self._stopping = False
         self._stop_event.clear()
+        await self._tasks.start()
         if self.store.listens:
-            self._listener = asyncio.create_task(
-                self._notifications.run(), name="sdcore-outbox-listen"
-            )
-        self._task = asyncio.create_task(self._run(), name="sdcore-outbox-relay")
+            self._tasks.spawn("listen", self._notifications.run, cancel_on_close=True)
+        self._task = self._tasks.spawn("relay", self._run)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Finish the batch in flight (publish and mark), then stop; cancel after ``grace_s``."""
+        """Claim no more; finish the batches in flight (publish and mark); cancel after ``grace_s``.
+
+        A batch cancelled by the grace stays claimed: it is published again, under the same job
+        id, once its claim expires.
+        """
         self._stopping = True
         self._stop_event.set()
         self._wake.set()
-        if self._task is not None:
-            done, _ = await asyncio.wait({self._task}, timeout=grace_s)
-            if not done:
-                self._task.cancel()
-                await asyncio.wait({self._task})
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.wait({self._listener})
-        self._task = self._listener = None
+        await self._tasks.aclose(grace_s)
+        self._task = None
 
     async def run_once(self) -> int:
         """Claim one batch of due rows, publish it, record the outcome.
@@ -240,21 +244,85 @@ class OutboxRelay:
 
         Raises:
             PublisherUnavailableError: The broker is down (the claims were released).
-            psycopg.Error: The database is down (a store's own error, for another store).
+            OutboxDatabaseError: The database is down (a store's own error, for another store).
         """
-        token = uuid.uuid4()
-        messages = await self.store.claim(limit=self._batch, claim_ms=self._claim_ms, token=token)
+        token, messages = await self._claim(self._batch)
         if not messages:
             return 0
+        await self._deliver(messages, token)
+        return len(messages)
+
+    async def drain(self, max_rows: int | None = None) -> int:
+        """Relay batch after batch until nothing is due (or ``max_rows`` were claimed).
+
+        The background loop runs this. It is pipelined: each claimed batch is published and
+        marked by its own delivery while the next batch is claimed, and up to
+        :data:`PIPELINE_DEPTH` deliveries are in flight, so the database's round trips and
+        commit flushes and Redis's replies overlap the relay's own work. Every batch still goes
+        claim → publish → mark, so the guarantees are those of :meth:`run_once`: a relay that
+        dies leaves its claimed rows to be published again (same job id, deduplicated by
+        BullMQ) once the claim expires; a batch that could not be published because the broker
+        is down is given back without counting an attempt.
+
+        Returns:
+            How many rows were claimed.
+
+        Raises:
+            PublisherUnavailableError: The broker is down (the unpublished claims were released).
+            OutboxDatabaseError: The database is down (a store's own error, for another store).
+        """
+        if max_rows is not None:
+            max_rows = _ms("max_rows", max_rows, 1)
+        total = 0
+        flights: list[asyncio.Future[None]] = []  # deliveries in flight, oldest first
+        try:
+            while True:
+                limit = self._batch if max_rows is None else min(self._batch, max_rows - total)
+                token, messages = await self._claim(limit)
+                total += len(messages)
+                if messages:
+                    flights.append(asyncio.ensure_future(self._deliver(messages, token)))
+                if len(flights) >= PIPELINE_DEPTH:
+                    await flights.pop(0)
+                if len(messages) < limit or self._stopping:
+                    break
+                if max_rows is not None and total >= max_rows:
+                    break
+            while flights:
+                await flights.pop(0)
+        except asyncio.CancelledError:  # stop()'s grace ran out: claims expire, marks may not land
+            for flight in flights:
+                flight.cancel()
+            await asyncio.gather(*flights, return_exceptions=True)
+            raise
+        except BaseException:  # the first error stands; the other deliveries still finish
+            await asyncio.gather(*flights, return_exceptions=True)
+            raise
+        return total
+
+    async def _deliver(self, messages: list[OutboxMessage], token: uuid.UUID) -> None:
+        batch = self.telemetry.relay_batch_started(messages)
+        results: list[BaseException | None] = []  # stays empty when the broker is down
+        try:
+            results = await self._publish(messages, token)
+            await self._record(messages, results, token)
+        finally:
+            self.telemetry.relay_batch_finished(batch, results)
+
+    async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
+        token = uuid.uuid4()
+        return token, await self.store.claim(limit=limit, claim_ms=self._claim_ms, token=token)
+
+    async def _publish(
+        self, messages: list[OutboxMessage], token: uuid.UUID
+    ) -> list[BaseException | None]:
         # A row written straight into the table (not through enqueue_once) is checked again
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
-        invalid = {m.id: problem for m in messages if (problem := _invalid(m)) is not None}
+        invalid = {m.id: problem for m in messages if (problem := invalid_message(m)) is not None}
         valid = [m for m in messages if m.id not in invalid]
-        batch = self.telemetry.relay_batch_started(messages)
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
-            self.telemetry.relay_batch_finished(batch, ())
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
@@ -264,13 +332,10 @@ class OutboxRelay:
         if len(published) != len(valid):
             error = RuntimeError("publisher returned the wrong number of results")
             published = [error] * len(valid)
+        if not invalid:
+            return published
         outcome = dict(zip((m.id for m in valid), published, strict=True))
-        results = [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
-        try:
-            await self._record(messages, results, token)
-        finally:
-            self.telemetry.relay_batch_finished(batch, results)
-        return len(messages)
+        return [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
 
     async def _record(
         self,
@@ -295,38 +360,7 @@ class OutboxRelay:
             ]
             landed = await self.store.mark_failed(failures, token=token)
             self._failed += len(landed)
-            for message, error in failed:
-                if message.id not in landed:
-                    # Our claim was taken over: the other relay's outcome stands.
-                    self._log.info(
-                        "outbox message %d: publish failed (%s) after this relay's claim was"
-                        " taken over; the other relay's outcome stands",
-                        message.id,
-                        error_text(error)[:300],
-                        extra={
-                            "action": "outbox_claim_lost",
-                            "outbox_id": message.id,
-                            "idempotency_key": message.idempotency_key,
-                            "queue": message.queue,
-                        },
-                    )
-                    continue
-                dead = landed[message.id] is OutboxStatus.DEAD
-                self._log.log(
-                    logging.ERROR if dead else logging.WARNING,
-                    "outbox message %d (%r on queue %r) %s: %s",
-                    message.id,
-                    message.name,
-                    message.queue,
-                    "is DEAD" if dead else f"failed (attempt {message.attempts})",
-                    error_text(error)[:300],
-                    extra={
-                        "action": "outbox_dead" if dead else "outbox_publish_failed",
-                        "outbox_id": message.id,
-                        "idempotency_key": message.idempotency_key,
-                        "queue": message.queue,
-                    },
-                )
+            log_failures(self._log, failed, landed)
 
     async def stats(self) -> OutboxStats:
         """Count rows by status (one query on PostgreSQL)."""
@@ -356,19 +390,20 @@ class OutboxRelay:
         loop = asyncio.get_running_loop()
         backoff = 0.0
         next_prune = loop.time() + self._prune_every
+        lively_until = 0.0
         while not self._stopping:
             # Cleared before the claim, never after it: a notification that arrives while this
             # round runs stays set, and the sleep below returns at once for another claim.
             self._wake.clear()
             try:
-                claimed = await self.run_once()
+                claimed = await self.drain(max_rows=self._batch * 64)
             except PublisherUnavailableError as exc:
                 self.telemetry.relay_error("broker_unavailable")
                 backoff = self._back_off(backoff, "broker unavailable", exc)
                 self._broker_available = False
                 await self._pause(backoff)
                 continue
-            except (psycopg.Error, OSError) as exc:
+            except (OutboxDatabaseError, psycopg.Error, OSError) as exc:
                 self.telemetry.relay_error("database_unavailable")
                 backoff = self._back_off(backoff, "database unavailable", exc)
                 await self._pause(backoff)
@@ -385,13 +420,18 @@ class OutboxRelay:
             self.telemetry.relay_round()
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self._prune_every
-                with contextlib.suppress(psycopg.Error, OSError):
+                with contextlib.suppress(OutboxDatabaseError, psycopg.Error, OSError):
                     pruned = await self.prune()
                     if pruned:
                         self._log.info("pruned %d published outbox row(s)", pruned)
-            if claimed >= self._batch:
+            if claimed >= self._batch * 64:
                 continue
-            await self._sleep(self._poll)
+            # Writers that debounce NOTIFY (Outbox.notify_interval_ms) commit rows nobody
+            # announces: while rows keep coming, look again every interval instead of waiting.
+            if claimed and self._lively:
+                lively_until = loop.time() + max(1.0, 50 * self._lively)
+            lively = self._lively and loop.time() < lively_until
+            await self._sleep(min(self._poll, self._lively) if lively else self._poll)
 
     def _back_off(self, current: float, what: str, exc: BaseException) -> float:
         delay = min(max(current * 2, 0.5), self._unavailable_max)
@@ -422,17 +462,5 @@ class OutboxRelay:
                 await self._stop_event.wait()
 
 
-_JOB_ID = re.compile(r"sd2?-[0-9a-f]{64}")
-
-
-def _invalid(message: OutboxMessage) -> InvalidOutboxMessageError | None:
-    """Why a claimed row must not be published, or ``None`` when it may."""
-    try:
-        check_identity(message.idempotency_key, message.queue, message.name)
-    except InvalidOutboxMessageError as exc:
-        return exc
-    if not isinstance(message.job_id, str) or _JOB_ID.fullmatch(message.job_id) is None:
-        return InvalidOutboxMessageError(
-            "job_id", "not an id sdcore writes (sd- or sd2- and 64 hex digits); row edited by hand?"
-        )
-    return None
+PIPELINE_DEPTH = 2
+"""Batches a draining relay has in flight (published and marked) while it claims the next."""

@@ -8,15 +8,19 @@ The relay's policy (batches, retry delays, dead-lettering, back-off, pruning cad
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
 from sdcore.outbox._listen import pg_notifications
-from sdcore.outbox._model import OutboxMessage, OutboxStatus
+from sdcore.outbox._model import OutboxDatabaseError, OutboxMessage, OutboxStatus
 from sdcore.outbox._outbox import Outbox
 
 MAX_ERROR_LENGTH = 2000
@@ -120,6 +124,18 @@ class OutboxStore(Protocol):
         ...
 
 
+@contextlib.contextmanager
+def database_errors(action: str) -> Iterator[None]:
+    """Raise a driver error (or a lost connection) as :class:`OutboxDatabaseError`."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        detail = redact_text(error_text(exc)[:500])
+        raise OutboxDatabaseError(action, exc.sqlstate, detail) from exc
+    except OSError as exc:
+        raise OutboxDatabaseError(action, None, redact_text(error_text(exc)[:500])) from exc
+
+
 def _count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int of at least {minimum}, got {value!r:.40}")
@@ -184,7 +200,8 @@ class PostgresOutboxStore:
     """:class:`OutboxStore` on an outbox table in PostgreSQL (the relay's production store).
 
     Claims and outcomes are short autocommit statements on ``pool``; ``FOR UPDATE SKIP LOCKED``
-    and the claim time keep concurrent relays off each other's rows.
+    and the claim time keep concurrent relays off each other's rows. A failed statement raises
+    :class:`~sdcore.outbox.OutboxDatabaseError` (the driver's error is its ``__cause__``).
 
     Args:
         pool: Connection pool for the outbox's database.
@@ -226,19 +243,21 @@ class PostgresOutboxStore:
         """LISTEN on the outbox's channel on a connection of its own; yield per notification."""
         return pg_notifications(self.pool, channel=self.outbox.channel, listen_dsn=self._listen_dsn)
 
-    async def _execute(self, query: bytes, params: tuple[Any, ...]) -> int:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query, params, prepare=self._prepare)
-            return int(cur.rowcount)
+    async def _execute(self, action: str, query: bytes, params: tuple[Any, ...]) -> int:
+        with database_errors(action):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, params, prepare=self._prepare)
+                return int(cur.rowcount)
 
     async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
         """See :meth:`OutboxStore.claim`."""
         limit, claim_ms, token = check_claim(limit, claim_ms, token)
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                self._sql.claim, (claim_ms, token, limit), prepare=self._prepare
-            )
-            rows = await cur.fetchall()
+        with database_errors("claim"):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(
+                    self._sql.claim, (claim_ms, token, limit), prepare=self._prepare
+                )
+                rows = await cur.fetchall()
         return [
             OutboxMessage(
                 id=r[0],
@@ -260,7 +279,7 @@ class PostgresOutboxStore:
         """See :meth:`OutboxStore.mark_published`."""
         checked = check_ids(ids)
         if checked:
-            await self._execute(self._sql.published, (checked,))
+            await self._execute("mark_published", self._sql.published, (checked,))
 
     async def mark_failed(
         self, failures: Sequence[OutboxFailure], *, token: uuid.UUID
@@ -275,21 +294,23 @@ class PostgresOutboxStore:
             [f.delay_ms for f in checked],
             token,
         )
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql.failed, params, prepare=self._prepare)
-            return {row[0]: OutboxStatus(row[1]) for row in await cur.fetchall()}
+        with database_errors("mark_failed"):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(self._sql.failed, params, prepare=self._prepare)
+                return {row[0]: OutboxStatus(row[1]) for row in await cur.fetchall()}
 
     async def unclaim(self, ids: Sequence[int], *, token: uuid.UUID, error: str) -> None:
         """See :meth:`OutboxStore.unclaim`."""
         checked, token, text = check_ids(ids), check_token(token), check_error(error)
         if checked:
-            await self._execute(self._sql.unclaim, (text, checked, token))
+            await self._execute("unclaim", self._sql.unclaim, (text, checked, token))
 
     async def stats(self) -> OutboxStats:
         """See :meth:`OutboxStore.stats` (one query)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql.stats, prepare=self._prepare)
-            row = await cur.fetchone()
+        with database_errors("stats"):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(self._sql.stats, prepare=self._prepare)
+                row = await cur.fetchone()
         assert row is not None  # noqa: S101 - an aggregate always returns one row
         age = None if row[4] is None else float(row[4])
         return OutboxStats(
@@ -303,8 +324,10 @@ class PostgresOutboxStore:
 
     async def tombstone(self, *, older_than_ms: int, limit: int) -> int:
         """See :meth:`OutboxStore.tombstone`."""
-        return await self._execute(self._sql.tombstone, check_age(older_than_ms, limit))
+        return await self._execute(
+            "tombstone", self._sql.tombstone, check_age(older_than_ms, limit)
+        )
 
     async def prune(self, *, older_than_ms: int, limit: int) -> int:
         """See :meth:`OutboxStore.prune`."""
-        return await self._execute(self._sql.prune, check_age(older_than_ms, limit))
+        return await self._execute("prune", self._sql.prune, check_age(older_than_ms, limit))

@@ -21,6 +21,7 @@ from sdcore.queues._errors import (
     JobTooLargeError,
     QueuesError,
     RedisClientError,
+    RedisUnavailableError,
 )
 from sdcore.queues._processor import Processor, is_final_attempt
 from sdcore.queues._publisher import DEFAULT_MAX_JOB_BYTES, DEFAULT_PREFIX, BullMQPublisher
@@ -39,6 +40,7 @@ __all__ = [
     "QueuesError",
     "RedisClientError",
     "RedisServerInfo",
+    "RedisUnavailableError",
     "UnrecoverableError",
     "Workers",
     "check_redis_server",

@@ -21,6 +21,10 @@ class RedisClientError(QueuesError, ValueError):
         super().__init__(f"unusable Redis client: {problem}")
 
 
+class RedisUnavailableError(QueuesError, ConnectionError):
+    """Redis could not be reached or refused the command (the redis-py error is ``__cause__``)."""
+
+
 class JobTooLargeError(QueuesError, ValueError):
     """A job whose JSON data exceeds the publisher's ``max_job_bytes`` (a poison message).
 

@@ -12,7 +12,9 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from sdcore.queues._errors import RedisClientError
+from sdcore._internal.errors import error_text
+from sdcore._internal.redact import redact_text
+from sdcore.queues._errors import RedisClientError, RedisUnavailableError
 
 _SCHEMES = frozenset({"redis", "rediss", "unix"})
 
@@ -159,6 +161,22 @@ class RedisServerInfo:
         return self.maxmemory_policy == "noeviction"
 
 
+async def _read_server(client: Redis) -> tuple[dict[str, Any], bool | None]:
+    try:
+        info: dict[str, Any] = await client.info()
+    except redis_errors.ResponseError as exc:  # INFO denied by an ACL: report "unknown"
+        if is_unavailable(exc) and not isinstance(exc, redis_errors.NoPermissionError):
+            raise
+        info = {}
+    rdb: bool | None
+    try:
+        saved = await client.config_get("save")
+        rdb = bool(str(saved.get("save", "")).strip())
+    except redis_errors.ResponseError:  # CONFIG is often renamed or denied on managed Redis
+        rdb = None
+    return info, rdb
+
+
 def _flag(value: Any) -> bool | None:
     if value is None:
         return None
@@ -187,21 +205,14 @@ async def check_redis_server(
         What was read.
 
     Raises:
-        redis.exceptions.RedisError: Redis cannot be reached.
+        RedisUnavailableError: Redis cannot be reached (the redis-py error is ``__cause__``).
     """
     log = logging.getLogger(logger_name)
     try:
-        info: dict[str, Any] = await client.info()
-    except redis_errors.ResponseError as exc:  # INFO denied by an ACL: report "unknown"
-        if is_unavailable(exc) and not isinstance(exc, redis_errors.NoPermissionError):
-            raise
-        info = {}
-    rdb: bool | None
-    try:
-        saved = await client.config_get("save")
-        rdb = bool(str(saved.get("save", "")).strip())
-    except redis_errors.ResponseError:  # CONFIG is often renamed or denied on managed Redis
-        rdb = None
+        info, rdb = await _read_server(client)
+    except (redis_errors.RedisError, OSError) as exc:
+        detail = redact_text(error_text(exc)[:300])
+        raise RedisUnavailableError(f"Redis unavailable: {detail}") from exc
     policy = info.get("maxmemory_policy")
     result = RedisServerInfo(
         version=None if info.get("redis_version") is None else str(info["redis_version"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from redis import exceptions as redis_errors
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.queues._bullmq import Worker
 from sdcore.queues._processor import Processor, check_processor, is_final_attempt
@@ -103,7 +105,8 @@ class Workers:
         self._logger_name = logger_name
         self._log = logging.getLogger(logger_name)
         self._entries: list[_Entry] = []
-        self._hooks: set[asyncio.Task[None]] = set()
+        # Owns the workers' run loops and the hook tasks; a crash is logged, never lost.
+        self._tasks = Supervisor("sdcore-queues", logger=self._log)
         self._ready = asyncio.Event()
         self._server: RedisServerInfo | None = None
         self._closing = False
@@ -138,13 +141,16 @@ class Workers:
         """Create the workers and start them in the background (returns at once)."""
         if self._entries or self._closing:
             return
+        await self._tasks.start()
         for processor in self._processors:
             entry = _Entry(processor, self._worker(processor))
             self._entries.append(entry)
         for index, entry in enumerate(self._entries):
-            entry.task = asyncio.create_task(
-                self._run(entry, check=self._check and index == 0),
-                name=f"sdcore-worker-{entry.processor.queue}",
+            # Not restarted: a bullmq Worker whose run() raised is not known to run again.
+            entry.task = self._tasks.spawn(
+                f"worker-{entry.processor.queue}",
+                functools.partial(self._run, entry, check=self._check and index == 0),
+                restart=False,
             )
 
     def _worker(self, processor: Processor) -> Any:
@@ -212,9 +218,11 @@ class Workers:
         await worker.run()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._hooks.add(task)
-        task.add_done_callback(self._hooks.discard)
+        try:
+            self._tasks.spawn("hook", lambda: coro, restart=False)
+        except RuntimeError:
+            coro.close()  # closing: the event came after the hooks were awaited
+            raise
 
     async def _hook(self, processor: Processor, hook: str, job: Any, *args: Any) -> None:
         try:
@@ -343,18 +351,5 @@ class Workers:
                 await asyncio.wait(closes)
         runs = [e.task for e in self._entries if e.task is not None]
         if runs:
-            await asyncio.wait(runs)
-        for task in runs:
-            if not task.cancelled() and task.exception() is not None:
-                self._log.error(
-                    "worker task ended with an error",
-                    exc_info=task.exception(),
-                    extra={"action": "worker_error"},
-                )
-        while self._hooks:
-            hooks = set(self._hooks)
-            _, pending_hooks = await asyncio.wait(hooks, timeout=grace_s)
-            for task in pending_hooks:
-                task.cancel()
-            if pending_hooks:
-                await asyncio.wait(pending_hooks)
+            await asyncio.wait(runs)  # a run that crashed was logged by the supervisor
+        await self._tasks.aclose(grace_s)  # hooks: awaited, cancelled after grace_s
