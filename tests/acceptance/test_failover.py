@@ -12,7 +12,8 @@ may have lost rows. Counted over the ticks scheduled between the start and the s
 
 - doubled: a run key whose handler started more than once;
 - missed: a run key that never ran and has no ``SUCCESS`` row on the promoted server;
-- stuck: rows still ``RUNNING`` after every replica stopped;
+- stuck: rows still ``RUNNING`` after every replica stopped (asynchronous replication may leave
+  one for a tick that did run, its completion lost with the stall);
 - recovery: crash → first handler start after the promotion, and promotion → that start.
 
 Synchronous replication must give 0 / 0 / 0; asynchronous replication loses what the stall kept
@@ -225,8 +226,14 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
             "".join(line for r in replicas for line in r.stderr)
         )
     assert missed == [], (missed, logs)
-    assert stuck == [], stuck
     assert after, "no tick ran after the promotion"
     if synchronous:
+        assert stuck == [], stuck
         assert doubled == [], tokens
+    else:
+        # Asynchronous replication may lose a run's completion with the stall: the promoted
+        # server then holds that tick's row as RUNNING, its owner gone (seen once in CI: one such
+        # row in 13 ticks). Only a tick whose handler did start may be left like that; its
+        # lease has expired, so `sdcore jobs list` and the dashboard show it as expired.
+        assert all(runs[key] >= 1 for key in stuck), (stuck, runs)
         assert first_good - promoted_at < 10.0  # a deadline, not a speed target
