@@ -53,6 +53,14 @@ class ProbeCheck:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ComponentHealth:
+    """One component's state in the health report (:meth:`sdcore.runtime.Runtime.health`)."""
+
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeResult:
     """A probe's answer: ``ok`` when every check passed."""
 
@@ -117,6 +125,43 @@ async def _database(runtime: Runtime) -> ProbeCheck:
         detail = redact_text(f"{type(exc).__name__}: {error_text(exc)}"[:300])
         return ProbeCheck(ok=False, detail=detail or "unreachable")
     return ProbeCheck(ok=True, detail="reachable")
+
+
+async def health(runtime: Runtime) -> dict[str, ComponentHealth]:
+    """The health report of ``runtime``: database, Redis and relay (each check bounded to 2 s)."""
+    database = await _database(runtime)
+    report = {"database": ComponentHealth(ok=database.ok, detail=database.detail)}
+    if runtime.redis_url is None:
+        report["redis"] = ComponentHealth(ok=True, detail="not configured (queues off)")
+        return report
+    report["redis"] = await _redis(runtime.redis_url)
+    state = runtime.relay.state if runtime.relay else None
+    if state is None:
+        report["relay"] = ComponentHealth(ok=True, detail="not running in this process")
+    else:
+        detail = f"published {state.published}, failed {state.failed}"
+        if state.last_error and not state.broker_available:
+            detail += f"; last error: {state.last_error[:200]}"
+        report["relay"] = ComponentHealth(
+            ok=state.running and state.broker_available, detail=detail
+        )
+    return report
+
+
+async def _redis(url: str) -> ComponentHealth:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(
+        url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
+    )
+    try:
+        async with asyncio.timeout(_TIMEOUT_S):
+            await client.ping()
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return ComponentHealth(ok=False, detail=redact_text(f"{type(exc).__name__}: {exc}"))
+    finally:
+        await client.aclose()
+    return ComponentHealth(ok=True, detail="reachable")
 
 
 async def _relay(runtime: Runtime) -> ProbeCheck:

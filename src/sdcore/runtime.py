@@ -17,12 +17,10 @@ Needs the ``sdcore[scheduling]`` extra; Redis (``sdcore[bullmq]``) only with ``r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -34,7 +32,14 @@ from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxRelay
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
-from sdcore.probes import DEFAULT_RELAY_STUCK_AFTER_S, ProbeResult, liveness, readiness
+from sdcore.probes import (
+    DEFAULT_RELAY_STUCK_AFTER_S,
+    ComponentHealth,
+    ProbeResult,
+    health,
+    liveness,
+    readiness,
+)
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
@@ -44,19 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
 
-HEALTH_CHECK_TIMEOUT_S = 2.0
-
-
 class RuntimeStateError(SdcoreError, RuntimeError):
     """A runtime that cannot be built or started as configured."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ComponentHealth:
-    """One component's state in the health report."""
-
-    ok: bool
-    detail: str
 
 
 class Runtime(AsyncStartStop):
@@ -430,46 +424,4 @@ class Runtime(AsyncStartStop):
 
     async def health(self) -> dict[str, ComponentHealth]:
         """Check the database, Redis and the relay (each check bounded to 2 s)."""
-        report = {"database": await self._check_database()}
-        if self.redis_url is None:
-            report["redis"] = ComponentHealth(ok=True, detail="not configured (queues off)")
-        else:
-            report["redis"] = await self._check_redis()
-            state = self.relay.state if self.relay else None
-            if state is None:
-                report["relay"] = ComponentHealth(ok=True, detail="not running in this process")
-            else:
-                detail = f"published {state.published}, failed {state.failed}"
-                if state.last_error and not state.broker_available:
-                    detail += f"; last error: {state.last_error[:200]}"
-                report["relay"] = ComponentHealth(
-                    ok=state.running and state.broker_available, detail=detail
-                )
-        return report
-
-    async def _check_database(self) -> ComponentHealth:
-        try:
-            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
-                async with self.pool.connection() as conn:
-                    await conn.execute("SELECT 1")
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
-            return ComponentHealth(ok=False, detail=redact_text(f"{type(exc).__name__}: {exc}"))
-        return ComponentHealth(ok=True, detail="reachable")
-
-    async def _check_redis(self) -> ComponentHealth:
-        import redis.asyncio as redis
-
-        assert self.redis_url is not None  # noqa: S101 - called only with Redis
-        client = redis.Redis.from_url(
-            self.redis_url,
-            socket_timeout=HEALTH_CHECK_TIMEOUT_S,
-            socket_connect_timeout=HEALTH_CHECK_TIMEOUT_S,
-        )
-        try:
-            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
-                await client.ping()
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
-            return ComponentHealth(ok=False, detail=redact_text(f"{type(exc).__name__}: {exc}"))
-        finally:
-            await client.aclose()
-        return ComponentHealth(ok=True, detail="reachable")
+        return await health(self)
