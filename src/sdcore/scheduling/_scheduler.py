@@ -43,6 +43,23 @@ SH = TypeVar("SH", bound=Callable[..., Any])
 _MAX_SLEEP = 30.0
 
 
+class _Following:
+    """The fire instant after ``due``, computed once, when first asked for."""
+
+    __slots__ = ("_due", "_trigger", "_value")
+
+    def __init__(self, trigger: Trigger, due: datetime) -> None:
+        self._trigger: Trigger | None = trigger
+        self._due = due
+        self._value: datetime | None = None
+
+    def __call__(self) -> datetime | None:
+        if self._trigger is not None:
+            self._value = self._trigger.next_after(self._due)
+            self._trigger = None
+        return self._value
+
+
 class Scheduler:
     """Cron, interval, timeout and initial schedules; exclusive across replicas with ``jobs``.
 
@@ -386,19 +403,28 @@ class Scheduler:
         assert self._wake is not None  # noqa: S101 - set by start_all
         while True:
             now = self._clock()
+            started: list[tuple[Entry, int, _Following]] = []
             while self._heap and self._heap[0][0] <= now:
                 due, _, version, entry = heapq.heappop(self._heap)
                 if not self._live(entry, version):
                     continue
                 try:
-                    self._fire(entry, due, now)
+                    following = self._fire(entry, due, now)
                 except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
-                    self._log.exception(
-                        "schedule %r: could not fire; it is stopped",
-                        entry.name,
-                        extra={"action": "fire_failed", "schedule": entry.name},
-                    )
-                    entry.active = False
+                    self._fire_failed(entry)
+                    continue
+                if following is not None:
+                    started.append((entry, entry.version, following))
+            if started:
+                # Batch start: every due tick was started above; let them run to their first
+                # await (a handler's first line, or the acquire they share) before the next
+                # fire times are computed.
+                await asyncio.sleep(0)
+                for entry, version, following in started:
+                    try:
+                        self._rearm(entry, version, following())
+                    except Exception:  # noqa: BLE001 - as above
+                        self._fire_failed(entry)
             delay = _MAX_SLEEP
             if self._heap:
                 delay = min(delay, max(0.0, (self._heap[0][0] - self._clock()).total_seconds()))
@@ -407,13 +433,32 @@ class Scheduler:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
-    def _fire(self, entry: Entry, due: datetime, now: datetime) -> None:
+    def _fire_failed(self, entry: Entry) -> None:
+        self._log.exception(
+            "schedule %r: could not fire; it is stopped",
+            entry.name,
+            extra={"action": "fire_failed", "schedule": entry.name},
+        )
+        entry.active = False
+
+    def _fire(self, entry: Entry, due: datetime, now: datetime) -> _Following | None:
+        """Start the tick due at ``due``; return its successor, to compute after the burst.
+
+        ``None``: the successor is already armed (the loop was late and ticks were coalesced).
+        """
+        spacing = entry.trigger.spacing
+        if spacing is not None and now - due < spacing:
+            # On time: the next tick is after now, so nothing can be coalesced, and its instant
+            # is needed only for re-arming (after the burst) and by a retry (on first use).
+            following = _Following(entry.trigger, due)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
+            return following
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
         skipped = 0
-        following = entry.trigger.next_after(due)
-        while following is not None and following <= now and skipped < 100_000:
-            due, following, skipped = following, entry.trigger.next_after(following), skipped + 1
+        after = entry.trigger.next_after(due)
+        while after is not None and after <= now and skipped < 100_000:
+            due, after, skipped = after, entry.trigger.next_after(after), skipped + 1
         if skipped:
             self._log.info(
                 "schedule %r: %d tick(s) passed while the loop was late; firing the latest",
@@ -421,11 +466,17 @@ class Scheduler:
                 skipped,
                 extra={"action": "ticks_coalesced", "schedule": entry.name},
             )
+        self._rearm(entry, entry.version, after)
+        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after)
+        return None
+
+    def _rearm(self, entry: Entry, version: int, following: datetime | None) -> None:
+        if entry.version != version or not self._live(entry):
+            return  # stopped, re-armed or removed since it fired
         entry.version += 1
         entry.next_at = following
         if following is not None:
             heapq.heappush(self._heap, (following, next(self._seq), entry.version, entry))
-        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
 
     async def _sweep(self) -> None:
         while True:

@@ -25,7 +25,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
-from sdcore.scheduling._runner import Handler, TickOutcome, TickRunner
+from sdcore.scheduling._runner import Deadline, Handler, TickOutcome, TickRunner
 from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
@@ -126,7 +126,7 @@ class Supervisor:
         return task
 
     def start_tick(
-        self, entry: Entry, due: datetime, path: StartPath, *, deadline: datetime | None
+        self, entry: Entry, due: datetime, path: StartPath, *, deadline: Deadline
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
@@ -141,7 +141,7 @@ class Supervisor:
         due: datetime,
         path: StartPath,
         *,
-        deadline: datetime | None,
+        deadline: Deadline,
         tick: Tick | None = None,
     ) -> asyncio.Task[TickOutcome] | None:
         """:meth:`start_tick` returning the tick's task (``None``: not started).
@@ -348,6 +348,11 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """Let every owned task finish within the grace period, then cancel and await it."""
+        await self._shutdown_ticks()
+        if self._runner.acquirer is not None:
+            await self._runner.acquirer.aclose()
+
+    async def _shutdown_ticks(self) -> None:
         if not self._tasks:
             return
         _, pending = await asyncio.wait(set(self._tasks), timeout=self._grace)

@@ -1,0 +1,140 @@
+"""Batch start: the tick acquires asked for in one turn of the event loop go out together.
+
+When thousands of exclusive schedules are due at one instant ("every customer's digest at
+08:00"), the timer loop starts all their ticks in one turn of the event loop. Each tick asks
+:class:`TickAcquirer` for its lease; the requests of that turn are collected and sent as
+``jobs.acquire_attempts(...)`` calls of at most ``batch_size`` keys each, which
+``JobSchedulerService`` answers with one statement per call (each key still won by exactly one
+replica, with the tick's attempt budget). A job scheduler without a batch statement answers
+through the default of :class:`~sdcore.job_scheduler.BaseJobScheduler`, one key at a time.
+
+Every key is won or lost exactly as by a single ``acquire_attempt``: batching changes how many
+statements carry the keys, not what any key's outcome can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sdcore.job_scheduler import (
+    AttemptBudget,
+    BaseJobScheduler,
+    JobAcquireOptions,
+    JobAcquireResult,
+    JobSchedulerError,
+)
+
+__all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
+
+DEFAULT_BATCH_SIZE = 1_000
+
+_Request = tuple[JobAcquireOptions, AttemptBudget, "asyncio.Future[tuple[JobAcquireResult, int]]"]
+
+
+class TickAcquirer:
+    """Collects the tick acquires of one loop turn into ``acquire_attempts`` calls.
+
+    Args:
+        jobs: The lease service.
+        logger: The scheduler's logger.
+        batch_size: Most keys per call (one statement on PostgreSQL).
+    """
+
+    def __init__(
+        self, jobs: BaseJobScheduler, logger: logging.Logger, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> None:
+        self._jobs = jobs
+        self._log = logger
+        self._size = batch_size
+        self._pending: list[_Request] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def acquire(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """Acquire one tick's lease with the other requests of this loop turn.
+
+        Raises:
+            JobSchedulerError: As ``acquire_attempt`` (the whole call failed).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append((options, budget, future))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The statement goes on without us: a lease it wins for this tick is given back.
+            future.add_done_callback(self._give_back)
+            raise
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
+        # possible either way: each statement locks and inserts in key order).
+        pending.sort(key=lambda request: request[0].lock_key)
+        while pending:
+            call: list[_Request] = []
+            keys: set[str] = set()
+            rest: list[_Request] = []
+            for request in pending:
+                key = request[0].lock_key
+                if len(call) >= self._size or key in keys:
+                    rest.append(request)  # a repeated key waits for the next call
+                else:
+                    keys.add(key)
+                    call.append(request)
+            pending = rest
+            task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, call: list[_Request]) -> None:
+        try:
+            results = await self._jobs.acquire_attempts([(o, b) for o, b, _ in call])
+        except asyncio.CancelledError:
+            for *_, future in call:
+                future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - each tick's own acquire raises it
+            for *_, future in call:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), result in zip(call, results, strict=True):
+            if future.done():
+                self._give_back_result(result)
+            else:
+                future.set_result(result)
+
+    def _give_back(self, future: asyncio.Future[tuple[JobAcquireResult, int]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._give_back_result(future.result())
+
+    def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
+        outcome, _ = result
+        if not outcome.acquired:
+            return
+        task = asyncio.create_task(self._release(outcome), name="sdcore-tick-acquire-give-back")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release(self, outcome: JobAcquireResult) -> None:
+        assert outcome.acquired  # noqa: S101 - checked by the caller
+        try:
+            await self._jobs.fail(outcome.lease, {"error": "cancelled"})
+        except JobSchedulerError as exc:
+            self._log.warning(
+                "could not give back a tick lease won after its run was cancelled (it expires "
+                "with its lease): %s",
+                exc,
+                extra={"action": "acquire_give_back_failed"},
+            )
+
+    async def aclose(self) -> None:
+        """Wait for the calls in flight (and the leases they give back)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
