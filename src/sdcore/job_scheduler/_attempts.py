@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from sdcore._internal.sql import queries, render
 from sdcore.job_scheduler._model import JobSchedulerStatus
-from sdcore.job_scheduler._sql import COLUMNS, fencing_sequence
+from sdcore.job_scheduler._sql import COLUMNS, COLUMNS_J, fencing_sequence
 
 MAX_BACKOFF_MS = 2**31 - 1
 
@@ -131,6 +132,8 @@ class TickStatements:
     record_skipped: bytes
     tick_records: bytes
     first_seen: bytes
+    acquire_attempt_many: bytes
+    read_owned_attempts: bytes
 
     @classmethod
     def render(cls, table: sql.Identifier) -> TickStatements:
@@ -147,9 +150,22 @@ class TickStatements:
                 sequence=sequence,
             ).encode("utf-8")
 
+        ticks = queries("ticks")
+
+        def named(name: str) -> bytes:
+            fragments = {
+                "sequence": sequence,
+                "columns_j": COLUMNS_J,
+                "released": _RELEASED,
+                "max_backoff": str(MAX_BACKOFF_MS),
+            }
+            return render(ticks[name], table, **fragments).as_string(None).encode("utf-8")
+
         return cls(
             acquire_attempt=one(ACQUIRE_ATTEMPT),
             record_skipped=one(RECORD_SKIPPED),
             tick_records=one(TICK_RECORDS),
             first_seen=one(FIRST_SEEN),
+            acquire_attempt_many=named("acquire_attempt_many"),
+            read_owned_attempts=named("read_owned_attempts"),
         )

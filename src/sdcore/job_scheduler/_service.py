@@ -425,6 +425,27 @@ class JobSchedulerService(BaseJobScheduler):
         self._held.release(conn)
         return row
 
+    async def _fetch_rows(
+        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
+    ) -> list[tuple[Any, ...]]:
+        conn = await self._get(limit)
+        if limit is not None:
+            self._watchdog.watch(conn, limit)
+        try:
+            cur = await conn.execute(query, params)
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+        except BaseException as exc:
+            abandoned = limit is not None and self._watchdog.done(conn)
+            await self._held.put(conn, broken=conn.broken)
+            if abandoned:
+                raise _Abandoned("the statement did not answer in time") from exc
+            raise
+        if limit is not None and self._watchdog.done(conn):
+            await self._held.put(conn, broken=True)
+            return rows
+        self._held.release(conn)
+        return rows
+
     async def _rowcount(
         self, query: bytes, params: tuple[Any, ...], limit: float | None = None
     ) -> int:
@@ -890,6 +911,24 @@ class JobSchedulerService(BaseJobScheduler):
             )
             for key, status, attempts, skipped, released, age in rows
         }
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        """``acquire_attempt`` for many ticks in one statement; one result per item, in order.
+
+        Each key is won or not exactly as by :meth:`acquire_attempt` (its attempt budget
+        included), by exactly one of the replicas that race for it. See
+        :mod:`sdcore.job_scheduler._tick_batch`.
+
+        Raises:
+            ValueError: Two items for one lock key, or more than 10,000 items (before any SQL).
+            JobSchedulerUnavailableError: The database could not be reached.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        from sdcore.job_scheduler._tick_batch import acquire_attempts
+
+        return await acquire_attempts(self, items)
 
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None

@@ -1,0 +1,224 @@
+"""``acquire_attempt`` for many ticks in one statement (``JobSchedulerService.acquire_attempts``).
+
+The scheduler's batch start sends the ticks due in one turn of its event loop here together
+(see :mod:`sdcore.scheduling._batch`). The statement (``acquire_attempt_many`` in
+``sdcore/postgres/sql/ticks.sql``) applies the rules of the single-tick ``ACQUIRE_ATTEMPT`` to
+every key, locking and inserting in key order so that replicas racing over the same burst never
+deadlock. Around it, the same client-side rules as a single acquire:
+
+- each lease is valid on the client from the moment the statement was sent, for its own
+  ``lease_ms`` less the clock margin; a won lease whose answer used more than half of that is
+  confirmed with a heartbeat before it is reported (and reported lost if that fails);
+- the statement is abandoned, and every key reported not acquired, if it does not answer within
+  the shortest lease of the batch (a row it wrote expires with its lease);
+- a broken connection (an ambiguous commit): the rows that show our tokens are ours, the others
+  are reported not acquired (the scheduler's retry offers and catch-up take it from there);
+- a caller cancelled meanwhile gives back (``FAIL``) every row it turned out to own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from sdcore.job_scheduler._attempts import AttemptBudget
+from sdcore.job_scheduler._model import (
+    JobAcquired,
+    JobAcquireResult,
+    JobSchedulerStatus,
+    _LeaseState,
+)
+from sdcore.job_scheduler._options import JobAcquireOptions
+from sdcore.job_scheduler._service import (
+    _LOSER_ERRORS,
+    _NOT_ACQUIRED,
+    JobSchedulerService,
+    _Abandoned,
+    _acquired,
+)
+from sdcore.postgres import redact_text
+
+MAX_ITEMS = 10_000
+_RUNNING = JobSchedulerStatus.RUNNING.value
+
+Item = tuple[JobAcquireOptions, AttemptBudget]
+Result = tuple[JobAcquireResult, int]
+
+
+def _check(items: Sequence[Item]) -> list[Item]:
+    if not isinstance(items, (list, tuple)):
+        raise ValueError("acquire_attempts takes a list or tuple of (options, budget) pairs")
+    batch = list(items)
+    if len(batch) > MAX_ITEMS:
+        raise ValueError(f"acquire_attempts takes at most {MAX_ITEMS} items, got {len(batch)}")
+    for index, item in enumerate(batch):
+        if (
+            not isinstance(item, tuple)
+            or len(item) != 2
+            or type(item[0]) is not JobAcquireOptions
+            or type(item[1]) is not AttemptBudget
+        ):
+            raise ValueError(
+                f"acquire_attempts item {index} must be (JobAcquireOptions, AttemptBudget)"
+            )
+    if len({options.lock_key for options, _ in batch}) != len(batch):
+        raise ValueError("acquire_attempts: two items for one lock key")
+    return batch
+
+
+def _params(ordered: list[Item], tokens: list[str]) -> tuple[list[Any], ...]:
+    """The column arrays of ``acquire_attempt_many`` (items sorted by lock key)."""
+    return (
+        [o.lock_key for o, _ in ordered],
+        [o.idempotency_key for o, _ in ordered],
+        [o.code for o, _ in ordered],
+        [o.name for o, _ in ordered],
+        [str(o.type) for o, _ in ordered],
+        [o.run_key for o, _ in ordered],
+        tokens,
+        [o.lease_ms for o, _ in ordered],
+        [b.max_attempts for _, b in ordered],
+        [float(b.backoff_ms) for _, b in ordered],
+    )
+
+
+async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) -> list[Result]:
+    """See :meth:`JobSchedulerService.acquire_attempts`."""
+    batch = _check(items)
+    if not batch:
+        return []
+    ordered = sorted(batch, key=lambda item: item[0].lock_key)
+    tokens = [str(uuid.uuid4()) for _ in ordered]
+    statements = service._tick_sql
+    sent = time.monotonic()
+    limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in batch), sent).valid
+    try:
+        rows = await service._fetch_rows(
+            statements.acquire_attempt_many, _params(ordered, tokens), limit
+        )
+    except _LOSER_ERRORS:
+        rows = []
+    except _Abandoned:
+        _log_abandoned(service, len(batch))
+        rows = []
+    except psycopg.OperationalError as exc:
+        if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+            raise service._wrap(exc) from exc
+        rows = await _owned(service, ordered, tokens, sent, limit, exc)
+    except psycopg.Error as exc:
+        raise service._wrap(exc) from exc
+    except asyncio.CancelledError:
+        await _give_back(service, ordered, tokens, sent, limit)
+        raise
+    won = {row[1]: row for row in rows if row[7] == _RUNNING}
+    results: list[Result] = []
+    late: list[int] = []
+    for options, _ in batch:
+        row = won.get(options.lock_key)
+        if row is None:
+            results.append((_NOT_ACQUIRED, 0))
+            continue
+        result = _acquired(row[:-1], _LeaseState.for_lease(options.lease_ms, sent))
+        if result._state.time_left() < result._state.valid / 2:
+            late.append(len(results))
+        results.append((result, int(row[-1])))
+    if late:
+        await _confirm(service, batch, results, late)
+    return results
+
+
+async def _confirm(
+    service: JobSchedulerService, batch: list[Item], results: list[Result], late: list[int]
+) -> None:
+    """Confirm the won leases at ``late`` with a heartbeat each (see ``_confirmed``), in place."""
+
+    async def one(index: int) -> JobAcquireResult:
+        won = results[index][0]
+        assert isinstance(won, JobAcquired)  # noqa: S101 - only won leases are late
+        return await service._confirmed(batch[index][0], won)
+
+    try:
+        confirmed = await asyncio.gather(*(one(index) for index in late))
+    except asyncio.CancelledError:
+        # The late ones give themselves back in _confirmed; the others are ours to return.
+        await asyncio.gather(
+            *(
+                service._fail_quietly(result.lease, batch[index][0])
+                for index, (result, _) in enumerate(results)
+                if result.acquired and index not in late
+            ),
+            return_exceptions=True,
+        )
+        raise
+    for index, result in zip(late, confirmed, strict=True):
+        results[index] = (result, results[index][1]) if result.acquired else (_NOT_ACQUIRED, 0)
+
+
+async def _owned(
+    service: JobSchedulerService,
+    ordered: list[Item],
+    tokens: list[str],
+    sent: float,
+    limit: float,
+    first: psycopg.Error,
+) -> list[tuple[Any, ...]]:
+    """The connection broke mid-statement: the rows that show our tokens are the ones we won."""
+    await service._held.reset_idle()
+    keys = [o.lock_key for o, _ in ordered]
+    left = max(sent + limit - time.monotonic(), 0.0)
+    try:
+        return await service._fetch_rows(
+            service._tick_sql.read_owned_attempts, (keys, tokens), left
+        )
+    except _Abandoned:
+        _log_abandoned(service, len(ordered))
+        return []
+    except psycopg.Error as exc:
+        raise service._wrap(exc) from first
+
+
+async def _give_back(
+    service: JobSchedulerService, ordered: list[Item], tokens: list[str], sent: float, limit: float
+) -> None:
+    """Cancelled mid-statement: find the keys we won, and mark each of them ``FAIL``."""
+    keys = [o.lock_key for o, _ in ordered]
+    left = max(sent + limit - time.monotonic(), 0.0) + 1.0
+    try:
+        rows = await service._fetch_rows(
+            service._tick_sql.read_owned_attempts, (keys, tokens), left
+        )
+    except (psycopg.Error, _Abandoned) as exc:
+        service._log.warning(
+            "acquire_attempts of %d ticks cancelled with an unknown outcome (rows it wrote "
+            "expire with their leases): %s",
+            len(keys),
+            redact_text(str(exc)),
+            extra={"action": "acquire_cancelled_unknown"},
+        )
+        return
+    by_key = {o.lock_key: o for o, _ in ordered}
+    await asyncio.gather(
+        *(
+            service._fail_quietly(
+                _acquired(row[:-1], _LeaseState.for_lease(by_key[row[1]].lease_ms, sent)).lease,
+                by_key[row[1]],
+            )
+            for row in rows
+            if row[7] == _RUNNING
+        )
+    )
+
+
+def _log_abandoned(service: JobSchedulerService, count: int) -> None:
+    service._log.warning(
+        "acquire_attempts of %d ticks did not answer within the shortest lease; connection "
+        "abandoned",
+        count,
+        extra={"action": "statement_abandoned"},
+    )
