@@ -62,17 +62,16 @@ class TickAcquirer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
         if not self._pending:
-            loop.call_soon(self._flush)
+            loop.call_soon(self.flush)
         self._pending.append((options, budget, future))
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The statement goes on without us: a lease it wins for this tick is given back.
-            future.add_done_callback(self._give_back)
-            raise
+        # Cancelled while the call is in flight, the future is cancelled with us and the call
+        # goes on: a lease it wins for this tick is given back (see _send).
+        return await future
 
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
+    def flush(self) -> None:
+        """Send every queued request now (the timer loop calls this after each slice)."""
+        pending = [request for request in self._pending if not request[2].done()]
+        self._pending = []
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
         # possible either way: each statement locks and inserts in key order).
         pending.sort(key=lambda request: request[0].lock_key)
@@ -109,10 +108,6 @@ class TickAcquirer:
                 self._give_back_result(result)
             else:
                 future.set_result(result)
-
-    def _give_back(self, future: asyncio.Future[tuple[JobAcquireResult, int]]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self._give_back_result(future.result())
 
     def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
         outcome, _ = result

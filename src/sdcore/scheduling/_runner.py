@@ -229,9 +229,8 @@ class TickRunner:
         for local in range(1, 2 * policy.retries + 2):
             ran_now = False
             try:
-                attempt, executed = await self._attempt(
-                    name, kind, handler, policy, replace(tick, attempt=local)
-                )
+                offer = tick if local == tick.attempt else replace(tick, attempt=local)
+                attempt, executed = await self._attempt(name, kind, handler, policy, offer)
             except asyncio.CancelledError:
                 raise
             except LostJobLeaseError as exc:

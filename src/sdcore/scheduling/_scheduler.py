@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import heapq
-import itertools
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -22,13 +19,13 @@ from sdcore.scheduling._policy import (
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
-    StartPath,
     build_policy,
     check_ms,
     check_name,
 )
 from sdcore.scheduling._runner import Handler, TickRunner, utcnow
 from sdcore.scheduling._supervisor import Entry, Supervisor
+from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,
@@ -40,24 +37,6 @@ from sdcore.scheduling._triggers import (
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=Callable[..., Any])
-_MAX_SLEEP = 30.0
-
-
-class _Following:
-    """The fire instant after ``due``, computed once, when first asked for."""
-
-    __slots__ = ("_due", "_trigger", "_value")
-
-    def __init__(self, trigger: Trigger, due: datetime) -> None:
-        self._trigger: Trigger | None = trigger
-        self._due = due
-        self._value: datetime | None = None
-
-    def __call__(self) -> datetime | None:
-        if self._trigger is not None:
-            self._value = self._trigger.next_after(self._due)
-            self._trigger = None
-        return self._value
 
 
 class Scheduler:
@@ -94,9 +73,7 @@ class Scheduler:
         self._log = logging.getLogger(logger_name)
         self._entries: dict[str, Entry] = {}
         self._sup = Supervisor(TickRunner(jobs, self._log), jobs, clock, self._log, grace / 1000)
-        self._heap: list[tuple[datetime, int, int, Entry]] = []
-        self._seq = itertools.count()
-        self._wake: asyncio.Event | None = None
+        self._timer = Timer(self._sup, clock, self._log, self._live, lambda: len(self._entries))
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._started_at: datetime | None = None
@@ -347,8 +324,7 @@ class Scheduler:
             raise RuntimeError("this Scheduler is already running; call aclose() first")
         now = self._clock()
         self._started_at = now
-        self._wake = asyncio.Event()
-        self._heap.clear()
+        self._timer.reset()
         for entry in self._entries.values():
             if isinstance(entry.trigger, OnceTrigger):
                 entry.trigger = OnceTrigger(entry.trigger.kind, entry.trigger.delay_ms, now)
@@ -356,7 +332,7 @@ class Scheduler:
             if entry.active:
                 self._arm(entry, now)
         await self._sup.catch_up_at_start(list(self._entries.values()), now, self._entries)
-        self._loop_task = asyncio.create_task(self._loop(), name="sdcore-scheduler")
+        self._loop_task = asyncio.create_task(self._timer.run(), name="sdcore-scheduler")
         self._sweep_task = asyncio.create_task(self._sweep(), name="sdcore-scheduler-sweep")
 
     async def aclose(self) -> None:
@@ -374,23 +350,7 @@ class Scheduler:
             entry.version += 1
 
     def _arm(self, entry: Entry, after: datetime) -> None:
-        entry.version += 1
-        entry.active_since = after
-        if isinstance(entry.trigger, OnceTrigger):
-            after = after - timedelta(microseconds=1)  # a one-shot may be due right now
-        entry.next_at = entry.trigger.next_after(after)
-        if entry.next_at is not None:
-            heapq.heappush(self._heap, (entry.next_at, next(self._seq), entry.version, entry))
-            self._compact()
-        if self._wake is not None:
-            self._wake.set()
-
-    def _compact(self) -> None:
-        # stop/start/remove leave stale heap entries until their due time (a day, for a daily
-        # job): rebuild the heap once they outnumber the live schedules.
-        if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [item for item in self._heap if self._live(item[3], item[2])]
-            heapq.heapify(self._heap)
+        self._timer.arm(entry, after)
 
     def _live(self, entry: Entry, version: int | None = None) -> bool:
         return (
@@ -398,85 +358,6 @@ class Scheduler:
             and entry.active
             and self._entries.get(entry.name) is entry
         )
-
-    async def _loop(self) -> None:
-        assert self._wake is not None  # noqa: S101 - set by start_all
-        while True:
-            now = self._clock()
-            started: list[tuple[Entry, int, _Following]] = []
-            while self._heap and self._heap[0][0] <= now:
-                due, _, version, entry = heapq.heappop(self._heap)
-                if not self._live(entry, version):
-                    continue
-                try:
-                    following = self._fire(entry, due, now)
-                except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
-                    self._fire_failed(entry)
-                    continue
-                if following is not None:
-                    started.append((entry, entry.version, following))
-            if started:
-                # Batch start: every due tick was started above; let them run to their first
-                # await (a handler's first line, or the acquire they share) before the next
-                # fire times are computed.
-                await asyncio.sleep(0)
-                for entry, version, following in started:
-                    try:
-                        self._rearm(entry, version, following())
-                    except Exception:  # noqa: BLE001 - as above
-                        self._fire_failed(entry)
-            delay = _MAX_SLEEP
-            if self._heap:
-                delay = min(delay, max(0.0, (self._heap[0][0] - self._clock()).total_seconds()))
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-
-    def _fire_failed(self, entry: Entry) -> None:
-        self._log.exception(
-            "schedule %r: could not fire; it is stopped",
-            entry.name,
-            extra={"action": "fire_failed", "schedule": entry.name},
-        )
-        entry.active = False
-
-    def _fire(self, entry: Entry, due: datetime, now: datetime) -> _Following | None:
-        """Start the tick due at ``due``; return its successor, to compute after the burst.
-
-        ``None``: the successor is already armed (the loop was late and ticks were coalesced).
-        """
-        spacing = entry.trigger.spacing
-        if spacing is not None and now - due < spacing:
-            # On time: the next tick is after now, so nothing can be coalesced, and its instant
-            # is needed only for re-arming (after the burst) and by a retry (on first use).
-            following = _Following(entry.trigger, due)
-            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
-            return following
-        # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
-        # only the most recent one (missed ticks are what the catch-up policy is for).
-        skipped = 0
-        after = entry.trigger.next_after(due)
-        while after is not None and after <= now and skipped < 100_000:
-            due, after, skipped = after, entry.trigger.next_after(after), skipped + 1
-        if skipped:
-            self._log.info(
-                "schedule %r: %d tick(s) passed while the loop was late; firing the latest",
-                entry.name,
-                skipped,
-                extra={"action": "ticks_coalesced", "schedule": entry.name},
-            )
-        self._rearm(entry, entry.version, after)
-        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after)
-        return None
-
-    def _rearm(self, entry: Entry, version: int, following: datetime | None) -> None:
-        if entry.version != version or not self._live(entry):
-            return  # stopped, re-armed or removed since it fired
-        entry.version += 1
-        entry.next_at = following
-        if following is not None:
-            heapq.heappush(self._heap, (following, next(self._seq), entry.version, entry))
 
     async def _sweep(self) -> None:
         while True:
