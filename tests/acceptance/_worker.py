@@ -14,6 +14,7 @@ Commands (``op``):
 - ``open`` ``{dsn, app, options}``: connect a service (pool min_size=1, max_size=1).
 - ``close``: close it.
 - ``acquire`` ``{options, barrier}``: one ``acquire``.
+- ``acquire_many`` ``{items, barrier}``: one ``acquire_many`` (answers ``results``, in order).
 - ``acquire_until`` ``{options, deadline_s, pause_s}``: retry ``acquire`` until it wins.
 - ``run_exclusive`` ``{options, sleep_s}``: ``run_exclusive`` with an async fn that announces
   ``{"event": "started", ...}`` and then sleeps.
@@ -130,6 +131,16 @@ class Worker:
         t1 = time.monotonic()
         return {**describe(result), "ms": (t1 - t0) * 1000, "t0": t0, "t1": t1}
 
+    async def op_acquire_many(self, cmd: Json) -> Json:
+        svc = self.svc()
+        items = [JobAcquireOptions(**item) for item in cmd["items"]]
+        if cmd.get("barrier"):
+            barrier()
+        t0 = time.monotonic()
+        results = await svc.acquire_many(items)
+        t1 = time.monotonic()
+        return {"results": [describe(result) for result in results], "ms": (t1 - t0) * 1000}
+
     async def op_acquire_until(self, cmd: Json) -> Json:
         svc = self.svc()
         opts = JobAcquireOptions(**cmd["options"])
@@ -219,6 +230,7 @@ def serve() -> None:
         "open": worker.op_open,
         "close": worker.op_close,
         "acquire": worker.op_acquire,
+        "acquire_many": worker.op_acquire_many,
         "acquire_until": worker.op_acquire_until,
         "run_exclusive": worker.op_run_exclusive,
         "ensure_schema": worker.op_ensure_schema,

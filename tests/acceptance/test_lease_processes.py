@@ -197,14 +197,18 @@ class Fleet:
             self.broken = True
             raise
 
-    def race(self, cmd: Json, procs: Sequence[Proc] | None = None) -> list[Json]:
-        """Send a barrier command to every worker, release them together, collect answers."""
+    def race(self, cmd: Json | Sequence[Json], procs: Sequence[Proc] | None = None) -> list[Json]:
+        """Send a barrier command to every worker, release them together, collect answers.
+
+        ``cmd`` is one command for all, or a sequence of one command per worker.
+        """
         targets = list(self.procs if procs is None else procs)
+        cmds = [cmd] * len(targets) if isinstance(cmd, dict) else list(cmd)
         replies: list[Json | None] = [None] * len(targets)
         ready: list[int] = []
         try:
-            for p in targets:
-                p.send(cmd)
+            for p, one in zip(targets, cmds, strict=True):
+                p.send(one)
             try:
                 for i, p in enumerate(targets):
                     first = p.recv(60)
@@ -234,15 +238,16 @@ class Fleet:
 class FleetHolder:
     """Spawns the fleet lazily (once per module) and again if a test broke it."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int | None = None) -> None:
         self.fleet: Fleet | None = None
+        self.size = size
 
     def get(self) -> Fleet:
         if self.fleet is not None and self.fleet.broken:
             self.fleet.stop()
             self.fleet = None
         if self.fleet is None:
-            self.fleet = Fleet(_fleet_size())
+            self.fleet = Fleet(min(self.size or FLEET_MAX, _fleet_size()))
         return self.fleet
 
     def stop(self) -> None:

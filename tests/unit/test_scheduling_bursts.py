@@ -192,3 +192,48 @@ def test_cached_cron_agrees_with_a_fresh_parse(expression: str, zone: str, day_r
         expected = fresh.next_after(instant)
         assert cached.next_after(instant) == expected
         instant = expected + timedelta(seconds=1) if expected == instant else expected
+
+
+class _CountingMany(InMemoryJobScheduler):
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock=clock)
+        self.many: list[int] = []
+        self.single = 0
+
+    async def acquire_many(self, options: Sequence[Any]) -> list[JobAcquireResult]:
+        self.many.append(len(options))
+        return await super().acquire_many(options)
+
+    async def acquire(self, options: Any) -> JobAcquireResult:
+        self.single += 1
+        return await super().acquire(options)
+
+
+class _NoMany(_CountingMany):
+    acquire_many = None  # type: ignore[assignment]  # a job scheduler without the batch call
+
+
+@pytest.mark.parametrize("jobs_class", [_CountingMany, _NoMany], ids=["acquire_many", "fallback"])
+@in_loop_time
+async def test_cluster_overlap_guards_of_a_burst_share_one_call(jobs_class: type) -> None:
+    jobs = jobs_class(clock=loop_clock())
+    ledger: list[tuple[str, str | None]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
+    for scheduler in replicas:
+        for i in range(50):
+            scheduler.add_interval(
+                f"guarded-{i}",
+                1000,
+                lambda tick: ledger.append((tick.schedule, tick.run_key)),
+                overlap="skip_cluster",
+            )
+    async with replicas[0], replicas[1]:
+        await asyncio.sleep(2.5)
+    per_tick = Counter(ledger)
+    assert len(per_tick) == 100
+    assert set(per_tick.values()) == {1}
+    if jobs_class is _NoMany:
+        assert not jobs.many
+        assert jobs.single >= 200  # one guard acquire per tick and replica
+    else:
+        assert jobs.many == [50] * 4  # one call per replica and instant

@@ -25,7 +25,7 @@ from sdcore.job_scheduler._model import (
     LostJobLeaseError,
     RunExclusiveResult,
 )
-from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch, coerce_options
 
 T = TypeVar("T")
 
@@ -63,6 +63,17 @@ class BaseJobScheduler(abc.ABC):
     @abc.abstractmethod
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """Try to become the owner of one logical run (see the contract)."""
+
+    async def acquire_many(
+        self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
+    ) -> list[JobAcquireResult]:
+        """``acquire`` for many runs: one result per item, in the input order.
+
+        Every item is validated (and two items for one run refused) before any is acquired.
+        This default acquires the items one after another; ``JobSchedulerService`` sends one
+        statement for all of them.
+        """
+        return [await self.acquire(opts) for opts in coerce_batch(options)]
 
     @abc.abstractmethod
     async def heartbeat(self, lease: JobLease) -> bool:

@@ -6,7 +6,7 @@ Everything here runs before any SQL is sent, and is pure (no clock, no I/O, no h
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +14,7 @@ from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
     MAX_SAFE_INTEGER,
+    MAX_STATUS_KEYS,
     InvalidJobIdentityOptionsError,
     InvalidJobLeaseOptionsError,
     JobSchedulerType,
@@ -282,6 +283,46 @@ def coerce_options(options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquire
     if "code" not in options:
         raise InvalidJobIdentityOptionsError("code", "is required")
     return JobAcquireOptions(**options)
+
+
+def coerce_batch(
+    options: Sequence[JobAcquireOptions | Mapping[str, Any]],
+) -> list[JobAcquireOptions]:
+    """Validate every item of an ``acquire_many`` call, all before any SQL.
+
+    Args:
+        options: A sequence of options (typed or mappings), at most :data:`MAX_STATUS_KEYS`.
+
+    Returns:
+        The validated options, in the input order.
+
+    Raises:
+        InvalidJobIdentityOptionsError: Not a sequence, too many items, an invalid item (the
+            error names its index), or two items with one identity (one lock key).
+        InvalidJobLeaseOptionsError: An item with bad timing (the error names its index).
+    """
+    if isinstance(options, str | bytes | Mapping) or not isinstance(options, Sequence):
+        raise InvalidJobIdentityOptionsError(
+            "options", f"must be a sequence of options, got {_describe(options)}"
+        )
+    if len(options) > MAX_STATUS_KEYS:
+        raise InvalidJobIdentityOptionsError(
+            "options", f"at most {MAX_STATUS_KEYS} items per call, got {len(options)}"
+        )
+    batch: list[JobAcquireOptions] = []
+    first: dict[str, int] = {}
+    for index, item in enumerate(options):
+        try:
+            opts = item if type(item) is JobAcquireOptions else coerce_options(item)
+        except (InvalidJobLeaseOptionsError, InvalidJobIdentityOptionsError) as exc:
+            raise type(exc)(f"options[{index}].{exc.field}", exc.problem) from None
+        seen = first.setdefault(opts.lock_key, index)
+        if seen != index:
+            raise InvalidJobIdentityOptionsError(
+                f"options[{index}]", f"the same run as options[{seen}] (one lock key)"
+            )
+        batch.append(opts)
+    return batch
 
 
 def lock_key(code: str, run_key: str | None = None, type: str = "SCHEDULE") -> str:  # noqa: A002

@@ -7,11 +7,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -35,7 +35,7 @@ from sdcore.job_scheduler._model import (
     _check_lock_keys,
     _LeaseState,
 )
-from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
+from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch, coerce_options
 from sdcore.job_scheduler._sql import LeaseStatements
 from sdcore.postgres import (
     DatabaseConnectError,
@@ -48,6 +48,7 @@ from sdcore.postgres import (
     schema_sql,
 )
 
+_T = TypeVar("_T")
 _NOT_ACQUIRED = JobNotAcquired()
 _STATUS = {member.value: member for member in JobSchedulerStatus}
 _TYPE = {member.value: member for member in JobSchedulerType}
@@ -138,6 +139,18 @@ class _Watchdog:
         )
 
 
+async def _one(cur: psycopg.AsyncCursor[Any]) -> tuple[Any, ...] | None:
+    return await cur.fetchone()
+
+
+async def _all(cur: psycopg.AsyncCursor[Any]) -> list[tuple[Any, ...]]:
+    return await cur.fetchall()
+
+
+async def _count(cur: psycopg.AsyncCursor[Any]) -> int:
+    return cur.rowcount
+
+
 def _row(r: tuple[Any, ...]) -> JobScheduler:
     return JobScheduler(
         id=r[0],
@@ -166,6 +179,24 @@ def _acquired(r: tuple[Any, ...], state: _LeaseState) -> JobAcquired:
         idempotency_key=row.idempotency_key,
         fencing_token=row.fencing_token,
         _state=state,
+    )
+
+
+def _by_lock_key(opts: JobAcquireOptions) -> str:
+    return opts.lock_key
+
+
+def _many_params(ordered: list[JobAcquireOptions], tokens: list[str]) -> tuple[list[Any], ...]:
+    """The column arrays of ``acquire_many`` (items sorted by lock key)."""
+    return (
+        [o.lock_key for o in ordered],
+        [o.idempotency_key for o in ordered],
+        [o.code for o in ordered],
+        [o.name for o in ordered],
+        [str(o.type) for o in ordered],
+        [o.run_key for o in ordered],
+        tokens,
+        [o.lease_ms for o in ordered],
     )
 
 
@@ -406,12 +437,32 @@ class JobSchedulerService(BaseJobScheduler):
     async def _fetch(
         self, query: bytes, params: tuple[Any, ...], limit: float | None = None
     ) -> tuple[Any, ...] | None:
+        return await self._run(query, params, limit, _one)
+
+    async def _fetch_rows(
+        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await self._run(query, params, limit, _all)
+
+    async def _rowcount(
+        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
+    ) -> int:
+        return await self._run(query, params, limit, _count)
+
+    async def _run(
+        self,
+        query: bytes,
+        params: tuple[Any, ...],
+        limit: float | None,
+        read: Callable[[psycopg.AsyncCursor[Any]], Awaitable[_T]],
+    ) -> _T:
+        """Run one statement on a held connection, abandoned after ``limit`` seconds."""
         conn = await self._get(limit)
         if limit is not None:
             self._watchdog.watch(conn, limit)
         try:
             cur = await conn.execute(query, params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
+            result = await read(cur)
         except BaseException as exc:
             abandoned = limit is not None and self._watchdog.done(conn)
             await self._held.put(conn, broken=conn.broken)
@@ -421,50 +472,9 @@ class JobSchedulerService(BaseJobScheduler):
         if limit is not None and self._watchdog.done(conn):
             # Answered just as its socket was shut down: the result stands, the connection not.
             await self._held.put(conn, broken=True)
-            return row
+            return result
         self._held.release(conn)
-        return row
-
-    async def _fetch_rows(
-        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
-    ) -> list[tuple[Any, ...]]:
-        conn = await self._get(limit)
-        if limit is not None:
-            self._watchdog.watch(conn, limit)
-        try:
-            cur = await conn.execute(query, params)
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
-        except BaseException as exc:
-            abandoned = limit is not None and self._watchdog.done(conn)
-            await self._held.put(conn, broken=conn.broken)
-            if abandoned:
-                raise _Abandoned("the statement did not answer in time") from exc
-            raise
-        if limit is not None and self._watchdog.done(conn):
-            await self._held.put(conn, broken=True)
-            return rows
-        self._held.release(conn)
-        return rows
-
-    async def _rowcount(
-        self, query: bytes, params: tuple[Any, ...], limit: float | None = None
-    ) -> int:
-        conn = await self._get(limit)
-        if limit is not None:
-            self._watchdog.watch(conn, limit)
-        try:
-            cur = await conn.execute(query, params)
-        except BaseException as exc:
-            abandoned = limit is not None and self._watchdog.done(conn)
-            await self._held.put(conn, broken=conn.broken)
-            if abandoned:
-                raise _Abandoned("the statement did not answer in time") from exc
-            raise
-        if limit is not None and self._watchdog.done(conn):
-            await self._held.put(conn, broken=True)
-            return cur.rowcount
-        self._held.release(conn)
-        return cur.rowcount
+        return result
 
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """Insert a new ``RUNNING`` row, or take over a ``FAIL`` / expired ``RUNNING`` row.
@@ -530,6 +540,168 @@ class JobSchedulerService(BaseJobScheduler):
         if row is None:
             return _NOT_ACQUIRED
         return await self._confirmed(opts, _acquired(row, state))
+
+    async def acquire_many(
+        self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
+    ) -> list[JobAcquireResult]:
+        """``acquire`` for many runs in one statement; one result per item, in the input order.
+
+        Each key follows the rules of :meth:`acquire` and is won by exactly one caller, however
+        many replicas race over overlapping sets of keys (the statement locks rows and inserts
+        keys in key order, so two batches never deadlock). Every item is validated before any
+        SQL. Each lease is valid on the client from the moment the statement was sent, for its
+        own ``lease_ms`` less the clock margin; a won lease whose answer used more than half of
+        that is confirmed with a heartbeat (as by :meth:`acquire`) before it is reported, and
+        reported not acquired if that fails. The statement is abandoned, and every item
+        reported not acquired, if it does not answer within the shortest lease of the batch.
+        A caller cancelled meanwhile marks the rows it turned out to own ``FAIL`` first.
+
+        Args:
+            options: At most 10,000 ``JobAcquireOptions`` or mappings, each a different run.
+
+        Returns:
+            ``JobAcquired`` or ``JobNotAcquired`` for each item, in the order given.
+
+        Raises:
+            InvalidJobIdentityOptionsError: Not a sequence, too many items, two items for one
+                run, or an item with a bad identity (named by its index), before any SQL.
+            InvalidJobLeaseOptionsError: An item with bad timing, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        batch = coerce_batch(options)
+        if not batch:
+            return []
+        ordered = sorted(batch, key=_by_lock_key)
+        tokens = [str(uuid.uuid4()) for _ in ordered]
+        params = _many_params(ordered, tokens)
+        sent = time.monotonic()
+        limit = _LeaseState.for_lease(min(o.lease_ms for o in batch), sent).valid
+        won: dict[str, tuple[tuple[Any, ...], float]] = {}
+        try:
+            rows = await self._fetch_rows(self._sql.acquire_many, params, limit)
+        except _LOSER_ERRORS:
+            rows = []
+        except _Abandoned:
+            self._log_abandoned_many(len(batch))
+            rows = []
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise self._wrap(exc) from exc
+            won = await self._acquire_many_again(ordered, tokens, sent, limit, exc)
+            rows = []
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        except asyncio.CancelledError:
+            await self._resolve_cancelled_many(ordered, tokens, sent, limit)
+            raise
+        for row in rows:
+            won[row[1]] = (row, sent)
+        results: list[JobAcquireResult] = []
+        late: list[int] = []
+        for opts in batch:
+            hit = won.get(opts.lock_key)
+            if hit is None:
+                results.append(_NOT_ACQUIRED)
+                continue
+            result = _acquired(hit[0], _LeaseState.for_lease(opts.lease_ms, hit[1]))
+            if result._state.time_left() < result._state.valid / 2:
+                late.append(len(results))
+            results.append(result)
+        if late:
+            await self._confirm_many(batch, results, late)
+        return results
+
+    async def _confirm_many(
+        self, batch: list[JobAcquireOptions], results: list[JobAcquireResult], late: list[int]
+    ) -> None:
+        """Confirm the won leases at ``late`` (see :meth:`_confirmed`), in place."""
+        try:
+            confirmed = await asyncio.gather(
+                *(self._confirmed(batch[i], cast("JobAcquired", results[i])) for i in late)
+            )
+        except asyncio.CancelledError:
+            # The late ones give themselves back in _confirmed; the others are ours to return.
+            await asyncio.gather(
+                *(
+                    self._fail_quietly(result.lease, batch[i])
+                    for i, result in enumerate(results)
+                    if result.acquired and i not in late
+                ),
+                return_exceptions=True,
+            )
+            raise
+        for i, result in zip(late, confirmed, strict=True):
+            results[i] = result
+
+    async def _acquire_many_again(
+        self,
+        ordered: list[JobAcquireOptions],
+        tokens: list[str],
+        sent: float,
+        limit: float,
+        first: psycopg.Error,
+    ) -> dict[str, tuple[tuple[Any, ...], float]]:
+        """The batch's connection broke: keep the keys our tokens show, try the others again."""
+        await self._held.reset_idle()
+        keys = [o.lock_key for o in ordered]
+        won: dict[str, tuple[tuple[Any, ...], float]] = {}
+        try:
+            left = max(sent + limit - time.monotonic(), 0.0)
+            for row in await self._fetch_rows(self._sql.read_owned_many, (keys, tokens), left):
+                if row[7] == JobSchedulerStatus.RUNNING.value:
+                    won[row[1]] = (row, sent)
+            rest = [i for i, key in enumerate(keys) if key not in won]
+            if rest:
+                again = [ordered[i] for i in rest]
+                params = _many_params(again, [tokens[i] for i in rest])
+                resent = time.monotonic()
+                for row in await self._fetch_rows(self._sql.acquire_many, params, limit):
+                    won[row[1]] = (row, resent)
+        except _LOSER_ERRORS:
+            pass
+        except _Abandoned:
+            self._log_abandoned_many(len(ordered))
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from first
+        return won
+
+    async def _resolve_cancelled_many(
+        self, ordered: list[JobAcquireOptions], tokens: list[str], sent: float, limit: float
+    ) -> None:
+        """Cancelled mid-batch: find the keys we won, and give each of them back."""
+        keys = [o.lock_key for o in ordered]
+        left = max(sent + limit - time.monotonic(), 0.0) + SLACK
+        try:
+            rows = await self._fetch_rows(self._sql.read_owned_many, (keys, tokens), left)
+        except (psycopg.Error, _Abandoned) as exc:
+            self._log.warning(
+                "acquire_many of %d runs cancelled with an unknown outcome (rows it wrote "
+                "expire with their leases): %s",
+                len(keys),
+                redact_text(str(exc)),
+                extra={"action": "acquire_cancelled_unknown"},
+            )
+            return
+        by_key = {o.lock_key: o for o in ordered}
+        await asyncio.gather(
+            *(
+                self._fail_quietly(
+                    _acquired(row, _LeaseState.for_lease(by_key[row[1]].lease_ms, sent)).lease,
+                    by_key[row[1]],
+                )
+                for row in rows
+                if row[7] == JobSchedulerStatus.RUNNING.value
+            )
+        )
+
+    def _log_abandoned_many(self, count: int) -> None:
+        self._log.warning(
+            "acquire_many of %d runs did not answer within the shortest lease; connection "
+            "abandoned",
+            count,
+            extra={"action": "statement_abandoned"},
+        )
 
     async def _confirmed(self, opts: JobAcquireOptions, won: JobAcquired) -> JobAcquireResult:
         """Report ``won`` only with at least half its client lease left; else confirm it."""
@@ -657,18 +829,10 @@ class JobSchedulerService(BaseJobScheduler):
 
     async def _fetch_all(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """Run a read on a held connection; a driver error becomes the service's error."""
-        conn = await self._held.get()
         try:
-            cur = await conn.execute(query, params)
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            return await self._fetch_rows(query, params)
         except psycopg.Error as exc:
-            await self._held.put(conn, broken=conn.broken)
             raise self._wrap(exc) from exc
-        except BaseException:
-            await self._held.put(conn, broken=conn.broken)
-            raise
-        await self._held.put(conn)
-        return rows
 
     async def heartbeat(self, lease: JobLease) -> bool:
         """Bump ``modified_at`` by the database clock if ``lease`` is the current RUNNING owner.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from sdcore._internal.sql import queries, render
 from sdcore.postgres import derived_name
 
 COLUMNS = (
@@ -113,6 +114,8 @@ class LeaseStatements:
     finalize: bytes
     read_status: bytes
     statuses: bytes
+    acquire_many: bytes
+    read_owned_many: bytes
 
     @classmethod
     def render(
@@ -133,6 +136,12 @@ class LeaseStatements:
                 table=quoted, columns=COLUMNS, columns_j=COLUMNS_J, sequence=sequence_text
             ).encode("utf-8")
 
+        lease = queries("lease")
+
+        def named(name: str) -> bytes:
+            fragments = {"sequence": sequence_text, "columns": COLUMNS, "columns_j": COLUMNS_J}
+            return render(lease[name], table, **fragments).as_string(None).encode("utf-8")
+
         return cls(
             acquire=one(ACQUIRE),
             read_owned=one(READ_OWNED),
@@ -140,4 +149,6 @@ class LeaseStatements:
             finalize=one(FINALIZE),
             read_status=one(READ_STATUS),
             statuses=one(STATUSES),
+            acquire_many=named("acquire_many"),
+            read_owned_many=named("read_owned_many"),
         )

@@ -14,6 +14,8 @@ deadlock. Around it, the same client-side rules as a single acquire:
 - a broken connection (an ambiguous commit): the rows that show our tokens are ours, the others
   are reported not acquired (the scheduler's retry offers and catch-up take it from there);
 - a caller cancelled meanwhile gives back (``FAIL``) every row it turned out to own.
+
+The confirmation of late leases and the give-back on cancellation are ``acquire_many``'s own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from psycopg import errors as pg_errors
 
 from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.job_scheduler._model import (
-    JobAcquired,
     JobAcquireResult,
     JobSchedulerStatus,
     _LeaseState,
@@ -42,7 +43,6 @@ from sdcore.job_scheduler._service import (
     _Abandoned,
     _acquired,
 )
-from sdcore.postgres import redact_text
 
 MAX_ITEMS = 10_000
 _RUNNING = JobSchedulerStatus.RUNNING.value
@@ -114,7 +114,7 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
     except psycopg.Error as exc:
         raise service._wrap(exc) from exc
     except asyncio.CancelledError:
-        await _give_back(service, ordered, tokens, sent, limit)
+        await service._resolve_cancelled_many([o for o, _ in ordered], tokens, sent, limit)
         raise
     won = {row[1]: row for row in rows if row[7] == _RUNNING}
     results: list[Result] = []
@@ -129,35 +129,12 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
             late.append(len(results))
         results.append((result, int(row[-1])))
     if late:
-        await _confirm(service, batch, results, late)
+        # Confirmed (or given back) as acquire_many's late leases are, in place.
+        leases = [result for result, _ in results]
+        await service._confirm_many([o for o, _ in batch], leases, late)
+        for index in late:
+            results[index] = (leases[index], results[index][1] if leases[index].acquired else 0)
     return results
-
-
-async def _confirm(
-    service: JobSchedulerService, batch: list[Item], results: list[Result], late: list[int]
-) -> None:
-    """Confirm the won leases at ``late`` with a heartbeat each (see ``_confirmed``), in place."""
-
-    async def one(index: int) -> JobAcquireResult:
-        won = results[index][0]
-        assert isinstance(won, JobAcquired)  # noqa: S101 - only won leases are late
-        return await service._confirmed(batch[index][0], won)
-
-    try:
-        confirmed = await asyncio.gather(*(one(index) for index in late))
-    except asyncio.CancelledError:
-        # The late ones give themselves back in _confirmed; the others are ours to return.
-        await asyncio.gather(
-            *(
-                service._fail_quietly(result.lease, batch[index][0])
-                for index, (result, _) in enumerate(results)
-                if result.acquired and index not in late
-            ),
-            return_exceptions=True,
-        )
-        raise
-    for index, result in zip(late, confirmed, strict=True):
-        results[index] = (result, results[index][1]) if result.acquired else (_NOT_ACQUIRED, 0)
 
 
 async def _owned(
@@ -181,38 +158,6 @@ async def _owned(
         return []
     except psycopg.Error as exc:
         raise service._wrap(exc) from first
-
-
-async def _give_back(
-    service: JobSchedulerService, ordered: list[Item], tokens: list[str], sent: float, limit: float
-) -> None:
-    """Cancelled mid-statement: find the keys we won, and mark each of them ``FAIL``."""
-    keys = [o.lock_key for o, _ in ordered]
-    left = max(sent + limit - time.monotonic(), 0.0) + 1.0
-    try:
-        rows = await service._fetch_rows(
-            service._tick_sql.read_owned_attempts, (keys, tokens), left
-        )
-    except (psycopg.Error, _Abandoned) as exc:
-        service._log.warning(
-            "acquire_attempts of %d ticks cancelled with an unknown outcome (rows it wrote "
-            "expire with their leases): %s",
-            len(keys),
-            redact_text(str(exc)),
-            extra={"action": "acquire_cancelled_unknown"},
-        )
-        return
-    by_key = {o.lock_key: o for o, _ in ordered}
-    await asyncio.gather(
-        *(
-            service._fail_quietly(
-                _acquired(row[:-1], _LeaseState.for_lease(by_key[row[1]].lease_ms, sent)).lease,
-                by_key[row[1]],
-            )
-            for row in rows
-            if row[7] == _RUNNING
-        )
-    )
 
 
 def _log_abandoned(service: JobSchedulerService, count: int) -> None:

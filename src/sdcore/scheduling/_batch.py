@@ -30,11 +30,18 @@ __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
 
 DEFAULT_BATCH_SIZE = 1_000
 
-_Request = tuple[JobAcquireOptions, AttemptBudget, "asyncio.Future[tuple[JobAcquireResult, int]]"]
+# (options, the tick's attempt budget or None for a plain lease, the caller's future)
+_Request = tuple[
+    JobAcquireOptions, AttemptBudget | None, "asyncio.Future[tuple[JobAcquireResult, int]]"
+]
 
 
 class TickAcquirer:
-    """Collects the tick acquires of one loop turn into ``acquire_attempts`` calls.
+    """Collects the lease requests of one loop turn into batch calls.
+
+    Tick leases (with their attempt budget) go to ``jobs.acquire_attempts``; plain leases (the
+    cluster overlap guard of ``overlap="skip_cluster"``) to ``jobs.acquire_many``, or one
+    ``acquire`` each when the job scheduler has no ``acquire_many``.
 
     Args:
         jobs: The lease service.
@@ -59,13 +66,27 @@ class TickAcquirer:
         Raises:
             JobSchedulerError: As ``acquire_attempt`` (the whole call failed).
         """
+        return await self._queue(options, budget)
+
+    async def acquire_plain(self, options: JobAcquireOptions) -> JobAcquireResult:
+        """Acquire a plain lease (``acquire`` semantics) with the other requests of this turn.
+
+        Raises:
+            JobSchedulerError: As ``acquire`` (the whole call failed).
+        """
+        result, _ = await self._queue(options, None)
+        return result
+
+    async def _queue(
+        self, options: JobAcquireOptions, budget: AttemptBudget | None
+    ) -> tuple[JobAcquireResult, int]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
         if not self._pending:
             loop.call_soon(self.flush)
         self._pending.append((options, budget, future))
         # Cancelled while the call is in flight, the future is cancelled with us and the call
-        # goes on: a lease it wins for this tick is given back (see _send).
+        # goes on: a lease it wins for this caller is given back (see _send).
         return await future
 
     def flush(self) -> None:
@@ -75,6 +96,12 @@ class TickAcquirer:
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
         # possible either way: each statement locks and inserts in key order).
         pending.sort(key=lambda request: request[0].lock_key)
+        ticks = [request for request in pending if request[1] is not None]
+        plain = [request for request in pending if request[1] is None]
+        self._cut(ticks)
+        self._cut(plain)
+
+    def _cut(self, pending: list[_Request]) -> None:
         while pending:
             call: list[_Request] = []
             keys: set[str] = set()
@@ -93,7 +120,7 @@ class TickAcquirer:
 
     async def _send(self, call: list[_Request]) -> None:
         try:
-            results = await self._jobs.acquire_attempts([(o, b) for o, b, _ in call])
+            results = await self._call(call)
         except asyncio.CancelledError:
             for *_, future in call:
                 future.cancel()
@@ -108,6 +135,15 @@ class TickAcquirer:
                 self._give_back_result(result)
             else:
                 future.set_result(result)
+
+    async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
+        jobs = self._jobs
+        if call[0][1] is not None:
+            return await jobs.acquire_attempts([(o, b) for o, b, _ in call if b is not None])
+        many = getattr(jobs, "acquire_many", None)
+        if many is not None:
+            return [(result, 0) for result in await many([o for o, _, _ in call])]
+        return [(await jobs.acquire(o), 0) for o, _, _ in call]
 
     def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
         outcome, _ = result

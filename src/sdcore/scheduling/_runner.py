@@ -154,7 +154,8 @@ class TickRunner:
         )
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        guard = await jobs.acquire(options)
+        assert self.acquirer is not None  # noqa: S101 - set with jobs
+        guard = await self.acquirer.acquire_plain(options)
         if not guard.acquired:
             self.log.info(
                 "schedule %r run %r: skipped, a previous run is still running in the cluster",
