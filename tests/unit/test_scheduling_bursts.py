@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from sdcore.job_scheduler import (
 )
 from sdcore.scheduling import Scheduler, Tick
 from sdcore.scheduling._cron import CronSpec
+from sdcore.scheduling._timer import SLICE
 from sdcore.testing import InMemoryJobScheduler
 from tests.unit._looptime import in_loop_time, loop_clock
 
@@ -66,9 +68,11 @@ async def test_a_burst_on_three_replicas_runs_each_tick_once_in_few_calls() -> N
     assert len(instants) >= 2
     assert len(per_tick) == 300 * len(instants)
     assert set(per_tick.values()) == {1}
-    # One call per replica per instant carries the whole burst (300 < the batch size).
-    assert len(jobs.batches) == 3 * len(instants)
-    assert set(jobs.batches) == {300}
+    # One call per start slice, per replica and instant, carries the burst.
+    per_instant = math.ceil(300 / SLICE)
+    assert len(jobs.batches) == 3 * len(instants) * per_instant
+    assert sum(jobs.batches) == 3 * 300 * len(instants)
+    assert max(jobs.batches) == min(SLICE, 300)
     assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
 
 

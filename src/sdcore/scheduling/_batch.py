@@ -89,10 +89,16 @@ class TickAcquirer:
         # goes on: a lease it wins for this caller is given back (see _send).
         return await future
 
-    def flush(self) -> None:
-        """Send every queued request now (the timer loop calls this after each slice)."""
+    def flush(self) -> bool:
+        """Send every queued request now (the timer loop calls this after each slice).
+
+        Returns:
+            Whether any request was sent.
+        """
         pending = [request for request in self._pending if not request[2].done()]
         self._pending = []
+        if not pending:
+            return False
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
         # possible either way: each statement locks and inserts in key order).
         pending.sort(key=lambda request: request[0].lock_key)
@@ -100,6 +106,7 @@ class TickAcquirer:
         plain = [request for request in pending if request[1] is None]
         self._cut(ticks)
         self._cut(plain)
+        return True
 
     def _cut(self, pending: list[_Request]) -> None:
         while pending:

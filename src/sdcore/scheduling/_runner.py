@@ -112,12 +112,13 @@ class TickRunner:
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
 
-        def body() -> Awaitable[TickOutcome]:
-            return self._attempts(name, kind, handler, policy, tick, deadline, clock)
-
         if policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive:
+
+            def body() -> Awaitable[TickOutcome]:
+                return self._attempts(name, kind, handler, policy, tick, deadline, clock)
+
             return await self._guarded(name, kind, policy, tick, body, record_skip)
-        return await body()
+        return await self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
     async def record_skipped(
         self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str

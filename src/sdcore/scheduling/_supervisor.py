@@ -125,10 +125,9 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def flush(self) -> None:
-        """Send the lease requests the ticks started so far have queued (one batch call)."""
-        if self._runner.acquirer is not None:
-            self._runner.acquirer.flush()
+    def flush(self) -> bool:
+        """Send the lease requests the ticks started so far have queued; ``True`` if any."""
+        return self._runner.acquirer is not None and self._runner.acquirer.flush()
 
     def start_tick(
         self, entry: Entry, due: datetime, path: StartPath, *, deadline: Deadline

@@ -32,7 +32,7 @@ from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import Entry, Supervisor
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
-SLICE = 1_000  # ticks started between two yields (and at most one lease statement per slice)
+SLICE = 250  # ticks started between two yields (and at most one lease statement per slice)
 _MAX_SLEEP = 30.0
 
 
@@ -148,9 +148,11 @@ class Timer:
                     continue
                 if following is not None:
                     started.append((entry, entry.version, following))
-            # Let this slice's handlers start and its lease requests queue; send them at once.
+            # Let this slice's handlers start and its lease requests queue; send them at once,
+            # and let the statement go out before the next slice is started.
             await asyncio.sleep(0)
-            self._sup.flush()
+            if self._sup.flush():
+                await asyncio.sleep(0)
         for index, (entry, version, following) in enumerate(started):
             if index % SLICE == 0:
                 await asyncio.sleep(0)  # lease answers are handled between slices
