@@ -231,9 +231,9 @@ async def run_bursts(dsn: str, count: int, rounds: int) -> list[dict[str, Any]]:
     for round_ in range(1, rounds + 1):
         for mode, processes, lead in (
             ("bare-tasks", 1, 3.0),
-            ("sdcore-plain", 1, 6.0),
+            ("sdcore-plain", 1, 10.0),
             ("bare-acquire", REPLICAS, 4.0),
-            ("sdcore-exclusive", REPLICAS, 14.0),
+            ("sdcore-exclusive", REPLICAS, 20.0),
         ):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE job_scheduler, bare_lease")

@@ -90,17 +90,17 @@ STATES: dict[str, Callable[[BaseJobScheduler, str], Awaitable[None]]] = {
 }
 
 
-@pytest.fixture(params=["postgres", "memory"])
-def store(request: pytest.FixtureRequest) -> BaseJobScheduler:
-    if request.param == "memory":
-        return InMemoryJobScheduler()
-    service: JobSchedulerService = request.getfixturevalue("jobs")
-    return service
-
-
 async def test_each_key_of_a_batch_answers_as_a_single_acquire_attempt(
-    store: BaseJobScheduler,
+    jobs: JobSchedulerService,
 ) -> None:
+    await _batch_matches_single(jobs)
+
+
+async def test_the_memory_double_batch_answers_as_its_single_acquire_attempt() -> None:
+    await _batch_matches_single(InMemoryJobScheduler())
+
+
+async def _batch_matches_single(store: BaseJobScheduler) -> None:
     for state, make in STATES.items():
         await make(store, f"single-{state}")
         await make(store, f"batch-{state}")
