@@ -157,7 +157,7 @@ def child_main(mode: str, count: int, at: float, dsn: str | None) -> None:
         asyncio.run(_bare_acquire(count, at, dsn))
     else:
         assert dsn is not None
-        asyncio.run(_sdcore(count, at, dsn, 8.0))
+        asyncio.run(_sdcore(count, at, dsn, 40.0))
 
 
 async def _spawn(mode: str, count: int, at: float, dsn: str | None) -> asyncio.subprocess.Process:
