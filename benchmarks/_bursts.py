@@ -12,8 +12,9 @@ OS processes that share one wall clock (a handler compares ``time.time()`` with 
 ``bare-acquire`` (3 processes)
     Baseline of the exclusive case: at the instant each process sends the minimal multi-key
     acquire on a table with only its primary key — ``INSERT … SELECT unnest(keys) ORDER BY 1 ON
-    CONFLICT DO UPDATE … WHERE <takeable> RETURNING lock_key`` — in statements of the same size
-    as sdcore's batches, on the same number of connections, then starts a task per key won.
+    CONFLICT DO UPDATE … WHERE <takeable> RETURNING lock_key`` — in statements of 1,000 keys
+    (sdcore sends one per start slice of 250), on as many connections as an sdcore replica holds,
+    then starts a task per key won.
 ``sdcore-exclusive`` (3 processes)
     Each its own ``JobSchedulerService.connect(...)`` and ``Scheduler(jobs=jobs)`` with the same
     N exclusive schedules.
@@ -44,7 +45,7 @@ from sdcore.scheduling import Scheduler, Tick
 
 REPLICAS = 3
 CONNECTIONS = 4  # held lease connections per sdcore replica (its default), and the baseline's
-BATCH = 1_000  # keys per statement: sdcore's default batch size, and the baseline's
+BATCH = 1_000  # keys per statement of the baseline (sdcore's largest batch call)
 BARE_TABLE = """\
 CREATE TABLE IF NOT EXISTS bare_lease (
     lock_key text PRIMARY KEY, owner uuid NOT NULL, status text NOT NULL,
