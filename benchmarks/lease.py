@@ -22,8 +22,8 @@ commit. Four workloads run that cycle at every client count N:
     it charges sdcore for its schema and statements as well as its Python layer.
 ``pgbench``
     ``pgbench -n -M prepared -c N -j N -T S`` with a script made of the same two statements (the
-    ``%s`` placeholders become pgbench variables; ``\\gset`` carries ``id`` and ``owner_token`` from
-    the insert's ``RETURNING`` to the update): what the server does with no Python client at all.
+    ``%s`` placeholders become pgbench variables; ``\\gset`` carries ``id`` from the insert's
+    ``RETURNING`` to the update): what the server does with no Python client at all.
 
 How noise is kept out of the ratio that matters (on a small, shared machine single runs of the
 same workload differ by 2× and more): ``bare`` and ``sdcore`` run in one worker process, over the
@@ -182,7 +182,7 @@ def _bare_cycles(
             row = await cur.fetchone()
             if row is None:
                 raise RuntimeError(f"bare: {key} was not acquired")
-            cur = await conn.execute(finalize, ("SUCCESS", None, row[0], row[8]))
+            cur = await conn.execute(finalize, ("SUCCESS", None, row[0], token))
             if cur.rowcount != 1:
                 raise RuntimeError(f"bare: {key} was not completed")
 
@@ -324,23 +324,29 @@ def pgbench_script() -> str:
     19-digit number, ``10**18 + permute(client_id * 10**12 + p_n, 10**18)``: fresh every cycle
     and, like the library's hashed keys, at a random place in the unique index (but 19
     characters long, not 67: pgbench cannot build longer strings without changing the SQL).
-    ``\\gset`` stores the insert's ``RETURNING`` columns (``id``, ``owner_token``, …) in
+    ``\\gset`` stores the insert's ``RETURNING`` columns (``id``, ``fencing_token``, …) in
     variables for the update; hence the ``p_`` prefix of our own variables, which ``\\gset``
-    would otherwise overwrite (``status``, ``code``, …).
+    would otherwise overwrite.
     """
     statements = LeaseStatements.render(sql.Identifier(TABLE))
     acquire = _substitute(
         statements.acquire,
         [":p_key", ":p_key", ":p_code", "NULL", ":p_type", ":p_n", ":p_token", ":p_lease_ms"],
     )
-    finalize = _substitute(statements.finalize, [":p_status", "NULL", ":id", ":owner_token"])
-    one_line = " ".join  # a \gset must end the statement's (single) line
+    finalize = _substitute(statements.finalize, [":p_status", "NULL", ":id", ":p_token"])
+
+    def one_line(text: str) -> str:
+        # A \gset must end the statement's (single) line: drop the SQL file's comment lines
+        # (they would comment out the rest of the joined line) and join the others.
+        kept = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+        return " ".join(" ".join(kept).split())
+
     return (
         "\\set p_n :p_n + 1\n"
         "\\set p_key 1000000000000000000"
         " + permute(:client_id * 1000000000000 + :p_n, 1000000000000000000)\n"
-        f"{one_line(acquire.split())} \\gset\n"
-        f"{one_line(finalize.split())};\n"
+        f"{one_line(acquire)} \\gset\n"
+        f"{one_line(finalize)};\n"
     )
 
 

@@ -275,14 +275,15 @@ async def raw_main(schedule: str) -> None:
                 break
             woke = time.time()
             key = f"{schedule}:{target}"
-            params = (key, key, schedule, None, "SCHEDULE", key, str(uuid.uuid4()), 300_000)
+            token = str(uuid.uuid4())
+            params = (key, key, schedule, None, "SCHEDULE", key, token, 300_000)
             cur = await conn.execute(statements.acquire, params)
             row = await cur.fetchone()
             started = time.time()
             calls["acquire"] += 1
             if row is not None:
                 _emit("tick", scheduled=float(target), latency_ms=(started - target) * 1000)
-                await conn.execute(statements.finalize, ("SUCCESS", None, row[0], row[8]))
+                await conn.execute(statements.finalize, ("SUCCESS", None, row[0], token))
                 calls["complete"] += 1
             _emit(
                 "acquire",

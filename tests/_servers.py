@@ -242,6 +242,30 @@ def _configure(server: Postgres, extra: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
+def own_postgres(settings: dict[str, str] | None = None) -> Iterator[Postgres]:
+    """One throw-away PostgreSQL on a free loopback port, with ``settings`` on top of ours.
+
+    For benchmarks that need a server of their own (``shared_preload_libraries``, statement
+    logging); removed at the end. ``fsync`` is off unless ``settings`` turns it on.
+    """
+    if not (PG_BIN / "initdb").exists():
+        raise RuntimeError(f"PostgreSQL server binaries not found in {PG_BIN}")
+    root = _workdir("sdcore-own-pg-")
+    server = Postgres(name="own", port=free_port(), datadir=root / "data")
+    try:
+        run(
+            [str(PG_BIN / "initdb"), "-D", str(server.datadir), "-U", "postgres",
+             "--auth=trust", "--no-sync", "-E", "UTF8"]
+        )  # fmt: skip
+        _configure(server, settings or {})
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def replicated_pair(*, synchronous: bool) -> Iterator[tuple[Postgres, Postgres]]:
     """A primary and a streaming standby (``pg_basebackup -R``) on free loopback ports.
 

@@ -102,8 +102,10 @@ def seed(dsn: str, *runs: Run) -> list[JobAcquired]:
 def age(dsn: str, results: list[JobAcquired], by: timedelta) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE job_scheduler SET modified_at = clock_timestamp() - %s WHERE id = ANY(%s)",
-            (by, [r.id for r in results]),
+            # A row last changed `by` ago was also created at least that long ago.
+            "UPDATE job_scheduler SET modified_at = clock_timestamp() - %s,"
+            " created_at = least(created_at, clock_timestamp() - %s) WHERE id = ANY(%s)",
+            (by, by, [r.id for r in results]),
         )
 
 

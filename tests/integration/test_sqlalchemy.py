@@ -322,7 +322,7 @@ def test_names_are_the_ddl_names_even_under_a_naming_convention() -> None:
         "job_scheduler_lease_ms_check",
         "job_scheduler_attempts_check",
         "job_scheduler_code_created_at_idx",
-        "job_scheduler_status_modified_at_idx",
+        "job_scheduler_created_at_idx",
     }
     code_index = next(i for i in table.indexes if i.name == "job_scheduler_code_created_at_idx")
     assert [str(e) for e in code_index.expressions] == [

@@ -229,10 +229,11 @@ class LeaseAdmin:
         """Delete finished rows last modified before the database's now minus ``older_than``.
 
         The cutoff is read once from ``clock_timestamp()``. Each batch is its own short
-        transaction on the ``(status, modified_at)`` index and starts where the previous one
-        ended, so a prune keeps its speed on a table of millions of rows, never holds many
-        locks, and an interruption keeps what was already deleted. RUNNING rows are never
-        deleted; INITIAL rows only with ``include_initial`` (deleting one lets its job run again).
+        transaction on the ``created_at`` index (migration ``lease/0004``; a row is never
+        modified before it was created) and starts where the previous one ended, so a prune keeps
+        its speed on a table of millions of rows, never holds many locks, and an interruption
+        keeps what was already deleted. RUNNING rows are never deleted; INITIAL rows only with
+        ``include_initial`` (deleting one lets its job run again).
 
         Args:
             conn: An autocommit connection.
@@ -268,27 +269,23 @@ class LeaseAdmin:
             params["cutoff"] = cutoff
             count_sql = render(self._sql["prune_count"], self._identifier)
             batch_sql = render(self._sql["prune_batch"], self._identifier)
-            for status in chosen:
-                params["status"] = status
-                cur = await conn.execute(count_sql, params)
-                counts = await cur.fetchone()
-                if counts is not None:
-                    matching += counts[0]
-                    kept += counts[1]
-                if dry_run:
-                    continue
-                params["after"] = _BEGINNING
-                while True:
-                    cur = await conn.execute(batch_sql, params)
-                    done = await cur.fetchone()
-                    count, last = (0, None) if done is None else done
-                    batches += 1
-                    deleted += count
-                    if progress is not None and count:
-                        progress(deleted)
-                    if count < batch_size or last is None:
-                        break
-                    params["after"] = last
+            params["statuses"] = list(chosen)
+            cur = await conn.execute(count_sql, params)
+            counts = await cur.fetchone()
+            if counts is not None:
+                matching, kept = counts
+            params["after"] = _BEGINNING
+            while not dry_run:
+                cur = await conn.execute(batch_sql, params)
+                done = await cur.fetchone()
+                count, last = (0, None) if done is None else done
+                batches += 1
+                deleted += count
+                if progress is not None and count:
+                    progress(deleted)
+                if count < batch_size or last is None:
+                    break
+                params["after"] = last
         return PruneReport(
             cutoff=cutoff,
             statuses=chosen,

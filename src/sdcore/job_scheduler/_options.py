@@ -5,6 +5,7 @@ Everything here runs before any SQL is sent, and is pure (no clock, no I/O, no h
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,60 @@ def resolve_timing(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
     return lease, heartbeat
 
 
+def _identity(
+    code: object, raw_type: object, run_key: object
+) -> tuple[str, JobSchedulerType, str, str]:
+    """Validate an identity; return the trimmed code, the type, the lock and idempotency keys.
+
+    Raises:
+        InvalidJobIdentityOptionsError: Bad ``code``, ``type`` or ``run_key``.
+    """
+    if not isinstance(code, str):
+        raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
+    code = js_trim(code)
+    if not code:
+        raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
+    code_bytes = _check_text("code", code, MAX_CODE_LENGTH)
+
+    if isinstance(raw_type, JobSchedulerType):
+        type_ = raw_type
+    elif type(raw_type) is str and raw_type in _TYPES:
+        type_ = _TYPES[raw_type]
+    else:
+        shown = repr(raw_type) if type(raw_type) is str else _describe(raw_type)
+        raise InvalidJobIdentityOptionsError(
+            "type", f"must be 'INITIAL' or 'SCHEDULE', got {shown[:80]}"
+        )
+
+    run_key_bytes: bytes | None
+    if type_ is JobSchedulerType.INITIAL:
+        if run_key is not None:
+            raise InvalidJobIdentityOptionsError(
+                "run_key", "must be None for INITIAL jobs (one run per code, ever)"
+            )
+        run_key_bytes = None
+    else:
+        if not isinstance(run_key, str):
+            raise InvalidJobIdentityOptionsError(
+                "run_key",
+                f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
+            )
+        if not run_key:
+            raise InvalidJobIdentityOptionsError("run_key", "must not be empty for SCHEDULE jobs")
+        run_key_bytes = _check_text("run_key", run_key, MAX_RUN_KEY_LENGTH)
+    return (
+        code,
+        type_,
+        _key(LOCK_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
+        _key(IDEMPOTENCY_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
+    )
+
+
+# Only for exact str / JobSchedulerType / None values (a str subclass could compare equal to a
+# cached value and skip a check). Invalid identities raise and are never cached.
+_cached_identity = functools.lru_cache(maxsize=4096)(_identity)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobAcquireOptions:
     """Identity and lease timing of one logical run, validated on construction.
@@ -191,43 +246,18 @@ class JobAcquireOptions:
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
         code: object = self.code
-        if not isinstance(code, str):
-            raise InvalidJobIdentityOptionsError("code", f"must be a str, got {_describe(code)}")
-        code = js_trim(code)
-        if not code:
-            raise InvalidJobIdentityOptionsError("code", "must not be empty or only whitespace")
-        code_bytes = _check_text("code", code, MAX_CODE_LENGTH)
-
         raw_type: object = self.type
-        if isinstance(raw_type, JobSchedulerType):
-            type_ = raw_type
-        elif type(raw_type) is str and raw_type in _TYPES:
-            type_ = _TYPES[raw_type]
-        else:
-            shown = repr(raw_type) if type(raw_type) is str else _describe(raw_type)
-            raise InvalidJobIdentityOptionsError(
-                "type", f"must be 'INITIAL' or 'SCHEDULE', got {shown[:80]}"
-            )
-
         run_key: object = self.run_key
-        run_key_bytes: bytes | None
-        if type_ is JobSchedulerType.INITIAL:
-            if run_key is not None:
-                raise InvalidJobIdentityOptionsError(
-                    "run_key", "must be None for INITIAL jobs (one run per code, ever)"
-                )
-            run_key_bytes = None
+        if (
+            type(code) is str
+            and (run_key is None or type(run_key) is str)
+            and (type(raw_type) is str or type(raw_type) is JobSchedulerType)
+        ):
+            # Plain values: the keys of one identity are derived once (two SHA-256 and the
+            # checks), however many times options for it are built.
+            code, type_, lock, idem = _cached_identity(code, raw_type, run_key)
         else:
-            if not isinstance(run_key, str):
-                raise InvalidJobIdentityOptionsError(
-                    "run_key",
-                    f"is required for SCHEDULE jobs and must be a str, got {_describe(run_key)}",
-                )
-            if not run_key:
-                raise InvalidJobIdentityOptionsError(
-                    "run_key", "must not be empty for SCHEDULE jobs"
-                )
-            run_key_bytes = _check_text("run_key", run_key, MAX_RUN_KEY_LENGTH)
+            code, type_, lock, idem = _identity(code, raw_type, run_key)
 
         name: object = self.name
         if name is not None:
@@ -243,12 +273,8 @@ class JobAcquireOptions:
         setattr_(self, "type", type_)
         setattr_(self, "lease_ms", lease)
         setattr_(self, "heartbeat_ms", heartbeat)
-        setattr_(self, "lock_key", _key(LOCK_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes))
-        setattr_(
-            self,
-            "idempotency_key",
-            _key(IDEMPOTENCY_KEY_DOMAIN, type_.value, code_bytes, run_key_bytes),
-        )
+        setattr_(self, "lock_key", lock)
+        setattr_(self, "idempotency_key", idem)
 
 
 _TYPES = {member.value: member for member in JobSchedulerType}

@@ -24,28 +24,41 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from sdcore._internal.identifiers import qualified
 from sdcore.job_scheduler._attempts import AttemptBudget
-from sdcore.job_scheduler._model import (
-    JobAcquireResult,
-    JobSchedulerStatus,
-    _LeaseState,
-)
+from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, won
+from sdcore.job_scheduler._model import JobAcquireResult, _LeaseState
 from sdcore.job_scheduler._options import JobAcquireOptions
-from sdcore.job_scheduler._service import (
-    _LOSER_ERRORS,
-    _NOT_ACQUIRED,
-    JobSchedulerService,
-    _Abandoned,
-    _acquired,
-)
+from sdcore.job_scheduler._service import JobSchedulerService
+from sdcore.job_scheduler._sql import _Rendered
+from sdcore.job_scheduler._watchdog import _Abandoned
 
 MAX_ITEMS = 10_000
-_RUNNING = JobSchedulerStatus.RUNNING.value
+
+
+@dataclass(frozen=True, slots=True)
+class TickBatchStatements(_Rendered):
+    """The statements of ``ticks.sql`` rendered for one table."""
+
+    FILE = "ticks"
+
+    acquire_attempt_many: bytes
+    read_owned_attempts: bytes
+
+
+def _statements(service: JobSchedulerService) -> TickBatchStatements:
+    # Rendered on first use, once per service (only the scheduler's batch start needs them).
+    rendered: TickBatchStatements | None = service.__dict__.get("_tick_batch_sql")
+    if rendered is None:
+        rendered = TickBatchStatements.render(qualified(service._table, service._schema))
+        service.__dict__["_tick_batch_sql"] = rendered
+    return rendered
 
 Item = tuple[JobAcquireOptions, AttemptBudget]
 Result = tuple[JobAcquireResult, int]
@@ -95,14 +108,14 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
         return []
     ordered = sorted(batch, key=lambda item: item[0].lock_key)
     tokens = [str(uuid.uuid4()) for _ in ordered]
-    statements = service._tick_sql
+    statements = _statements(service)
     sent = time.monotonic()
     limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in batch), sent).valid
     try:
         rows = await service._fetch_rows(
             statements.acquire_attempt_many, _params(ordered, tokens), limit
         )
-    except _LOSER_ERRORS:
+    except LOSER_ERRORS:
         rows = []
     except _Abandoned:
         _log_abandoned(service, len(batch))
@@ -110,24 +123,27 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
     except psycopg.OperationalError as exc:
         if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
             raise service._wrap(exc) from exc
-        rows = await _owned(service, ordered, tokens, sent, limit, exc)
+        rows = await _owned(service, statements, ordered, tokens, sent, limit, exc)
     except psycopg.Error as exc:
         raise service._wrap(exc) from exc
     except asyncio.CancelledError:
         await service._resolve_cancelled_many([o for o, _ in ordered], tokens, sent, limit)
         raise
-    won = {row[1]: row for row in rows if row[7] == _RUNNING}
+    # Rows: (lock_key, id, fencing_token, idempotency_key, created_at, modified_at, attempts).
+    hits = {row[0]: row for row in rows}
+    token_of = dict(zip((o.lock_key for o, _ in ordered), tokens, strict=True))
     results: list[Result] = []
     late: list[int] = []
     for options, _ in batch:
-        row = won.get(options.lock_key)
+        row = hits.get(options.lock_key)
         if row is None:
-            results.append((_NOT_ACQUIRED, 0))
+            results.append((NOT_ACQUIRED, 0))
             continue
-        result = _acquired(row[:-1], _LeaseState.for_lease(options.lease_ms, sent))
-        if result._state.time_left() < result._state.valid / 2:
+        state = _LeaseState.for_lease(options.lease_ms, sent)
+        result = won(options, token_of[options.lock_key], row[1:6], state)
+        if state.time_left() < state.valid / 2:
             late.append(len(results))
-        results.append((result, int(row[-1])))
+        results.append((result, int(row[6])))
     if late:
         # Confirmed (or given back) as acquire_many's late leases are, in place.
         leases = [result for result, _ in results]
@@ -139,6 +155,7 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
 
 async def _owned(
     service: JobSchedulerService,
+    statements: TickBatchStatements,
     ordered: list[Item],
     tokens: list[str],
     sent: float,
@@ -150,14 +167,14 @@ async def _owned(
     keys = [o.lock_key for o, _ in ordered]
     left = max(sent + limit - time.monotonic(), 0.0)
     try:
-        return await service._fetch_rows(
-            service._tick_sql.read_owned_attempts, (keys, tokens), left
-        )
+        rows = await service._fetch_rows(statements.read_owned_attempts, (keys, tokens), left)
     except _Abandoned:
         _log_abandoned(service, len(ordered))
         return []
     except psycopg.Error as exc:
         raise service._wrap(exc) from first
+    # (lock_key, status, id, …, attempts) -> the shape of the acquire's rows.
+    return [(row[0], *row[2:]) for row in rows if row[1] == RUNNING]
 
 
 def _log_abandoned(service: JobSchedulerService, count: int) -> None:

@@ -108,5 +108,7 @@ def job_scheduler_table(
         derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1
     )
     Index(name("code_created_at_idx"), result.c.code, result.c.created_at.desc())
-    Index(name("status_modified_at_idx"), result.c.status, result.c.modified_at)
+    # Migration lease/0004: created_at (never updated) replaced (status, modified_at), so that
+    # complete and heartbeat are HOT updates.
+    Index(name("created_at_idx"), result.c.created_at)
     return result

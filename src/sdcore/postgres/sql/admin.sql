@@ -31,17 +31,18 @@ SELECT status FROM {table} WHERE id = %(id)s::uuid
 SELECT clock_timestamp() - %(older_than)s::interval
 
 -- name: prune_count
--- One status per statement: PostgreSQL 15 keeps even a one-element "status = ANY(...)" as an
--- array condition, which cannot drive the (status, modified_at) index.
+-- On the created_at index: a row's modified_at is never before its created_at.
 SELECT count(*) FILTER (WHERE %(include_initial)s OR type <> 'INITIAL'),
        count(*) FILTER (WHERE NOT %(include_initial)s AND type = 'INITIAL')
 FROM {table}
-WHERE status = %(status)s AND modified_at < %(cutoff)s
+WHERE created_at < %(cutoff)s AND modified_at < %(cutoff)s AND status = ANY(%(statuses)s)
 
 -- name: prune_batch
--- Keyset batches on the (status, modified_at) index: each batch starts where the last one ended
--- (modified_at >= %(after)s), so it never walks the dead index entries that earlier batches left
--- at the front. A row an acquire is taking over right now is locked: SKIP LOCKED passes it by
+-- Keyset batches on the created_at index (migration lease/0004; created_at never changes, so the
+-- index costs complete and heartbeat nothing: they stay HOT updates). Each batch starts where the
+-- last one ended (created_at >= %(after)s), so it never walks the dead index entries that earlier
+-- batches left at the front; rows that do not qualify (RUNNING, modified recently, INITIAL) are
+-- walked past once. A row an acquire is taking over right now is locked: SKIP LOCKED passes it by
 -- instead of waiting. A takeover that committed after our snapshot (FAIL -> RUNNING, fresh
 -- modified_at) is re-checked by FOR UPDATE on the newest row version, and the predicate is
 -- repeated on the DELETE so it never removes a row that stopped matching. The picked ids are a
@@ -50,20 +51,21 @@ WHERE status = %(status)s AND modified_at < %(cutoff)s
 -- 500 deleted 1,170 rows (seen on PostgreSQL 15).
 WITH picked AS MATERIALIZED (
     SELECT id FROM {table}
-    WHERE status = %(status)s
+    WHERE created_at < %(cutoff)s
+      AND created_at >= %(after)s
       AND modified_at < %(cutoff)s
-      AND modified_at >= %(after)s
+      AND status = ANY(%(statuses)s)
       AND (%(include_initial)s OR type <> 'INITIAL')
-    ORDER BY modified_at
+    ORDER BY created_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), deleted AS (
     DELETE FROM {table} AS j
     USING picked
     WHERE j.id = picked.id
-      AND j.status = %(status)s
+      AND j.status = ANY(%(statuses)s)
       AND j.modified_at < %(cutoff)s
       AND (%(include_initial)s OR j.type <> 'INITIAL')
-    RETURNING j.modified_at
+    RETURNING j.created_at
 )
-SELECT count(*), max(modified_at) FROM deleted
+SELECT count(*), max(created_at) FROM deleted

@@ -1,7 +1,8 @@
 -- Scheduler tick statements on the lease table for many ticks at once (sdcore.scheduling's batch
 -- start; see sdcore/job_scheduler/_attempts.py for the single-tick statements and their rules).
--- {table} is the quoted table, {sequence} its fencing sequence as a regclass literal, {released}
--- the "reopened by an operator" test on j.data; every value is a parameter.
+-- {table} is the quoted table, {sequence} its fencing sequence as a regclass literal; every value
+-- is a parameter. Rows come back lean, as from lease.sql's acquire_many: (lock_key, id,
+-- fencing_token, idempotency_key, created_at, modified_at, attempts).
 
 -- name: acquire_attempt_many
 -- acquire_attempt for many ticks in one statement: the ticks of a burst, due at one instant. Each
@@ -35,11 +36,11 @@ WITH v AS (
     WHERE (j.status = 'RUNNING'
            AND clock_timestamp() - j.modified_at
                > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
-       OR (j.status = 'FAIL' AND {released})
+       OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
        OR (j.status = 'FAIL'
            AND j.attempts < v.max_attempts
            AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
-               ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), {max_backoff}::float8)
+               ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), 2147483647::float8)
                     * interval '1 millisecond' END)
     ORDER BY j.lock_key
     FOR UPDATE OF j
@@ -51,11 +52,12 @@ WITH v AS (
         name = l.name,
         data = NULL,
         lease_ms = l.lease_ms,
-        attempts = CASE WHEN j.status = 'FAIL' AND {released} THEN 1 ELSE j.attempts + 1 END,
+        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by') THEN 1 ELSE j.attempts + 1 END,
         modified_at = clock_timestamp()
     FROM locked AS l
     WHERE j.id = l.id
-    RETURNING {columns_j}, j.attempts
+    RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+              j.modified_at, j.attempts
 ), created AS (
     INSERT INTO {table} AS j
         (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
@@ -68,14 +70,18 @@ WITH v AS (
       AND (SELECT count(*) FROM taken) >= 0
     ORDER BY v.lock_key
     ON CONFLICT (lock_key) DO NOTHING
-    RETURNING {columns_j}, j.attempts
+    RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+              j.modified_at, j.attempts
 )
 SELECT * FROM taken UNION ALL SELECT * FROM created
 
 -- name: read_owned_attempts
 -- Resolves an ambiguous acquire_attempt_many: the rows that show our tokens are the ones we
 -- won, with their attempt numbers. Parameters: the lock keys and the owner tokens, pairwise.
-SELECT {columns_j}, j.attempts
+-- Rows: (lock_key, status, id, fencing_token, idempotency_key, created_at, modified_at,
+-- attempts).
+SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+       j.modified_at, j.attempts
 FROM {table} AS j
 JOIN unnest(%s::text[], %s::uuid[]) AS v (lock_key, owner_token)
   ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token

@@ -1,0 +1,90 @@
+-- Scheduler tick statements on the lease table (sdcore.job_scheduler._attempts; used by
+-- sdcore.scheduling only). {table} and {sequence} as in lease.sql. A scheduled tick keeps a
+-- retry budget on its row (column attempts, migration lease/0003): max_attempts runs across the
+-- cluster, each after a backoff.
+
+-- name: acquire_attempt
+-- The rules of lease.sql's `acquire` (a new row is RUNNING; a takeover rotates the owner token,
+-- draws a higher fencing token, records the new owner's lease_ms, clears data; a loser facing a
+-- row that is plainly not takeable takes no lock and writes nothing; a row that looks takeable
+-- is locked with SKIP LOCKED; a new key is inserted only under its advisory lock), with the
+-- budget:
+-- - no row: insert it, attempts = 1;
+-- - RUNNING silent for longer than its owner's lease (its owner died): take it, attempts + 1
+--   (an abandoned attempt is re-run whatever the budget);
+-- - FAIL released by an operator (data has released or released_by): take it and start a new
+--   budget, attempts = 1;
+-- - FAIL otherwise: take it only while attempts < max_attempts and once
+--   backoff_ms * 2 ^ (attempts - 1) (at most 2147483647 ms; 0 for a skipped tick, whose
+--   attempts is 0) has passed since the failure by the database clock;
+-- - SUCCESS: never.
+-- Parameters: lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms,
+-- max_attempts, backoff_ms.
+WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms,
+        max_attempts, backoff_ms) AS (
+    VALUES (%s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::uuid, %s::bigint,
+            %s::int, %s::float8)
+), locked AS (
+    SELECT j.id
+    FROM {table} AS j, v
+    WHERE j.lock_key = v.lock_key
+      AND ((j.status = 'RUNNING'
+            AND clock_timestamp() - j.modified_at
+                > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
+           OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
+           OR (j.status = 'FAIL'
+               AND j.attempts < v.max_attempts
+               AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
+                   ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), 2147483647::float8)
+                        * interval '1 millisecond' END))
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), taken AS (
+    UPDATE {table} AS j
+    SET status = 'RUNNING',
+        owner_token = v.owner_token,
+        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
+        name = v.name,
+        data = NULL,
+        lease_ms = v.lease_ms,
+        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by')
+                        THEN 1 ELSE j.attempts + 1 END,
+        modified_at = clock_timestamp()
+    FROM v, locked
+    WHERE j.id = locked.id
+    RETURNING j.id::text, j.fencing_token, j.idempotency_key, j.created_at, j.modified_at,
+              j.attempts
+), created AS (
+    INSERT INTO {table}
+        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
+         fencing_token, data, lease_ms, created_at, modified_at, attempts)
+    SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
+           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
+           clock_timestamp(), 1
+    FROM v
+    WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+      AND pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0))
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING id::text, fencing_token, idempotency_key, created_at, modified_at, attempts
+)
+SELECT * FROM taken UNION ALL SELECT * FROM created
+
+-- name: record_skipped
+-- A tick skipped on purpose (overlap): a FAIL row with attempts = 0 and data.skipped = reason,
+-- only if the tick has no row yet. Any replica's acquire_attempt may still take it (a replica
+-- that is not busy), but the catch-up sweep and missed_ticks see that it was skipped, not missed.
+INSERT INTO {table}
+    (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
+     fencing_token, data, created_at, modified_at, attempts)
+VALUES (%s, %s, %s, %s, %s, %s, 'FAIL', %s::uuid, nextval({sequence}), %s::jsonb,
+        clock_timestamp(), clock_timestamp(), 0)
+ON CONFLICT (lock_key) DO NOTHING
+
+-- name: tick_records
+SELECT lock_key, status, attempts, j.data ->> 'skipped',
+       (j.data ? 'released' OR j.data ? 'released_by'),
+       extract(epoch FROM clock_timestamp() - j.modified_at)::float8 * 1000
+FROM {table} AS j WHERE lock_key = ANY(%s)
+
+-- name: first_seen
+-- When did a schedule first leave a row (catch-up never reaches back before it)?
+SELECT min(created_at) FROM {table} WHERE code = %s
