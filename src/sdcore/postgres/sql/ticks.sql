@@ -14,11 +14,12 @@
 -- idempotency_key, code, name, type, run_key, owner_token, lease_ms, max_attempts, backoff_ms);
 -- the lock keys are distinct and sorted (the caller checks both).
 --
--- Exactly once per key, and no deadlock between replicas racing over overlapping key sets, by
--- the same two sorted phases as the lease's acquire_many:
--- - `locked` takes the row lock of every existing row that may be taken, in lock_key order. A
---   row another transaction holds is waited for and re-checked on its newest version (READ
---   COMMITTED): a row a concurrent winner took is RUNNING and fresh, and is dropped.
+-- Exactly once per key, and no deadlock between replicas racing over overlapping key sets, as in
+-- the lease's acquire_many and the single-tick acquire_attempt:
+-- - `locked` locks every existing row that may be taken, in lock_key order, with SKIP LOCKED: a
+--   row another transaction holds (a contender taking it over, its owner finishing it) is left
+--   to that transaction and reported not acquired here, without waiting (the scheduler's next
+--   offer of the tick, a retry or a catch-up, reads the row again).
 -- - `taken` updates only rows `locked` holds (it never waits), computing attempts from the
 --   version it locked.
 -- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order,
@@ -43,7 +44,7 @@ WITH v AS (
                ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), 2147483647::float8)
                     * interval '1 millisecond' END)
     ORDER BY j.lock_key
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), taken AS (
     UPDATE {table} AS j
     SET status = 'RUNNING',
