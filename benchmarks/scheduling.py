@@ -86,6 +86,10 @@ from sdcore.job_scheduler import (
 from sdcore.job_scheduler._sql import LeaseStatements
 from sdcore.scheduling import Scheduler, Tick
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bursts
+from _harness import machine, scratch_database
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TARGET_P99_MS = 50.0
 CALIBRATION_LOOP = 20_000  # the control's fixed work: 0.7-1 ms of CPU on an uncontended core
@@ -918,6 +922,19 @@ async def parent_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bursts_main(args: argparse.Namespace) -> int:
+    with psycopg.connect(args.database_url, autocommit=True) as admin:
+        env = _environment(admin)
+        described = machine(admin)
+    print(f"machine: {described}; {env['platform']}", flush=True)
+    with scratch_database(args.database_url, "sdcore_bench_bursts") as dsn:
+        results = asyncio.run(_bursts.run_bursts(dsn, args.schedules, args.rounds))
+    _bursts.report(results, args.schedules)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": env, "bursts": results}, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -944,7 +961,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--idle", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--control", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--burst", choices=("interval", "cron"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--bursts",
+        action="store_true",
+        help="measure only bursts: --schedules due at one instant, non-exclusive and exclusive "
+        "on 3 replicas, each against its baseline (see benchmarks/_bursts.py)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--bursts: interleaved rounds (default 3)"
+    )
+    parser.add_argument("--bursts-child", help=argparse.SUPPRESS)
+    parser.add_argument("--at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.bursts_child:
+        _bursts.child_main(args.bursts_child, args.schedules, args.at, os.environ.get(_DSN_ENV))
+        return 0
+    if args.bursts:
+        return _bursts_main(args)
     if args.replica:
         asyncio.run(replica_main(args.replica, args.schedule))
         return 0

@@ -519,6 +519,6 @@ def test_stop_start_cycles_do_not_grow_the_timer_heap() -> None:
             for i in range(500):
                 scheduler.add_interval(f"tmp{i}", 3_600_000, lambda tick: None)
                 scheduler.remove(f"tmp{i}")
-            return len(scheduler._heap)
+            return len(scheduler._timer.heap)
 
     assert asyncio.run(run()) <= 2 * 1 + 64 + 1

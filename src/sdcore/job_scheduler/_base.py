@@ -209,7 +209,42 @@ class BaseJobScheduler(abc.ABC):
         Returns:
             ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
         """
-        outcome, attempt = await self.acquire_attempt(options, budget)
+        acquired = await self.acquire_attempt(options, budget)
+        return await self.run_acquired_attempt(options, acquired, fn)
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        """:meth:`acquire_attempt` for many ticks: one result per item, in the order given.
+
+        This default answers the items one after the other; ``JobSchedulerService`` answers
+        them in one statement (the burst of ticks due at one instant). Each item is won, or
+        not, exactly as by :meth:`acquire_attempt`. The lock keys must be distinct.
+
+        Raises:
+            ValueError: Two items for one lock key (before any SQL).
+        """
+        if len({options.lock_key for options, _ in items}) != len(items):
+            raise ValueError("acquire_attempts: two items for one lock key")
+        return [await self.acquire_attempt(options, budget) for options, budget in items]
+
+    async def run_acquired_attempt(
+        self,
+        options: JobAcquireOptions,
+        acquired: tuple[JobAcquireResult, int],
+        fn: Callable[[JobExecutionLease, int], Any],
+    ) -> RunExclusiveResult[Any]:
+        """The run half of :meth:`run_attempt`, for an ``acquire_attempt(s)`` result.
+
+        Args:
+            options: The options the lease was acquired with.
+            acquired: ``(result, attempt)`` as :meth:`acquire_attempt` returned it.
+            fn: ``fn(lease, attempt)``: async (awaited) or plain (run in a worker thread).
+
+        Returns:
+            ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
+        """
+        outcome, attempt = acquired
         if not outcome.acquired:
             return RunExclusiveResult(acquired=False, result=None)
         if outcome.lease.time_left <= 0:

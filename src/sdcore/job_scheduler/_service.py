@@ -19,6 +19,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from sdcore._json import dump_json_object
+from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.job_scheduler._batch import _BatchOperations
 from sdcore.job_scheduler._core import (
     NOT_ACQUIRED,
@@ -383,3 +384,21 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
         return None if row is None else STATUS[row[0]]
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        """``acquire_attempt`` for many ticks in one statement; one result per item, in order.
+
+        Each key is won or not exactly as by :meth:`acquire_attempt` (its attempt budget
+        included), by exactly one of the replicas that race for it. See
+        :mod:`sdcore.job_scheduler._tick_batch`.
+
+        Raises:
+            ValueError: Two items for one lock key, or more than 10,000 items (before any SQL).
+            JobSchedulerUnavailableError: The database could not be reached.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        from sdcore.job_scheduler._tick_batch import acquire_attempts
+
+        return await acquire_attempts(self, items)

@@ -10,12 +10,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
+from sdcore.scheduling._admin import ScheduleAdmin
 from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
     RunRecord,
-    ScheduleAdmin,
     ScheduleControlError,
     ScheduleState,
     ScheduleStore,

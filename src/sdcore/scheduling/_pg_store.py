@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -38,40 +38,44 @@ __all__ = ["PostgresScheduleStore"]
 
 # pg_advisory_xact_lock key of control writes (distinct from the schema lock).
 CONTROL_LOCK_ID = 0x5DC0_0013
+T = TypeVar("T")
+
+
+def _record(
+    cls: Callable[..., T], columns: str, r: Sequence[Any], **convert: Callable[[Any], Any]
+) -> T:
+    """Build ``cls`` from a result row whose columns are named, in order, by ``columns``."""
+    values = dict(zip(columns.split(), r, strict=True))
+    for name, function in convert.items():
+        values[name] = function(values[name])
+    return cls(**values)
+
+
+def _object(value: Any) -> Any:
+    return value or {}
+
+
+_ROW = (
+    "name origin kind expression time_zone options handler args fingerprint paused paused_at "
+    "resumed_at removed_at revision"
+)
+_ACTION = "id schedule action actor reason params progress outcome created_at finished_at"
+_RUN = (
+    "schedule run_key source scheduled_at started_at finished_at status attempt fencing_token "
+    "host pid error"
+)
+_STATE = (
+    "name origin kind expression time_zone paused paused_at paused_by paused_reason handler "
+    "args options replicas versions last_run_at last_status last_seen_at"
+)
 
 
 def _row(r: Sequence[Any]) -> ScheduleRow:
-    return ScheduleRow(
-        name=r[0],
-        origin=r[1],
-        kind=r[2],
-        expression=r[3],
-        time_zone=r[4],
-        options=r[5] or {},
-        handler=r[6],
-        args=r[7],
-        fingerprint=r[8],
-        paused=bool(r[9]),
-        paused_at=r[10],
-        resumed_at=r[11],
-        removed_at=r[12],
-        revision=int(r[13]),
-    )
+    return _record(ScheduleRow, _ROW, r, options=_object, paused=bool, revision=int)
 
 
 def _action(r: Sequence[Any]) -> ControlAction:
-    return ControlAction(
-        id=int(r[0]),
-        schedule=r[1],
-        action=ActionKind(r[2]),
-        actor=r[3],
-        reason=r[4],
-        params=r[5] or {},
-        progress=r[6],
-        outcome=r[7],
-        created_at=r[8],
-        finished_at=r[9],
-    )
+    return _record(ControlAction, _ACTION, r, id=int, action=ActionKind, params=_object)
 
 
 class PostgresScheduleStore:
@@ -316,46 +320,22 @@ class PostgresScheduleStore:
         await self._exec("run_finished", (status, error, run_id))
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:
-        return [
-            RunRecord(
-                schedule=r[0],
-                run_key=r[1],
-                source=r[2],
-                scheduled_at=r[3],
-                started_at=r[4],
-                finished_at=r[5],
-                status=r[6],
-                attempt=int(r[7]),
-                fencing_token=r[8],
-                host=r[9],
-                pid=int(r[10]),
-                error=r[11],
-            )
-            for r in await self._all("history", (name, limit))
-        ]
+        rows = await self._all("history", (name, limit))
+        return [_record(RunRecord, _RUN, r, attempt=int, pid=int) for r in rows]
 
     async def states(self) -> list[ScheduleState]:
+        rows = await self._all("list", (self.live_ms,))
         return [
-            ScheduleState(
-                name=r[0],
-                origin=r[1],
-                kind=r[2],
-                expression=r[3],
-                time_zone=r[4],
-                paused=bool(r[5]),
-                paused_at=r[6],
-                paused_by=r[7],
-                paused_reason=r[8],
-                handler=r[9],
-                args=r[10],
-                options=r[11] or {},
-                replicas=tuple(r[12] or ()),
-                versions=int(r[13]),
-                last_run_at=r[14],
-                last_status=r[15],
-                last_seen_at=r[16],
+            _record(
+                ScheduleState,
+                _STATE,
+                r,
+                paused=bool,
+                options=_object,
+                replicas=lambda v: tuple(v or ()),
+                versions=int,
             )
-            for r in await self._all("list", (self.live_ms,))
+            for r in rows
         ]
 
     async def prune(self, before: datetime, batch: int) -> int:

@@ -32,12 +32,24 @@ from sdcore.job_scheduler import (
     JobSchedulerType,
     LostJobLeaseError,
 )
+from sdcore.scheduling._batch import TickAcquirer
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy
 from sdcore.scheduling._triggers import ScheduleKind, Tick
 
-__all__ = ["CatchUp", "Handler", "Overlap", "RunPolicy", "TickOutcome", "TickRunner", "utcnow"]
+__all__ = [
+    "CatchUp",
+    "Deadline",
+    "Handler",
+    "Overlap",
+    "RunPolicy",
+    "TickOutcome",
+    "TickRunner",
+    "utcnow",
+]
 
 Handler = Callable[[Tick], Awaitable[Any] | Any]
+# When retries stop: the next tick's instant, or a function computing it on first use.
+Deadline = datetime | None | Callable[[], datetime | None]
 
 OVERLAP_GUARD_RUN_KEY = "overlap-guard"
 
@@ -80,6 +92,7 @@ class TickRunner:
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
         self.log = logger
+        self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
 
     async def run(
         self,
@@ -89,7 +102,7 @@ class TickRunner:
         handler: Handler,
         policy: RunPolicy,
         tick: Tick,
-        deadline: datetime | None,
+        deadline: Deadline,
         clock: Callable[[], datetime],
         record_skip: bool = True,
     ) -> TickOutcome:
@@ -101,7 +114,8 @@ class TickRunner:
             handler: The user's function.
             policy: Execution options.
             tick: The tick.
-            deadline: Retries never start at or after this instant (the next tick).
+            deadline: Retries never start at or after this instant (the next tick), or a
+                function returning it (computed once the burst it belongs to has started).
             clock: Wall clock (UTC).
             record_skip: Record the tick as skipped if the cluster overlap guard refuses it
                 (a regular fire; a catch-up start stays pending instead).
@@ -109,12 +123,13 @@ class TickRunner:
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
 
-        def body() -> Awaitable[TickOutcome]:
-            return self._attempts(name, kind, handler, policy, tick, deadline, clock)
-
         if policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive:
+
+            def body() -> Awaitable[TickOutcome]:
+                return self._attempts(name, kind, handler, policy, tick, deadline, clock)
+
             return await self._guarded(name, kind, policy, tick, body, record_skip)
-        return await body()
+        return await self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
     async def record_skipped(
         self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str
@@ -151,7 +166,8 @@ class TickRunner:
         )
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        guard = await jobs.acquire(options)
+        assert self.acquirer is not None  # noqa: S101 - set with jobs
+        guard = await self.acquirer.acquire_plain(options)
         if not guard.acquired:
             self.log.info(
                 "schedule %r run %r: skipped, a previous run is still running in the cluster",
@@ -218,7 +234,7 @@ class TickRunner:
         handler: Handler,
         policy: RunPolicy,
         tick: Tick,
-        deadline: datetime | None,
+        deadline: Deadline,
         clock: Callable[[], datetime],
     ) -> TickOutcome:
         ran = False
@@ -228,9 +244,8 @@ class TickRunner:
             ran_now = False
             run = self.telemetry.tick_scope(name)
             try:
-                attempt, executed = await self._attempt(
-                    name, kind, handler, policy, replace(tick, attempt=local), run
-                )
+                offer = tick if local == tick.attempt else replace(tick, attempt=local)
+                attempt, executed = await self._attempt(name, kind, handler, policy, offer, run)
             except asyncio.CancelledError:
                 self.telemetry.tick_finished(run, FAILURE)
                 raise
@@ -262,7 +277,8 @@ class TickRunner:
             wait = await self._retry_wait(name, kind, policy, tick, attempt, failed_here)
             if wait is None:
                 break
-            if deadline is not None and clock() + timedelta(seconds=wait) >= deadline:
+            limit = deadline() if callable(deadline) else deadline
+            if limit is not None and clock() + timedelta(seconds=wait) >= limit:
                 self.log.log(
                     logging.INFO if ran else logging.DEBUG,
                     "schedule %r run %r: no retry, the next tick is due first",
@@ -356,8 +372,10 @@ class TickRunner:
             def call(lease: JobExecutionLease, attempt: int) -> Any:
                 return handler(bind(lease, attempt))
 
+        assert self.acquirer is not None  # noqa: S101 - set with jobs
+        acquired = await self.acquirer.acquire(options, policy.budget)
         try:
-            outcome = await self.jobs.run_attempt(options, call, policy.budget)
+            outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
             raise
         except Exception as exc:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import heapq
-import itertools
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -23,13 +20,13 @@ from sdcore.scheduling._policy import (
     ScheduleInfo,
     ScheduleNotFoundError,
     ScheduleOptions,
-    StartPath,
     build_policy,
     check_ms,
     check_name,
 )
 from sdcore.scheduling._runner import Handler, TickRunner, utcnow
 from sdcore.scheduling._supervisor import Entry, Supervisor
+from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,
@@ -41,7 +38,6 @@ from sdcore.scheduling._triggers import (
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=Callable[..., Any])
-_MAX_SLEEP = 30.0
 
 
 class Scheduler:
@@ -78,9 +74,7 @@ class Scheduler:
         self._log = logging.getLogger(logger_name)
         self._entries: dict[str, Entry] = {}
         self._sup = Supervisor(TickRunner(jobs, self._log), jobs, clock, self._log, grace / 1000)
-        self._heap: list[tuple[datetime, int, int, Entry]] = []
-        self._seq = itertools.count()
-        self._wake: asyncio.Event | None = None
+        self._timer = Timer(self._sup, clock, self._log, self._live, lambda: len(self._entries))
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._started_at: datetime | None = None
@@ -340,8 +334,7 @@ class Scheduler:
             raise RuntimeError("this Scheduler is already running; call aclose() first")
         now = self._clock()
         self._started_at = now
-        self._wake = asyncio.Event()
-        self._heap.clear()
+        self._timer.reset()
         for entry in self._entries.values():
             if isinstance(entry.trigger, OnceTrigger):
                 entry.trigger = OnceTrigger(entry.trigger.kind, entry.trigger.delay_ms, now)
@@ -349,7 +342,7 @@ class Scheduler:
             if entry.active:
                 self._arm(entry, now)
         await self._sup.catch_up_at_start(list(self._entries.values()), now, self._entries)
-        self._loop_task = asyncio.create_task(self._loop(), name="sdcore-scheduler")
+        self._loop_task = asyncio.create_task(self._timer.run(), name="sdcore-scheduler")
         self._sweep_task = asyncio.create_task(self._sweep(), name="sdcore-scheduler-sweep")
 
     async def aclose(self) -> None:
@@ -367,23 +360,7 @@ class Scheduler:
             entry.version += 1
 
     def _arm(self, entry: Entry, after: datetime) -> None:
-        entry.version += 1
-        entry.active_since = after
-        if isinstance(entry.trigger, OnceTrigger):
-            after = after - timedelta(microseconds=1)  # a one-shot may be due right now
-        entry.next_at = entry.trigger.next_after(after)
-        if entry.next_at is not None:
-            heapq.heappush(self._heap, (entry.next_at, next(self._seq), entry.version, entry))
-            self._compact()
-        if self._wake is not None:
-            self._wake.set()
-
-    def _compact(self) -> None:
-        # stop/start/remove leave stale heap entries until their due time (a day, for a daily
-        # job): rebuild the heap once they outnumber the live schedules.
-        if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [item for item in self._heap if self._live(item[3], item[2])]
-            heapq.heapify(self._heap)
+        self._timer.arm(entry, after)
 
     def _live(self, entry: Entry, version: int | None = None) -> bool:
         return (
@@ -391,51 +368,6 @@ class Scheduler:
             and entry.active
             and self._entries.get(entry.name) is entry
         )
-
-    async def _loop(self) -> None:
-        assert self._wake is not None  # noqa: S101 - set by start_all
-        while True:
-            now = self._clock()
-            while self._heap and self._heap[0][0] <= now:
-                due, _, version, entry = heapq.heappop(self._heap)
-                if not self._live(entry, version):
-                    continue
-                try:
-                    self._fire(entry, due, now)
-                except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
-                    self._log.exception(
-                        "schedule %r: could not fire; it is stopped",
-                        entry.name,
-                        extra={"action": "fire_failed", "schedule": entry.name},
-                    )
-                    entry.active = False
-            delay = _MAX_SLEEP
-            if self._heap:
-                delay = min(delay, max(0.0, (self._heap[0][0] - self._clock()).total_seconds()))
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-
-    def _fire(self, entry: Entry, due: datetime, now: datetime) -> None:
-        # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
-        # only the most recent one (missed ticks are what the catch-up policy is for).
-        skipped = 0
-        following = entry.trigger.next_after(due)
-        while following is not None and following <= now and skipped < 100_000:
-            due, following, skipped = following, entry.trigger.next_after(following), skipped + 1
-        if skipped:
-            self._log.info(
-                "schedule %r: %d tick(s) passed while the loop was late; firing the latest",
-                entry.name,
-                skipped,
-                extra={"action": "ticks_coalesced", "schedule": entry.name},
-            )
-        entry.version += 1
-        entry.next_at = following
-        if following is not None:
-            heapq.heappush(self._heap, (following, next(self._seq), entry.version, entry))
-        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
 
     async def _sweep(self) -> None:
         while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
@@ -26,10 +27,19 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
-from sdcore.scheduling._runner import Handler, TickOutcome, TickRunner
+from sdcore.scheduling._runner import Deadline, Handler, TickOutcome, TickRunner
 from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
+# How the running tick started; set by Supervisor.launch for the tick's task only.
+_PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
+    "sdcore_tick_path", default=StartPath.FIRE
+)
+
+
+def current_path() -> StartPath:
+    """How the tick running in this task (or its worker thread) was started."""
+    return _PATH.get()
 
 
 class Entry:
@@ -125,14 +135,23 @@ class Supervisor:
         """Ticks (and skip records) in progress."""
         return len(self._tasks)
 
-    def _own(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
+    def _own(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def flush(self) -> bool:
+        """Send the lease requests the ticks started so far have queued; ``True`` if any."""
+        return self._runner.acquirer is not None and self._runner.acquirer.flush()
+
     def start_tick(
-        self, entry: Entry, due: datetime, path: StartPath, *, deadline: datetime | None
+        self, entry: Entry, due: datetime, path: StartPath, *, deadline: Deadline
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
@@ -147,7 +166,7 @@ class Supervisor:
         due: datetime,
         path: StartPath,
         *,
-        deadline: datetime | None,
+        deadline: Deadline,
         tick: Tick | None = None,
     ) -> asyncio.Task[TickOutcome] | None:
         """:meth:`start_tick` returning the tick's task (``None``: not started).
@@ -209,6 +228,12 @@ class Supervisor:
                     f"sdcore-skip:{entry.name}",
                 )
             return None
+        context = None
+        if _PATH.get() is not path:
+            # The tick's task knows how it started (the run history's "source"); a regular
+            # fire from the timer loop needs no context of its own.
+            context = contextvars.copy_context()
+            context.run(_PATH.set, path)
         task: asyncio.Task[TickOutcome] = self._own(
             self._runner.run(
                 name=entry.name,
@@ -221,6 +246,7 @@ class Supervisor:
                 record_skip=path is StartPath.FIRE,
             ),
             f"sdcore-tick:{entry.name}",
+            context,
         )
         entry.running.add(task)
         entry.in_flight.add(due)
@@ -257,7 +283,7 @@ class Supervisor:
                 continue
             if registry.get(entry.name) is not entry:
                 continue  # removed while we awaited
-            self._start_pending(entry, start, StartPath.CATCH_UP, log_level=logging.INFO)
+            self.start_pending(entry, start, StartPath.CATCH_UP, log_level=logging.INFO)
 
     async def sweep(self, entry: Entry, now: datetime, live: Callable[[Entry], bool]) -> None:
         """Re-run ticks fired since the schedule became active here that never started or
@@ -283,11 +309,13 @@ class Supervisor:
             return  # stopped or removed while we awaited
         if end > (entry.swept_until or end):
             entry.swept_until = end
-        self._start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
+        self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
 
-    def _start_pending(
+    def start_pending(
         self, entry: Entry, instants: list[datetime], path: StartPath, *, log_level: int
     ) -> None:
+        """Start the missed ``instants`` of ``entry`` (catch-up), one after the other under
+        overlap ``skip``."""
         if entry.policy.catch_up is CatchUp.LATEST:
             instants = instants[-1:]
         entry.pending = set(instants)
@@ -356,6 +384,11 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """Let every owned task finish within the grace period, then cancel and await it."""
+        await self._shutdown_ticks()
+        if self._runner.acquirer is not None:
+            await self._runner.acquirer.aclose()
+
+    async def _shutdown_ticks(self) -> None:
         if not self._tasks:
             return
         _, pending = await asyncio.wait(set(self._tasks), timeout=self._grace)

@@ -14,6 +14,7 @@ from sdcore.scheduling._cron import CronSpec
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_SECOND = timedelta(seconds=1)
 
 
 class ScheduleKind(enum.StrEnum):
@@ -71,6 +72,11 @@ class Trigger(Protocol):
         """How the schedule fires."""
         ...
 
+    @property
+    def spacing(self) -> timedelta | None:
+        """No two fire instants are closer than this (``None``: it fires at most once)."""
+        ...
+
     def next_after(self, after: datetime) -> datetime | None:
         """Return the first fire instant strictly after ``after``, or ``None`` if no more."""
         ...
@@ -90,6 +96,11 @@ class CronTrigger:
 
     spec: CronSpec
     kind: ScheduleKind = ScheduleKind.CRON
+
+    @property
+    def spacing(self) -> timedelta | None:
+        # cron fields are whole seconds, and so are UTC offsets: instants are whole seconds.
+        return _SECOND
 
     def next_after(self, after: datetime) -> datetime | None:
         return self.spec.next_after(after)
@@ -111,6 +122,10 @@ class IntervalTrigger:
     every_ms: int
     kind: ScheduleKind = ScheduleKind.INTERVAL
 
+    @property
+    def spacing(self) -> timedelta | None:
+        return self.every_ms * _MS
+
     def next_after(self, after: datetime) -> datetime | None:
         elapsed = (after.astimezone(UTC) - EPOCH) // _MS
         return EPOCH + (elapsed // self.every_ms + 1) * self.every_ms * _MS
@@ -129,6 +144,10 @@ class OnceTrigger:
     kind: ScheduleKind
     delay_ms: int
     started_at: datetime | None = None
+
+    @property
+    def spacing(self) -> timedelta | None:
+        return None
 
     def next_after(self, after: datetime) -> datetime | None:
         if self.started_at is None:

@@ -1,0 +1,88 @@
+-- Scheduler tick statements on the lease table for many ticks at once (sdcore.scheduling's batch
+-- start; see sdcore/job_scheduler/_attempts.py for the single-tick statements and their rules).
+-- {table} is the quoted table, {sequence} its fencing sequence as a regclass literal; every value
+-- is a parameter. Rows come back lean, as from lease.sql's acquire_many: (lock_key, id,
+-- fencing_token, idempotency_key, created_at, modified_at, attempts).
+
+-- name: acquire_attempt_many
+-- acquire_attempt for many ticks in one statement: the ticks of a burst, due at one instant. Each
+-- key follows the rules of ACQUIRE_ATTEMPT exactly (a new key is inserted RUNNING with
+-- attempts = 1; a RUNNING row silent for longer than its owner's lease is taken, attempts + 1; a
+-- FAIL row released by an operator is taken with a new budget, attempts = 1; another FAIL row
+-- only while attempts < max_attempts and once its backoff has passed by the database clock; a
+-- SUCCESS row never). Parameters: one array per column, in this order (lock_key,
+-- idempotency_key, code, name, type, run_key, owner_token, lease_ms, max_attempts, backoff_ms);
+-- the lock keys are distinct and sorted (the caller checks both).
+--
+-- Exactly once per key, and no deadlock between replicas racing over overlapping key sets, as in
+-- the lease's acquire_many and the single-tick acquire_attempt:
+-- - `locked` locks every existing row that may be taken, in lock_key order, with SKIP LOCKED: a
+--   row another transaction holds (a contender taking it over, its owner finishing it) is left
+--   to that transaction and reported not acquired here, without waiting (the scheduler's next
+--   offer of the tick, a retry or a catch-up, reads the row again).
+-- - `taken` updates only rows `locked` holds (it never waits), computing attempts from the
+--   version it locked.
+-- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order,
+--   after `taken` (the count is a one-time filter evaluated before its first row); two
+--   transactions inserting one key meet on the unique index and the second does nothing.
+WITH v AS (
+    SELECT *
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                %s::uuid[], %s::bigint[], %s::int[], %s::float8[])
+        AS v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms,
+              max_attempts, backoff_ms)
+), locked AS (
+    SELECT j.id, v.owner_token, v.name, v.lease_ms
+    FROM {table} AS j JOIN v ON j.lock_key = v.lock_key
+    WHERE (j.status = 'RUNNING'
+           AND clock_timestamp() - j.modified_at
+               > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
+       OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
+       OR (j.status = 'FAIL'
+           AND j.attempts < v.max_attempts
+           AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
+               ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), 2147483647::float8)
+                    * interval '1 millisecond' END)
+    ORDER BY j.lock_key
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), taken AS (
+    UPDATE {table} AS j
+    SET status = 'RUNNING',
+        owner_token = l.owner_token,
+        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
+        name = l.name,
+        data = NULL,
+        lease_ms = l.lease_ms,
+        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by') THEN 1 ELSE j.attempts + 1 END,
+        modified_at = clock_timestamp()
+    FROM locked AS l
+    WHERE j.id = l.id
+    RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+              j.modified_at, j.attempts
+), created AS (
+    INSERT INTO {table} AS j
+        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
+         fencing_token, data, lease_ms, created_at, modified_at, attempts)
+    SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
+           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
+           clock_timestamp(), 1
+    FROM v
+    WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+      AND (SELECT count(*) FROM taken) >= 0
+    ORDER BY v.lock_key
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+              j.modified_at, j.attempts
+)
+SELECT * FROM taken UNION ALL SELECT * FROM created
+
+-- name: read_owned_attempts
+-- Resolves an ambiguous acquire_attempt_many: the rows that show our tokens are the ones we
+-- won, with their attempt numbers. Parameters: the lock keys and the owner tokens, pairwise.
+-- Rows: (lock_key, status, id, fencing_token, idempotency_key, created_at, modified_at,
+-- attempts).
+SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
+       j.modified_at, j.attempts
+FROM {table} AS j
+JOIN unnest(%s::text[], %s::uuid[]) AS v (lock_key, owner_token)
+  ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token

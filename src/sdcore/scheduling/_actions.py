@@ -1,0 +1,238 @@
+"""Control actions on one replica: trigger, backfill, and the catch-up of a resumed schedule.
+
+Every tick they start goes through the scheduler's one start path (overlap, gate, lease), so each
+stays exactly once: a trigger runs under its own run key (``trigger:<action id>``); a backfill is
+coordinated by the replica holding the lease ``backfill:<action id>`` and runs each tick under
+the tick's own run key, ticks already done being refused by their own rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, TickRecord
+from sdcore.scheduling._catch_up import MAX_CATCH_UP, MAX_RANGE_TICKS, latest_instants, lock_key
+from sdcore.scheduling._control import (
+    BACKFILL_PREFIX,
+    TRIGGER_PREFIX,
+    ControlAction,
+    ScheduleStore,
+)
+from sdcore.scheduling._hooks import SchedulerHooks
+from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
+from sdcore.scheduling._runner import TickOutcome, tick_options
+from sdcore.scheduling._supervisor import Entry
+from sdcore.scheduling._triggers import Tick, expected_instants
+
+__all__ = ["ActionRunner"]
+
+
+def _done(record: TickRecord | None) -> bool:
+    """A backfilled tick needs nothing more: succeeded, or failed since the backfill began."""
+    if record is None:
+        return False
+    if record.status is JobSchedulerStatus.SUCCESS:
+        return True
+    return record.status is JobSchedulerStatus.FAIL and record.attempts > 0 and not record.released
+
+
+class ActionRunner:
+    """Executes the open control actions this replica can take part in.
+
+    Args:
+        hooks: The scheduler, as the control plane sees it.
+        store: The control plane's store.
+        logger: The control plane's logger.
+    """
+
+    def __init__(
+        self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger
+    ) -> None:
+        self.hooks = hooks
+        self.store = store
+        self._log = logger
+
+    async def _records(self, keys: list[str]) -> dict[str, TickRecord]:
+        jobs = self.hooks.jobs
+        if jobs is None:
+            return {}
+        return await jobs.tick_records(keys)
+
+    async def trigger(self, action: ControlAction) -> None:
+        """Run the trigger's tick here if this replica wins it; finish the action once decided."""
+        entry = self.hooks.entry(action.schedule)
+        if entry is None:
+            return
+        run_key = f"{TRIGGER_PREFIX}{action.id}"
+        at = action.created_at.astimezone(UTC)
+        tick = Tick(
+            schedule=entry.name,
+            scheduled_at=at,
+            local_time=at.astimezone(entry.zone),
+            run_key=run_key,
+        )
+        task = self.hooks.launch(entry, at, StartPath.TRIGGER, tick=tick)
+        if task is not None:
+            await asyncio.shield(task)
+        key = tick_options(entry.name, entry.kind, entry.policy, run_key).lock_key
+        record = (await self._records([key])).get(key)
+        outcome = None
+        if record is not None and record.status is JobSchedulerStatus.SUCCESS:
+            outcome = "SUCCESS"
+        elif (
+            record is not None
+            and record.status is JobSchedulerStatus.FAIL
+            and not record.released
+            and record.attempts >= entry.policy.retries + 1
+        ):
+            outcome = "FAIL"
+        if outcome is not None:
+            await self.store.finish_action(action.id, outcome, None)
+            self._log.info(
+                "schedule %r: trigger %d finished: %s",
+                entry.name,
+                action.id,
+                outcome,
+                extra={"action": "trigger_finished", "schedule": entry.name},
+            )
+
+    async def backfill(self, action: ControlAction) -> None:
+        """Coordinate the backfill here if this replica wins its lease (see ``_coordinate``)."""
+        entry = self.hooks.entry(action.schedule)
+        jobs = self.hooks.jobs
+        if entry is None or jobs is None:
+            return
+        options = JobAcquireOptions(
+            code=entry.name,
+            run_key=f"{BACKFILL_PREFIX}{action.id}",
+            lease_ms=entry.policy.lease_ms,
+            heartbeat_ms=entry.policy.heartbeat_ms,
+        )
+
+        async def coordinate(_lease: object) -> str:
+            return await self._coordinate(action, entry)
+
+        result = await jobs.run_exclusive(options, coordinate)
+        if result.acquired:
+            return
+        # Not ours: finished elsewhere (SUCCESS row), or another replica coordinates it now.
+        record = (await jobs.tick_records([options.lock_key])).get(options.lock_key)
+        if record is not None and record.status is JobSchedulerStatus.SUCCESS:
+            await self.store.finish_action(action.id, "SUCCESS", None)
+
+    async def _coordinate(self, action: ControlAction, entry: Entry) -> str:
+        params = action.params
+        start = datetime.fromisoformat(str(params["from"]))
+        end = datetime.fromisoformat(str(params["to"]))
+        concurrency = int(params.get("concurrency", 1))
+        if entry.policy.overlap is not Overlap.ALLOW:
+            concurrency = 1
+        instants = expected_instants(
+            entry.trigger, start, end + timedelta(microseconds=1), limit=MAX_RANGE_TICKS
+        )
+        keys = [lock_key(entry.name, entry.trigger, t)[0] for t in instants]
+        await self.store.release_failed(keys, action.created_at, f"backfill:{action.id}")
+        self._log.info(
+            "schedule %r: backfill %d of %d tick(s) coordinated here",
+            entry.name,
+            action.id,
+            len(instants),
+            extra={"action": "backfill_started", "schedule": entry.name},
+        )
+        pause_s = min(1.0, entry.policy.lease_ms / 3000)
+        while True:
+            records = await self._records(keys)
+            todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
+            progress = self._progress(instants, keys, records)
+            await self.store.set_progress(action.id, progress)
+            if not todo:
+                break
+            started = await self._run_ticks(entry, todo, concurrency)
+            if not started:
+                await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
+        outcome = "SUCCESS" if progress["failed"] == 0 else "FAIL"
+        await self.store.finish_action(action.id, outcome, progress)
+        self._log.info(
+            "schedule %r: backfill %d finished: %s",
+            entry.name,
+            action.id,
+            progress,
+            extra={"action": "backfill_finished", "schedule": entry.name},
+        )
+        return outcome
+
+    @staticmethod
+    def _progress(
+        instants: list[datetime], keys: list[str], records: Mapping[str, TickRecord]
+    ) -> dict[str, int]:
+        succeeded = failed = 0
+        for key in keys:
+            record = records.get(key)
+            if record is not None and record.status is JobSchedulerStatus.SUCCESS:
+                succeeded += 1
+            elif _done(record):
+                failed += 1
+        return {
+            "total": len(instants),
+            "succeeded": succeeded,
+            "failed": failed,
+            "remaining": len(instants) - succeeded - failed,
+        }
+
+    async def _run_ticks(self, entry: Entry, todo: list[datetime], concurrency: int) -> int:
+        """Offer each tick once, oldest first, at most ``concurrency`` at a time; return how
+        many ran here."""
+        launched: list[asyncio.Task[TickOutcome]] = []
+        for instant in todo:
+            while True:
+                if entry.removed or not entry.active:
+                    break
+                active = {t for t in launched if not t.done()}
+                if len(active) < concurrency:
+                    task = self.hooks.launch(entry, instant, StartPath.BACKFILL)
+                    if task is not None:
+                        launched.append(task)
+                        break
+                    if instant in entry.in_flight:
+                        break  # already running here (a regular fire): its row decides
+                busy: set[asyncio.Task[Any]] = set(active) or set(entry.running)
+                if busy:
+                    await asyncio.wait(busy, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.sleep(0.05)
+        pending = [t for t in launched if not t.done()]
+        if pending:
+            await asyncio.wait(pending)
+        return sum(
+            1 for t in launched if not t.cancelled() and t.exception() is None and t.result().ran
+        )
+
+    async def resume_catch_up(
+        self, entry: Entry, paused_at: datetime, resumed_at: datetime
+    ) -> None:
+        """On resume: the schedule's catch-up policy over the ticks the pause skipped."""
+        now = datetime.now(UTC)
+        start = max(paused_at, now - timedelta(milliseconds=entry.policy.catch_up_window_ms))
+        if resumed_at <= start:
+            return
+        instants = latest_instants(entry.trigger, start, resumed_at, MAX_CATCH_UP)
+        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in instants}
+        records = await self._records(list(keys))
+        chosen = []
+        for key, instant in keys.items():
+            record = records.get(key)
+            if (
+                record is None
+                or record.released
+                or (record.attempts == 0 and record.skipped == "paused")
+            ):
+                chosen.append(instant)
+        if entry.policy.catch_up is CatchUp.LATEST:
+            chosen = chosen[-1:]
+        if not chosen or entry.removed:
+            return
+        self.hooks.catch_up(entry, chosen)

@@ -1,0 +1,178 @@
+"""Batch start: the tick acquires asked for in one turn of the event loop go out together.
+
+When thousands of exclusive schedules are due at one instant ("every customer's digest at
+08:00"), the timer loop starts all their ticks in one turn of the event loop. Each tick asks
+:class:`TickAcquirer` for its lease; the requests of that turn are collected and sent as
+``jobs.acquire_attempts(...)`` calls of at most ``batch_size`` keys each, which
+``JobSchedulerService`` answers with one statement per call (each key still won by exactly one
+replica, with the tick's attempt budget). A job scheduler without a batch statement answers
+through the default of :class:`~sdcore.job_scheduler.BaseJobScheduler`, one key at a time.
+
+Every key is won or lost exactly as by a single ``acquire_attempt``: batching changes how many
+statements carry the keys, not what any key's outcome can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sdcore.job_scheduler import (
+    AttemptBudget,
+    BaseJobScheduler,
+    JobAcquireOptions,
+    JobAcquireResult,
+    JobSchedulerError,
+)
+
+__all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
+
+DEFAULT_BATCH_SIZE = 1_000
+
+# (options, the tick's attempt budget or None for a plain lease, the caller's future)
+_Request = tuple[
+    JobAcquireOptions, AttemptBudget | None, "asyncio.Future[tuple[JobAcquireResult, int]]"
+]
+
+
+class TickAcquirer:
+    """Collects the lease requests of one loop turn into batch calls.
+
+    Tick leases (with their attempt budget) go to ``jobs.acquire_attempts``; plain leases (the
+    cluster overlap guard of ``overlap="skip_cluster"``) to ``jobs.acquire_many``, or one
+    ``acquire`` each when the job scheduler has no ``acquire_many``.
+
+    Args:
+        jobs: The lease service.
+        logger: The scheduler's logger.
+        batch_size: Most keys per call (one statement on PostgreSQL).
+    """
+
+    def __init__(
+        self, jobs: BaseJobScheduler, logger: logging.Logger, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> None:
+        self._jobs = jobs
+        self._log = logger
+        self._size = batch_size
+        self._pending: list[_Request] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def acquire(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """Acquire one tick's lease with the other requests of this loop turn.
+
+        Raises:
+            JobSchedulerError: As ``acquire_attempt`` (the whole call failed).
+        """
+        return await self._queue(options, budget)
+
+    async def acquire_plain(self, options: JobAcquireOptions) -> JobAcquireResult:
+        """Acquire a plain lease (``acquire`` semantics) with the other requests of this turn.
+
+        Raises:
+            JobSchedulerError: As ``acquire`` (the whole call failed).
+        """
+        result, _ = await self._queue(options, None)
+        return result
+
+    async def _queue(
+        self, options: JobAcquireOptions, budget: AttemptBudget | None
+    ) -> tuple[JobAcquireResult, int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self.flush)
+        self._pending.append((options, budget, future))
+        # Cancelled while the call is in flight, the future is cancelled with us and the call
+        # goes on: a lease it wins for this caller is given back (see _send).
+        return await future
+
+    def flush(self) -> bool:
+        """Send every queued request now (the timer loop calls this after each slice).
+
+        Returns:
+            Whether any request was sent.
+        """
+        pending = [request for request in self._pending if not request[2].done()]
+        self._pending = []
+        if not pending:
+            return False
+        # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
+        # possible either way: each statement locks and inserts in key order).
+        pending.sort(key=lambda request: request[0].lock_key)
+        ticks = [request for request in pending if request[1] is not None]
+        plain = [request for request in pending if request[1] is None]
+        self._cut(ticks)
+        self._cut(plain)
+        return True
+
+    def _cut(self, pending: list[_Request]) -> None:
+        while pending:
+            call: list[_Request] = []
+            keys: set[str] = set()
+            rest: list[_Request] = []
+            for request in pending:
+                key = request[0].lock_key
+                if len(call) >= self._size or key in keys:
+                    rest.append(request)  # a repeated key waits for the next call
+                else:
+                    keys.add(key)
+                    call.append(request)
+            pending = rest
+            task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, call: list[_Request]) -> None:
+        try:
+            results = await self._call(call)
+        except asyncio.CancelledError:
+            for *_, future in call:
+                future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - each tick's own acquire raises it
+            for *_, future in call:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), result in zip(call, results, strict=True):
+            if future.done():
+                self._give_back_result(result)
+            else:
+                future.set_result(result)
+
+    async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
+        jobs = self._jobs
+        if call[0][1] is not None:
+            return await jobs.acquire_attempts([(o, b) for o, b, _ in call if b is not None])
+        many = getattr(jobs, "acquire_many", None)
+        if many is not None:
+            return [(result, 0) for result in await many([o for o, _, _ in call])]
+        return [(await jobs.acquire(o), 0) for o, _, _ in call]
+
+    def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
+        outcome, _ = result
+        if not outcome.acquired:
+            return
+        task = asyncio.create_task(self._release(outcome), name="sdcore-tick-acquire-give-back")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release(self, outcome: JobAcquireResult) -> None:
+        assert outcome.acquired  # noqa: S101 - checked by the caller
+        try:
+            await self._jobs.fail(outcome.lease, {"error": "cancelled"})
+        except JobSchedulerError as exc:
+            self._log.warning(
+                "could not give back a tick lease won after its run was cancelled (it expires "
+                "with its lease): %s",
+                exc,
+                extra={"action": "acquire_give_back_failed"},
+            )
+
+    async def aclose(self) -> None:
+        """Wait for the calls in flight (and the leases they give back)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))

@@ -1,0 +1,87 @@
+"""``SchedulerHooks``: the control plane's one way into a :class:`Scheduler`.
+
+The control plane (``_plane.py``, ``_actions.py``, ``_history.py``) reads the registry, starts
+ticks through the supervisor's one start path, and installs two hooks — the pause gate and the
+run-history wrapper — only through this class, so the scheduler's internals can change without
+the control plane following them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from sdcore.job_scheduler import BaseJobScheduler
+from sdcore.scheduling._policy import StartPath
+from sdcore.scheduling._runner import Handler, TickOutcome
+from sdcore.scheduling._scheduler import Scheduler
+from sdcore.scheduling._supervisor import Entry
+from sdcore.scheduling._triggers import Tick
+
+__all__ = ["SchedulerHooks"]
+
+
+class SchedulerHooks:
+    """What the control plane may see and do in one scheduler.
+
+    Args:
+        scheduler: The scheduler (its public API stays usable as ever).
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._originals: dict[str, Handler] = {}
+
+    @property
+    def jobs(self) -> BaseJobScheduler | None:
+        """The scheduler's lease service (``None``: no exclusivity)."""
+        return self.scheduler._jobs
+
+    def entry(self, name: str) -> Entry | None:
+        """The registered schedule ``name``, if any."""
+        return self.scheduler._entries.get(name)
+
+    def entries(self) -> list[Entry]:
+        """Every registered schedule."""
+        return list(self.scheduler._entries.values())
+
+    def names(self) -> set[str]:
+        """The names of every registered schedule."""
+        return set(self.scheduler._entries)
+
+    def install(
+        self, gate: Callable[[str], str | None], wrap: Callable[[str, Handler], Handler]
+    ) -> None:
+        """Gate every tick start by ``gate`` and wrap every handler (present and future)."""
+        scheduler = self.scheduler
+        scheduler._sup.gate = gate
+        scheduler._wrap = wrap
+        for entry in scheduler._entries.values():
+            if entry.name not in self._originals:
+                self._originals[entry.name] = entry.handler
+                entry.handler = wrap(entry.name, entry.handler)
+
+    def uninstall(self) -> None:
+        """Remove the gate and the wrapper; the schedules get their own handlers back."""
+        scheduler = self.scheduler
+        scheduler._sup.gate = None
+        scheduler._wrap = None
+        for name, handler in self._originals.items():
+            entry = scheduler._entries.get(name)
+            if entry is not None:
+                entry.handler = handler
+        self._originals.clear()
+
+    def launch(
+        self, entry: Entry, at: datetime, path: StartPath, *, tick: Tick | None = None
+    ) -> asyncio.Task[TickOutcome] | None:
+        """Start one tick through the supervisor (overlap and gate apply); ``None``: refused."""
+        return self.scheduler._sup.launch(entry, at, path, deadline=None, tick=tick)
+
+    def catch_up(self, entry: Entry, instants: list[datetime]) -> None:
+        """Start missed ticks as start-up catch-up does (one after the other under ``skip``)."""
+        self.scheduler._sup.start_pending(
+            entry, instants, StartPath.CATCH_UP, log_level=logging.INFO
+        )

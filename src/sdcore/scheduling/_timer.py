@@ -1,0 +1,213 @@
+"""The timer loop: a heap of next fire instants, and batch start of the ticks due together.
+
+When many schedules are due at one instant (thousands of stored per-customer schedules at
+08:00), the loop starts them in slices of :data:`SLICE` ticks:
+
+1. each tick of the slice is started (its task created) without computing its next fire time:
+   a tick that is on time (less than its trigger's spacing late) cannot have a successor that
+   is already due, so nothing can be coalesced;
+2. the loop yields once: the handlers of non-exclusive ticks run to their first ``await``, and
+   exclusive ticks queue their lease requests with the :class:`~sdcore.scheduling._batch.
+   TickAcquirer`, which the loop then flushes — one ``acquire_attempts`` call (one statement on
+   PostgreSQL) per slice — before starting the next slice;
+3. once every due tick has started, the next fire times are computed (once per distinct trigger
+   and instant: the 10,000 schedules of one stored expression share one computation) and
+   re-armed, yielding between slices so that lease answers are handled meanwhile.
+
+A tick that is late by its trigger's spacing or more (the loop was blocked, the process
+suspended) takes the old path: ticks that passed are coalesced to the latest, then it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sdcore.scheduling._policy import StartPath
+from sdcore.scheduling._supervisor import Entry, Supervisor
+from sdcore.scheduling._triggers import OnceTrigger, Trigger
+
+SLICE = 250  # ticks started between two yields (and at most one lease statement per slice)
+_MAX_SLEEP = 30.0
+
+
+class Following:
+    """The fire instant after ``due``, computed on first use; shared by equal triggers."""
+
+    __slots__ = ("_due", "_memo", "_trigger", "_value")
+
+    def __init__(
+        self, trigger: Trigger, due: datetime, memo: dict[tuple[Trigger, datetime], datetime | None]
+    ) -> None:
+        self._trigger: Trigger | None = trigger
+        self._due = due
+        self._memo = memo
+        self._value: datetime | None = None
+
+    def __call__(self) -> datetime | None:
+        trigger = self._trigger
+        if trigger is not None:
+            key = (trigger, self._due)
+            try:
+                self._value = self._memo[key]
+            except KeyError:
+                self._value = self._memo[key] = trigger.next_after(self._due)
+            self._trigger = None
+        return self._value
+
+
+class Timer:
+    """The heap of armed schedules and the loop that fires them.
+
+    Args:
+        supervisor: Starts ticks (and owns their tasks).
+        clock: The scheduler's wall clock.
+        logger: The scheduler's logger.
+        live: Whether an entry (at a heap version, if given) is still armed and registered.
+        registered: How many schedules are registered (to bound the heap's stale items).
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        clock: Callable[[], datetime],
+        logger: logging.Logger,
+        live: Callable[[Entry, int | None], bool],
+        registered: Callable[[], int],
+    ) -> None:
+        self._sup = supervisor
+        self._clock = clock
+        self._log = logger
+        self._live = live
+        self._registered = registered
+        self.heap: list[tuple[datetime, int, int, Entry]] = []
+        self._seq = itertools.count()
+        self._wake: asyncio.Event | None = None
+
+    def reset(self) -> None:
+        """Forget every armed instant (before a start)."""
+        self.heap.clear()
+        self._wake = asyncio.Event()
+
+    def arm(self, entry: Entry, after: datetime) -> None:
+        """Arm ``entry`` at its first fire instant after ``after`` (a one-shot: at or after)."""
+        entry.version += 1
+        entry.active_since = after
+        if isinstance(entry.trigger, OnceTrigger):
+            after = after - timedelta(microseconds=1)  # a one-shot may be due right now
+        entry.next_at = entry.trigger.next_after(after)
+        if entry.next_at is not None:
+            self._push(entry)
+            self._compact()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _push(self, entry: Entry) -> None:
+        assert entry.next_at is not None  # noqa: S101 - checked by the callers
+        heapq.heappush(self.heap, (entry.next_at, next(self._seq), entry.version, entry))
+
+    def _compact(self) -> None:
+        # stop/start/remove leave stale heap entries until their due time (a day, for a daily
+        # job): rebuild the heap once they outnumber the live schedules.
+        if len(self.heap) > 2 * self._registered() + 64:
+            self.heap = [item for item in self.heap if self._live(item[3], item[2])]
+            heapq.heapify(self.heap)
+
+    async def run(self) -> None:
+        """Fire due schedules until cancelled."""
+        assert self._wake is not None  # noqa: S101 - set by reset
+        while True:
+            await self._fire_due(self._clock())
+            delay = _MAX_SLEEP
+            if self.heap:
+                delay = min(delay, max(0.0, (self.heap[0][0] - self._clock()).total_seconds()))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    async def _fire_due(self, now: datetime) -> None:
+        memo: dict[tuple[Trigger, datetime], datetime | None] = {}
+        started: list[tuple[Entry, int, Following]] = []
+        while self.heap and self.heap[0][0] <= now:
+            count = 0
+            while self.heap and self.heap[0][0] <= now and count < SLICE:
+                due, _, version, entry = heapq.heappop(self.heap)
+                if not self._live(entry, version):
+                    continue
+                count += 1
+                try:
+                    following = self._fire(entry, due, now, memo)
+                except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+                    self._fire_failed(entry)
+                    continue
+                if following is not None:
+                    started.append((entry, entry.version, following))
+            # Let this slice's handlers start and its lease requests queue; send them at once,
+            # and let the statement go out before the next slice is started.
+            await asyncio.sleep(0)
+            if self._sup.flush():
+                await asyncio.sleep(0)
+        for index, (entry, version, following) in enumerate(started):
+            if index % SLICE == 0:
+                await asyncio.sleep(0)  # lease answers are handled between slices
+            try:
+                self._rearm(entry, version, following())
+            except Exception:  # noqa: BLE001 - as above
+                self._fire_failed(entry)
+
+    def _fire_failed(self, entry: Entry) -> None:
+        self._log.exception(
+            "schedule %r: could not fire; it is stopped",
+            entry.name,
+            extra={"action": "fire_failed", "schedule": entry.name},
+        )
+        entry.active = False
+
+    def _fire(
+        self,
+        entry: Entry,
+        due: datetime,
+        now: datetime,
+        memo: dict[tuple[Trigger, datetime], datetime | None],
+    ) -> Following | None:
+        """Start the tick due at ``due``; return its successor, to re-arm after the burst.
+
+        ``None``: already re-armed (the loop was late and ticks were coalesced).
+        """
+        spacing = entry.trigger.spacing
+        if spacing is not None and now - due < spacing:
+            # On time: the next tick is after now, so nothing can be coalesced; its instant is
+            # needed for re-arming (after the burst) and by a retry (on first use).
+            following = Following(entry.trigger, due, memo)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
+            return following
+        # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
+        # only the most recent one (missed ticks are what the catch-up policy is for).
+        skipped = 0
+        after = entry.trigger.next_after(due)
+        while after is not None and after <= now and skipped < 100_000:
+            due, after, skipped = after, entry.trigger.next_after(after), skipped + 1
+        if skipped:
+            self._log.info(
+                "schedule %r: %d tick(s) passed while the loop was late; firing the latest",
+                entry.name,
+                skipped,
+                extra={"action": "ticks_coalesced", "schedule": entry.name},
+            )
+        self._rearm(entry, entry.version, after)
+        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after)
+        return None
+
+    def _rearm(self, entry: Entry, version: int, following: datetime | None) -> None:
+        if entry.version != version or not self._live(entry, None):
+            return  # stopped, re-armed or removed since it fired
+        entry.version += 1
+        entry.next_at = following
+        if following is not None:
+            self._push(entry)

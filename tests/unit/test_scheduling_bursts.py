@@ -1,0 +1,243 @@
+"""Bursts: many ticks due at one instant start in a batch (memory backend, loop time)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from cronsim import CronSim
+
+from sdcore.job_scheduler import (
+    AttemptBudget,
+    JobAcquireOptions,
+    JobAcquireResult,
+    JobSchedulerStatus,
+    JobSchedulerUnavailableError,
+)
+from sdcore.scheduling import Scheduler, Tick
+from sdcore.scheduling._cron import CronSpec
+from sdcore.scheduling._timer import SLICE
+from sdcore.testing import InMemoryJobScheduler
+from tests.unit._looptime import in_loop_time, loop_clock
+
+
+class _Counting(InMemoryJobScheduler):
+    """Records each batch call (its size) and each single acquire_attempt."""
+
+    def __init__(self, clock: Any, delay: float = 0.0) -> None:
+        super().__init__(clock=clock)
+        self.batches: list[int] = []
+        self.delay = delay
+        self.down = False
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        self.batches.append(len(items))
+        if self.down:
+            raise JobSchedulerUnavailableError("injected: database down")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return await super().acquire_attempts(items)
+
+
+@in_loop_time
+async def test_a_burst_on_three_replicas_runs_each_tick_once_in_few_calls() -> None:
+    jobs = _Counting(clock=loop_clock())
+    ledger: list[tuple[str, str | None, int]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
+    for replica, scheduler in enumerate(replicas):
+        for i in range(300):
+
+            async def handler(tick: Tick, replica: int = replica) -> None:
+                assert tick.lease is not None
+                ledger.append((tick.schedule, tick.run_key, replica))
+
+            scheduler.add_cron(f"digest-{i:03d}", "*/2 * * * * *", handler)
+    async with replicas[0], replicas[1], replicas[2]:
+        await asyncio.sleep(4.5)
+    per_tick = Counter((name, key) for name, key, _ in ledger)
+    instants = {key for _, key in per_tick}
+    assert len(instants) >= 2
+    assert len(per_tick) == 300 * len(instants)
+    assert set(per_tick.values()) == {1}
+    # One call per start slice, per replica and instant, carries the burst.
+    per_instant = math.ceil(300 / SLICE)
+    assert len(jobs.batches) == 3 * len(instants) * per_instant
+    assert sum(jobs.batches) == 3 * 300 * len(instants)
+    assert max(jobs.batches) == min(SLICE, 300)
+    assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
+
+
+@in_loop_time
+async def test_handlers_start_before_next_fire_times_are_computed() -> None:
+    scheduler = Scheduler(clock=loop_clock())
+    armed_when_started: list[bool] = []
+
+    def add(i: int) -> None:
+        async def handler(tick: Tick) -> None:
+            upcoming = scheduler.get(f"s{i}").next_fire_at
+            armed_when_started.append(upcoming is not None and upcoming > tick.scheduled_at)
+
+        scheduler.add_interval(f"s{i}", 1000, handler)
+
+    for i in range(50):
+        add(i)
+    async with scheduler:
+        await asyncio.sleep(1.5)
+        assert len(armed_when_started) == 50
+        assert not any(armed_when_started)  # every handler ran before any re-arm
+        assert all(
+            info.next_fire_at is not None and info.next_fire_at > loop_clock()()
+            for info in scheduler.schedules()
+        )
+
+
+@in_loop_time
+async def test_retries_in_a_burst_still_stop_at_the_next_tick() -> None:
+    scheduler = Scheduler(clock=loop_clock())
+    attempts: Counter[str] = Counter()
+    for i in range(20):
+
+        async def handler(tick: Tick) -> None:
+            attempts[tick.schedule] += 1
+            raise RuntimeError("always")
+
+        scheduler.add_interval(f"s{i}", 300, handler, retries=5, retry_backoff_ms=250)
+    async with scheduler:
+        await asyncio.sleep(0.35)
+    # The tick at 300 ms fails, retries at 550 ms; the next would be at 800 ms, past 600 ms.
+    assert set(attempts.values()) == {2}
+
+
+@in_loop_time
+async def test_a_failed_batch_call_fails_only_that_turn() -> None:
+    jobs = _Counting(clock=loop_clock())
+    jobs.down = True
+    ran: list[str | None] = []
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
+    for i in range(10):
+        scheduler.add_interval(f"s{i}", 500, lambda tick: ran.append(tick.run_key))
+    async with scheduler:
+        await asyncio.sleep(0.6)
+        assert not ran
+        jobs.down = False
+        await asyncio.sleep(0.5)
+    assert len(ran) == 10
+
+
+@in_loop_time
+async def test_a_lease_won_after_shutdown_cancelled_its_tick_is_given_back() -> None:
+    jobs = _Counting(clock=loop_clock(), delay=1.0)
+    ran: list[str | None] = []
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100)
+    for i in range(5):
+        scheduler.add_interval(f"s{i}", 1000, lambda tick: ran.append(tick.run_key))
+    async with scheduler:
+        await asyncio.sleep(1.2)  # the batch is in flight (it answers at 2.0 s)
+    assert not ran
+    rows = jobs.rows()
+    assert len(rows) == 5
+    assert all(r.status is JobSchedulerStatus.FAIL for r in rows)
+
+
+async def test_the_default_batch_refuses_two_items_for_one_key() -> None:
+    jobs = InMemoryJobScheduler()
+    options = JobAcquireOptions(code="a", run_key="k")
+    budget = AttemptBudget(max_attempts=1, backoff_ms=0)
+    with pytest.raises(ValueError, match="two items for one lock key"):
+        await jobs.acquire_attempts([(options, budget), (options, budget)])
+    assert not jobs.rows()
+
+
+def test_cron_fire_times_do_not_parse_the_expression_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = CronSpec.parse("30 8 * * 1-5", ZoneInfo("Europe/Paris"))
+    parsed = 0
+
+    class Counting(CronSim):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            nonlocal parsed
+            parsed += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr("sdcore.scheduling._cron.CronSim", Counting)
+    instant = datetime(2026, 3, 27, tzinfo=UTC)
+    for _ in range(100):
+        instant = spec.next_after(instant)
+    assert parsed == 0
+    assert instant.astimezone(ZoneInfo("Europe/Paris")).hour == 8
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone"),
+    [
+        pytest.param("*/7 * * * * *", "UTC", id="seconds-utc"),
+        pytest.param("30 2 * * *", "Europe/Paris", id="fixed-in-a-dst-zone"),
+        pytest.param("*/20 * * * *", "America/New_York", id="wildcard-in-a-dst-zone"),
+        pytest.param("0 0 */10 * 0", "Australia/Lord_Howe", id="day-rule-half-hour-dst"),
+    ],
+)
+@pytest.mark.parametrize("day_rule", ["vixie", "nestjs"])
+def test_cached_cron_agrees_with_a_fresh_parse(expression: str, zone: str, day_rule: str) -> None:
+    tz = ZoneInfo(zone)
+    cached = CronSpec.parse(expression, tz, day_rule=day_rule)
+    instant = datetime(2026, 3, 1, tzinfo=UTC)
+    for _ in range(400):
+        fresh = dataclasses.replace(cached, _parsed=None)  # parses again on first use
+        expected = fresh.next_after(instant)
+        assert cached.next_after(instant) == expected
+        instant = expected + timedelta(seconds=1) if expected == instant else expected
+
+
+class _CountingMany(InMemoryJobScheduler):
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock=clock)
+        self.many: list[int] = []
+        self.single = 0
+
+    async def acquire_many(self, options: Sequence[Any]) -> list[JobAcquireResult]:
+        self.many.append(len(options))
+        return await super().acquire_many(options)
+
+    async def acquire(self, options: Any) -> JobAcquireResult:
+        self.single += 1
+        return await super().acquire(options)
+
+
+class _NoMany(_CountingMany):
+    acquire_many = None  # type: ignore[assignment]  # a job scheduler without the batch call
+
+
+@pytest.mark.parametrize("jobs_class", [_CountingMany, _NoMany], ids=["acquire_many", "fallback"])
+@in_loop_time
+async def test_cluster_overlap_guards_of_a_burst_share_one_call(jobs_class: type) -> None:
+    jobs = jobs_class(clock=loop_clock())
+    ledger: list[tuple[str, str | None]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
+    for scheduler in replicas:
+        for i in range(50):
+            scheduler.add_interval(
+                f"guarded-{i}",
+                1000,
+                lambda tick: ledger.append((tick.schedule, tick.run_key)),
+                overlap="skip_cluster",
+            )
+    async with replicas[0], replicas[1]:
+        await asyncio.sleep(2.5)
+    per_tick = Counter(ledger)
+    assert len(per_tick) == 100
+    assert set(per_tick.values()) == {1}
+    if jobs_class is _NoMany:
+        assert not jobs.many
+        assert jobs.single >= 200  # one guard acquire per tick and replica
+    else:
+        assert jobs.many == [50] * 4  # one call per replica and instant
