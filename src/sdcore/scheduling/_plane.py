@@ -9,15 +9,17 @@ Changes arrive by notification (PostgreSQL LISTEN) and by polling every ``poll_i
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sdcore._internal.supervisor import Supervisor
 from sdcore.scheduling._actions import ActionRunner
 from sdcore.scheduling._control import (
     ActionKind,
@@ -132,6 +134,7 @@ class ScheduleControl:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._listen_task: asyncio.Task[None] | None = None
+        self._sup: Supervisor | None = None  # owns the loops and the actions' tasks
         self._wake = asyncio.Event()
         self._last_beat = 0.0
         self._closing = False
@@ -176,14 +179,25 @@ class ScheduleControl:
             handlers=tuple(sorted(self.scheduler.handlers)),
         )
         self._history.replica = self.replica
-        await self._sync()
-        self._joined = True
-        self._revision = await self.store.revision()
-        for row in await self.store.rows(None):
-            self._apply(row, initial=True)
-        self._loop_task = asyncio.create_task(self._run(), name="sdcore-schedule-control")
-        if self._listen and hasattr(self.store, "listen"):
-            self._listen_task = asyncio.create_task(self._listener(), name="sdcore-control-listen")
+        sup = Supervisor("sdcore-control", logger=self._log)
+        await sup.start()
+        self._sup = sup  # from here on, stored schedules' declarations run under it
+        try:
+            await self._sync()
+            self._joined = True
+            self._revision = await self.store.revision()
+            for row in await self.store.rows(None):
+                self._apply(row, initial=True)
+            self._loop_task = sup.spawn("poll", self._run)
+            if self._listen and hasattr(self.store, "listen"):
+                self._listen_task = sup.spawn("listen", self._listener, cancel_on_close=True)
+        except BaseException:
+            self._sup = None
+            for task in list(self._tasks):
+                task.cancel()
+            await sup.aclose(grace_s=None)
+            self._tasks.clear()
+            raise
 
     async def aclose(self) -> None:
         """Stop polling, cancel coordinators (another replica takes a backfill over), leave."""
@@ -192,9 +206,9 @@ class ScheduleControl:
         for task in (self._loop_task, self._listen_task, *self._tasks):
             if task is not None:
                 task.cancel()
-        pending = {t for t in (self._loop_task, self._listen_task, *self._tasks) if t is not None}
-        if pending:
-            await asyncio.wait(pending)
+        sup, self._sup = self._sup, None
+        if sup is not None:
+            await sup.aclose(grace_s=None)  # every child is cancelled: wait for each to end
         self._loop_task = self._listen_task = None
         self._tasks.clear()
         self._busy.clear()
@@ -284,32 +298,31 @@ class ScheduleControl:
             if action.id in self._busy:
                 continue
             if action.action is ActionKind.TRIGGER:
-                self._spawn(action, self._actions.trigger(action))
+                self._spawn(action, functools.partial(self._actions.trigger, action))
             elif action.action is ActionKind.BACKFILL:
-                self._spawn(action, self._actions.backfill(action))
+                self._spawn(action, functools.partial(self._actions.backfill, action))
 
     def _local_names(self) -> set[str]:
         return self._hooks.names()
 
-    def _spawn(self, action: ControlAction, coro: Any) -> None:
-        self._busy.add(action.id)
-        task = asyncio.create_task(coro, name=f"sdcore-control:{action.action.value}:{action.id}")
-        self._tasks.add(task)
-
-        def done(task: asyncio.Task[Any]) -> None:
-            self._tasks.discard(task)
-            self._busy.discard(action.id)
-            if not task.cancelled() and task.exception() is not None:
+    def _spawn(self, action: ControlAction, make: Callable[[], Awaitable[Any]]) -> None:
+        async def run() -> None:
+            try:
+                await make()
+            except Exception as exc:  # noqa: BLE001 - another replica may take the action over
                 self._log.error(
                     "control action %d (%s of %r) failed here: %s",
                     action.id,
                     action.action.value,
                     action.schedule,
-                    task.exception(),
+                    exc,
                     extra={"action": "control_action_failed", "schedule": action.schedule},
                 )
 
-        task.add_done_callback(done)
+        task = self._own(run, f"{action.action.value}:{action.id}")
+        if task is not None:
+            self._busy.add(action.id)
+            task.add_done_callback(lambda _: self._busy.discard(action.id))
 
     # --- applying rows ---------------------------------------------------------------------
 
@@ -335,14 +348,27 @@ class ScheduleControl:
                 )
                 entry = self._hooks.entry(row.name)
                 if entry is not None and entry.catches_up:
-                    self._own(self._actions.resume_catch_up(entry, row.paused_at, row.resumed_at))
+                    paused_at, resumed_at = row.paused_at, row.resumed_at
+                    self._own(
+                        lambda: self._actions.resume_catch_up(entry, paused_at, resumed_at)
+                    )
         elif row.resumed_at is not None:
             self._resumed[row.name] = row.resumed_at
 
-    def _own(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+    def _own(
+        self, make: Callable[[], Awaitable[Any]], name: str = "task"
+    ) -> asyncio.Task[None] | None:
+        """Run ``make()`` once under the supervisor (``None``: closing, nothing is started)."""
+        if self._sup is None or self._closing:
+            return None
+
+        async def once() -> None:
+            await make()
+
+        task = self._sup.spawn(name, once, restart=False)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _apply_stored(self, row: ScheduleRow) -> None:
         sched = self.scheduler
@@ -352,7 +378,7 @@ class ScheduleControl:
                 self._stored.pop(row.name, None)
                 if self._hooks.entry(row.name) is not None:
                     sched.remove(row.name)
-                self._own(self.store.declare(self.replica, row.name, None))
+                self._own(lambda: self.store.declare(self.replica, row.name, None), "declare")
                 self._log.info(
                     "stored schedule %r removed here",
                     row.name,
@@ -384,7 +410,8 @@ class ScheduleControl:
             self._log.error("stored schedule %r cannot run here: %s", row.name, exc)
             return
         self._stored[row.name] = row.fingerprint
-        self._own(self.store.declare(self.replica, row.name, row.fingerprint))
+        fingerprint = row.fingerprint
+        self._own(lambda: self.store.declare(self.replica, row.name, fingerprint), "declare")
         self._log.info(
             "stored schedule %r %s here: %s",
             row.name,
