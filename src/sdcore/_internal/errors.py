@@ -5,6 +5,23 @@ from __future__ import annotations
 MAX_ERROR_TEXT = 4096
 
 
+class FieldError(Exception):
+    """Base of the "invalid <field>: <problem>" errors (raised before any SQL).
+
+    Each feature's public error adds its own root and builtin, e.g.
+    ``class InvalidOutboxMessageError(FieldError, OutboxError, ValueError)``.
+
+    Attributes:
+        field: The offending argument or option.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
 def error_text(exc: BaseException) -> str:
     """Return a bounded, jsonb-safe text of an exception (type and message)."""
     try:

@@ -6,18 +6,14 @@ import hashlib
 
 from psycopg import sql
 
+from sdcore._internal.errors import FieldError
 from sdcore.exceptions import SdcoreError
 
 MAX_IDENTIFIER_BYTES = 63
 
 
-class InvalidIdentifierError(SdcoreError, ValueError):
+class InvalidIdentifierError(FieldError, SdcoreError, ValueError):
     """A schema or table name that PostgreSQL would truncate or cannot hold."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
 
 
 def check_identifier(field: str, value: object) -> str:

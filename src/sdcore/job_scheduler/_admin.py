@@ -15,6 +15,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
+from sdcore._internal.errors import FieldError
 from sdcore._internal.identifiers import check_identifier, qualified
 from sdcore._internal.sql import queries, render
 from sdcore.job_scheduler._model import (
@@ -34,18 +35,13 @@ FINISHED = (JobSchedulerStatus.SUCCESS, JobSchedulerStatus.FAIL)
 _BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 
 
-class InvalidAdminRequestError(JobSchedulerError, ValueError):
+class InvalidAdminRequestError(FieldError, JobSchedulerError, ValueError):
     """An operator request that failed validation (raised before any SQL).
 
     Attributes:
         field: The offending argument.
         problem: What is wrong with it.
     """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
 
 
 class JobNotFoundError(JobSchedulerError, LookupError):

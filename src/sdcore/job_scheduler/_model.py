@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from sdcore._internal.errors import FieldError
 from sdcore.exceptions import SdcoreError
 
 T = TypeVar("T")
@@ -79,18 +80,13 @@ class LostJobLeaseError(JobSchedulerError):
         super().__init__(f"lost the lease of job {job_id}: {reason}")
 
 
-class _InvalidOptionError(JobSchedulerError, ValueError):
+class _InvalidOptionError(FieldError, JobSchedulerError, ValueError):
     """An option that failed validation (raised before any SQL).
 
     Attributes:
         field: The offending option.
         problem: What is wrong with it.
     """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
 
 
 class InvalidJobLeaseOptionsError(_InvalidOptionError):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from sdcore._internal.errors import FieldError
 from sdcore.exceptions import SdcoreError
 
 MAX_KEY_LENGTH = 1024
@@ -36,18 +37,13 @@ class OutboxError(SdcoreError):
     """Base class of the outbox's errors."""
 
 
-class InvalidOutboxMessageError(OutboxError, ValueError):
+class InvalidOutboxMessageError(FieldError, OutboxError, ValueError):
     """A message that cannot be enqueued (raised before any SQL).
 
     Attributes:
         field: The offending argument.
         problem: What is wrong with it.
     """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
 
 
 class OutboxKeyConflictError(OutboxError, ValueError):
