@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.sql import queries
-from sdcore.dashboard._calendar import BUCKET, Calendar
+from sdcore.dashboard._calendar import BUCKET, WARM_PAIRS, Calendar
 from sdcore.job_scheduler import JobScheduler, JobSchedulerStatus, LeaseAdmin
 from sdcore.outbox import Outbox, OutboxStats, PostgresOutboxStore
 from sdcore.postgres import derived_name
@@ -216,6 +216,16 @@ class DashboardData:
         )
         rows = await self._with_timelines(found)
         return rows[0] if rows else None
+
+    async def warm_calendar(self) -> int:
+        """Compute the timelines' expected ticks of every cron expression and zone in use.
+
+        Called in the background when the dashboard starts, so that the first view of the
+        schedules list does not pay the calendar walks. Returns how many hours were computed.
+        """
+        pairs = await self._all("cron_calendars", {"limit": WARM_PAIRS})
+        starts = _bucket_starts(datetime.now(UTC))
+        return await self.calendar.warm(((str(e), str(z)) for e, z in pairs), starts)
 
     async def _with_timelines(self, found: Sequence[tuple[Any, ...]]) -> list[ScheduleRow]:
         now = datetime.now(UTC)

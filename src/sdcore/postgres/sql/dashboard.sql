@@ -56,6 +56,15 @@ LEFT JOIN LATERAL (
 ) AS lr ON true
 WHERE s.name = %(name)s AND s.removed_at IS NULL
 
+-- name: cron_calendars
+-- The distinct (expression, zone) pairs of live cron schedules, most used first: what the
+-- calendar warms when the dashboard starts (one scan of the schedules table).
+SELECT expression, time_zone FROM {schedules}
+WHERE removed_at IS NULL AND kind = 'cron'
+GROUP BY expression, time_zone
+ORDER BY count(*) DESC, expression, time_zone
+LIMIT %(limit)s
+
 -- name: tick_buckets
 -- Ticks of these schedules that ran in the window, per hour bucket: distinct scheduled instants
 -- that succeeded (in any attempt), are still running, or only failed. Runs started by `trigger`
