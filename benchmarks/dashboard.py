@@ -116,7 +116,6 @@ def _statements() -> dict[str, bytes]:
         "declarations": sql.Identifier("sdcore_schedules_declarations"),
         "runs": sql.Identifier("sdcore_schedules_runs"),
         "lease": sql.Identifier("job_scheduler"),
-        "outbox": sql.Identifier("outbox"),
     }
     found = {
         key: sql.SQL(text).format(**names).as_string(None).encode()
@@ -134,6 +133,7 @@ def _statements() -> dict[str, bytes]:
         b" LIMIT 200"
     )
     found["outbox_stats"] = Outbox().sql.stats
+    found["outbox_rows"] = Outbox().sql.list_rows
     return found
 
 
@@ -147,7 +147,7 @@ def _baselines(pool: AsyncConnectionPool[Any]) -> dict[str, Callable[[], Awaitab
         top = now.replace(minute=0, second=0, microsecond=0)
         return {"since": top - timedelta(hours=23), "until": now, "bucket_s": 3600}
 
-    async def run(*steps: tuple[str, dict[str, Any]]) -> list[list[tuple[Any, ...]]]:
+    async def run(*steps: tuple[str, Any]) -> list[list[tuple[Any, ...]]]:
         out = []
         async with pool.connection() as conn:
             for key, params in steps:
@@ -168,7 +168,7 @@ def _baselines(pool: AsyncConnectionPool[Any]) -> dict[str, Callable[[], Awaitab
             ("schedule_one", {"name": "sched-00042", **live}),
             ("tick_buckets", {"names": ["sched-00042"], **window()}),
             ("runs_of", {"name": "sched-00042", "limit": 100}),
-            ("actions_of", ("sched-00042", 20)),  # type: ignore[arg-type]
+            ("actions_of", ("sched-00042", 20)),
         )
 
     async def leases() -> None:
@@ -176,8 +176,7 @@ def _baselines(pool: AsyncConnectionPool[Any]) -> dict[str, Callable[[], Awaitab
         await run(("lease_details", {"ids": [r[0] for r in rows]}))
 
     async def outbox() -> None:
-        rows = {"statuses": ["PENDING", "DEAD"], "limit": 200}
-        await run(("outbox_stats", {}), ("outbox_rows", rows))
+        await run(("outbox_stats", {}), ("outbox_rows", (["PENDING", "DEAD"], 200)))
 
     return {
         "/": listing(None, 0),

@@ -32,9 +32,9 @@ from sdcore.dashboard._auth import (
     check_token,
     token_matches,
 )
-from sdcore.dashboard._data import MISSING_TABLE, DashboardData, queue_counts
+from sdcore.dashboard._data import MISSING_STATES, MISSING_TABLE, DashboardData, queue_counts
 from sdcore.job_scheduler import JobScheduler
-from sdcore.outbox import Outbox
+from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
 from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
 from sdcore.scheduling import ScheduleControlError as ControlError
@@ -303,7 +303,9 @@ def dashboard_app(
         try:
             stats = await data.outbox_stats()
             rows = await data.outbox_rows(statuses)
-        except MISSING_TABLE:
+        except OutboxDatabaseError as exc:
+            if exc.sqlstate not in MISSING_STATES:
+                raise
             return render(request, seen, "missing.html", what="outbox", flag="--outbox")
         return render(request, seen, "outbox.html", stats=stats, rows=rows, status=status)
 
@@ -388,7 +390,7 @@ def dashboard_app(
             raise Refused(400, "The outbox row id must be a positive integer.")
         try:
             retried = await data.retry_outbox(int(text))
-        except psycopg.Error as exc:
+        except OutboxDatabaseError as exc:
             raise Refused(503, f"The database refused the retry: {_format.one_line(exc)}") from None
         if not retried:
             raise Refused(409, f"No DEAD or PENDING outbox row with id {text}.")

@@ -1,6 +1,7 @@
 -- Read statements of the web dashboard (sdcore.dashboard). Identifiers are filled with psycopg's
 -- sql.SQL.format: {schedules} the schedules table, {replicas}, {declarations}, {runs} its
--- companion tables, {lease} the lease table, {outbox} the outbox table. Values are parameters.
+-- companion tables, {lease} the lease table. Values are parameters. The outbox page's rows come
+-- from OutboxAdmin (outbox.sql).
 -- Every page reads one page of rows (LIMIT), never the whole table: 10,000 schedules and a
 -- million runs answer in milliseconds on the existing indexes.
 
@@ -108,11 +109,3 @@ LEFT JOIN LATERAL (
     ORDER BY r.started_at DESC LIMIT 1
 ) AS o ON true
 WHERE j.id = ANY(%(ids)s::uuid[])
-
--- name: outbox_rows
--- Pending and dead rows, newest first, on the primary key.
-SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key,
-       last_error, created_at, claimed_until
-FROM {outbox}
-WHERE status = ANY(%(statuses)s::text[])
-ORDER BY id DESC LIMIT %(limit)s
