@@ -6,11 +6,12 @@ same message under the same idempotency key is a no-op, another message under it
 (derived from the outbox's namespace and the key), so re-publishes are deduplicated.
 """
 
-from sdcore.outbox._admin import InvalidOutboxRequestError, OutboxAdmin, OutboxRow
+from sdcore.outbox._admin import OutboxAdmin, OutboxRow
 from sdcore.outbox._model import (
     DEFAULT_KEEP,
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
+    InvalidOutboxRequestError,
     OutboxDatabaseError,
     OutboxError,
     OutboxKeyConflictError,

@@ -15,26 +15,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from sdcore.outbox._model import OutboxError, OutboxStatus
+from sdcore.outbox._model import InvalidOutboxRequestError, OutboxStatus
 from sdcore.outbox._outbox import Outbox
 from sdcore.outbox._store import database_errors
 
 MAX_LIST_LIMIT = 10_000
 _MAX_ID = 2**63 - 1
-
-
-class InvalidOutboxRequestError(OutboxError, ValueError):
-    """An operator request that failed validation (raised before any SQL).
-
-    Attributes:
-        field: The offending argument.
-        problem: What is wrong with it.
-    """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,7 +36,16 @@ class OutboxError(SdcoreError):
     """Base class of the outbox's errors."""
 
 
-class InvalidOutboxMessageError(OutboxError, ValueError):
+class _InvalidArgumentError(OutboxError, ValueError):
+    """An argument that failed validation, before any SQL (``.field``, ``.problem``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class InvalidOutboxMessageError(_InvalidArgumentError):
     """A message that cannot be enqueued (raised before any SQL).
 
     Attributes:
@@ -44,10 +53,15 @@ class InvalidOutboxMessageError(OutboxError, ValueError):
         problem: What is wrong with it.
     """
 
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
+
+class InvalidOutboxRequestError(_InvalidArgumentError):
+    """An operator request (:class:`~sdcore.outbox.OutboxAdmin`) that failed validation, raised
+    before any SQL.
+
+    Attributes:
+        field: The offending argument.
+        problem: What is wrong with it.
+    """
 
 
 class OutboxKeyConflictError(OutboxError, ValueError):
