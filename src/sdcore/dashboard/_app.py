@@ -408,8 +408,8 @@ def dashboard_app(
 def _warm_up(
     data: DashboardData, env: jinja2.Environment, log: logging.Logger
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """The app's lifespan: compile the templates, warm the timelines' calendar in a supervised
-    background task.
+    """The app's lifespan: compile the templates, warm the timelines' calendar and read the
+    list's first page once (fresh connections and code paths), in a supervised background task.
 
     Start-up waits for it up to :data:`WARM_WAIT_S` (servers accept requests only after
     start-up), then it goes on in the background; shutdown cancels it. A failure (no schedules
@@ -422,6 +422,7 @@ def _warm_up(
             env.get_template(template)
         try:
             hours = await data.warm_calendar()
+            await data.schedules()  # the list's statements and code paths, once
         except psycopg.Error as exc:
             log.warning("calendar warm-up failed: %s", str(exc).strip()[:200])
             return
