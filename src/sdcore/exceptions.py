@@ -27,6 +27,7 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   └── EventLoopRequiredError              (RuntimeError)
     ├── OutboxError                             sdcore.outbox
     │   ├── InvalidOutboxMessageError           (ValueError)
+    │   ├── InvalidOutboxRequestError           (ValueError; OutboxAdmin)
     │   ├── OutboxKeyConflictError              (ValueError)
     │   ├── DuplicateOutboxKeyError             (ValueError)
     │   ├── OutboxTransactionRequiredError      (RuntimeError)

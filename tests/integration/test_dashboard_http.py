@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI, Header
+from psycopg_pool import AsyncConnectionPool
 
 from sdcore.dashboard import DashboardError, dashboard_app
 from sdcore.scheduling import ScheduleAdmin
@@ -256,3 +258,25 @@ async def test_outbox_retry_makes_a_dead_row_due(pg_dsn: str) -> None:
                 "SELECT status, attempts FROM outbox WHERE id = %s", (c.dead_id,)
             )
             assert await cur.fetchone() == ("PENDING", 0)
+
+
+async def test_start_up_warms_the_calendar_and_survives_a_missing_table(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sdcore.dashboard")
+    async with cluster(pg_dsn) as c:
+        app = dashboard_app(c.a)
+        async with app.router.lifespan_context(app):
+            warmed = [r for r in caplog.records if getattr(r, "action", "") == "calendar_warmed"]
+            assert warmed
+            assert warmed[0].hours >= 24  # type: ignore[attr-defined]
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://dashboard"
+            ) as client:
+                assert (await client.get("/")).status_code == 200
+        caplog.clear()
+        async with AsyncConnectionPool(c.dsn, open=False, kwargs={"autocommit": True}) as pool:
+            other = dashboard_app(pool, schedules_table="no_such_schedules")
+            async with other.router.lifespan_context(other):
+                pass
+        assert any("calendar warm-up failed" in r.getMessage() for r in caplog.records)

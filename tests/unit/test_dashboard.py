@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 import sdcore.dashboard
 from sdcore.dashboard import DashboardError, dashboard_app
 from sdcore.dashboard._auth import Signer, check_actor, check_token, token_matches
-from sdcore.dashboard._calendar import Calendar
+from sdcore.dashboard._calendar import BUCKET, Calendar
 from sdcore.dashboard._data import Bucket
 from sdcore.dashboard._format import age, timeline
 from sdcore.scheduling import Scheduler
@@ -123,6 +123,29 @@ def test_cron_counts_match_the_scheduler(expression: str, zone: str) -> None:
             assert calendar.expected("cron", expression, zone, start, low, high) == expected
     assert calendar.expected("cron", "not a cron", "UTC", day, day, day + timedelta(hours=1)) == 0
     assert calendar.next_fire("cron", "not a cron", "UTC") is None
+
+
+async def test_warm_fills_every_hour_once_and_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sdcore.dashboard._calendar as calendar_module
+
+    calendar = Calendar()
+    day = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)
+    starts = [day + timedelta(hours=h) for h in range(24)]
+    pairs = [("*/1 * * * *", "UTC"), ("30 2 * * *", "Europe/Paris"), ("nonsense", "UTC")]
+    assert await calendar.warm(pairs, starts) == 72
+    assert await calendar.warm(pairs, starts) == 0  # cached: nothing computed again
+
+    def no_walk(*args: object) -> list[datetime]:
+        raise AssertionError("a warmed hour walked the calendar again")
+
+    monkeypatch.setattr(calendar._scheduler, "expected_ticks", no_walk)
+    quarter = day + timedelta(minutes=15)
+    assert calendar.expected("cron", "*/1 * * * *", "UTC", day, day, day + BUCKET) == 60
+    assert calendar.expected("cron", "*/1 * * * *", "UTC", day, quarter, day + BUCKET) == 45
+    monkeypatch.undo()
+    monkeypatch.setattr(calendar_module, "WARM_PAIRS", 2)
+    many = [(f"{m} * * * *", "UTC") for m in range(5)]
+    assert await Calendar().warm(many, starts[:3]) == 6
 
 
 def test_next_fire_is_after_now() -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 
-from sdcore._internal.sql import queries, render
 from sdcore.cli._format import emit, escape, json_line, one_line, render_table, utc_iso
 from sdcore.cli._options import (
     DEFAULT_LIST_LIMIT,
@@ -26,8 +24,8 @@ from sdcore.cli._options import (
     outbox_table_option,
     transaction_pooling,
 )
-from sdcore.cli._target import CliError, Target, connection, describe_error, target_of
-from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox
+from sdcore.cli._target import CliError, Target, connect_async, describe_error, target_of
+from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxAdmin, OutboxDatabaseError
 from sdcore.postgres import redact_text
 
 Emit = Callable[[str], None]
@@ -46,10 +44,43 @@ WIDTHS = {"name": 24, "idempotency_key": 28, "last_error": 60}
 RELAY_POOL_SIZE = 4
 STATUSES = ("PENDING", "DEAD", "PUBLISHED")
 DEFAULT_STATUSES = ("PENDING", "DEAD")
+JSON_KEYS = (
+    "id",
+    "status",
+    "queue",
+    "name",
+    "attempts",
+    "max_attempts",
+    "next_attempt_at",
+    "idempotency_key",
+    "job_id",
+    "last_error",
+    "created_at",
+    "published_at",
+)
+T = TypeVar("T")
+AsyncConn = psycopg.AsyncConnection[Any]
 
 
-def _list_query(target: Target) -> Any:
-    return render(queries("outbox_admin")["list_rows"], target.identifier)
+def _admin_run(target: Target, operation: Callable[[OutboxAdmin, AsyncConn], Awaitable[T]]) -> T:
+    """Run one :class:`~sdcore.outbox.OutboxAdmin` operation on a fresh autocommit connection.
+
+    Raises:
+        CliError: The database cannot be reached, the table is missing or not an outbox table,
+            or a statement failed (one redacted line, with the fix when there is one).
+    """
+
+    async def run() -> T:
+        admin = OutboxAdmin(Outbox(table=target.table, schema=target.schema))
+        async with await connect_async(target) as conn:
+            return await operation(admin, conn)
+
+    try:
+        return asyncio.run(run())
+    except OutboxDatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.Error):
+            raise describe_error(exc.__cause__, target) from None
+        raise CliError(one_line(redact_text(str(exc), target.dsn))) from None
 
 
 def list_outbox(
@@ -60,11 +91,12 @@ def list_outbox(
     Raises:
         CliError: Database unreachable or table missing.
     """
-    with connection(target) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(_list_query(target), (statuses, limit)).fetchall()
+    rows = _admin_run(
+        target, lambda admin, conn: admin.list_rows(conn, statuses=statuses, limit=limit)
+    )
     if as_json:
         for row in rows:
-            shown = dict(row)
+            shown: dict[str, Any] = {key: getattr(row, key) for key in JSON_KEYS}
             for key in ("next_attempt_at", "created_at", "published_at"):
                 if shown[key] is not None:
                     shown[key] = utc_iso(shown[key], precise=True)
@@ -75,14 +107,14 @@ def list_outbox(
         return
     cells = [
         [
-            str(row["id"]),
-            row["status"],
-            row["queue"],
-            row["name"],
-            f"{row['attempts']}/{row['max_attempts']}",
-            utc_iso(row["next_attempt_at"]),
-            row["idempotency_key"],
-            "-" if row["last_error"] is None else row["last_error"],
+            str(row.id),
+            row.status,
+            row.queue,
+            row.name,
+            f"{row.attempts}/{row.max_attempts}",
+            utc_iso(row.next_attempt_at),
+            row.idempotency_key,
+            "-" if row.last_error is None else row.last_error,
         ]
         for row in rows
     ]
@@ -98,10 +130,7 @@ def retry_outbox(target: Target, emit: Emit, row_id: int) -> None:
     Raises:
         CliError: No such row, or it is already published.
     """
-    outbox = Outbox(table=target.table, schema=target.schema)
-    with connection(target) as conn:
-        found = conn.execute(outbox.sql.retry, (row_id,)).fetchone()
-    if found is None:
+    if not _admin_run(target, lambda admin, conn: admin.retry(conn, row_id)):
         raise CliError(f"no DEAD or PENDING outbox row with id {row_id}")
     emit(f"outbox row {row_id} is PENDING again and due now")
 
@@ -116,8 +145,7 @@ def check_outbox(target: Target) -> None:
         CliError: Cannot connect, the table is missing (with the command that creates it), or
             it is not an outbox table.
     """
-    with connection(target) as conn:
-        conn.execute(_list_query(target), ([], 0))
+    _admin_run(target, lambda admin, conn: admin.check_table(conn))
 
 
 def run_relay(

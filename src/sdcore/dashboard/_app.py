@@ -4,9 +4,11 @@ No ``from __future__ import annotations`` here: FastAPI reads the routes' annota
 time, and they name dependencies local to :func:`dashboard_app`.
 """
 
+import asyncio
+import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -19,6 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.supervisor import Supervisor
 from sdcore.dashboard import _format
 from sdcore.dashboard._auth import (
     COOKIE,
@@ -29,14 +32,16 @@ from sdcore.dashboard._auth import (
     check_token,
     token_matches,
 )
-from sdcore.dashboard._data import MISSING_TABLE, DashboardData, queue_counts
+from sdcore.dashboard._data import MISSING_STATES, MISSING_TABLE, DashboardData, queue_counts
 from sdcore.job_scheduler import JobScheduler
-from sdcore.outbox import Outbox
+from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
 from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
 from sdcore.scheduling import ScheduleControlError as ControlError
 
 MAX_FORM_BYTES = 16_384
+WARM_WAIT_S = 2.0
+"""How long the app's start-up waits for the calendar warm-up before it serves anyway."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -145,7 +150,13 @@ def dashboard_app(
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(_format.FILTERS)
-    app = FastAPI(title=f"{title} dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title=f"{title} dashboard",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=_warm_up(data, env, log),
+    )
     app.mount("/static", StaticFiles(packages=[("sdcore.dashboard", "static")]), name="static")
 
     async def no_operator() -> str | None:
@@ -292,7 +303,9 @@ def dashboard_app(
         try:
             stats = await data.outbox_stats()
             rows = await data.outbox_rows(statuses)
-        except MISSING_TABLE:
+        except OutboxDatabaseError as exc:
+            if exc.sqlstate not in MISSING_STATES:
+                raise
             return render(request, seen, "missing.html", what="outbox", flag="--outbox")
         return render(request, seen, "outbox.html", stats=stats, rows=rows, status=status)
 
@@ -377,7 +390,7 @@ def dashboard_app(
             raise Refused(400, "The outbox row id must be a positive integer.")
         try:
             retried = await data.retry_outbox(int(text))
-        except psycopg.Error as exc:
+        except OutboxDatabaseError as exc:
             raise Refused(503, f"The database refused the retry: {_format.one_line(exc)}") from None
         if not retried:
             raise Refused(409, f"No DEAD or PENDING outbox row with id {text}.")
@@ -390,6 +403,48 @@ def dashboard_app(
         return back(seen, "/outbox", notice="retried")
 
     return app
+
+
+def _warm_up(
+    data: DashboardData, env: jinja2.Environment, log: logging.Logger
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: compile the templates, warm the timelines' calendar and read the
+    list's first page once (fresh connections and code paths), in a supervised background task.
+
+    Start-up waits for it up to :data:`WARM_WAIT_S` (servers accept requests only after
+    start-up), then it goes on in the background; shutdown cancels it. A failure (no schedules
+    table yet) is logged: the pages compute what they need when asked.
+    """
+
+    async def warm() -> None:
+        started = asyncio.get_running_loop().time()
+        for template in env.list_templates():
+            env.get_template(template)
+        try:
+            hours = await data.warm_calendar()
+            await data.schedules()  # the list's statements and code paths, once
+        except psycopg.Error as exc:
+            log.warning("calendar warm-up failed: %s", str(exc).strip()[:200])
+            return
+        log.info(
+            "calendar warm-up: %d hours in %.0f ms",
+            hours,
+            (asyncio.get_running_loop().time() - started) * 1000,
+            extra={"action": "calendar_warmed", "hours": hours},
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        supervisor = Supervisor("sdcore-dashboard", logger=log)
+        await supervisor.start()
+        try:
+            task = supervisor.spawn("calendar", warm, restart=False, cancel_on_close=True)
+            await asyncio.wait({task}, timeout=WARM_WAIT_S)
+            yield
+        finally:
+            await supervisor.aclose(grace_s=0)
+
+    return lifespan
 
 
 def _page_number(text: str) -> int:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sdcore.scheduling import InvalidScheduleError, Scheduler
 
 BUCKET = timedelta(hours=1)
 CACHE_SIZE = 5_000
+WARM_PAIRS = CACHE_SIZE // 25
+"""Most (expression, zone) pairs :meth:`Calendar.warm` fills: 24 hours each fit the cache."""
+SLICE_S = 0.005
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -75,6 +81,28 @@ class Calendar:
         if len(self._hours) > CACHE_SIZE:
             self._hours.popitem(last=False)
         return found
+
+    async def warm(self, pairs: Iterable[tuple[str, str]], starts: Sequence[datetime]) -> int:
+        """Fill the cache with the hours ``starts`` of cron ``(expression, zone)`` pairs.
+
+        At most :data:`WARM_PAIRS` pairs; the work is cut in slices of about 5 ms that yield to
+        the event loop, so requests served meanwhile wait at most one slice. Returns how many
+        hours were computed (hours already cached cost nothing).
+        """
+        computed = 0
+        deadline = time.monotonic() + SLICE_S
+        for index, (expression, zone) in enumerate(pairs):
+            if index >= WARM_PAIRS:
+                break
+            for start in starts:
+                if (expression, zone, start) in self._hours:
+                    continue
+                self._hour(expression, zone, start)
+                computed += 1
+                if time.monotonic() >= deadline:
+                    await asyncio.sleep(0)
+                    deadline = time.monotonic() + SLICE_S
+        return computed
 
     def expected(
         self, kind: str, expression: str, zone: str, bucket: datetime, low: datetime, high: datetime

@@ -1,7 +1,7 @@
 """What the dashboard's pages show, read from PostgreSQL (and Redis) one page at a time.
 
 Statements are in ``sdcore/postgres/sql/dashboard.sql``; writes go through the public operator
-APIs (:class:`~sdcore.scheduling.ScheduleAdmin`, the outbox's own retry statement).
+APIs (:class:`~sdcore.scheduling.ScheduleAdmin`, :class:`~sdcore.outbox.OutboxAdmin`).
 
 Missed ticks: a schedule's expected ticks come from its trigger (a never-started
 :class:`~sdcore.scheduling.Scheduler` used as a calendar, so cron semantics are the scheduler's
@@ -24,9 +24,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.sql import queries
-from sdcore.dashboard._calendar import BUCKET, Calendar
+from sdcore.dashboard._calendar import BUCKET, WARM_PAIRS, Calendar
 from sdcore.job_scheduler import JobScheduler, JobSchedulerStatus, LeaseAdmin
-from sdcore.outbox import Outbox, OutboxStats, PostgresOutboxStore
+from sdcore.outbox import Outbox, OutboxAdmin, OutboxRow, OutboxStats, PostgresOutboxStore
 from sdcore.postgres import derived_name
 from sdcore.scheduling import PostgresScheduleStore
 
@@ -167,13 +167,13 @@ class DashboardData:
             "declarations": companion("declarations"),
             "runs": companion("runs"),
             "lease": table(lease_table, schema),
-            "outbox": table(self.outbox.table, self.outbox.schema),
         }
         self._sql = {
             key: sql.SQL(text).format(**names).as_string(None).encode("utf-8")
             for key, text in queries("dashboard").items()
         }
         self._outbox_store = PostgresOutboxStore(pool, outbox=self.outbox)
+        self.outbox_admin = OutboxAdmin(self.outbox)
 
     async def _all(self, key: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
@@ -216,6 +216,16 @@ class DashboardData:
         )
         rows = await self._with_timelines(found)
         return rows[0] if rows else None
+
+    async def warm_calendar(self) -> int:
+        """Compute the timelines' expected ticks of every cron expression and zone in use.
+
+        Called in the background when the dashboard starts, so that the first view of the
+        schedules list does not pay the calendar walks. Returns how many hours were computed.
+        """
+        pairs = await self._all("cron_calendars", {"limit": WARM_PAIRS})
+        starts = _bucket_starts(datetime.now(UTC))
+        return await self.calendar.warm(((str(e), str(z)) for e, z in pairs), starts)
 
     async def _with_timelines(self, found: Sequence[tuple[Any, ...]]) -> list[ScheduleRow]:
         now = datetime.now(UTC)
@@ -334,29 +344,20 @@ class DashboardData:
         """Row counts of the outbox table."""
         return await self._outbox_store.stats()
 
-    async def outbox_rows(self, statuses: Sequence[str]) -> list[dict[str, Any]]:
-        """Rows of these statuses, newest first (at most ``MAX_ROWS``)."""
-        keys = (
-            "id",
-            "status",
-            "queue",
-            "name",
-            "attempts",
-            "max_attempts",
-            "next_attempt_at",
-            "idempotency_key",
-            "last_error",
-            "created_at",
-            "claimed_until",
-        )
-        found = await self._all("outbox_rows", {"statuses": list(statuses), "limit": MAX_ROWS})
-        return [dict(zip(keys, r, strict=True)) for r in found]
+    async def outbox_rows(self, statuses: Sequence[str]) -> list[OutboxRow]:
+        """Rows of these statuses, newest first (at most ``MAX_ROWS``).
+
+        Raises:
+            OutboxDatabaseError: The statement failed (``sqlstate`` in :data:`MISSING_STATES`:
+                no outbox table).
+        """
+        async with self.pool.connection() as conn:
+            return await self.outbox_admin.list_rows(conn, statuses=statuses, limit=MAX_ROWS)
 
     async def retry_outbox(self, row_id: int) -> bool:
         """Make a DEAD (or pending) row due now, attempts reset; ``False``: no such row."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self.outbox.sql.retry, (row_id,))
-            return await cur.fetchone() is not None
+            return await self.outbox_admin.retry(conn, row_id)
 
 
 async def queue_counts(redis_url: str, prefix: str, *, limit: int = 100) -> list[QueueRow]:
@@ -412,3 +413,5 @@ __all__ = [
 
 # psycopg's errors the pages turn into a notice instead of a 500 (a table not created yet).
 MISSING_TABLE = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+MISSING_STATES = frozenset(error.sqlstate for error in MISSING_TABLE)
+"""SQLSTATEs of a missing table or schema, as an ``OutboxDatabaseError`` carries them."""

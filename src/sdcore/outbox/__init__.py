@@ -6,10 +6,12 @@ same message under the same idempotency key is a no-op, another message under it
 (derived from the outbox's namespace and the key), so re-publishes are deduplicated.
 """
 
+from sdcore.outbox._admin import OutboxAdmin, OutboxRow
 from sdcore.outbox._model import (
     DEFAULT_KEEP,
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
+    InvalidOutboxRequestError,
     OutboxDatabaseError,
     OutboxError,
     OutboxKeyConflictError,
@@ -31,7 +33,9 @@ __all__ = [
     "DEFAULT_RELAY_BATCH_SIZE",
     "DuplicateOutboxKeyError",
     "InvalidOutboxMessageError",
+    "InvalidOutboxRequestError",
     "Outbox",
+    "OutboxAdmin",
     "OutboxDatabaseError",
     "OutboxEntry",
     "OutboxError",
@@ -39,6 +43,7 @@ __all__ = [
     "OutboxKeyConflictError",
     "OutboxMessage",
     "OutboxRelay",
+    "OutboxRow",
     "OutboxStats",
     "OutboxStatus",
     "OutboxStore",

@@ -46,6 +46,16 @@ class InvalidOutboxMessageError(FieldError, OutboxError, ValueError):
     """
 
 
+class InvalidOutboxRequestError(FieldError, OutboxError, ValueError):
+    """An operator request (:class:`~sdcore.outbox.OutboxAdmin`) that failed validation, raised
+    before any SQL.
+
+    Attributes:
+        field: The offending argument.
+        problem: What is wrong with it.
+    """
+
+
 class OutboxKeyConflictError(OutboxError, ValueError):
     """The idempotency key is already taken by a different message (raised before any write).
 

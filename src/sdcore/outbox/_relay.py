@@ -9,13 +9,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
@@ -61,7 +61,8 @@ def _ms(name: str, value: int, minimum: int) -> int:
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
 DEFAULT_RELAY_BATCH_SIZE = 500
 
-class OutboxRelay:
+
+class OutboxRelay(AsyncStartStop):
     """Claims due rows in short transactions, publishes them, marks them published.
 
     Run one in every replica: ``FOR UPDATE SKIP LOCKED`` plus a claim time keep relays off each
@@ -200,18 +201,6 @@ class OutboxRelay:
             last_error=self._last_error,
             last_round_at=self._last_round_at,
         )
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Start relaying in the background."""

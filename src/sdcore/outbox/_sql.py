@@ -40,6 +40,7 @@ class OutboxStatements:
     prune: bytes
     stats: bytes
     retry: bytes
+    list_rows: bytes
 
     @classmethod
     def render(cls, table: sql.Identifier) -> OutboxStatements:
@@ -67,4 +68,5 @@ class OutboxStatements:
             prune=one("prune").encode(),
             stats=one("stats").encode(),
             retry=one("retry").encode(),
+            list_rows=one("list_rows").encode(),
         )

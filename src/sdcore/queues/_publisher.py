@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from redis.asyncio import Redis
 
 from sdcore._internal.errors import error_text
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.telemetry import trace_option
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
@@ -35,7 +35,7 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-class BullMQPublisher:
+class BullMQPublisher(AsyncStartStop):
     """Publish outbox messages as BullMQ jobs; implements :class:`sdcore.outbox.Publisher`.
 
     Each message becomes ``queue.add(message.name, message.payload, {**message.options,
@@ -136,16 +136,8 @@ class BullMQPublisher:
         """What the start-up check read (``None`` until it ran)."""
         return self._server
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
+        """Same as :meth:`close` (what leaving ``async with`` calls)."""
         await self.close()
 
     async def start(self) -> None:

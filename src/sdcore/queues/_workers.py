@@ -8,12 +8,12 @@ import functools
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from redis import exceptions as redis_errors
 
 from sdcore._internal.errors import error_text
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
@@ -31,7 +31,7 @@ class _Entry:
     running: bool = False
 
 
-class Workers:
+class Workers(AsyncStartStop):
     """Run a list of :class:`Processor` s, one bullmq ``Worker`` each (NestJS ``WorkerHost``).
 
     ```python
@@ -125,16 +125,8 @@ class Workers:
         """Wait until every worker takes jobs (Redis reachable, version read)."""
         await self._ready.wait()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
+        """Same as :meth:`close` with no grace bound (what leaving ``async with`` calls)."""
         await self.close()
 
     async def start(self) -> None:

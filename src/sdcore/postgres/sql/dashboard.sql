@@ -1,6 +1,7 @@
 -- Read statements of the web dashboard (sdcore.dashboard). Identifiers are filled with psycopg's
 -- sql.SQL.format: {schedules} the schedules table, {replicas}, {declarations}, {runs} its
--- companion tables, {lease} the lease table, {outbox} the outbox table. Values are parameters.
+-- companion tables, {lease} the lease table. Values are parameters. The outbox page's rows come
+-- from OutboxAdmin (outbox.sql).
 -- Every page reads one page of rows (LIMIT), never the whole table: 10,000 schedules and a
 -- million runs answer in milliseconds on the existing indexes.
 
@@ -56,6 +57,15 @@ LEFT JOIN LATERAL (
 ) AS lr ON true
 WHERE s.name = %(name)s AND s.removed_at IS NULL
 
+-- name: cron_calendars
+-- The distinct (expression, zone) pairs of live cron schedules, most used first: what the
+-- calendar warms when the dashboard starts (one scan of the schedules table).
+SELECT expression, time_zone FROM {schedules}
+WHERE removed_at IS NULL AND kind = 'cron'
+GROUP BY expression, time_zone
+ORDER BY count(*) DESC, expression, time_zone
+LIMIT %(limit)s
+
 -- name: tick_buckets
 -- Ticks of these schedules that ran in the window, per hour bucket: distinct scheduled instants
 -- that succeeded (in any attempt), are still running, or only failed. Runs started by `trigger`
@@ -99,11 +109,3 @@ LEFT JOIN LATERAL (
     ORDER BY r.started_at DESC LIMIT 1
 ) AS o ON true
 WHERE j.id = ANY(%(ids)s::uuid[])
-
--- name: outbox_rows
--- Pending and dead rows, newest first, on the primary key.
-SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key,
-       last_error, created_at, claimed_until
-FROM {outbox}
-WHERE status = ANY(%(statuses)s::text[])
-ORDER BY id DESC LIMIT %(limit)s

@@ -155,5 +155,13 @@ UPDATE {table} SET status = 'PENDING', attempts = 0, next_attempt_at = clock_tim
 WHERE id = %s AND status IN ('DEAD', 'PENDING')
 RETURNING id
 
+-- name: list_rows
+-- An operator's listing (sdcore outbox list, the dashboard's outbox page; the relay's start-up
+-- check with no status and limit 0): rows of these statuses, newest first, on the primary key.
+-- Parameters: the statuses (text[]), the limit.
+SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key, job_id,
+       last_error, created_at, published_at, claimed_until
+FROM {table} WHERE status = ANY(%s::text[]) ORDER BY id DESC LIMIT %s
+
 -- name: listen
 LISTEN {channel}
