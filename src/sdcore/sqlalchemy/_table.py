@@ -28,6 +28,15 @@ from sqlalchemy.schema import conv
 
 from sdcore.postgres import check_identifier, derived_name
 
+# The id default of migration lease/0005 (a UUID version 7; PostgreSQL 15 has no uuidv7()),
+# spelled as PostgreSQL prints it back (pg_get_expr): Alembic compares defaults as text.
+UUIDV7_DEFAULT = (
+    "(encode(set_bit(set_bit(OVERLAY(uuid_send(gen_random_uuid()) PLACING"
+    " SUBSTRING(int8send((floor((EXTRACT(epoch FROM clock_timestamp())"
+    " * (1000)::numeric)))::bigint) FROM 3) FROM 1 FOR 6), (52)::bigint, 1), (53)::bigint, 1),"
+    " 'hex'::text))::uuid"
+)
+
 
 def job_scheduler_table(
     metadata: MetaData, *, table: str = "job_scheduler", schema: str | None = None
@@ -64,7 +73,8 @@ def job_scheduler_table(
     result = Table(
         table,
         metadata,
-        Column("id", UUID(as_uuid=False), nullable=False, server_default=text("gen_random_uuid()")),
+        # Migration lease/0005: time-ordered ids (UUID version 7 from the database clock).
+        Column("id", UUID(as_uuid=False), nullable=False, server_default=text(UUIDV7_DEFAULT)),
         Column("lock_key", Text, nullable=False),
         Column("idempotency_key", Text, nullable=False),
         Column("code", String(64), nullable=False),
