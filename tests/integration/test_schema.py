@@ -25,7 +25,7 @@ async def test_ensure_schema_is_idempotent_and_concurrent_safe(pg_dsn: str) -> N
     async with JobSchedulerService.connect(pg_dsn, max_size=8) as jobs:
         await asyncio.gather(*(jobs.ensure_schema() for _ in range(8)))
         await jobs.ensure_schema()
-    assert len(_indexes(pg_dsn, "job_scheduler")) == 4
+    assert len(_indexes(pg_dsn, "job_scheduler")) == 5
 
 
 async def test_two_long_table_names_with_a_common_prefix_both_get_their_indexes(
@@ -37,7 +37,7 @@ async def test_two_long_table_names_with_a_common_prefix_both_get_their_indexes(
             await jobs.ensure_schema()
             assert (await jobs.acquire({"code": "c", "run_key": "r"})).acquired
     first, second = (_indexes(pg_dsn, name) for name in names)
-    assert len(first) == len(second) == 4
+    assert len(first) == len(second) == 5
     assert not first & second
 
 

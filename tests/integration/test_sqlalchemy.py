@@ -269,7 +269,7 @@ async def test_create_all_and_autogenerate_build_the_ensure_schema_catalog(
 
     expected = catalog(pg_dsn, table, schema)
     assert len(expected["columns"]) == 15
-    assert len(expected["indexes"]) == 4  # pkey, lock_key_key and the two declared indexes
+    assert len(expected["indexes"]) == 5  # pkey, lock_key_key and the three declared indexes
     assert len(expected["constraints"]) == 8  # pkey, unique, six checks
     assert catalog(create_all_dsn, table, schema) == expected
     assert catalog(alembic_dsn, table, schema) == expected, code
@@ -323,6 +323,7 @@ def test_names_are_the_ddl_names_even_under_a_naming_convention() -> None:
         "job_scheduler_attempts_check",
         "job_scheduler_code_created_at_idx",
         "job_scheduler_created_at_idx",
+        "job_scheduler_running_idx",
     }
     code_index = next(i for i in table.indexes if i.name == "job_scheduler_code_created_at_idx")
     assert [str(e) for e in code_index.expressions] == [

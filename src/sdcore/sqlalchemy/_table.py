@@ -121,4 +121,11 @@ def job_scheduler_table(
     # Migration lease/0004: created_at (never updated) replaced (status, modified_at), so that
     # complete and heartbeat are HOT updates.
     Index(name("created_at_idx"), result.c.created_at)
+    # Migration lease/0006: the RUNNING rows, for operators' listings.
+    Index(
+        name("running_idx"),
+        result.c.created_at.desc(),
+        result.c.id.desc(),
+        postgresql_where=text("status = 'RUNNING'"),
+    )
     return result
