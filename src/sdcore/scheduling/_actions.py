@@ -49,7 +49,9 @@ class ActionRunner:
         logger: The control plane's logger.
     """
 
-    def __init__(self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger) -> None:
+    def __init__(
+        self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger
+    ) -> None:
         self.hooks = hooks
         self.store = store
         self._log = logger

@@ -45,6 +45,7 @@ from sdcore.scheduling._triggers import (
 __all__ = ["ScheduleControl"]
 
 
+
 def _expression(entry: Entry) -> str:
     trigger = entry.trigger
     if isinstance(trigger, CronTrigger):
@@ -391,7 +392,6 @@ class ScheduleControl:
             row.expression,
             extra={"action": "stored_applied", "schedule": row.name},
         )
-
 
 def _bind(function: Callable[..., Any], args: Mapping[str, Any]) -> Handler:
     """A stored schedule's handler: ``function(tick, args)`` as a tick handler."""
