@@ -51,9 +51,9 @@ __all__ = [
 Handler = Callable[[Tick], Awaitable[Any] | Any]
 # When retries stop: the next tick's instant, or a function computing it on first use.
 Deadline = datetime | None | Callable[[], datetime | None]
-# The answer to a tick's first offer when it was acquired before its task started (batch start):
-# ``(result, attempt)`` as ``acquire_attempt`` returns it, or the exception the acquire raised.
-FirstOffer = tuple[JobAcquireResult, int] | Exception
+# A tick's first offer when it was acquired before its task started (batch start): its options,
+# and ``(result, attempt)`` as ``acquire_attempt`` returns it or the exception the acquire raised.
+FirstOffer = tuple[JobAcquireOptions, tuple[JobAcquireResult, int] | Exception]
 
 OVERLAP_GUARD_RUN_KEY = "overlap-guard"
 
@@ -112,7 +112,8 @@ class TickRunner:
     def ends_lost(self, name: str, policy: RunPolicy, tick: Tick, first: FirstOffer) -> bool:
         """Whether ``first`` (a lost first offer) is the whole of the tick on this process: the
         tick needs no task (no retry offers follow, as in :meth:`run`)."""
-        if isinstance(first, Exception) or first[0].acquired or policy.retries:
+        answer = first[1]
+        if isinstance(answer, Exception) or answer[0].acquired or policy.retries:
             return False
         if self.log.isEnabledFor(logging.DEBUG):
             self._log_not_ours(name, tick)
@@ -384,7 +385,7 @@ class TickRunner:
             except Exception as exc:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
-        options = tick_options(name, kind, policy, tick.run_key)
+        options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
         number = 0
 
         def bind(lease: JobExecutionLease, attempt: int) -> Tick:
@@ -409,10 +410,10 @@ class TickRunner:
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
             acquired = await self.acquirer.acquire(options, policy.budget)
-        elif isinstance(first, Exception):
-            raise first
+        elif isinstance(first[1], Exception):
+            raise first[1]
         else:
-            acquired = first
+            acquired = first[1]
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):

@@ -336,8 +336,11 @@ class Supervisor:
         ]
         assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
         answers = await runner.acquirer.acquire_each(items)
-        for (entry, due, tick, deadline), first in zip(batch, answers, strict=True):
+        for (entry, due, tick, deadline), (options, _), answer in zip(
+            batch, items, answers, strict=True
+        ):
             entry.running.discard(holder)
+            first = (options, answer)
             if runner.ends_lost(entry.name, entry.policy, tick, first):
                 self._ended(entry, due, None)
             else:
