@@ -241,3 +241,35 @@ async def test_cluster_overlap_guards_of_a_burst_share_one_call(jobs_class: type
         assert jobs.single >= 200  # one guard acquire per tick and replica
     else:
         assert jobs.many == [50] * 4  # one call per replica and instant
+
+
+@in_loop_time
+async def test_a_replica_starts_a_task_only_for_the_ticks_it_won(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jobs = _Counting(clock=loop_clock())
+    ledger: list[tuple[str, str | None]] = []
+    tick_tasks: list[str] = []
+    create_task = asyncio.create_task
+
+    def counting(coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        if str(kwargs.get("name", "")).startswith("sdcore-tick:"):
+            tick_tasks.append(kwargs["name"])
+        return create_task(coro, **kwargs)
+
+    monkeypatch.setattr(asyncio, "create_task", counting)
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
+    for scheduler in replicas:
+        for i in range(100):
+
+            async def handler(tick: Tick) -> None:
+                ledger.append((tick.schedule, tick.run_key))
+
+            scheduler.add_cron(f"digest-{i:03d}", "*/2 * * * * *", handler)
+    async with replicas[0], replicas[1], replicas[2]:
+        await asyncio.sleep(2.5)
+    counts = Counter(ledger)
+    assert len(counts) == 100
+    assert set(counts.values()) == {1}
+    # A lost tick (two thirds of each replica's burst) costs no task: one per tick run.
+    assert len(tick_tasks) == len(ledger)

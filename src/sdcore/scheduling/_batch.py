@@ -68,6 +68,38 @@ class TickAcquirer:
         """
         return await self._queue(options, budget)
 
+    async def acquire_each(
+        self, items: list[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int] | Exception]:
+        """Acquire many ticks' leases with the other requests of this loop turn, in one await.
+
+        The batch start's path: the answers come back in ``items``' order, each a result or the
+        exception its call raised, without a coroutine per tick. Cancelled, every lease the
+        calls in flight win for these items is given back (as for :meth:`acquire`).
+        """
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[tuple[JobAcquireResult, int]]] = [
+            loop.create_future() for _ in items
+        ]
+        if items and not self._pending:
+            loop.call_soon(self.flush)
+        self._pending.extend(
+            (options, budget, future)
+            for (options, budget), future in zip(items, futures, strict=True)
+        )
+        answers: list[tuple[JobAcquireResult, int] | Exception] = []
+        try:
+            for future in futures:
+                try:
+                    answers.append(await future)
+                except Exception as exc:  # noqa: BLE001 - the tick's own offer raises it
+                    answers.append(exc)
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            raise
+        return answers
+
     async def acquire_plain(self, options: JobAcquireOptions) -> JobAcquireResult:
         """Acquire a plain lease (``acquire`` semantics) with the other requests of this turn.
 

@@ -26,6 +26,7 @@ from sdcore._internal.telemetry import (
 from sdcore.job_scheduler import (
     BaseJobScheduler,
     JobAcquireOptions,
+    JobAcquireResult,
     JobExecutionLease,
     JobSchedulerError,
     JobSchedulerStatus,
@@ -50,6 +51,9 @@ __all__ = [
 Handler = Callable[[Tick], Awaitable[Any] | Any]
 # When retries stop: the next tick's instant, or a function computing it on first use.
 Deadline = datetime | None | Callable[[], datetime | None]
+# A tick's first offer when it was acquired before its task started (batch start): its options,
+# and ``(result, attempt)`` as ``acquire_attempt`` returns it or the exception the acquire raised.
+FirstOffer = tuple[JobAcquireOptions, tuple[JobAcquireResult, int] | Exception]
 
 OVERLAP_GUARD_RUN_KEY = "overlap-guard"
 
@@ -94,6 +98,27 @@ class TickRunner:
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
 
+    def acquires_first(self, policy: RunPolicy) -> bool:
+        """Whether a regular fire of a schedule with ``policy`` may be acquired before its task
+        exists (batch start): an exclusive tick that starts with its lease (no jitter, no
+        cluster overlap guard before it)."""
+        return (
+            self.jobs is not None
+            and policy.exclusive
+            and not policy.jitter_ms
+            and policy.overlap is not Overlap.SKIP_CLUSTER
+        )
+
+    def ends_lost(self, name: str, policy: RunPolicy, tick: Tick, first: FirstOffer) -> bool:
+        """Whether ``first`` (a lost first offer) is the whole of the tick on this process: the
+        tick needs no task (no retry offers follow, as in :meth:`run`)."""
+        answer = first[1]
+        if isinstance(answer, Exception) or answer[0].acquired or policy.retries:
+            return False
+        if self.log.isEnabledFor(logging.DEBUG):
+            self._log_not_ours(name, tick)
+        return True
+
     async def run(
         self,
         *,
@@ -105,6 +130,7 @@ class TickRunner:
         deadline: Deadline,
         clock: Callable[[], datetime],
         record_skip: bool = True,
+        first: FirstOffer | None = None,
     ) -> TickOutcome:
         """Run ``tick`` within its attempt budget; never raises except ``CancelledError``.
 
@@ -119,6 +145,8 @@ class TickRunner:
             clock: Wall clock (UTC).
             record_skip: Record the tick as skipped if the cluster overlap guard refuses it
                 (a regular fire; a catch-up start stays pending instead).
+            first: The answer to the first offer, acquired before this task started (batch
+                start; only for ticks :meth:`acquires_first` accepts).
         """
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
@@ -129,7 +157,7 @@ class TickRunner:
                 return self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
             return await self._guarded(name, kind, policy, tick, body, record_skip)
-        return await self._attempts(name, kind, handler, policy, tick, deadline, clock)
+        return await self._attempts(name, kind, handler, policy, tick, deadline, clock, first)
 
     async def record_skipped(
         self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str
@@ -236,6 +264,7 @@ class TickRunner:
         tick: Tick,
         deadline: Deadline,
         clock: Callable[[], datetime],
+        first: FirstOffer | None = None,
     ) -> TickOutcome:
         ran = False
         attempt = 0
@@ -245,7 +274,9 @@ class TickRunner:
             run = self.telemetry.tick_scope(name)
             try:
                 offer = tick if local == tick.attempt else replace(tick, attempt=local)
-                attempt, executed = await self._attempt(name, kind, handler, policy, offer, run)
+                attempt, executed = await self._attempt(
+                    name, kind, handler, policy, offer, run, first if local == 1 else None
+                )
             except asyncio.CancelledError:
                 self.telemetry.tick_finished(run, FAILURE)
                 raise
@@ -337,6 +368,7 @@ class TickRunner:
         policy: RunPolicy,
         tick: Tick,
         run: RunScope | None = None,
+        first: FirstOffer | None = None,
     ) -> tuple[int, bool]:
         """Offer one attempt. Returns ``(attempt, ran_and_succeeded)``; ``False``: not ours.
 
@@ -346,11 +378,14 @@ class TickRunner:
         if self.jobs is None or not policy.exclusive:
             self.telemetry.tick_started(run, tick)
             try:
-                await _call(handler, tick)
+                if inspect.iscoroutinefunction(handler):
+                    await handler(tick)  # no frame of its own: the burst path of plain ticks
+                else:
+                    await _call(handler, tick)
             except Exception as exc:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
-        options = tick_options(name, kind, policy, tick.run_key)
+        options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
         number = 0
 
         def bind(lease: JobExecutionLease, attempt: int) -> Tick:
@@ -372,8 +407,13 @@ class TickRunner:
             def call(lease: JobExecutionLease, attempt: int) -> Any:
                 return handler(bind(lease, attempt))
 
-        assert self.acquirer is not None  # noqa: S101 - set with jobs
-        acquired = await self.acquirer.acquire(options, policy.budget)
+        if first is None:
+            assert self.acquirer is not None  # noqa: S101 - set with jobs
+            acquired = await self.acquirer.acquire(options, policy.budget)
+        elif isinstance(first[1], Exception):
+            raise first[1]
+        else:
+            acquired = first[1]
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
@@ -381,14 +421,18 @@ class TickRunner:
         except Exception as exc:
             raise _HandlerFailed(number, exc) from exc
         if not outcome.acquired:
-            self.log.debug(
-                "schedule %r run %r: owned, done or out of attempts elsewhere",
-                name,
-                tick.run_key,
-                extra={"action": "tick_skipped", "schedule": name, "run_key": tick.run_key},
-            )
+            if self.log.isEnabledFor(logging.DEBUG):
+                self._log_not_ours(name, tick)
             return 0, False
         return number, True
+
+    def _log_not_ours(self, name: str, tick: Tick) -> None:
+        self.log.debug(
+            "schedule %r run %r: owned, done or out of attempts elsewhere",
+            name,
+            tick.run_key,
+            extra={"action": "tick_skipped", "schedule": name, "run_key": tick.run_key},
+        )
 
     def _log_error(
         self,

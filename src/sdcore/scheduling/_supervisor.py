@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
@@ -27,10 +28,19 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
-from sdcore.scheduling._runner import Deadline, Handler, TickOutcome, TickRunner
+from sdcore.scheduling._runner import (
+    Deadline,
+    FirstOffer,
+    Handler,
+    TickOutcome,
+    TickRunner,
+    tick_options,
+)
 from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
+# A regular fire acquired before its task exists: (entry, due, tick, deadline).
+_Deferred = tuple["Entry", datetime, Tick, Deadline]
 # How the running tick started; set by Supervisor.launch for the tick's task only.
 _PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
     "sdcore_tick_path", default=StartPath.FIRE
@@ -121,6 +131,8 @@ class Supervisor:
         self._log = logger
         self._grace = grace_s
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._batch: list[_Deferred] | None = None  # the fires of this loop turn (start_tick)
+        self._batch_task: asyncio.Task[Any] | None = None
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
@@ -134,6 +146,15 @@ class Supervisor:
     def tasks(self) -> int:
         """Ticks (and skip records) in progress."""
         return len(self._tasks)
+
+    def _batch_ended(self, batch: list[_Deferred], task: asyncio.Task[Any]) -> None:
+        """A batch task ended: cancelled (before or during its acquire), its ticks end here."""
+        if self._batch is batch:
+            self._batch = None  # cancelled before it ran
+        for entry, due, _, _ in batch:
+            if task in entry.running:
+                entry.running.discard(task)
+                self._ended(entry, due, None)
 
     def _own(
         self,
@@ -157,8 +178,27 @@ class Supervisor:
 
         Overlap applies the same way on every path. A regular fire skipped by overlap is recorded
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
+
+        A regular fire of an exclusive schedule is acquired before its task exists: the ticks
+        started in one turn of the loop (a start slice of the timer) share one batch task, which
+        sends their acquires together and starts a task only for the ticks won here (and for the
+        lost ones that still have retry offers to make). Until the answer, the batch task counts
+        as the tick's run for the overlap policy, and the tick as in flight.
         """
-        return self.launch(entry, due, path, deadline=deadline) is not None
+        if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
+            return self.launch(entry, due, path, deadline=deadline) is not None
+        tick = self._admit(entry, due, path, None)
+        if tick is None:
+            return False
+        batch, holder = self._batch, self._batch_task
+        if batch is None or holder is None:
+            batch = self._batch = []
+            holder = self._batch_task = self._own(self._acquire_batch(batch), "sdcore-tick-batch")
+            holder.add_done_callback(functools.partial(self._batch_ended, batch))
+        batch.append((entry, due, tick, deadline))
+        entry.running.add(holder)
+        entry.in_flight.add(due)
+        return True
 
     def launch(
         self,
@@ -179,6 +219,15 @@ class Supervisor:
             deadline: Retries never start at or after this instant.
             tick: The tick to run (default: the tick of ``due``; a trigger has its own run key).
         """
+        admitted = self._admit(entry, due, path, tick)
+        if admitted is None:
+            return None
+        return self._spawn(entry, due, path, admitted, deadline, None)
+
+    def _admit(
+        self, entry: Entry, due: datetime, path: StartPath, tick: Tick | None
+    ) -> Tick | None:
+        """The tick to start, or ``None`` when a policy says no (a skip is recorded here)."""
         if entry.removed or not entry.active:
             return None
         if due in entry.in_flight:
@@ -228,6 +277,17 @@ class Supervisor:
                     f"sdcore-skip:{entry.name}",
                 )
             return None
+        return tick
+
+    def _spawn(
+        self,
+        entry: Entry,
+        due: datetime,
+        path: StartPath,
+        tick: Tick,
+        deadline: Deadline,
+        first: FirstOffer | None,
+    ) -> asyncio.Task[TickOutcome]:
         context = None
         if _PATH.get() is not path:
             # The tick's task knows how it started (the run history's "source"); a regular
@@ -244,23 +304,48 @@ class Supervisor:
                 deadline=deadline,
                 clock=self._clock,
                 record_skip=path is StartPath.FIRE,
+                first=first,
             ),
             f"sdcore-tick:{entry.name}",
             context,
         )
         entry.running.add(task)
         entry.in_flight.add(due)
-
-        def done(task: asyncio.Task[Any]) -> None:
-            entry.running.discard(task)
-            entry.in_flight.discard(due)
-            if entry.pending and not entry.running and not entry.removed:
-                # Catch-up under overlap "skip": the next missed tick starts when this one ends.
-                with contextlib.suppress(RuntimeError):  # the loop is closing
-                    asyncio.get_running_loop().call_soon(self._drain, entry)
-
-        task.add_done_callback(done)
+        task.add_done_callback(functools.partial(self._ended, entry, due))
         return task
+
+    def _ended(self, entry: Entry, due: datetime, task: asyncio.Task[Any] | None) -> None:
+        """A tick of ``entry`` at ``due`` ended here (``task``: its task, if it had one)."""
+        if task is not None:
+            entry.running.discard(task)
+        entry.in_flight.discard(due)
+        if entry.pending and not entry.running and not entry.removed:
+            # Catch-up under overlap "skip": the next missed tick starts when this one ends.
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                asyncio.get_running_loop().call_soon(self._drain, entry)
+
+    async def _acquire_batch(self, batch: list[_Deferred]) -> None:
+        """Acquire the ticks of ``batch`` together; start the ones that need a task."""
+        self._batch = None  # ticks started from now on form the next batch
+        runner = self._runner
+        holder = asyncio.current_task()
+        assert holder is not None  # noqa: S101 - a task's coroutine
+        items = [
+            (tick_options(e.name, e.kind, e.policy, t.run_key), e.policy.budget)
+            for e, _, t, _ in batch
+        ]
+        assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
+        answers = await runner.acquirer.acquire_each(items)
+        for (entry, due, tick, deadline), (options, _), answer in zip(
+            batch, items, answers, strict=True
+        ):
+            entry.running.discard(holder)
+            first = (options, answer)
+            if runner.ends_lost(entry.name, entry.policy, tick, first):
+                self._ended(entry, due, None)
+            else:
+                entry.in_flight.discard(due)  # the task's own from here
+                self._spawn(entry, due, StartPath.FIRE, tick, deadline, first)
 
     async def catch_up_at_start(
         self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
@@ -391,7 +476,14 @@ class Supervisor:
     async def _shutdown_ticks(self) -> None:
         if not self._tasks:
             return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=self._grace)
+        # A batch acquire finishing within the grace period starts the ticks it won: they get
+        # what is left of it too.
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._grace
+        pending: set[asyncio.Task[Any]] = set()
+        while self._tasks - pending and loop.time() < end:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=end - loop.time())
+        pending = {task for task in self._tasks if not task.done()}
         for task in pending:
             task.cancel()
         if pending:
