@@ -22,10 +22,10 @@ from sdcore.scheduling._control import (
     ControlAction,
     ScheduleStore,
 )
+from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._hooks import SchedulerHooks
 from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import TickOutcome, tick_options
-from sdcore.scheduling._supervisor import Entry
 from sdcore.scheduling._triggers import Tick, expected_instants
 
 __all__ = ["ActionRunner"]

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from datetime import datetime
 
 from sdcore.job_scheduler import BaseJobScheduler
+from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._runner import Handler, TickOutcome
 from sdcore.scheduling._scheduler import Scheduler
-from sdcore.scheduling._supervisor import Entry
 from sdcore.scheduling._triggers import Tick
 
 __all__ = ["SchedulerHooks"]

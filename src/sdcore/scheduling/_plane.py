@@ -32,11 +32,11 @@ from sdcore.scheduling._control import (
     policy_options,
 )
 from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
 from sdcore.scheduling._runner import Handler
 from sdcore.scheduling._scheduler import Scheduler
-from sdcore.scheduling._supervisor import Entry
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,

@@ -10,7 +10,7 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,6 @@ from sdcore._internal.telemetry import (
     FAILURE,
     LOST_LEASE,
     NOOP,
-    SKIPPED_OVERLAP,
     SUCCESS,
     RunScope,
     Telemetry,
@@ -34,6 +33,7 @@ from sdcore.job_scheduler import (
     LostJobLeaseError,
 )
 from sdcore.scheduling._batch import TickAcquirer
+from sdcore.scheduling._guard import TickOutcome, run_guarded
 from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy
 from sdcore.scheduling._triggers import ScheduleKind, Tick
 
@@ -54,18 +54,6 @@ Deadline = datetime | None | Callable[[], datetime | None]
 # A tick's first offer when it was acquired before its task started (batch start): its options,
 # and ``(result, attempt)`` as ``acquire_attempt`` returns it or the exception the acquire raised.
 FirstOffer = tuple[JobAcquireOptions, tuple[JobAcquireResult, int] | Exception]
-
-OVERLAP_GUARD_RUN_KEY = "overlap-guard"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TickOutcome:
-    """What happened to a tick on this process (for logs, tests and the demo)."""
-
-    ran: bool
-    succeeded: bool
-    attempts: int
-
 
 def tick_options(
     name: str, kind: ScheduleKind, policy: RunPolicy, run_key: str | None
@@ -156,7 +144,7 @@ class TickRunner:
             def body() -> Awaitable[TickOutcome]:
                 return self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
-            return await self._guarded(name, kind, policy, tick, body, record_skip)
+            return await run_guarded(self, name, kind, policy, tick, body, record_skip)
         return await self._attempts(name, kind, handler, policy, tick, deadline, clock, first)
 
     async def record_skipped(
@@ -169,91 +157,6 @@ class TickRunner:
             await self.jobs.record_skipped(tick_options(name, kind, policy, tick.run_key), reason)
         except JobSchedulerError as exc:
             self._log_error("could not record the skip", name, tick, exc, "skip_not_recorded")
-
-    async def _guarded(
-        self,
-        name: str,
-        kind: ScheduleKind,
-        policy: RunPolicy,
-        tick: Tick,
-        body: Callable[[], Awaitable[TickOutcome]],
-        record_skip: bool,
-    ) -> TickOutcome:
-        """Cluster-wide overlap guard: a second lease per schedule, released after the run.
-
-        The guard is a lease like any other: when its heartbeat is refused (the row was taken
-        over or released) or cannot be confirmed within its lease, the run is cancelled.
-        """
-        assert self.jobs is not None  # noqa: S101
-        jobs = self.jobs
-        options = JobAcquireOptions(
-            code=name,
-            run_key=OVERLAP_GUARD_RUN_KEY,
-            lease_ms=policy.lease_ms,
-            heartbeat_ms=policy.heartbeat_ms,
-        )
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        assert self.acquirer is not None  # noqa: S101 - set with jobs
-        guard = await self.acquirer.acquire_plain(options)
-        if not guard.acquired:
-            self.log.info(
-                "schedule %r run %r: skipped, a previous run is still running in the cluster",
-                name,
-                tick.run_key,
-                extra={"action": "tick_overlap_skipped", "schedule": name, "run_key": tick.run_key},
-            )
-            if record_skip:
-                self.telemetry.tick_skipped(name, SKIPPED_OVERLAP)
-                await self.record_skipped(name, kind, policy, tick, "overlap")
-            return TickOutcome(ran=False, succeeded=False, attempts=0)
-        lease = guard.lease
-        work = asyncio.ensure_future(body())
-        lost: list[str] = []
-
-        async def keep_alive() -> None:
-            confirmed = sent
-            interval = (options.heartbeat_ms or options.lease_ms // 3) / 1000
-            while True:
-                await asyncio.sleep(interval)
-                beat = loop.time()
-                try:
-                    async with asyncio.timeout(max(interval, 0.2)):
-                        ok = await jobs.heartbeat(lease)
-                except (JobSchedulerError, TimeoutError) as exc:
-                    self.log.warning("schedule %r: overlap guard heartbeat failed: %s", name, exc)
-                    if loop.time() - confirmed < options.lease_ms / 1000:
-                        continue
-                    ok = False
-                if not ok:
-                    lost.append("the overlap guard's lease was lost")
-                    self.log.warning(
-                        "schedule %r run %r: overlap guard lost; cancelling the run",
-                        name,
-                        tick.run_key,
-                        extra={"action": "guard_lost", "schedule": name, "run_key": tick.run_key},
-                    )
-                    work.cancel()
-                    return
-                confirmed = beat
-
-        beat_task = asyncio.create_task(keep_alive(), name=f"sdcore-overlap-guard:{name}")
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if not lost:
-                work.cancel()
-                await asyncio.wait({work})
-                raise
-            return TickOutcome(ran=True, succeeded=False, attempts=0)
-        finally:
-            beat_task.cancel()
-            await asyncio.wait({beat_task})
-            if not lost:
-                try:
-                    await asyncio.shield(jobs.release(lease))
-                except JobSchedulerError:
-                    self.log.warning("schedule %r: could not release the overlap guard", name)
 
     async def _attempts(
         self,

@@ -14,6 +14,7 @@ from sdcore._internal.telemetry import Telemetry
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
 from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
+from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
@@ -25,7 +26,7 @@ from sdcore.scheduling._policy import (
     check_name,
 )
 from sdcore.scheduling._runner import Handler, TickRunner, utcnow
-from sdcore.scheduling._supervisor import Entry, Supervisor
+from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
     CronTrigger,

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from sdcore._internal.telemetry import SKIPPED_OVERLAP, SKIPPED_PAUSE
 from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
@@ -27,16 +26,16 @@ from sdcore.scheduling._catch_up import (
     latest_instants,
     to_start,
 )
-from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
+from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import (
     Deadline,
     FirstOffer,
-    Handler,
     TickOutcome,
     TickRunner,
     tick_options,
 )
-from sdcore.scheduling._triggers import ScheduleKind, Tick, Trigger, make_tick
+from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
 # A regular fire acquired before its task exists: (entry, due, tick, deadline).
@@ -50,60 +49,6 @@ _PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
 def current_path() -> StartPath:
     """How the tick running in this task (or its worker thread) was started."""
     return _PATH.get()
-
-
-class Entry:
-    """One registered schedule and its state on this scheduler."""
-
-    __slots__ = (
-        "active",
-        "active_since",
-        "handler",
-        "in_flight",
-        "kind",
-        "name",
-        "next_at",
-        "offered",
-        "pending",
-        "policy",
-        "removed",
-        "running",
-        "stopped_at",
-        "swept_until",
-        "trigger",
-        "version",
-        "zone",
-    )
-
-    def __init__(
-        self, name: str, trigger: Trigger, handler: Handler, zone: ZoneInfo, policy: RunPolicy
-    ) -> None:
-        self.name = name
-        self.kind = trigger.kind
-        self.trigger = trigger
-        self.handler = handler
-        self.zone = zone
-        self.policy = policy
-        self.active = True
-        self.removed = False
-        self.running: set[asyncio.Task[Any]] = set()
-        self.in_flight: set[datetime] = set()
-        self.next_at: datetime | None = None
-        self.version = 0
-        self.active_since: datetime | None = None
-        self.swept_until: datetime | None = None
-        self.pending: set[datetime] = set()
-        self.offered: set[datetime] = set()
-        self.stopped_at: datetime | None = None
-
-    @property
-    def catches_up(self) -> bool:
-        """Whether catch-up and the sweep apply to this schedule."""
-        return (
-            self.policy.catch_up is not CatchUp.OFF
-            and self.policy.exclusive
-            and self.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
-        )
 
 
 class Supervisor:

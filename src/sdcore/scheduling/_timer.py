@@ -28,8 +28,9 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import StartPath
-from sdcore.scheduling._supervisor import Entry, Supervisor
+from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
 SLICE = 250  # ticks started between two yields (and at most one lease statement per slice)

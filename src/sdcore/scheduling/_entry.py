@@ -1,0 +1,68 @@
+"""``Entry``: one registered schedule and its state on this scheduler (the registry's record)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sdcore.scheduling._policy import CatchUp, RunPolicy
+from sdcore.scheduling._runner import Handler
+from sdcore.scheduling._triggers import ScheduleKind, Trigger
+
+__all__ = ["Entry"]
+
+
+class Entry:
+    """One registered schedule and its state on this scheduler."""
+
+    __slots__ = (
+        "active",
+        "active_since",
+        "handler",
+        "in_flight",
+        "kind",
+        "name",
+        "next_at",
+        "offered",
+        "pending",
+        "policy",
+        "removed",
+        "running",
+        "stopped_at",
+        "swept_until",
+        "trigger",
+        "version",
+        "zone",
+    )
+
+    def __init__(
+        self, name: str, trigger: Trigger, handler: Handler, zone: ZoneInfo, policy: RunPolicy
+    ) -> None:
+        self.name = name
+        self.kind = trigger.kind
+        self.trigger = trigger
+        self.handler = handler
+        self.zone = zone
+        self.policy = policy
+        self.active = True
+        self.removed = False
+        self.running: set[asyncio.Task[Any]] = set()
+        self.in_flight: set[datetime] = set()
+        self.next_at: datetime | None = None
+        self.version = 0
+        self.active_since: datetime | None = None
+        self.swept_until: datetime | None = None
+        self.pending: set[datetime] = set()
+        self.offered: set[datetime] = set()
+        self.stopped_at: datetime | None = None
+
+    @property
+    def catches_up(self) -> bool:
+        """Whether catch-up and the sweep apply to this schedule."""
+        return (
+            self.policy.catch_up is not CatchUp.OFF
+            and self.policy.exclusive
+            and self.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+        )
