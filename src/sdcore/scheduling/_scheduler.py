@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 from zoneinfo import ZoneInfo
 
+from sdcore._internal.supervisor import Supervisor as Loops
 from sdcore._internal.telemetry import Telemetry
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
@@ -78,6 +79,7 @@ class Scheduler:
         self._timer = Timer(self._sup, clock, self._log, self._live, lambda: len(self._entries))
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._loops: Loops | None = None  # owns the timer and sweep loops (restarts a crash)
         self._started_at: datetime | None = None
         # Stored-schedule handlers by name, and the control plane's hook that wraps every
         # handler (run history); see sdcore.scheduling._control.
@@ -343,8 +345,11 @@ class Scheduler:
             if entry.active:
                 self._arm(entry, now)
         await self._sup.catch_up_at_start(list(self._entries.values()), now, self._entries)
-        self._loop_task = asyncio.create_task(self._timer.run(), name="sdcore-scheduler")
-        self._sweep_task = asyncio.create_task(self._sweep(), name="sdcore-scheduler-sweep")
+        loops = Loops("sdcore-scheduler", logger=self._log)
+        await loops.start()
+        self._loops = loops
+        self._loop_task = loops.spawn("timer", self._timer.run)
+        self._sweep_task = loops.spawn("sweep", self._sweep)
 
     async def aclose(self) -> None:
         """Stop firing; every tick this scheduler started (removed schedules' too) may finish
@@ -352,7 +357,9 @@ class Scheduler:
         for task in (self._loop_task, self._sweep_task):
             if task is not None:
                 task.cancel()
-                await asyncio.wait({task})
+        loops, self._loops = self._loops, None
+        if loops is not None:
+            await loops.aclose(grace_s=None)  # both loops are cancelled: wait for them to end
         self._loop_task = self._sweep_task = None
         await self._sup.shutdown()
         self._started_at = None
