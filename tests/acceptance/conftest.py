@@ -4,13 +4,19 @@ Their process fleets (up to 64 contender processes, three replicas per failover,
 demo…) each need a large share of the server's ``max_connections`` (100 by default). Two test
 runs on one server — two CI jobs, two developers — would starve each other, so every
 acceptance module holds a server-wide advisory lock (on its own connection to the admin
-database) while it runs: within one run the lock is never contended; across runs the modules
-alternate. The wait has a deadline, and a run that dies releases the lock with its connection.
+database) from its first test's setup to its last test's teardown: within one run the lock is
+never contended; across runs the modules alternate. A run that dies releases the lock with its
+connection.
+
+The lock is taken in an outermost ``pytest_runtest_protocol`` wrapper, before pytest-timeout
+starts a test's clock: waiting for the other run's module is not the test's time. The wait has
+its own deadline; past it the module runs anyway (and may then fail for want of connections,
+which says why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import psycopg
 import pytest
@@ -21,19 +27,43 @@ from tests.conftest import ADMIN_DSN
 HEAVY_LOCK_KEY = 0x5DC0_AC_CE_97
 HEAVY_LOCK_WAIT = "20min"
 
+# module node id -> its lock's connection (None: the wait ran out, the module runs without it)
+_held: dict[str, psycopg.Connection[tuple[object, ...]] | None] = {}
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_heavy_module_per_server() -> Iterator[None]:
+
+def _take_turn() -> psycopg.Connection[tuple[object, ...]] | None:
     conn = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="sdcore-test-turn")
+    conn.execute(f"SET lock_timeout = '{HEAVY_LOCK_WAIT}'")
     try:
-        conn.execute(f"SET lock_timeout = '{HEAVY_LOCK_WAIT}'")
-        try:
-            conn.execute("SELECT pg_advisory_lock(%s)", (HEAVY_LOCK_KEY,))
-        except psycopg.errors.LockNotAvailable:
-            pytest.fail(
-                f"another test run held the acceptance lock for over {HEAVY_LOCK_WAIT} "
-                f"(pg_advisory_lock({HEAVY_LOCK_KEY}) on {conn.info.dbname})"
-            )
-        yield
-    finally:
-        conn.close()  # ends the session: the lock goes with it
+        conn.execute("SELECT pg_advisory_lock(%s)", (HEAVY_LOCK_KEY,))
+    except psycopg.errors.LockNotAvailable:
+        conn.close()
+        print(  # noqa: T201 - shown with the module's output
+            f"another test run held the acceptance lock for over {HEAVY_LOCK_WAIT}: "
+            "running this module without it"
+        )
+        return None
+    return conn
+
+
+def _module_of(item: pytest.Item | None) -> str | None:
+    return None if item is None else item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    module = _module_of(item)
+    assert module is not None
+    if module not in _held:
+        for conn in _held.values():  # a module that ended without reaching its last item
+            if conn is not None:
+                conn.close()
+        _held.clear()
+        _held[module] = _take_turn()
+    yield
+    if _module_of(nextitem) != module and module in _held:
+        conn = _held.pop(module)  # after the module's teardown: the other run's turn
+        if conn is not None:
+            conn.close()
