@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sdcore.demo import compute_verdict
 from sdcore.demo._embedded import PREFIX, remove_stale
 from sdcore.demo._server import SERVER_USER
-from sdcore.demo._verdict import LEDGER_TABLE, prepare
+from sdcore.demo._verdict import JOBS_TABLE, LEDGER_TABLE, prepare, report
 
 PASSWORD = "S3cretDemoPw0rd"
 TMP = Path("/tmp")  # noqa: S108 - where the demo must put its folder when TMPDIR is too long
@@ -354,6 +354,34 @@ def test_verdict_detects_doubles_and_misses(pg_dsn: str) -> None:
     assert verdict.missed == [keys[2]]
     assert verdict.ran_once == 2
     assert not verdict.ok
+
+
+def test_verdict_says_why_a_missed_tick_was_skipped(pg_dsn: str) -> None:
+    # A replica that skips a second on purpose (overlap) leaves a FAIL row saying so: the
+    # verdict still counts the second missed (nobody ran it), and names the reason.
+    prepare(pg_dsn)
+    start = datetime(2026, 7, 20, 3, 0, 0, 500_000, tzinfo=UTC)
+    ran, skipped = "2026-07-20T03:00:01Z", "2026-07-20T03:00:02Z"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {LEDGER_TABLE} (run_key, replica, pid, fencing_token)"
+            " VALUES (%s, 1, 1, 1)",
+            (ran,),
+        )
+        conn.execute(
+            f"INSERT INTO {JOBS_TABLE} (lock_key, idempotency_key, code, type, run_key, status,"
+            " owner_token, fencing_token, data, attempts) VALUES (%s, %s, 'demo-tick', 'SCHEDULE',"
+            " %s, 'FAIL', gen_random_uuid(), 2, '{\"skipped\": \"overlap\"}', 0)",
+            (f"demo-tick:{skipped}", f"k-{skipped}", skipped),
+        )
+    verdict = compute_verdict(pg_dsn, start, start + timedelta(seconds=2.5))
+    assert verdict.missed == [skipped]
+    assert verdict.skipped == {skipped: "overlap"}
+    assert not verdict.ok
+    lines: list[str] = []
+    report(verdict, lines.append)
+    assert f"  missed: {skipped} (recorded as skipped: overlap)" in lines
+    assert lines[-1] == "  FAIL: see above."
 
 
 def test_verdict_names_a_takeover(pg_dsn: str) -> None:

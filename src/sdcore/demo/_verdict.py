@@ -49,6 +49,8 @@ class Verdict:
         missed: Ticks that never finished.
         unfinished: Ticks still running when a partial verdict was taken (not counted as missed).
         not_success: Ticks whose lease row is not ``SUCCESS``.
+        skipped: Missed ticks a replica recorded as skipped on purpose, with the reason the
+            lease row gives (``overlap``).
         per_replica: Finished runs per replica.
         takeovers: Ticks finished by another replica after their owner died mid-run.
         partial: The demo was interrupted; the window ends at the interruption.
@@ -62,6 +64,7 @@ class Verdict:
     missed: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     not_success: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
     per_replica: dict[int, int] = field(default_factory=dict)
     takeovers: list[Takeover] = field(default_factory=list)
     partial: bool = False
@@ -131,26 +134,30 @@ def compute_verdict(dsn: str, start: datetime, end: datetime, *, partial: bool =
             (expected,),
         ).fetchall()
         rows = conn.execute(
-            sql.SQL("SELECT run_key, status FROM {} WHERE code = %s AND run_key = ANY(%s)").format(
-                sql.Identifier(JOBS_TABLE)
-            ),
+            sql.SQL(
+                "SELECT run_key, status, data ->> 'skipped' FROM {}"
+                " WHERE code = %s AND run_key = ANY(%s)"
+            ).format(sql.Identifier(JOBS_TABLE)),
             (SCHEDULE, expected),
         ).fetchall()
     done = [_Run.of(row) for row in ledger if row[4] == "done"]
     started = [_Run.of(row) for row in ledger if row[4] == "started"]
     runs = Counter(run.key for run in done)
-    status = {str(run_key): str(state) for run_key, state in rows}
+    status = {str(run_key): str(state) for run_key, state, _ in rows}
+    reasons = {str(run_key): str(reason) for run_key, _, reason in rows if reason is not None}
     never = [key for key in expected if runs[key] == 0]
     unfinished = [key for key in never if partial and status.get(key) == "RUNNING"]
+    missed = [key for key in never if key not in unfinished]
     return Verdict(
         window_start=start.replace(microsecond=0) + timedelta(seconds=1),
         window_end=end,
         expected=len(expected),
         ran_once=sum(1 for key in expected if runs[key] == 1),
         doubled=[key for key in expected if runs[key] > 1],
-        missed=[key for key in never if key not in unfinished],
+        missed=missed,
         unfinished=unfinished,
         not_success=[key for key in expected if status.get(key) != "SUCCESS"],
+        skipped={key: reasons[key] for key in missed if key in reasons},
         per_replica=dict(sorted(Counter(run.replica for run in done).items())),
         takeovers=_takeovers(started, done),
         partial=partial,
@@ -215,9 +222,13 @@ def report(verdict: Verdict, out: Callable[[str], None]) -> None:
             f" replica-{replica} (pid {pid}) took it over with fencing_token="
             f"{takeover.fencing_token}"
         )
+    missed = [
+        f"{key} (recorded as skipped: {verdict.skipped[key]})" if key in verdict.skipped else key
+        for key in verdict.missed
+    ]
     for label, keys in (
         ("doubled", verdict.doubled),
-        ("missed", verdict.missed),
+        ("missed", missed),
         ("still running", verdict.unfinished),
     ):
         if keys:
