@@ -23,9 +23,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sdcore.job_scheduler import (
     LEASE_CLOCK_MARGIN,
     LEASE_SLACK_MS,
+    AttemptBudget,
     JobAcquired,
+    JobAcquireOptions,
     JobExecutionLease,
     JobSchedulerService,
+    JobSchedulerStatus,
     LostJobLeaseError,
 )
 
@@ -472,3 +475,41 @@ async def test_the_owner_lease_migration_runs_again_without_moving_the_sequence_
     second = await jobs.acquire({"code": "again", "run_key": "r", "lease_ms": 60_000})
     assert isinstance(second, JobAcquired)
     assert second.fencing_token > first.fencing_token
+
+
+@pytest.mark.slow
+async def test_a_tick_whose_acquire_answered_too_late_is_given_back_for_another_replica(
+    jobs: JobSchedulerService, pg_dsn: str
+) -> None:
+    """The slow replica's INSERT sleeps 1.2 s (past half of a 2 s lease) and its confirming
+    heartbeat is refused: it gives the tick back unstarted. With retries=0 the tick must still
+    run once: the other replica takes it at once as attempt 1 (a plain FAIL, as 0.1.0 wrote it,
+    used up the budget and no replica ever ran the tick)."""
+    await _sleep_trigger(pg_dsn, "AFTER", "INSERT", "slow", 1.2)
+    await _sql(
+        pg_dsn,
+        """
+        CREATE FUNCTION sdcore_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF current_setting('application_name') = 'slow' AND NEW.status = 'RUNNING' THEN
+                RAISE EXCEPTION 'heartbeat refused by the test';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER sdcore_test_refuse BEFORE UPDATE ON job_scheduler
+            FOR EACH ROW EXECUTE FUNCTION sdcore_test_refuse();
+        """,
+    )
+    options = JobAcquireOptions(code="late-tick", run_key="r", lease_ms=2_000)
+    budget = AttemptBudget(max_attempts=1, backoff_ms=60_000)
+    async with _service(pg_dsn, "slow") as slow:
+        lost, attempt = await slow.acquire_attempt(options, budget)
+    assert (lost.acquired, attempt) == (False, 0)
+    record = (await jobs.tick_records([options.lock_key]))[options.lock_key]
+    assert (record.status, record.attempts, record.given_back) == (
+        JobSchedulerStatus.FAIL,
+        1,
+        True,
+    )
+    taken, attempt = await jobs.acquire_attempt(options, budget)
+    assert (taken.acquired, attempt) == (True, 1)

@@ -14,7 +14,8 @@ from sdcore.job_scheduler import (
     JobSchedulerService,
     JobSchedulerStatus,
 )
-from sdcore.job_scheduler._attempts import AttemptBudget
+from sdcore.job_scheduler._attempts import AttemptBudget, given_back
+from sdcore.scheduling._catch_up import settled
 from sdcore.testing import InMemoryJobScheduler
 
 
@@ -96,6 +97,60 @@ async def test_an_abandoned_attempt_is_taken_over_whatever_the_budget(
     assert taken.acquired
     assert first.acquired
     assert taken.fencing_token > first.fencing_token  # from the table's sequence
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+async def test_a_run_given_back_unstarted_keeps_its_attempt_for_the_next_taker(
+    store: BaseJobScheduler, batch: bool
+) -> None:
+    # An acquire that won a tick but will not run it (its answer came too late to keep the
+    # lease, or its caller was cancelled) gives it back. With retries=0 the tick must still run
+    # once: any replica takes it at once with the same attempt number, and catch-up does not
+    # count it settled. (0.1.0's give-back was a plain FAIL: an exhausted budget, a lost tick.)
+    budget = AttemptBudget(max_attempts=1, backoff_ms=60_000)
+    key = _tick().lock_key
+    got, attempt = await store.acquire_attempt(_tick(), budget)
+    assert (got.acquired, attempt) == (True, 1)
+    assert got.acquired
+    assert await store.fail(got.lease, given_back("acquire answered too late"))
+    record = (await store.tick_records([key]))[key]
+    assert (record.status, record.attempts, record.given_back) == (
+        JobSchedulerStatus.FAIL,
+        1,
+        True,
+    )
+    assert not record.released
+    assert not settled(record)
+    if batch:
+        [(taken, attempt)] = await store.acquire_attempts([(_tick(), budget)])
+    else:
+        taken, attempt = await store.acquire_attempt(_tick(), budget)
+    assert (taken.acquired, attempt) == (True, 1)
+    assert taken.acquired
+    assert taken.fencing_token > got.fencing_token
+    record = (await store.tick_records([key]))[key]
+    assert (record.status, record.given_back) == (JobSchedulerStatus.RUNNING, False)
+    # Once it has run and failed, the budget holds as for any other tick.
+    assert await store.fail(taken.lease, {"error": "boom"})
+    again, _ = await store.acquire_attempt(_tick(), budget)
+    assert not again.acquired
+    assert settled((await store.tick_records([key]))[key])
+
+
+async def test_a_takeover_given_back_unstarted_stays_a_takeover(store: BaseJobScheduler) -> None:
+    # The dead owner's attempt 1 is taken over as attempt 2 (whatever the budget); if that
+    # takeover is given back unstarted, the next taker still re-runs it as attempt 2.
+    budget = AttemptBudget(max_attempts=1, backoff_ms=60_000)
+    options = _tick(lease_ms=200)
+    first, _ = await store.acquire_attempt(options, budget)
+    assert first.acquired
+    await asyncio.sleep(0.3)
+    taken, attempt = await store.acquire_attempt(options, budget)
+    assert (taken.acquired, attempt) == (True, 2)
+    assert taken.acquired
+    assert await store.fail(taken.lease, given_back("cancelled"))
+    again, attempt = await store.acquire_attempt(options, budget)
+    assert (again.acquired, attempt) == (True, 2)
 
 
 async def test_skipped_ticks_are_recorded_once_and_stay_takeable(store: BaseJobScheduler) -> None:

@@ -47,6 +47,7 @@ JOB_SCHEDULER = [
     "RunRecord",
     "TickRecord",
     "bullmq_job_id",
+    "given_back",
     "idempotency_key",
     "js_trim",
     "lock_key",

@@ -15,7 +15,7 @@ from sdcore.job_scheduler._admin import (
     ReleasedRun,
     RunRecord,
 )
-from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget, TickRecord
+from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget, TickRecord, given_back
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
@@ -83,6 +83,7 @@ __all__ = [
     "RunRecord",
     "TickRecord",
     "bullmq_job_id",
+    "given_back",
     "idempotency_key",
     "js_trim",
     "lock_key",

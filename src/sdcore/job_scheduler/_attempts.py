@@ -15,6 +15,10 @@ sequence, records the new owner's ``lease_ms``, clears ``data``):
   ``attempts + 1`` (an abandoned attempt is re-run whatever the budget);
 - ``FAIL`` released by an operator (``data`` has ``released`` or ``released_by``): take it and
   start a new budget, ``attempts = 1``;
+- ``FAIL`` given back by the acquire that won it (``data`` has ``given_back``: its answer came
+  too late to keep the lease, or its caller was cancelled, so the handler never ran): take it at
+  once, whatever the budget, with the same attempt number (``attempts`` unchanged: that attempt
+  never ran). Catch-up treats such a tick as not settled;
 - ``FAIL`` otherwise: take it only while ``attempts < max_attempts`` and once
   ``backoff_ms * 2 ** (attempts - 1)`` (at most 2**31 - 1 ms; 0 for a skipped tick, whose
   ``attempts`` is 0) has passed since the failure by the database clock;
@@ -28,6 +32,12 @@ from dataclasses import dataclass
 from sdcore.job_scheduler._model import JobSchedulerStatus
 
 MAX_BACKOFF_MS = 2**31 - 1  # also written out in lease_ticks.sql
+GIVEN_BACK = "given_back"  # the data key of a run given back unstarted (see the rules above)
+
+
+def given_back(reason: str) -> dict[str, str]:
+    """The ``data`` of a row whose acquire gives the run back without starting it."""
+    return {GIVEN_BACK: reason}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +75,9 @@ class TickRecord:
         released: An operator (or ``release()``) reopened the tick.
         age_ms: Milliseconds since the row last changed, by the database clock (how much of a
             retry backoff has passed).
+        given_back: The acquire that won the tick gave it back without running it (it answered
+            too late to keep the lease, or its caller was cancelled): any replica may take it
+            at once, with the same attempt number.
     """
 
     status: JobSchedulerStatus
@@ -72,3 +85,4 @@ class TickRecord:
     skipped: str | None
     released: bool
     age_ms: float = 0.0
+    given_back: bool = False

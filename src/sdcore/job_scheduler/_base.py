@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVar, overload
 
 from sdcore._internal.telemetry import NOOP, Telemetry
-from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
+from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, given_back
 from sdcore.job_scheduler._model import (
     JobAcquireResult,
     JobExecutionLease,
@@ -160,7 +160,7 @@ class BaseJobScheduler(abc.ABC):
         return RunExclusiveResult(acquired=True, result=await run.execute(fn))
 
     async def _give_back(self, lease: JobExecutionLease) -> None:
-        task = asyncio.ensure_future(self.fail(lease, {"error": "acquire answered too late"}))
+        task = asyncio.ensure_future(self.fail(lease, given_back("acquire answered too late")))
         done, _ = await asyncio.wait({task}, timeout=SLACK)
         if not done:
             task.add_done_callback(_consume)

@@ -126,7 +126,7 @@ class _BatchOperations(_LeaseCore):
             # The late ones give themselves back in _confirmed; the others are ours to return.
             await asyncio.gather(
                 *(
-                    self._fail_quietly(result.lease, batch[i])
+                    self._fail_quietly(result.lease, batch[i], "cancelled")
                     for i, result in enumerate(results)
                     if result.acquired and i not in late
                 ),
@@ -190,7 +190,9 @@ class _BatchOperations(_LeaseCore):
         await asyncio.gather(
             *(
                 self._fail_quietly(
-                    JobLease(id=row[2], owner_token=tokens[index[row[0]]]), ordered[index[row[0]]]
+                    JobLease(id=row[2], owner_token=tokens[index[row[0]]]),
+                    ordered[index[row[0]]],
+                    "cancelled",
                 )
                 for row in rows
                 if row[1] == RUNNING

@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
 from sdcore._json import dump_json_object
+from sdcore.job_scheduler._attempts import given_back
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
@@ -274,7 +275,7 @@ class _LeaseCore(BaseJobScheduler):
         except JobSchedulerError:
             ok = False
         except asyncio.CancelledError:
-            await self._fail_quietly(won.lease, opts)
+            await self._fail_quietly(won.lease, opts, "cancelled")
             raise
         if ok and state.time_left() >= state.valid / 2:
             return won
@@ -284,17 +285,21 @@ class _LeaseCore(BaseJobScheduler):
             opts.run_key,
             extra={"action": "acquire_too_late", "job_code": opts.code, "run_key": opts.run_key},
         )
-        await self._fail_quietly(won.lease, opts)
+        await self._fail_quietly(won.lease, opts, "acquire answered too late")
         return NOT_ACQUIRED
 
-    async def _fail_quietly(self, lease: JobLease, opts: JobAcquireOptions) -> None:
-        """Mark a row this acquire owns but will not report ``FAIL``, within the slack."""
+    async def _fail_quietly(self, lease: JobLease, opts: JobAcquireOptions, reason: str) -> None:
+        """Give back a row this acquire owns but will not report, within the slack.
+
+        ``FAIL`` with ``data.given_back = reason``: a plain ``acquire`` takes a ``FAIL`` row at
+        once, and a scheduled tick's ``acquire_attempt`` takes a given-back one at once with the
+        same attempt number (the run never started, so it must not use up the tick's budget).
+        """
         try:
             job_id, token = _check_lease(lease)
+            data = dump_json_object(given_back(reason))
             await self._rowcount(
-                self._sql.finalize,
-                (JobSchedulerStatus.FAIL.value, '{"error": "acquire abandoned"}', job_id, token),
-                SLACK,
+                self._sql.finalize, (JobSchedulerStatus.FAIL.value, data, job_id, token), SLACK
             )
         except (psycopg.Error, _Abandoned) as exc:
             self._warn(
@@ -320,7 +325,7 @@ class _LeaseCore(BaseJobScheduler):
             )
             return
         if row is not None and row[0] == RUNNING:
-            await self._fail_quietly(JobLease(id=row[1], owner_token=token), opts)
+            await self._fail_quietly(JobLease(id=row[1], owner_token=token), opts, "cancelled")
 
     def _warn(self, opts: JobAcquireOptions, what: str, action: str, exc: BaseException) -> None:
         self._log.warning(

@@ -60,6 +60,7 @@ def _statements(service: JobSchedulerService) -> TickBatchStatements:
         service.__dict__["_tick_batch_sql"] = rendered
     return rendered
 
+
 Item = tuple[JobAcquireOptions, AttemptBudget]
 Result = tuple[JobAcquireResult, int]
 

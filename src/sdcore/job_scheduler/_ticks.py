@@ -127,6 +127,7 @@ class _TickOperations(_LeaseCore):
                 skipped=skipped,
                 released=bool(released),
                 age_ms=float(age),
+                given_back=bool(returned),
             )
-            for key, status, attempts, skipped, released, age in rows
+            for key, status, attempts, skipped, released, age, returned in rows
         }

@@ -37,7 +37,12 @@ def _done(record: TickRecord | None) -> bool:
         return False
     if record.status is JobSchedulerStatus.SUCCESS:
         return True
-    return record.status is JobSchedulerStatus.FAIL and record.attempts > 0 and not record.released
+    return (
+        record.status is JobSchedulerStatus.FAIL
+        and record.attempts > 0
+        and not record.released
+        and not record.given_back
+    )
 
 
 class ActionRunner:
@@ -49,9 +54,7 @@ class ActionRunner:
         logger: The control plane's logger.
     """
 
-    def __init__(
-        self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger
-    ) -> None:
+    def __init__(self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger) -> None:
         self.hooks = hooks
         self.store = store
         self._log = logger
@@ -87,6 +90,7 @@ class ActionRunner:
             record is not None
             and record.status is JobSchedulerStatus.FAIL
             and not record.released
+            and not record.given_back
             and record.attempts >= entry.policy.retries + 1
         ):
             outcome = "FAIL"
@@ -228,6 +232,7 @@ class ActionRunner:
             if (
                 record is None
                 or record.released
+                or record.given_back
                 or (record.attempts == 0 and record.skipped == "paused")
             ):
                 chosen.append(instant)

@@ -24,6 +24,7 @@ from sdcore.job_scheduler import (
     JobAcquireOptions,
     JobAcquireResult,
     JobSchedulerError,
+    given_back,
 )
 
 __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
@@ -195,7 +196,7 @@ class TickAcquirer:
     async def _release(self, outcome: JobAcquireResult) -> None:
         assert outcome.acquired  # noqa: S101 - checked by the caller
         try:
-            await self._jobs.fail(outcome.lease, {"error": "cancelled"})
+            await self._jobs.fail(outcome.lease, given_back("cancelled"))
         except JobSchedulerError as exc:
             self._log.warning(
                 "could not give back a tick lease won after its run was cancelled (it expires "

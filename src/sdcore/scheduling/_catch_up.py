@@ -3,7 +3,8 @@
 Rules (docs/explanation/scheduling.md, "Catch-up"):
 
 - A tick is *settled* when its row is ``SUCCESS``, a ``FAIL`` the retry policy owns (not
-  released by an operator), or recorded as skipped. Catch-up never starts a settled tick.
+  released by an operator, nor given back unstarted by the acquire that won it), or recorded as
+  skipped. Catch-up never starts a settled tick.
 - Start-up catch-up looks back ``catch_up_window_ms`` from the start, but never before the
   schedule's first row in the lease table: a schedule never seen before has nothing to catch up.
 - ``latest`` considers only the most recent instant of its range, found by walking back from the
@@ -79,7 +80,7 @@ def settled(record: TickRecord | None) -> bool:
     if record.status is JobSchedulerStatus.SUCCESS:
         return True
     if record.status is JobSchedulerStatus.FAIL:
-        return not record.released
+        return not (record.released or record.given_back)
     return False
 
 

@@ -47,7 +47,6 @@ from sdcore.scheduling._triggers import (
 __all__ = ["ScheduleControl"]
 
 
-
 def _expression(entry: Entry) -> str:
     trigger = entry.trigger
     if isinstance(trigger, CronTrigger):
@@ -349,9 +348,7 @@ class ScheduleControl:
                 entry = self._hooks.entry(row.name)
                 if entry is not None and entry.catches_up:
                     paused_at, resumed_at = row.paused_at, row.resumed_at
-                    self._own(
-                        lambda: self._actions.resume_catch_up(entry, paused_at, resumed_at)
-                    )
+                    self._own(lambda: self._actions.resume_catch_up(entry, paused_at, resumed_at))
         elif row.resumed_at is not None:
             self._resumed[row.name] = row.resumed_at
 
@@ -419,6 +416,7 @@ class ScheduleControl:
             row.expression,
             extra={"action": "stored_applied", "schedule": row.name},
         )
+
 
 def _bind(function: Callable[..., Any], args: Mapping[str, Any]) -> Handler:
     """A stored schedule's handler: ``function(tick, args)`` as a tick handler."""

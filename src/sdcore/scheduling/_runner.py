@@ -55,6 +55,7 @@ Deadline = datetime | None | Callable[[], datetime | None]
 # and ``(result, attempt)`` as ``acquire_attempt`` returns it or the exception the acquire raised.
 FirstOffer = tuple[JobAcquireOptions, tuple[JobAcquireResult, int] | Exception]
 
+
 def tick_options(
     name: str, kind: ScheduleKind, policy: RunPolicy, run_key: str | None
 ) -> JobAcquireOptions:
@@ -253,7 +254,7 @@ class TickRunner:
             return None
         if record.status is JobSchedulerStatus.RUNNING:
             return policy.backoff_s(max(record.attempts, 1))
-        if record.released:
+        if record.released or record.given_back:
             return 0.0
         if record.attempts >= policy.retries + 1:
             return None

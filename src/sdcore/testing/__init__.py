@@ -18,7 +18,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sdcore._json import dump_json_object
-from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS, AttemptBudget, TickRecord
+from sdcore.job_scheduler._attempts import (
+    GIVEN_BACK,
+    MAX_BACKOFF_MS,
+    AttemptBudget,
+    TickRecord,
+)
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
     JobAcquired,
@@ -204,7 +209,9 @@ class InMemoryJobScheduler(BaseJobScheduler):
         current = self._rows.get(key)
         attempts = self._attempts.get(key, 1)
         released = current is not None and _released(current.data)
-        if current is not None and current.status is JobSchedulerStatus.FAIL and not released:
+        returned = current is not None and GIVEN_BACK in (current.data or {})
+        fail = current is not None and current.status is JobSchedulerStatus.FAIL
+        if current is not None and fail and not released and not returned:
             waited = self._clock() - current.modified_at
             backoff = (
                 0 if attempts == 0 else min(budget.backoff_ms * 2 ** (attempts - 1), MAX_BACKOFF_MS)
@@ -214,7 +221,12 @@ class InMemoryJobScheduler(BaseJobScheduler):
         outcome = await self.acquire(options)
         if not outcome.acquired:
             return outcome, 0
-        number = 1 if current is None or released else attempts + 1
+        if current is None or released:
+            number = 1
+        elif fail and returned:
+            number = attempts  # given back unstarted: the same attempt, run now
+        else:
+            number = attempts + 1
         self._attempts[key] = number
         return outcome, number
 
@@ -251,6 +263,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 skipped=None if skipped is None else str(skipped),
                 released=_released(row.data),
                 age_ms=(self._clock() - row.modified_at) / timedelta(milliseconds=1),
+                given_back=row.data is not None and GIVEN_BACK in row.data,
             )
         return records
 

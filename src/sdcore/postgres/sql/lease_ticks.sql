@@ -14,6 +14,8 @@
 --   (an abandoned attempt is re-run whatever the budget);
 -- - FAIL released by an operator (data has released or released_by): take it and start a new
 --   budget, attempts = 1;
+-- - FAIL given back unstarted by the acquire that won it (data has given_back): take it, same
+--   attempts (that attempt never ran);
 -- - FAIL otherwise: take it only while attempts < max_attempts and once
 --   backoff_ms * 2 ^ (attempts - 1) (at most 2147483647 ms; 0 for a skipped tick, whose
 --   attempts is 0) has passed since the failure by the database clock;
@@ -32,6 +34,7 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
             AND clock_timestamp() - j.modified_at
                 > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
            OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
+           OR (j.status = 'FAIL' AND j.data ? 'given_back')
            OR (j.status = 'FAIL'
                AND j.attempts < v.max_attempts
                AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
@@ -47,7 +50,9 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
         data = NULL,
         lease_ms = v.lease_ms,
         attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by')
-                        THEN 1 ELSE j.attempts + 1 END,
+                        THEN 1
+                        WHEN j.status = 'FAIL' AND j.data ? 'given_back' THEN j.attempts
+                        ELSE j.attempts + 1 END,
         modified_at = clock_timestamp()
     FROM v, locked
     WHERE j.id = locked.id
@@ -82,7 +87,8 @@ ON CONFLICT (lock_key) DO NOTHING
 -- name: tick_records
 SELECT lock_key, status, attempts, j.data ->> 'skipped',
        (j.data ? 'released' OR j.data ? 'released_by'),
-       extract(epoch FROM clock_timestamp() - j.modified_at)::float8 * 1000
+       extract(epoch FROM clock_timestamp() - j.modified_at)::float8 * 1000,
+       j.data ? 'given_back'
 FROM {table} AS j WHERE lock_key = ANY(%s)
 
 -- name: first_seen

@@ -8,7 +8,8 @@
 -- acquire_attempt for many ticks in one statement: the ticks of a burst, due at one instant. Each
 -- key follows the rules of ACQUIRE_ATTEMPT exactly (a new key is inserted RUNNING with
 -- attempts = 1; a RUNNING row silent for longer than its owner's lease is taken, attempts + 1; a
--- FAIL row released by an operator is taken with a new budget, attempts = 1; another FAIL row
+-- FAIL row released by an operator is taken with a new budget, attempts = 1; a FAIL row given back
+-- unstarted (data has given_back) is taken with the same attempts; another FAIL row
 -- only while attempts < max_attempts and once its backoff has passed by the database clock; a
 -- SUCCESS row never). Parameters: one array per column, in this order (lock_key,
 -- idempotency_key, code, name, type, run_key, owner_token, lease_ms, max_attempts, backoff_ms);
@@ -38,6 +39,7 @@ WITH v AS (
            AND clock_timestamp() - j.modified_at
                > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
        OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
+       OR (j.status = 'FAIL' AND j.data ? 'given_back')
        OR (j.status = 'FAIL'
            AND j.attempts < v.max_attempts
            AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
@@ -53,7 +55,10 @@ WITH v AS (
         name = l.name,
         data = NULL,
         lease_ms = l.lease_ms,
-        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by') THEN 1 ELSE j.attempts + 1 END,
+        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by')
+                        THEN 1
+                        WHEN j.status = 'FAIL' AND j.data ? 'given_back' THEN j.attempts
+                        ELSE j.attempts + 1 END,
         modified_at = clock_timestamp()
     FROM locked AS l
     WHERE j.id = l.id
