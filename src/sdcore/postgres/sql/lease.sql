@@ -39,30 +39,17 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
     SELECT j.id
     FROM {table} AS j, v
     WHERE j.lock_key = v.lock_key
-      AND (j.status = 'FAIL'
-           OR (j.status = 'RUNNING'
-               AND clock_timestamp() - j.modified_at
-                   > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond'))
+      AND {{plain_takeable}}
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), taken AS (
     UPDATE {table} AS j
-    SET status = 'RUNNING',
-        owner_token = v.owner_token,
-        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
-        name = v.name,
-        data = NULL,
-        lease_ms = v.lease_ms,
-        modified_at = clock_timestamp()
-    FROM v, locked
+    SET {{takeover_set}}
+    FROM v AS l, locked
     WHERE j.id = locked.id
     RETURNING j.id::text, j.fencing_token, j.idempotency_key, j.created_at, j.modified_at
 ), created AS (
-    INSERT INTO {table}
-        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
-         fencing_token, data, lease_ms, created_at, modified_at)
-    SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
-           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
-           clock_timestamp()
+    INSERT INTO {table} ({{insert_columns}})
+    SELECT {{insert_values}}
     FROM v
     WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
       AND pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0))
@@ -117,32 +104,19 @@ WITH v AS (
 ), locked AS (
     SELECT j.id, v.owner_token, v.name, v.lease_ms
     FROM {table} AS j JOIN v ON j.lock_key = v.lock_key
-    WHERE j.status = 'FAIL'
-       OR (j.status = 'RUNNING'
-           AND clock_timestamp() - j.modified_at
-               > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
+    WHERE {{plain_takeable}}
     ORDER BY j.lock_key
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), taken AS (
     UPDATE {table} AS j
-    SET status = 'RUNNING',
-        owner_token = l.owner_token,
-        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
-        name = l.name,
-        data = NULL,
-        lease_ms = l.lease_ms,
-        modified_at = clock_timestamp()
+    SET {{takeover_set}}
     FROM locked AS l
     WHERE j.id = l.id
     RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
               j.modified_at
 ), created AS (
-    INSERT INTO {table}
-        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
-         fencing_token, data, lease_ms, created_at, modified_at)
-    SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
-           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
-           clock_timestamp()
+    INSERT INTO {table} ({{insert_columns}})
+    SELECT {{insert_values}}
     FROM v
     WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
       AND (SELECT count(*) FROM taken) >= 0

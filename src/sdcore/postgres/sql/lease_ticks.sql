@@ -30,41 +30,19 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
     SELECT j.id
     FROM {table} AS j, v
     WHERE j.lock_key = v.lock_key
-      AND ((j.status = 'RUNNING'
-            AND clock_timestamp() - j.modified_at
-                > coalesce(j.lease_ms, v.lease_ms) * interval '1 millisecond')
-           OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
-           OR (j.status = 'FAIL' AND j.data ? 'given_back')
-           OR (j.status = 'FAIL'
-               AND j.attempts < v.max_attempts
-               AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
-                   ELSE LEAST(v.backoff_ms * power(2::float8, j.attempts - 1), 2147483647::float8)
-                        * interval '1 millisecond' END))
+      AND {{tick_takeable}}
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), taken AS (
     UPDATE {table} AS j
-    SET status = 'RUNNING',
-        owner_token = v.owner_token,
-        fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
-        name = v.name,
-        data = NULL,
-        lease_ms = v.lease_ms,
-        attempts = CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by')
-                        THEN 1
-                        WHEN j.status = 'FAIL' AND j.data ? 'given_back' THEN j.attempts
-                        ELSE j.attempts + 1 END,
-        modified_at = clock_timestamp()
-    FROM v, locked
+    SET {{takeover_set}},
+        attempts = {{tick_attempts}}
+    FROM v AS l, locked
     WHERE j.id = locked.id
     RETURNING j.id::text, j.fencing_token, j.idempotency_key, j.created_at, j.modified_at,
               j.attempts
 ), created AS (
-    INSERT INTO {table}
-        (lock_key, idempotency_key, code, name, type, run_key, status, owner_token,
-         fencing_token, data, lease_ms, created_at, modified_at, attempts)
-    SELECT v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING',
-           v.owner_token, nextval({sequence}), NULL, v.lease_ms, clock_timestamp(),
-           clock_timestamp(), 1
+    INSERT INTO {table} ({{insert_columns}}, attempts)
+    SELECT {{insert_values}}, 1
     FROM v
     WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
       AND pg_try_advisory_xact_lock(hashtextextended(v.lock_key, 0))
