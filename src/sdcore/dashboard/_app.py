@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -33,6 +33,7 @@ from sdcore.dashboard._auth import (
     token_matches,
 )
 from sdcore.dashboard._data import MISSING_STATES, MISSING_TABLE, DashboardData, queue_counts
+from sdcore.dashboard._format import Refused, instant, page_number
 from sdcore.job_scheduler import JobScheduler
 from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
@@ -56,15 +57,6 @@ NOTICES = {
     "logout": "Signed out: the dashboard is read-only.",
 }
 Operator = Callable[..., Awaitable[str | None]] | Callable[..., str | None]
-
-
-class Refused(Exception):
-    """A request the dashboard turns down with a status and a message for people."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        self.message = message
-        super().__init__(message)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -269,7 +261,7 @@ def dashboard_app(
 
     @app.get("/", response_class=HTMLResponse)
     async def schedules(request: Request, seen: Seen, q: str = "", state: str = "") -> Response:
-        page = _page_number(request.query_params.get("page", "1"))
+        page = page_number(request.query_params.get("page", "1"))
         paused = {"paused": True, "active": False}.get(state)
         try:
             found = await data.schedules(query=q[:200] or None, paused=paused, page=page)
@@ -362,8 +354,8 @@ def dashboard_app(
             elif verb == "trigger":
                 done = await admin.trigger(name, actor=actor, reason=reason)
             elif verb == "backfill":
-                start, end = _instant(fields, "from"), _instant(fields, "to")
-                concurrency = _page_number(fields.get("concurrency", "1") or "1")
+                start, end = instant(fields, "from"), instant(fields, "to")
+                concurrency = page_number(fields.get("concurrency", "1") or "1")
                 done = await admin.backfill(
                     name, start, end, actor=actor, reason=reason, concurrency=concurrency
                 )
@@ -445,21 +437,6 @@ def _warm_up(
             await supervisor.aclose(grace_s=0)
 
     return lifespan
-
-
-def _page_number(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text[:6] or 0) <= 100_000:
-        raise Refused(400, "Expected a positive number.")
-    return int(text)
-
-
-def _instant(fields: Mapping[str, str], key: str) -> datetime:
-    text = fields.get(key, "").strip()
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise Refused(400, f"The backfill's {key!r} must be a date and time (UTC).") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 __all__ = ["Operator", "dashboard_app"]

@@ -1,14 +1,41 @@
-"""Jinja2 filters of the dashboard: times in UTC, ages, durations, one-line errors."""
+"""Jinja2 filters of the dashboard (times in UTC, ages, durations, one-line errors), and the
+parsing of the few values a request carries (a page number, a backfill's instants)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from markupsafe import Markup
 
 MAX_ERROR = 300
+
+
+class Refused(Exception):
+    """A request the dashboard turns down with a status and a message for people."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(message)
+
+
+def page_number(text: str) -> int:
+    """A positive number of at most 100,000 (a page, a concurrency), or :class:`Refused`."""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text[:6] or 0) <= 100_000:
+        raise Refused(400, "Expected a positive number.")
+    return int(text)
+
+
+def instant(fields: Mapping[str, str], key: str) -> datetime:
+    """The ISO 8601 instant in ``fields[key]`` (UTC unless it says otherwise), or ``Refused``."""
+    text = fields.get(key, "").strip()
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise Refused(400, f"The backfill's {key!r} must be a date and time (UTC).") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def when(value: datetime | None) -> str:

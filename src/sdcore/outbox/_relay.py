@@ -19,6 +19,7 @@ from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
+from sdcore._internal.validation import at_least
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
     OutboxDatabaseError,
@@ -50,12 +51,6 @@ class RelayState:
     last_error: str | None
     last_round_at: float | None = None
     """``time.monotonic()`` when a round (claim, publish, record) last completed."""
-
-
-def _ms(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int of at least {minimum}, got {value!r:.40}")
-    return value
 
 
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
@@ -148,14 +143,14 @@ class OutboxRelay(AsyncStartStop):
                 )
             outbox = own if isinstance(own, Outbox) else None
         self.outbox = outbox or Outbox()
-        self._batch = _ms("batch_size", batch_size, 1)
-        self._poll = _ms("poll_interval_ms", poll_interval_ms, 10) / 1000
-        self._claim_ms = _ms("claim_ms", claim_ms, 100)
-        self._retry_base = _ms("retry_base_ms", retry_base_ms, 1)
-        self._retry_max = _ms("retry_max_ms", retry_max_ms, 1)
-        self._unavailable_max = _ms("unavailable_max_ms", unavailable_max_ms, 10) / 1000
-        self._retention = _ms("retention_ms", retention_ms, 0)
-        self._prune_every = _ms("prune_every_ms", prune_every_ms, 1000) / 1000
+        self._batch = at_least("batch_size", batch_size, 1)
+        self._poll = at_least("poll_interval_ms", poll_interval_ms, 10) / 1000
+        self._claim_ms = at_least("claim_ms", claim_ms, 100)
+        self._retry_base = at_least("retry_base_ms", retry_base_ms, 1)
+        self._retry_max = at_least("retry_max_ms", retry_max_ms, 1)
+        self._unavailable_max = at_least("unavailable_max_ms", unavailable_max_ms, 10) / 1000
+        self._retention = at_least("retention_ms", retention_ms, 0)
+        self._prune_every = at_least("prune_every_ms", prune_every_ms, 1000) / 1000
         self._lively = self.outbox.notify_interval_ms / 1000
         if self._retention > self.outbox.dedup_window_ms:
             raise ValueError(
@@ -261,7 +256,7 @@ class OutboxRelay(AsyncStartStop):
             OutboxDatabaseError: The database is down (a store's own error, for another store).
         """
         if max_rows is not None:
-            max_rows = _ms("max_rows", max_rows, 1)
+            max_rows = at_least("max_rows", max_rows, 1)
         total = 0
         flights: list[asyncio.Future[None]] = []  # deliveries in flight, oldest first
         try:

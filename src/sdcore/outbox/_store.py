@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.validation import at_least
 from sdcore.outbox._listen import pg_notifications
 from sdcore.outbox._model import OutboxDatabaseError, OutboxMessage, OutboxStatus
 from sdcore.outbox._outbox import Outbox
@@ -136,24 +137,18 @@ def database_errors(action: str) -> Iterator[None]:
         raise OutboxDatabaseError(action, None, redact_text(error_text(exc)[:500])) from exc
 
 
-def _count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int of at least {minimum}, got {value!r:.40}")
-    return value
-
-
 def check_claim(limit: object, claim_ms: object, token: object) -> tuple[int, int, uuid.UUID]:
     """Validate :meth:`OutboxStore.claim`'s arguments (every store calls this one check)."""
     if not isinstance(token, uuid.UUID):
         raise TypeError(f"token must be a uuid.UUID, got {type(token).__name__}")
-    return _count("limit", limit, 1), _count("claim_ms", claim_ms, 1), token
+    return at_least("limit", limit, 1), at_least("claim_ms", claim_ms, 1), token
 
 
 def check_ids(ids: object) -> list[int]:
     """Validate row ids: a sequence (not a str) of ints."""
     if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
         raise TypeError(f"ids must be a sequence of ints, got {type(ids).__name__}")
-    return [_count("id", value, 1) for value in ids]
+    return [at_least("id", value, 1) for value in ids]
 
 
 def check_token(token: object) -> uuid.UUID:
@@ -180,20 +175,22 @@ def check_failures(failures: object) -> list[OutboxFailure]:
     for failure in failures:
         if not isinstance(failure, OutboxFailure):
             raise TypeError(f"failures must be OutboxFailure, got {type(failure).__name__}")
-        row_id = _count("failure.id", failure.id, 1)
+        row_id = at_least("failure.id", failure.id, 1)
         if row_id in seen:
             raise ValueError(f"failure for row {row_id} given twice")
         seen.add(row_id)
         error = check_error(failure.error)
         checked.append(
-            OutboxFailure(id=row_id, error=error, delay_ms=_count("delay_ms", failure.delay_ms, 0))
+            OutboxFailure(
+                id=row_id, error=error, delay_ms=at_least("delay_ms", failure.delay_ms, 0)
+            )
         )
     return checked
 
 
 def check_age(older_than_ms: object, limit: object) -> tuple[int, int]:
     """Validate a prune step's age and batch size."""
-    return _count("older_than_ms", older_than_ms, 0), _count("limit", limit, 1)
+    return at_least("older_than_ms", older_than_ms, 0), at_least("limit", limit, 1)
 
 
 class PostgresOutboxStore:

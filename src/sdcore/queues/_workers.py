@@ -17,6 +17,7 @@ from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
+from sdcore._internal.validation import at_least
 from sdcore.queues._bullmq import Worker
 from sdcore.queues._processor import Processor, check_processor, is_final_attempt
 from sdcore.queues._publisher import DEFAULT_PREFIX, check_prefix
@@ -90,12 +91,8 @@ class Workers(AsyncStartStop):
             raise ValueError(f"one processor per queue, got {sorted(queues)}")
         if not queues_enabled(redis_url):
             raise ValueError("redis_url is required (use queues_enabled() to make queues optional)")
-        for name, value, low in (
-            ("stalled_interval_ms", stalled_interval_ms, 100),
-            ("max_stalled_count", max_stalled_count, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int of at least {low}")
+        at_least("stalled_interval_ms", stalled_interval_ms, 100)
+        at_least("max_stalled_count", max_stalled_count, 0)
         self._processors = checked
         self._url = redis_url.strip()
         self._prefix = check_prefix(prefix)

@@ -1,0 +1,35 @@
+"""The shared constructor check, and the components that use it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdcore._internal.validation import at_least
+from sdcore.queues import Job, Processor, Workers
+
+
+class _Nothing(Processor):
+    queue = "reports"
+
+    async def process(self, job: Job) -> None:
+        return None
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "3", None, -1])
+def test_at_least_refuses_what_is_not_an_int_in_range(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^claim_ms must be an int of at least 0, got "):
+        at_least("claim_ms", value, 0)
+
+
+def test_at_least_returns_the_value_and_shortens_a_long_one() -> None:
+    assert at_least("limit", 7, 1) == 7
+    with pytest.raises(ValueError, match=r"^limit must be an int") as caught:
+        at_least("limit", "x" * 1000, 1)
+    assert len(str(caught.value)) < 100
+
+
+def test_workers_name_the_bad_stall_option() -> None:
+    with pytest.raises(ValueError, match="stalled_interval_ms must be an int of at least 100"):
+        Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", stalled_interval_ms=99)
+    with pytest.raises(ValueError, match="max_stalled_count must be an int of at least 0"):
+        Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", max_stalled_count=-1)
