@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdcore._internal.validation import at_least
+from sdcore._internal.validation import at_least, int_between
 from sdcore.queues import Job, Processor, Workers
 
 
@@ -33,3 +33,11 @@ def test_workers_name_the_bad_stall_option() -> None:
         Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", stalled_interval_ms=99)
     with pytest.raises(ValueError, match="max_stalled_count must be an int of at least 0"):
         Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", max_stalled_count=-1)
+
+
+def test_int_between_names_the_type_or_the_range() -> None:
+    assert int_between("max_size", 5, 1, 10) == 5
+    with pytest.raises(TypeError, match="max_size must be an int, got bool"):
+        int_between("max_size", True, 1, 10)
+    with pytest.raises(ValueError, match=r"max_size must be in 1\.\.10, got 11"):
+        int_between("max_size", 11, 1, 10)

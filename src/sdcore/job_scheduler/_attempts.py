@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sdcore._internal.validation import int_between
 from sdcore.job_scheduler._model import JobSchedulerStatus
 
 MAX_BACKOFF_MS = 2**31 - 1  # also written out in lease_ticks.sql
@@ -54,14 +55,8 @@ class AttemptBudget:
     backoff_ms: int
 
     def __post_init__(self) -> None:
-        for field, value, low in (
-            ("max_attempts", self.max_attempts, 1),
-            ("backoff_ms", self.backoff_ms, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{field} must be an int, got {type(value).__name__}")
-            if not low <= value <= MAX_BACKOFF_MS:
-                raise ValueError(f"{field} must be between {low} and {MAX_BACKOFF_MS}, got {value}")
+        int_between("max_attempts", self.max_attempts, 1, MAX_BACKOFF_MS)
+        int_between("backoff_ms", self.backoff_ms, 0, MAX_BACKOFF_MS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

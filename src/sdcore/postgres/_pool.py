@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff, BasePool
 
+from sdcore._internal.validation import int_between
 from sdcore.exceptions import SdcoreError
 from sdcore.postgres._dsn import redact_dsn, redact_text
 
@@ -55,10 +56,7 @@ class DatabaseConnectError(SdcoreError, ConnectionError):
 
 
 def _check_ms(name: str, value: object, low: int, high: int = 2**31 - 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+    int_between(name, value, low, high)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
