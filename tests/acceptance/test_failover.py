@@ -16,9 +16,13 @@ may have lost rows. Counted over the ticks scheduled between the start and the s
   one for a tick that did run, its completion lost with the stall);
 - recovery: crash → first handler start after the promotion, and promotion → that start.
 
-Synchronous replication must give 0 / 0 / 0; asynchronous replication loses what the stall kept
-from the standby, and those ticks run again (measured and reported, see
-docs/how-to/production-topologies.md).
+Synchronous replication must give 0 missed and 0 stuck, and a tick may run twice only when its
+first owner's completion was never acknowledged: the owner logged "could not record the outcome"
+for it (its ``SUCCESS`` commit waited on the stalled standby when the primary crashed, so the
+promoted server rightly holds the run as unfinished, and the re-run has a higher fencing token —
+the at-least-once window of every lease, seen once in CI under load). Asynchronous replication
+loses what the stall kept from the standby, and those ticks run again (measured and reported,
+see docs/how-to/production-topologies.md).
 """
 
 from __future__ import annotations
@@ -221,6 +225,7 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
         f"{crashed_at - stalled_at:.1f} s before the crash)"
     )
     logs = "\n".join("".join(r.stderr)[-4000:] for r in replicas)
+    all_logs = [line for r in replicas for line in r.stderr]
     if os.environ.get("SDCORE_FAILOVER_LOGS"):
         Path(os.environ["SDCORE_FAILOVER_LOGS"]).write_text(
             "".join(line for r in replicas for line in r.stderr)
@@ -229,7 +234,18 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
     assert after, "no tick ran after the promotion"
     if synchronous:
         assert stuck == [], stuck
-        assert doubled == [], tokens
+        # A double only where the first owner was told its completion was not recorded (by
+        # the lease: "could not record the outcome"; or by the scheduler, when the record came
+        # after the takeover: "lease lost during the run").
+        unacknowledged = {
+            key
+            for key in doubled
+            for line in all_logs
+            if f"run {key!r}" in line
+            and ("could not record the outcome" in line or "lease lost during the run" in line)
+        }
+        assert set(doubled) == unacknowledged, (tokens, logs)
+        assert all(len(set(t)) == len(t) for t in tokens.values()), tokens
     else:
         # Asynchronous replication may lose a run's completion with the stall: the promoted
         # server then holds that tick's row as RUNNING, its owner gone (seen once in CI: one such
