@@ -922,6 +922,37 @@ async def test_raising_hooks_change_nothing(
     assert not [r for r in caplog.records if "Missing lock" in r.getMessage()]
 
 
+async def test_close_resends_a_lost_cancellation_of_the_idle_wait(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    """bullmq's close cancels its idle wait for the next job once; a cancellation lost inside
+    redis-py (seen in CI: close hung 120 s) must not hang Workers.close. Injected here: the
+    worker's next wait swallows the first cancellation, as the lost one did."""
+    recorder = Recorder("idle")
+    workers = Workers([recorder], redis_url=REDIS_URL, prefix=prefix)
+    await workers.start()
+    await workers.wait_ready()
+    backend = workers._entries[0].worker.backend
+    swallowed: list[float] = []
+
+    async def stubborn(block_timeout: float) -> Any:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.append(time.monotonic())  # lost: the wait goes on
+        await asyncio.sleep(3600)
+
+    backend.waitForJob = stubborn
+    job_id = await _add(redis, prefix, "idle", "i")  # wakes the real wait; the next is stubborn
+    await _until(lambda: _true(recorder.done == [job_id]), what="the job")
+    await asyncio.sleep(0.3)  # the worker is back in its (stubborn) wait for the next job
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        await workers.close()
+    assert len(swallowed) == 1, "the injected wait never saw bullmq's cancellation"
+    assert time.monotonic() - started < 3
+
+
 async def test_close_waits_for_the_running_job(redis: aioredis.Redis, prefix: str) -> None:
     recorder = Recorder("slow", sleep_s=1.0)
     workers = Workers([recorder], redis_url=REDIS_URL, prefix=prefix)
