@@ -612,6 +612,7 @@ def pgbench_scripts(outbox: Outbox) -> dict[str, str]:
         "namespace": "NULL",
         "target": ":p_target",
         "channel": ":p_channel",
+        "trace": "NULL",  # no trace context (migration outbox/0003): what an untraced call sends
     }
     with_notify = _substitute(outbox.sql.enqueue, params)
     without = _substitute(outbox.sql.enqueue_quiet, params)
