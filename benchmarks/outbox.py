@@ -452,6 +452,7 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
             "namespace": None,
             "target": target,
             "channel": channel,
+            "trace": None,  # no trace context: what an untraced enqueue sends
         }
 
     def bare_params(order_id: int) -> tuple[Any, ...]:
