@@ -55,8 +55,7 @@ class DatabaseConnectError(SdcoreError, ConnectionError):
         super().__init__(f"cannot connect to {dsn}: {reason}")
 
 
-def _check_ms(name: str, value: object, low: int, high: int = 2**31 - 1) -> None:
-    int_between(name, value, low, high)
+_INT_MAX = 2**31 - 1  # the largest millisecond value PostgreSQL and asyncio both take
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,8 +93,8 @@ class PoolSettings:
     reconnect_timeout_ms: int = 300_000
 
     def __post_init__(self) -> None:
-        _check_ms("min_size", self.min_size, 0, 10_000)
-        _check_ms("max_size", self.max_size, 1, 10_000)
+        int_between("min_size", self.min_size, 0, 10_000)
+        int_between("max_size", self.max_size, 1, 10_000)
         if self.min_size > self.max_size:
             raise ValueError(f"min_size {self.min_size} is larger than max_size {self.max_size}")
         if not isinstance(self.application_name, str):
@@ -103,13 +102,13 @@ class PoolSettings:
         if not isinstance(self.transaction_pooling, bool):
             raise TypeError("transaction_pooling must be a bool")
         if self.connect_timeout is not None:
-            _check_ms("connect_timeout", self.connect_timeout, 1, 86_400)
-        _check_ms("open_timeout_ms", self.open_timeout_ms, 0)
-        _check_ms("reconnect_min_delay_ms", self.reconnect_min_delay_ms, 1, 600_000)
-        _check_ms("reconnect_max_delay_ms", self.reconnect_max_delay_ms, 1, 600_000)
+            int_between("connect_timeout", self.connect_timeout, 1, 86_400)
+        int_between("open_timeout_ms", self.open_timeout_ms, 0, _INT_MAX)
+        int_between("reconnect_min_delay_ms", self.reconnect_min_delay_ms, 1, 600_000)
+        int_between("reconnect_max_delay_ms", self.reconnect_max_delay_ms, 1, 600_000)
         if self.reconnect_min_delay_ms > self.reconnect_max_delay_ms:
             raise ValueError("reconnect_min_delay_ms is larger than reconnect_max_delay_ms")
-        _check_ms("reconnect_timeout_ms", self.reconnect_timeout_ms, 1)
+        int_between("reconnect_timeout_ms", self.reconnect_timeout_ms, 1, _INT_MAX)
 
     def connection_kwargs(self, dsn: str) -> dict[str, Any]:
         """Return the keyword arguments every connection of the pool is opened with."""
