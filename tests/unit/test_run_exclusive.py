@@ -149,6 +149,40 @@ async def test_heartbeat_interval_follows_the_options() -> None:
 
 
 @in_loop_time
+async def test_a_run_shorter_than_the_heartbeat_interval_has_no_heartbeat_task() -> None:
+    """The heartbeat task starts only when the first heartbeat is due (a burst's ticks end
+    before that); a longer run gets it at that moment, an interval after the acquire."""
+    service = Flaky()
+    seen: list[set[str]] = []
+
+    def heartbeat_tasks() -> set[str]:
+        return {
+            t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("sdcore-heartbeat")
+        }
+
+    async def short(lease: JobExecutionLease) -> None:
+        await asyncio.sleep(0.09)
+        seen.append(heartbeat_tasks())
+
+    async def long(lease: JobExecutionLease) -> None:
+        started = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.09)
+        seen.append(heartbeat_tasks())
+        await asyncio.sleep(0.02)
+        seen.append(heartbeat_tasks())
+        await asyncio.sleep(0.2)
+        assert asyncio.get_running_loop().time() - started >= 0.3
+
+    options = {"code": "c", "lease_ms": 1000, "heartbeat_ms": 100}
+    await service.run_exclusive({**options, "run_key": "short"}, short)
+    assert service.heartbeats == 0
+    await service.run_exclusive({**options, "run_key": "long"}, long)
+    assert seen == [set(), set(), {"sdcore-heartbeat:c"}]
+    assert 2 <= service.heartbeats <= 4
+    assert not heartbeat_tasks()  # stopped with the run
+
+
+@in_loop_time
 async def test_heartbeat_zero_disables_it() -> None:
     service = Flaky()
 

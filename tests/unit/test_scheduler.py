@@ -116,6 +116,120 @@ async def test_handler_errors_are_logged_and_the_loop_goes_on(
     assert _statuses(jobs, "flaky") == Counter({"FAIL": calls})
 
 
+async def test_plain_ticks_log_failures_report_telemetry_and_run_sync_handlers_in_threads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Non-exclusive ticks without retries take the one-frame path (run_plain): the same logs,
+    outcomes and telemetry as the general path, sync handlers in a worker thread."""
+    import threading
+
+    from sdcore._internal.telemetry import Observer, Telemetry
+
+    class Seen(Observer):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, str, str]] = []
+
+        def tick_started(self, run: Any) -> None:
+            self.events.append(("started", run.schedule, run.run_key))
+
+        def tick_finished(self, run: Any, outcome: str, duration_s: float) -> None:
+            self.events.append((outcome, run.schedule, run.run_key))
+
+    main = threading.get_ident()
+    threads: list[int] = []
+    attempts: list[int] = []
+    scheduler = Scheduler()
+    hub = Telemetry()
+    seen = Seen()
+    hub.add(seen)
+    scheduler.telemetry = hub
+
+    async def failing(tick: Tick) -> None:
+        attempts.append(tick.attempt)
+        raise RuntimeError("boom")
+
+    def sync_ok(tick: Tick) -> None:
+        threads.append(threading.get_ident())
+
+    scheduler.add_interval("plain-fail", 200, failing)
+    scheduler.add_interval("plain-sync", 200, sync_ok)
+    with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
+        async with scheduler, asyncio.timeout(5):
+            while len(attempts) < 2 or len(threads) < 2:
+                await asyncio.sleep(0.01)
+    assert set(attempts) == {1}
+    assert threads
+    assert main not in threads
+    failures = [r for r in caplog.records if getattr(r, "action", None) == "tick_failed"]
+    assert failures
+    assert all(getattr(r, "schedule", None) == "plain-fail" for r in failures)
+    assert all(r.exc_info is not None for r in failures)
+    fail_events = [e for e in seen.events if e[1] == "plain-fail"]
+    sync_events = [e for e in seen.events if e[1] == "plain-sync"]
+    assert [e[0] for e in fail_events[:2]] == ["started", "failure"]
+    assert [e[0] for e in sync_events[:2]] == ["started", "success"]
+    assert fail_events[0][2] == fail_events[1][2]  # the same tick's run key
+
+
+def test_equal_cron_expressions_share_one_spec_and_one_trigger() -> None:
+    """Stored per-customer schedules of one expression share their parsed spec and trigger, so
+    a burst of them computes its next fire time once and is recognized by identity."""
+    from zoneinfo import ZoneInfo
+
+    from sdcore.scheduling._cron import CronSpec
+
+    paris = ZoneInfo("Europe/Paris")
+    first = CronSpec.parse("0 8 * * *", paris, "a")
+    assert CronSpec.parse("0 8 * * *", paris, "b") is first
+    assert CronSpec.parse("0 8 * * *", ZoneInfo("UTC")) is not first
+    assert CronSpec.parse("0 8 * * *", paris, day_rule="nestjs") is not first
+    with pytest.raises(InvalidScheduleError, match="invalid cron expression"):
+        CronSpec.parse("0 0 32 * *", paris)
+    with pytest.raises(InvalidScheduleError, match="invalid cron expression"):
+        CronSpec.parse("0 0 32 * *", paris)  # an error is never cached as a spec
+    scheduler = Scheduler(time_zone="Europe/Paris")
+    scheduler.add_cron("one", "0 8 * * *", lambda tick: None)
+    scheduler.add_cron("two", "0 8 * * *", lambda tick: None)
+    scheduler.add_cron("other", "0 9 * * *", lambda tick: None)
+    triggers = {name: scheduler._entries[name].trigger for name in ("one", "two", "other")}
+    assert triggers["one"] is triggers["two"]
+    assert triggers["other"] is not triggers["one"]
+
+
+@in_loop_time
+async def test_a_burst_of_one_expression_computes_its_next_fire_time_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sdcore.scheduling._cron import CronSpec
+
+    calls = 0
+    original = CronSpec.next_after
+
+    def counting(self: CronSpec, after: datetime) -> datetime:
+        nonlocal calls
+        calls += 1
+        return original(self, after)
+
+    monkeypatch.setattr(CronSpec, "next_after", counting)
+    scheduler = Scheduler(clock=loop_clock())
+    ticks: list[str | None] = []
+    at_burst: list[int] = []
+
+    async def handler(tick: Tick) -> None:
+        if not ticks or ticks[-1] != tick.run_key:
+            at_burst.append(calls)
+        ticks.append(tick.run_key)
+
+    for i in range(600):
+        scheduler.add_cron(f"s{i}", "*/2 * * * * *", handler)
+    async with scheduler:
+        await asyncio.sleep(4.5)
+    assert len(ticks) >= 1200
+    assert len(at_burst) >= 2
+    # Between the first handler of one burst and of the next: one computation for the 600.
+    assert at_burst[1] - at_burst[0] == 1, at_burst
+
+
 async def test_sync_handlers_run_in_a_thread() -> None:
     import threading
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -250,16 +249,5 @@ class BaseJobScheduler(abc.ABC):
         if outcome.lease.time_left <= 0:
             await self._give_back(outcome.lease)
             return RunExclusiveResult(acquired=False, result=None)
-        call: Callable[[JobExecutionLease], Any]
-        if inspect.iscoroutinefunction(fn):
-
-            async def call(lease: JobExecutionLease) -> Any:
-                return await fn(lease, attempt)
-
-        else:
-
-            def call(lease: JobExecutionLease) -> Any:
-                return fn(lease, attempt)
-
         run = _Run(self, options, outcome.lease)
-        return RunExclusiveResult(acquired=True, result=await run.execute(call))
+        return RunExclusiveResult(acquired=True, result=await run.execute(fn, attempt))

@@ -19,6 +19,7 @@ from sdcore._internal.identifiers import qualified
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import given_back
 from sdcore.job_scheduler._base import BaseJobScheduler
+from sdcore.job_scheduler._finals import Finals, Params
 from sdcore.job_scheduler._model import (
     JobAcquired,
     JobAcquireResult,
@@ -173,6 +174,7 @@ class _LeaseCore(BaseJobScheduler):
             transaction_pooling=transaction_pooling is True,
         )
         self._owned_pool = False
+        self._finals = Finals(self._finalize_one, self._finalize_resolve, self._finalize_many)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -395,42 +397,64 @@ class _LeaseCore(BaseJobScheduler):
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> bool:
+        return await self._finalize_soon(lease, status, data)
+
+    def _finalize_soon(
+        self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
+    ) -> asyncio.Future[bool]:
+        """Queue the outcome with the others recorded meanwhile (``_finals.py``); its answer.
+
+        Raises:
+            ValueError, JsonTypeError, JsonValueError: A bad lease or ``data``, before any SQL.
+        """
         job_id, token = _check_lease(lease)
         text = dump_json_object(data)
-        params = (status.value, text, job_id, token)
         # Bounded by the lease's time left plus the slack: an answer that does not come back by
         # then is never reported as recorded.
-        limit = _limit(lease)
+        return self._finals.submit((status.value, text, job_id, token), _limit(lease))
+
+    async def _finalize_one(self, params: Params, limit: float | None) -> bool:
+        """The single-row ``finalize`` (what a batch of one sends)."""
         until = None if limit is None else time.monotonic() + limit
         try:
             return await self._rowcount(self._sql.finalize, params, limit) == 1
         except _Abandoned as exc:
             raise JobSchedulerUnavailableError(
-                f"recording {status.value} did not answer in time; connection abandoned, "
+                f"recording {params[0]} did not answer in time; connection abandoned, "
                 "outcome unknown"
             ) from exc
         except psycopg.OperationalError as exc:
             if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
                 raise self._wrap(exc) from exc
-            first: psycopg.Error = exc
+            return await self._finalize_resolve(params, until, exc)
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
-        # Ambiguous commit: never report success unless the row shows it.
+
+    async def _finalize_resolve(
+        self, params: Params, until: float | None, first: psycopg.Error
+    ) -> bool:
+        """An ambiguous commit of ``finalize``: never report success unless the row shows it."""
+        status, _, job_id, token = params
         await self._held.reset_idle()
-        left = None if until is None else until - time.monotonic()
+        left = None if until is None else max(until - time.monotonic(), 0.0)
         try:
             row = await self._fetch(self._sql.read_status, (job_id, token), left)
             if row is None:
                 return False
-            if row[0] == status.value:
+            if row[0] == status:
                 return True
             if row[0] != JobSchedulerStatus.RUNNING.value:
                 return False
-            left = None if until is None else until - time.monotonic()
+            left = None if until is None else max(until - time.monotonic(), 0.0)
             return await self._rowcount(self._sql.finalize, params, left) == 1
         except _Abandoned as exc:
             raise JobSchedulerUnavailableError(
-                f"recording {status.value}: outcome unknown, the database did not answer in time"
+                f"recording {status}: outcome unknown, the database did not answer in time"
             ) from exc
         except psycopg.Error as exc:
             raise self._wrap(exc) from first
+
+    async def _finalize_many(self, columns: tuple[list[Any], ...], limit: float | None) -> set[str]:
+        """Send ``finalize_many``; the ids it updated (driver errors are the batcher's)."""
+        rows = await self._fetch_rows(self._sql.finalize_many, columns, limit)
+        return {row[0] for row in rows}

@@ -18,7 +18,6 @@ from sdcore._internal.errors import error_text
 from sdcore.job_scheduler._model import (
     LEASE_SLACK_MS,
     JobExecutionLease,
-    JobLease,
     JobSchedulerStatus,
     JobSchedulerUnavailableError,
     LostJobLeaseError,
@@ -29,6 +28,8 @@ if TYPE_CHECKING:
     from sdcore.job_scheduler._base import BaseJobScheduler
 
 T = TypeVar("T")
+SUCCESS = JobSchedulerStatus.SUCCESS
+FAIL = JobSchedulerStatus.FAIL
 
 SLACK = LEASE_SLACK_MS / 1000
 
@@ -74,6 +75,11 @@ class _Run:
         assert task is not None  # noqa: S101 - run_exclusive is always awaited in a task
         self.task = task
         self.timer: asyncio.TimerHandle | None = None
+        # The heartbeat: planned (a timer until the first is due), then a task of its own.
+        self.beat_handle: asyncio.TimerHandle | None = None
+        self.beat: asyncio.Task[None] | None = None
+        self.acquired = time.monotonic()
+        self.attempt: int | None = None  # passed to the callable after the lease (run_attempt)
         self.cancellable = False
         self.cancel_requested = False
         # Why the last heartbeat did not confirm the lease (named in the loss at the deadline).
@@ -86,7 +92,9 @@ class _Run:
             "fencing_token": lease.fencing_token,
         }
 
-    async def execute(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
+    async def execute(self, fn: Callable[..., Awaitable[T] | T], attempt: int | None = None) -> T:
+        """Run ``fn(lease)`` (``fn(lease, attempt)`` when ``attempt`` is given) under the lease."""
+        self.attempt = attempt
         self.service.telemetry.lease_acquired(self.options.code)
         lost = False
         try:
@@ -97,12 +105,9 @@ class _Run:
         finally:
             self.service.telemetry.lease_released(self.options.code, lost)
 
-    async def _execute(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
-        beat = None
+    async def _execute(self, fn: Callable[..., Awaitable[T] | T]) -> T:
         if self.options.heartbeat_ms > 0:
-            beat = asyncio.create_task(
-                self._heartbeat(), name=f"sdcore-heartbeat:{self.options.code}"
-            )
+            self._plan_heartbeat()
         self._arm(self.state.time_left())
         try:
             try:
@@ -113,19 +118,19 @@ class _Run:
                 self.cancellable = False
                 self._disarm()
         except asyncio.CancelledError as exc:
-            await self._stop(beat)
+            await self._stop()
             ours = self.cancel_requested and self.task.uncancel() == 0
             if ours:
-                await self._finalize(self.service.fail, {"error": "lease lost; run cancelled"})
+                await self._finalize(FAIL, {"error": "lease lost; run cancelled"})
                 raise self._lost_error() from exc
             self.state.mark_lost("run cancelled")
-            await self._finalize(self.service.fail, {"error": "cancelled"})
+            await self._finalize(FAIL, {"error": "cancelled"})
             raise
         except BaseException as exc:
-            await self._stop(beat)
+            await self._stop()
             if self.cancel_requested:
                 self.task.uncancel()
-            recorded = await self._finalize(self.service.fail, {"error": error_text(exc)})
+            recorded = await self._finalize(FAIL, {"error": error_text(exc)})
             self.service._log.warning(
                 "job %r run %r failed: %s",
                 self.options.code,
@@ -136,13 +141,13 @@ class _Run:
             if not recorded:
                 raise self._lost_error() from exc
             raise
-        await self._stop(beat)
+        await self._stop()
         if self.cancel_requested:
             self.task.uncancel()
         # The callable may have completed the run itself, in its own transaction
         # (complete_in + outbox): that is success, not a loss.
         if (
-            not await self._finalize(self.service.complete, None)
+            not await self._finalize(SUCCESS, None)
             and await self._owned_status() is not JobSchedulerStatus.SUCCESS
         ):
             raise self._lost_error()
@@ -182,12 +187,13 @@ class _Run:
     def _lost_error(self) -> LostJobLeaseError:
         return LostJobLeaseError(self.lease.id, self.state.reason or "ownership was lost")
 
-    async def _call(self, fn: Callable[[JobExecutionLease], Awaitable[T] | T]) -> T:
+    async def _call(self, fn: Callable[..., Awaitable[T] | T]) -> T:
+        args = (self.lease,) if self.attempt is None else (self.lease, self.attempt)
         if inspect.iscoroutinefunction(fn):
             self.cancellable = True
-            return cast("T", await fn(self.lease))
+            return cast("T", await fn(*args))
         ctx = contextvars.copy_context()
-        future = self.loop.run_in_executor(None, functools.partial(ctx.run, fn, self.lease))
+        future = self.loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
         self.cancellable = True
         try:
             result = await asyncio.shield(future)
@@ -222,7 +228,32 @@ class _Run:
             return cast("T", await result)
         return result
 
-    async def _stop(self, beat: asyncio.Task[None] | None) -> None:
+    def _plan_heartbeat(self) -> None:
+        """Start the heartbeat task when the first heartbeat is due: a run that ends before
+        (most ticks of a burst) never has one."""
+        due = self._first_beat()
+        self.beat_handle = self.loop.call_later(max(0.0, due - time.monotonic()), self._beat_now)
+
+    def _beat_now(self) -> None:
+        self.beat_handle = None
+        self.beat = asyncio.create_task(
+            self._heartbeat(), name=f"sdcore-heartbeat:{self.options.code}"
+        )
+
+    def _first_beat(self) -> float:
+        """When the first heartbeat is due (``time.monotonic()``): an interval after the lease
+        was last confirmed."""
+        state = self.state
+        confirmed = state.deadline - state.valid
+        if confirmed != confirmed or confirmed == float("-inf"):  # no client deadline known
+            confirmed = self.acquired
+        return confirmed + self.options.heartbeat_ms / 1000
+
+    async def _stop(self) -> None:
+        if self.beat_handle is not None:
+            self.beat_handle.cancel()
+            self.beat_handle = None
+        beat, self.beat = self.beat, None
         if beat is None:
             return
         # The heartbeat never awaits a database call directly (see _heartbeat), so it ends at
@@ -233,16 +264,19 @@ class _Run:
             # Re-deliver the caller's cancellation after the heartbeat is gone.
             self.task.cancel()
 
-    async def _finalize(
-        self,
-        method: Callable[[JobLease, Mapping[str, Any] | None], Awaitable[bool]],
-        data: Mapping[str, Any] | None,
-    ) -> bool:
+    async def _finalize(self, status: JobSchedulerStatus, data: Mapping[str, Any] | None) -> bool:
         """Record the outcome; retry while the database is unreachable and the lease may hold."""
+        method = self.service.complete if status is SUCCESS else self.service.fail
+        # The PostgreSQL service hands back a future of its batched finalize: awaited to the
+        # end without a task of its own (see _settle).
+        soon: Callable[..., asyncio.Future[bool]] | None = getattr(
+            self.service, "_finalize_soon", None
+        )
         delay = 0.05
         while True:
             try:
-                ok, cancelled = await _settle(method(self.lease, data))
+                call = method(self.lease, data) if soon is None else soon(self.lease, status, data)
+                ok, cancelled = await _settle(call)
             except JobSchedulerUnavailableError as exc:
                 if time.monotonic() + delay >= self.state.deadline:
                     self.state.mark_lost(
@@ -277,10 +311,7 @@ class _Run:
     async def _heartbeat(self) -> None:
         interval = self.options.heartbeat_ms / 1000
         state = self.state
-        confirmed = state.deadline - state.valid
-        if confirmed != confirmed or confirmed == float("-inf"):  # no client deadline known
-            confirmed = time.monotonic()
-        due = confirmed + interval
+        due = self._first_beat()
         while True:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             sent = time.monotonic()

@@ -166,7 +166,11 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         await self.close()
 
     async def close(self) -> None:
-        """Return the held connections (and close the pool if :meth:`connect` opened it)."""
+        """Return the held connections (and close the pool if :meth:`connect` opened it).
+
+        Outcomes being recorded (``complete``/``fail`` in flight) are awaited first.
+        """
+        await self._finals.aclose()
         await self._held.close()
         if self._owned_pool:
             await self._pool.close()

@@ -61,6 +61,7 @@ class LeaseStatements(_Rendered):
     read_owned: bytes
     heartbeat: bytes
     finalize: bytes
+    finalize_many: bytes
     read_status: bytes
     statuses: bytes
     acquire_many: bytes

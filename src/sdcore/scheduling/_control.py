@@ -32,10 +32,10 @@ from sdcore.scheduling._policy import (
     check_ms,
 )
 from sdcore.scheduling._triggers import (
-    CronTrigger,
     IntervalTrigger,
     ScheduleKind,
     Trigger,
+    cron_trigger,
 )
 
 __all__ = [
@@ -377,7 +377,7 @@ def row_trigger(name: str, kind: str, expression: str, time_zone: str) -> Trigge
         InvalidScheduleError: A bad expression or zone.
     """
     if kind == ScheduleKind.CRON.value:
-        return CronTrigger(CronSpec.parse(expression, load_zone(time_zone, name), name))
+        return cron_trigger(CronSpec.parse(expression, load_zone(time_zone, name), name))
     if kind == ScheduleKind.INTERVAL.value:
         try:
             every = int(expression)

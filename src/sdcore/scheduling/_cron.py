@@ -147,6 +147,10 @@ class CronSpec:
             )
         if len(expression) > MAX_EXPRESSION_LENGTH or "\x00" in expression:
             raise InvalidScheduleError(schedule, "cron expression is too long or contains NUL")
+        key = (expression, zone, rule)
+        cached = _SPECS.get(key)
+        if cached is not None:
+            return cached  # the stored schedules of one expression share one spec
         text = MACROS.get(expression.strip().lower(), expression.strip())
         fields = tuple(text.split())
         if len(fields) not in (5, 6):
@@ -178,6 +182,9 @@ class CronSpec:
             raise InvalidScheduleError(
                 schedule, f"cron expression {expression!r:.80} never fires"
             ) from None
+        if len(_SPECS) >= _MAX_SPECS:
+            _SPECS.clear()
+        _SPECS[key] = spec
         return spec
 
     def _sim(self, wall: datetime) -> CronSim:
@@ -239,6 +246,13 @@ class CronSpec:
             return None
         gap_end = _transition(second, first, self.zone)
         return gap_end if gap_end > after else None
+
+
+# Valid specs by (expression, zone, day rule): equal schedules share one spec (and one trigger,
+# see sdcore.scheduling._triggers.cron_trigger), so a burst of them computes one next fire time
+# and the timer recognizes them by identity. Bounded: cleared when full.
+_SPECS: dict[tuple[str, ZoneInfo, DayRule], CronSpec] = {}
+_MAX_SPECS = 4096
 
 
 @functools.lru_cache(maxsize=4096)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
@@ -90,11 +90,17 @@ class RunPolicy:
     jitter_ms: int
     lease_ms: int
     heartbeat_ms: int
+    # The tick's attempt budget (one object per policy: a burst asks for it once per tick).
+    _budget: AttemptBudget | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def budget(self) -> AttemptBudget:
         """The tick's attempt budget across the cluster: ``retries + 1`` runs."""
-        return AttemptBudget(max_attempts=self.retries + 1, backoff_ms=self.retry_backoff_ms)
+        budget = self._budget
+        if budget is None:
+            budget = AttemptBudget(max_attempts=self.retries + 1, backoff_ms=self.retry_backoff_ms)
+            object.__setattr__(self, "_budget", budget)
+        return budget
 
     def backoff_s(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (doubling, capped)."""

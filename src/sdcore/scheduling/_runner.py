@@ -98,6 +98,38 @@ class TickRunner:
             and policy.overlap is not Overlap.SKIP_CLUSTER
         )
 
+    def runs_plain(self, policy: RunPolicy) -> bool:
+        """Whether a tick with ``policy`` is one call of its handler here (:meth:`run_plain`):
+        not exclusive, no retries, no jitter."""
+        return (self.jobs is None or not policy.exclusive) and not (
+            policy.retries or policy.jitter_ms
+        )
+
+    async def run_plain(self, name: str, handler: Handler, tick: Tick) -> TickOutcome:
+        """:meth:`run` for a tick :meth:`runs_plain` accepts, in one frame (the burst path).
+
+        Never raises except ``CancelledError``.
+        """
+        if tick.attempt != 1:
+            tick = replace(tick, attempt=1)
+        telemetry = self.telemetry
+        run = telemetry.tick_scope(name)
+        telemetry.tick_started(run, tick)
+        try:
+            if inspect.iscoroutinefunction(handler):
+                await handler(tick)
+            else:
+                await _call(handler, tick)
+        except asyncio.CancelledError:
+            telemetry.tick_finished(run, FAILURE)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the tick failed; logged, never raised
+            telemetry.tick_finished(run, FAILURE)
+            self._log_error("tick failed", name, tick, exc, "tick_failed", trace=True)
+            return _FAILED_ONCE
+        telemetry.tick_finished(run, SUCCESS)
+        return _SUCCEEDED_ONCE
+
     def ends_lost(self, name: str, policy: RunPolicy, tick: Tick, first: FirstOffer) -> bool:
         """Whether ``first`` (a lost first offer) is the whole of the tick on this process: the
         tick needs no task (no retry offers follow, as in :meth:`run`)."""
@@ -290,27 +322,8 @@ class TickRunner:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
         options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
-        number = 0
-
-        def bind(lease: JobExecutionLease, attempt: int) -> Tick:
-            nonlocal number
-            number = attempt
-            bound = replace(tick, lease=lease, attempt=attempt)
-            self.telemetry.tick_started(run, bound)
-            return bound
-
-        call: Callable[[JobExecutionLease, int], Any]
-        if inspect.iscoroutinefunction(handler):
-
-            async def call(lease: JobExecutionLease, attempt: int) -> Any:
-                return await handler(bind(lease, attempt))
-
-        else:
-            # A plain function: run_attempt runs it in a worker thread and, if the lease is lost,
-            # waits for the thread (it cannot be stopped) before releasing the row.
-            def call(lease: JobExecutionLease, attempt: int) -> Any:
-                return handler(bind(lease, attempt))
-
+        bound = _Bound(handler, tick, run, self.telemetry)
+        call = bound.run_async if inspect.iscoroutinefunction(handler) else bound.run_sync
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
             acquired = await self.acquirer.acquire(options, policy.budget)
@@ -323,12 +336,12 @@ class TickRunner:
         except (asyncio.CancelledError, JobSchedulerError):
             raise
         except Exception as exc:
-            raise _HandlerFailed(number, exc) from exc
+            raise _HandlerFailed(bound.attempt, exc) from exc
         if not outcome.acquired:
             if self.log.isEnabledFor(logging.DEBUG):
                 self._log_not_ours(name, tick)
             return 0, False
-        return number, True
+        return bound.attempt, True
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(
@@ -365,6 +378,47 @@ class TickRunner:
                 "attempt": tick.attempt,
             },
         )
+
+
+class _Bound:
+    """A tick's handler, called with the tick bound to the lease and attempt it runs under."""
+
+    __slots__ = ("attempt", "handler", "run", "telemetry", "tick")
+
+    def __init__(
+        self, handler: Handler, tick: Tick, run: RunScope | None, telemetry: Telemetry
+    ) -> None:
+        self.handler = handler
+        self.tick = tick
+        self.run = run
+        self.telemetry = telemetry
+        self.attempt = 0  # the attempt number, once the lease is won
+
+    def _bind(self, lease: JobExecutionLease, attempt: int) -> Tick:
+        self.attempt = attempt
+        tick = self.tick
+        bound = Tick(
+            schedule=tick.schedule,
+            scheduled_at=tick.scheduled_at,
+            local_time=tick.local_time,
+            run_key=tick.run_key,
+            lease=lease,
+            attempt=attempt,
+        )
+        self.telemetry.tick_started(self.run, bound)
+        return bound
+
+    async def run_async(self, lease: JobExecutionLease, attempt: int) -> Any:
+        return await self.handler(self._bind(lease, attempt))
+
+    def run_sync(self, lease: JobExecutionLease, attempt: int) -> Any:
+        # Run in a worker thread by run_acquired_attempt, which, if the lease is lost, waits for
+        # the thread (it cannot be stopped) before releasing the row.
+        return self.handler(self._bind(lease, attempt))
+
+
+_SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)
+_FAILED_ONCE = TickOutcome(ran=True, succeeded=False, attempts=1)
 
 
 class _HandlerFailed(Exception):

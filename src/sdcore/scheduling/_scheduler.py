@@ -30,11 +30,11 @@ from sdcore.scheduling._runner import Handler, TickRunner, utcnow
 from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
-    CronTrigger,
     IntervalTrigger,
     OnceTrigger,
     ScheduleKind,
     Trigger,
+    cron_trigger,
     expected_instants,
 )
 
@@ -181,7 +181,7 @@ class Scheduler:
         check_name(name)
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
         spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
-        self._add(name, CronTrigger(spec), handler, zone, options)
+        self._add(name, cron_trigger(spec), handler, zone, options)
 
     def add_interval(
         self, name: str, every_ms: int, handler: Handler, **options: Unpack[ScheduleOptions]

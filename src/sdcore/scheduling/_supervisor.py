@@ -38,6 +38,9 @@ from sdcore.scheduling._runner import (
 from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
+# Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
+# acquire is one statement of as many keys), or when the burst has no more due ticks.
+BATCH_TICKS = 250
 # A regular fire acquired before its task exists: (entry, due, tick, deadline).
 _Deferred = tuple["Entry", datetime, Tick, Deadline]
 # How the running tick started; set by Supervisor.launch for the tick's task only.
@@ -75,9 +78,13 @@ class Supervisor:
         self._clock = clock
         self._log = logger
         self._grace = grace_s
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Every owned task, with the tick it runs (``None``: a batch or a skip record); one done
+        # callback per task ends both (a burst starts thousands of tasks).
+        self._tasks: dict[asyncio.Task[Any], tuple[Entry, datetime] | None] = {}
+        self._on_done = self._task_done
         self._batch: list[_Deferred] | None = None  # the fires of this loop turn (start_tick)
         self._batch_task: asyncio.Task[Any] | None = None
+        self._batch_go: asyncio.Future[None] | None = None  # closes the open batch
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
@@ -95,7 +102,7 @@ class Supervisor:
     def _batch_ended(self, batch: list[_Deferred], task: asyncio.Task[Any]) -> None:
         """A batch task ended: cancelled (before or during its acquire), its ticks end here."""
         if self._batch is batch:
-            self._batch = None  # cancelled before it ran
+            self._batch = self._batch_go = None  # cancelled before it was closed
         for entry, due, _, _ in batch:
             if task in entry.running:
                 entry.running.discard(task)
@@ -106,15 +113,32 @@ class Supervisor:
         coro: Coroutine[Any, Any, Any],
         name: str,
         context: contextvars.Context | None = None,
+        tick: tuple[Entry, datetime] | None = None,
     ) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name, context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = tick
+        task.add_done_callback(self._on_done)
         return task
 
-    def flush(self) -> bool:
-        """Send the lease requests the ticks started so far have queued; ``True`` if any."""
-        return self._runner.acquirer is not None and self._runner.acquirer.flush()
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        tick = self._tasks.pop(task, None)
+        if tick is not None:
+            self._ended(tick[0], tick[1], task)
+
+    def flush(self, *, final: bool = True) -> bool:
+        """Close the batch of regular fires started so far and let its acquire go out; ``True``
+        if one was closed.
+
+        Args:
+            final: Close it whatever its size (the burst has no more due ticks); otherwise only
+                once it holds :data:`BATCH_TICKS` ticks (start slices are smaller than that).
+        """
+        batch, go = self._batch, self._batch_go
+        if batch is None or go is None or (not final and len(batch) < BATCH_TICKS):
+            return False
+        self._batch = self._batch_go = None
+        go.set_result(None)
+        return True
 
     def start_tick(
         self, entry: Entry, due: datetime, path: StartPath, *, deadline: Deadline
@@ -125,7 +149,7 @@ class Supervisor:
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
-        started in one turn of the loop (a start slice of the timer) share one batch task, which
+        started until the timer closes the batch (:meth:`flush`) share one batch task, which
         sends their acquires together and starts a task only for the ticks won here (and for the
         lost ones that still have retry offers to make). Until the answer, the batch task counts
         as the tick's run for the overlap policy, and the tick as in flight.
@@ -138,7 +162,10 @@ class Supervisor:
         batch, holder = self._batch, self._batch_task
         if batch is None or holder is None:
             batch = self._batch = []
-            holder = self._batch_task = self._own(self._acquire_batch(batch), "sdcore-tick-batch")
+            go = self._batch_go = asyncio.get_running_loop().create_future()
+            holder = self._batch_task = self._own(
+                self._acquire_batch(batch, go), "sdcore-tick-batch"
+            )
             holder.add_done_callback(functools.partial(self._batch_ended, batch))
         batch.append((entry, due, tick, deadline))
         entry.running.add(holder)
@@ -239,8 +266,11 @@ class Supervisor:
             # fire from the timer loop needs no context of its own.
             context = contextvars.copy_context()
             context.run(_PATH.set, path)
-        task: asyncio.Task[TickOutcome] = self._own(
-            self._runner.run(
+        runner = self._runner
+        coro = (
+            runner.run_plain(entry.name, entry.handler, tick)
+            if runner.runs_plain(entry.policy)
+            else runner.run(
                 name=entry.name,
                 kind=entry.kind,
                 handler=entry.handler,
@@ -250,13 +280,13 @@ class Supervisor:
                 clock=self._clock,
                 record_skip=path is StartPath.FIRE,
                 first=first,
-            ),
-            f"sdcore-tick:{entry.name}",
-            context,
+            )
+        )
+        task: asyncio.Task[TickOutcome] = self._own(
+            coro, f"sdcore-tick:{entry.name}", context, (entry, due)
         )
         entry.running.add(task)
         entry.in_flight.add(due)
-        task.add_done_callback(functools.partial(self._ended, entry, due))
         return task
 
     def _ended(self, entry: Entry, due: datetime, task: asyncio.Task[Any] | None) -> None:
@@ -269,9 +299,10 @@ class Supervisor:
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 asyncio.get_running_loop().call_soon(self._drain, entry)
 
-    async def _acquire_batch(self, batch: list[_Deferred]) -> None:
-        """Acquire the ticks of ``batch`` together; start the ones that need a task."""
-        self._batch = None  # ticks started from now on form the next batch
+    async def _acquire_batch(self, batch: list[_Deferred], go: asyncio.Future[None]) -> None:
+        """Acquire the ticks of ``batch`` together once the timer closes it (``go``); start the
+        ones that need a task."""
+        await go
         runner = self._runner
         holder = asyncio.current_task()
         assert holder is not None  # noqa: S101 - a task's coroutine
@@ -426,7 +457,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         end = loop.time() + self._grace
         pending: set[asyncio.Task[Any]] = set()
-        while self._tasks - pending and loop.time() < end:
+        while self._tasks.keys() - pending and loop.time() < end:
             _, pending = await asyncio.wait(set(self._tasks), timeout=end - loop.time())
         pending = {task for task in self._tasks if not task.done()}
         for task in pending:

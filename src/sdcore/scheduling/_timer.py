@@ -6,13 +6,18 @@ When many schedules are due at one instant (thousands of stored per-customer sch
 1. each tick of the slice is started (its task created) without computing its next fire time:
    a tick that is on time (less than its trigger's spacing late) cannot have a successor that
    is already due, so nothing can be coalesced;
-2. the loop yields once: the handlers of non-exclusive ticks run to their first ``await``, and
-   exclusive ticks queue their lease requests with the :class:`~sdcore.scheduling._batch.
-   TickAcquirer`, which the loop then flushes — one ``acquire_attempts`` call (one statement on
-   PostgreSQL) per slice — before starting the next slice;
-3. once every due tick has started, the next fire times are computed (once per distinct trigger
-   and instant: the 10,000 schedules of one stored expression share one computation) and
-   re-armed, yielding between slices so that lease answers are handled meanwhile.
+2. the loop yields once: the handlers of non-exclusive ticks run to their first ``await``. A
+   slice is small (100) so that its ticks' objects die before the garbage collector's young
+   generation fills up: a burst then promotes almost nothing to the old generation, and no
+   full collection runs in the middle of it;
+3. exclusive ticks join the supervisor's open batch; the loop closes it once it holds
+   :data:`~sdcore.scheduling._supervisor.BATCH_TICKS` ticks, or when no due tick is left, and
+   its lease requests go out together through the :class:`~sdcore.scheduling._batch.
+   TickAcquirer` — one ``acquire_attempts`` call (one statement on PostgreSQL) per batch;
+4. once every due tick has started, the next fire times are computed (once per distinct trigger
+   and instant: the 10,000 schedules of one stored expression share one trigger object and one
+   computation) and re-armed, yielding between slices so that lease answers are handled
+   meanwhile.
 
 A tick that is late by its trigger's spacing or more (the loop was blocked, the process
 suspended) takes the old path: ticks that passed are coalesced to the latest, then it starts.
@@ -33,33 +38,26 @@ from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
-SLICE = 250  # ticks started between two yields (and at most one lease statement per slice)
+SLICE = 100  # ticks started between two yields
 _MAX_SLEEP = 30.0
 
 
 class Following:
-    """The fire instant after ``due``, computed on first use; shared by equal triggers."""
+    """The fire instant after ``due``, computed on first use; one per equal trigger and instant."""
 
-    __slots__ = ("_due", "_memo", "_trigger", "_value")
+    __slots__ = ("_value", "due", "trigger")
 
-    def __init__(
-        self, trigger: Trigger, due: datetime, memo: dict[tuple[Trigger, datetime], datetime | None]
-    ) -> None:
-        self._trigger: Trigger | None = trigger
-        self._due = due
-        self._memo = memo
-        self._value: datetime | None = None
+    def __init__(self, trigger: Trigger, due: datetime) -> None:
+        self.trigger = trigger
+        self.due = due
+        self._value: datetime | bool | None = False  # False: not computed yet
 
     def __call__(self) -> datetime | None:
-        trigger = self._trigger
-        if trigger is not None:
-            key = (trigger, self._due)
-            try:
-                self._value = self._memo[key]
-            except KeyError:
-                self._value = self._memo[key] = trigger.next_after(self._due)
-            self._trigger = None
-        return self._value
+        value = self._value
+        if value is False:
+            value = self._value = self.trigger.next_after(self.due)
+        assert value is not True  # noqa: S101 - for the type checker
+        return value
 
 
 class Timer:
@@ -89,6 +87,7 @@ class Timer:
         self.heap: list[tuple[datetime, int, int, Entry]] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
+        self._last: Following | None = None  # the last Following of this burst
 
     def reset(self) -> None:
         """Forget every armed instant (before a start)."""
@@ -133,32 +132,45 @@ class Timer:
                     await self._wake.wait()
 
     async def _fire_due(self, now: datetime) -> None:
-        memo: dict[tuple[Trigger, datetime], datetime | None] = {}
-        started: list[tuple[Entry, int, Following]] = []
-        while self.heap and self.heap[0][0] <= now:
-            count = 0
-            while self.heap and self.heap[0][0] <= now and count < SLICE:
-                due, _, version, entry = heapq.heappop(self.heap)
-                if not self._live(entry, version):
-                    continue
-                count += 1
-                try:
-                    following = self._fire(entry, due, now, memo)
-                except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
-                    self._fire_failed(entry)
-                    continue
-                if following is not None:
-                    started.append((entry, entry.version, following))
-            # Let this slice's handlers start and its lease requests queue; send them at once,
-            # and let the statement go out before the next slice is started.
-            await asyncio.sleep(0)
-            if self._sup.flush():
+        memo: dict[tuple[Trigger, datetime], Following] = {}
+        self._last = None
+        # The ticks started on time, to re-arm after the burst: parallel lists, so that a burst
+        # leaves no object per tick behind for the garbage collector (equal triggers due at one
+        # instant share their Following).
+        entries: list[Entry] = []
+        versions: list[int] = []
+        followings: list[Following] = []
+        try:
+            while self.heap and self.heap[0][0] <= now:
+                count = 0
+                while self.heap and self.heap[0][0] <= now and count < SLICE:
+                    due, _, version, entry = heapq.heappop(self.heap)
+                    if not self._live(entry, version):
+                        continue
+                    count += 1
+                    try:
+                        following = self._fire(entry, due, now, memo)
+                    except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+                        self._fire_failed(entry)
+                        continue
+                    if following is not None:
+                        entries.append(entry)
+                        versions.append(entry.version)
+                        followings.append(following)
+                # Let this slice's handlers start; once enough exclusive ticks have started (or the
+                # burst is over), close their batch and let its statement go out.
                 await asyncio.sleep(0)
-        for index, (entry, version, following) in enumerate(started):
+                more = bool(self.heap) and self.heap[0][0] <= now
+                if self._sup.flush(final=not more):
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+        finally:
+            self._sup.flush()  # never leave a batch open (cancelled mid-burst)
+        for index, entry in enumerate(entries):
             if index % SLICE == 0:
                 await asyncio.sleep(0)  # lease answers are handled between slices
             try:
-                self._rearm(entry, version, following())
+                self._rearm(entry, versions[index], followings[index]())
             except Exception:  # noqa: BLE001 - as above
                 self._fire_failed(entry)
 
@@ -175,7 +187,7 @@ class Timer:
         entry: Entry,
         due: datetime,
         now: datetime,
-        memo: dict[tuple[Trigger, datetime], datetime | None],
+        memo: dict[tuple[Trigger, datetime], Following],
     ) -> Following | None:
         """Start the tick due at ``due``; return its successor, to re-arm after the burst.
 
@@ -185,7 +197,14 @@ class Timer:
         if spacing is not None and now - due < spacing:
             # On time: the next tick is after now, so nothing can be coalesced; its instant is
             # needed for re-arming (after the burst) and by a retry (on first use).
-            following = Following(entry.trigger, due, memo)
+            trigger = entry.trigger
+            following = self._last
+            if following is None or following.trigger is not trigger or following.due != due:
+                key = (trigger, due)
+                following = memo.get(key)
+                if following is None:
+                    following = memo[key] = Following(trigger, due)
+                self._last = following
             self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
             return following
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire

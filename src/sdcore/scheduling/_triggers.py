@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -36,10 +37,21 @@ def format_run_key(instant: datetime, *, millis: bool = False) -> str:
     Returns:
         The run key, identical on every replica whatever its ``TZ`` or clock.
     """
+    global _last_key
+    last = _last_key
+    if last is not None and last[1] is millis and last[0] == instant:
+        return last[2]  # the ticks of a burst share their instant's key
     utc = instant.astimezone(UTC)
     if millis:
-        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+        key = utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    else:
+        key = utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    _last_key = (instant, millis, key)
+    return key
+
+
+# The last run key formatted: (instant, millis, key).
+_last_key: tuple[datetime, bool, str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +122,12 @@ class CronTrigger:
 
     def describe(self) -> str:
         return self.spec.expression
+
+
+@functools.lru_cache(maxsize=4096)
+def cron_trigger(spec: CronSpec) -> CronTrigger:
+    """The trigger of ``spec``, one object per equal spec (see ``CronSpec.parse``)."""
+    return CronTrigger(spec)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,27 @@ WHERE id = %s::uuid AND owner_token = %s::uuid AND status = 'RUNNING'
 UPDATE {table} SET status = %s, data = %s::jsonb, modified_at = clock_timestamp()
 WHERE id = %s::uuid AND owner_token = %s::uuid AND status = 'RUNNING'
 
+-- name: finalize_many
+-- finalize for many leases in one statement (the outcomes of a burst's runs, recorded together;
+-- see sdcore/job_scheduler/_finals.py), each row by the rules of `finalize`. Parameters: one
+-- array per column — status, data, id, owner_token — with distinct ids (the caller checks).
+-- `mine` locks the rows still RUNNING under their owner token in id order, so that two of these
+-- statements never deadlock; the update then changes only rows `mine` holds. Returns the ids
+-- updated.
+WITH item AS (
+    SELECT * FROM unnest(%s::text[], %s::jsonb[], %s::uuid[], %s::uuid[])
+        AS u(status, data, id, owner_token)
+), mine AS (
+    SELECT t.id FROM {table} AS t JOIN item ON t.id = item.id
+    WHERE t.owner_token = item.owner_token AND t.status = 'RUNNING'
+    ORDER BY t.id
+    FOR UPDATE OF t
+)
+UPDATE {table} AS t SET status = item.status, data = item.data, modified_at = clock_timestamp()
+FROM mine JOIN item ON item.id = mine.id
+WHERE t.id = mine.id AND t.owner_token = item.owner_token AND t.status = 'RUNNING'
+RETURNING t.id::text
+
 -- name: read_status
 -- Resolves an ambiguous finalize: did our UPDATE commit?
 SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid

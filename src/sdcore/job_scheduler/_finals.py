@@ -1,0 +1,189 @@
+"""Group commit of outcomes: the ``complete``/``fail`` calls made while others are in flight
+go out together, as one ``finalize_many`` statement (``lease.sql``).
+
+A burst of 10,000 exclusive ticks finishes thousands of runs within milliseconds; one statement
+each would queue them behind each other on the service's few connections (and keep every
+finished run's objects alive meanwhile). Here at most :data:`IN_FLIGHT` finalize statements run
+at once; the calls made meanwhile wait in a queue and leave together, up to :data:`MAX_ITEMS`
+per statement. A call made while nothing is in flight leaves at the next turn of the event loop,
+alone, as the single-row ``finalize`` it always was.
+
+Each row is recorded exactly as by ``finalize``: only while it is ``RUNNING`` under the
+caller's owner token, and the caller learns ``True`` only if its row was updated. The statement
+locks its rows in id order before updating them. When it fails:
+
+- no answer within the shortest time left of its leases: every caller gets the single path's
+  ``JobSchedulerUnavailableError`` (outcome unknown);
+- a broken connection (an ambiguous commit): every row is resolved as a single ``finalize``
+  resolves it (read the row; send ``finalize`` again only while it still shows ``RUNNING``);
+- a refusal by the server (nothing was committed): every row is sent again on its own.
+
+A caller cancelled before its row is sent is left out; once sent, its row is recorded or not as
+the statement decides (as with a single ``finalize`` cancelled in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from sdcore.job_scheduler._model import JobSchedulerUnavailableError
+from sdcore.job_scheduler._watchdog import _Abandoned
+
+__all__ = ["IN_FLIGHT", "MAX_ITEMS", "Finals", "Params"]
+
+IN_FLIGHT = 2  # finalize statements at once (the other held connections serve acquires)
+MAX_ITEMS = 1_000  # rows per finalize_many statement
+
+# (status, data as JSON text or None, job id, owner token): the parameters of `finalize`.
+Params = tuple[str, str | None, str, str]
+# One queued outcome: its parameters, when its answer is due (monotonic; None: no bound), and
+# the caller's future.
+_Item = tuple[Params, float | None, "asyncio.Future[bool]"]
+
+
+class Finals:
+    """The queue of outcomes waiting for a finalize statement.
+
+    Args:
+        one: Records one outcome (the single-row path): ``one(params, limit)``.
+        resolve: Resolves one outcome after an ambiguous commit: ``resolve(params, until, exc)``.
+        many: Sends ``finalize_many`` with its column arrays within ``limit`` seconds; returns
+            the ids it updated.
+    """
+
+    def __init__(
+        self,
+        one: Callable[[Params, float | None], Awaitable[bool]],
+        resolve: Callable[[Params, float | None, psycopg.Error], Awaitable[bool]],
+        many: Callable[[tuple[list[Any], ...], float | None], Awaitable[set[str]]],
+    ) -> None:
+        self._one = one
+        self._resolve = resolve
+        self._many = many
+        self._queue: list[_Item] = []
+        self._running = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, params: Params, limit: float | None) -> asyncio.Future[bool]:
+        """Queue one outcome with the others; the future of ``finalize``'s answer.
+
+        Cancelling the future before its row is sent leaves the row out.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        until = None if limit is None else time.monotonic() + limit
+        self._queue.append((params, until, future))
+        if not self._scheduled and self._running < IN_FLIGHT:
+            self._scheduled = True
+            loop.call_soon(self._pump)
+        return future
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        while self._running < IN_FLIGHT and self._queue:
+            batch: list[_Item] = []
+            ids: set[str] = set()
+            rest: list[_Item] = []
+            for item in self._queue:
+                if item[2].done():
+                    continue  # its caller was cancelled before it was sent
+                job_id = item[0][2]
+                if len(batch) >= MAX_ITEMS or job_id in ids:
+                    rest.append(item)  # a second outcome of one row waits for the next statement
+                else:
+                    ids.add(job_id)
+                    batch.append(item)
+            self._queue = rest
+            if not batch:
+                return
+            self._running += 1
+            task = asyncio.create_task(self._send(batch), name="sdcore-finalize")
+            self._tasks.add(task)
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._running -= 1
+        if self._queue and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    async def _send(self, batch: list[_Item]) -> None:
+        try:
+            if len(batch) == 1:
+                params, until, future = batch[0]
+                await _answer(future, self._one(params, _left(until)))
+                return
+            await self._send_many(batch)
+        except asyncio.CancelledError:
+            for *_, future in batch:
+                future.cancel()
+            raise
+
+    async def _send_many(self, batch: list[_Item]) -> None:
+        bounds = [until for _, until, _ in batch if until is not None]
+        limit = _left(min(bounds)) if bounds else None
+        columns: tuple[list[Any], ...] = ([], [], [], [])
+        for params, _, _ in batch:
+            for column, value in zip(columns, params, strict=True):
+                column.append(value)
+        try:
+            updated = await self._many(columns, limit)
+        except _Abandoned as exc:
+            for params, _, future in batch:
+                if not future.done():
+                    future.set_exception(_unknown(params[0], exc))
+            return
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                await self._each_alone(batch)
+            else:
+                await asyncio.gather(*(_answer(f, self._resolve(p, u, exc)) for p, u, f in batch))
+            return
+        except psycopg.Error:
+            await self._each_alone(batch)
+            return
+        for params, _, future in batch:
+            if not future.done():
+                future.set_result(params[2] in updated)
+
+    async def _each_alone(self, batch: list[_Item]) -> None:
+        await asyncio.gather(*(_answer(f, self._one(p, _left(u))) for p, u, f in batch))
+
+    async def aclose(self) -> None:
+        """Wait for the statements in flight."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+
+def _left(until: float | None) -> float | None:
+    return None if until is None else max(until - time.monotonic(), 0.0)
+
+
+def _unknown(status: str, exc: BaseException) -> Exception:
+    error = JobSchedulerUnavailableError(
+        f"recording {status} did not answer in time; connection abandoned, outcome unknown"
+    )
+    error.__cause__ = exc
+    return error
+
+
+async def _answer(future: asyncio.Future[bool], call: Awaitable[bool]) -> None:
+    """Await ``call`` and hand its result (or error) to ``future``."""
+    try:
+        result = await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the caller's own call raises it
+        if not future.done():
+            future.set_exception(exc)
+        return
+    if not future.done():
+        future.set_result(result)
