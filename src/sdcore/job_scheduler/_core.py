@@ -124,6 +124,15 @@ def _limit(lease: JobLease) -> float | None:
     return max(state.deadline - time.monotonic(), 0.0) + SLACK
 
 
+def _final_params(
+    lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
+) -> tuple[Params, float | None]:
+    """``finalize``'s parameters and time limit: bounded by the lease's time left plus the
+    slack (an answer that does not come back by then is never reported as recorded)."""
+    job_id, token = _check_lease(lease)
+    return (status.value, dump_json_object(data), job_id, token), _limit(lease)
+
+
 class _LeaseCore(BaseJobScheduler):
     """What every lease operation on PostgreSQL shares (see ``JobSchedulerService``)."""
 
@@ -397,21 +406,22 @@ class _LeaseCore(BaseJobScheduler):
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> bool:
-        return await self._finalize_soon(lease, status, data)
+        params, limit = _final_params(lease, status, data)
+        return await self._finals.record(params, limit)
 
     def _finalize_soon(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
     ) -> asyncio.Future[bool]:
-        """Queue the outcome with the others recorded meanwhile (``_finals.py``); its answer.
+        """Record the outcome with the others recorded meanwhile (``_finals.py``); the future
+        of its answer (no task of its own when it joins a queue).
 
         Raises:
             ValueError, JsonTypeError, JsonValueError: A bad lease or ``data``, before any SQL.
         """
-        job_id, token = _check_lease(lease)
-        text = dump_json_object(data)
-        # Bounded by the lease's time left plus the slack: an answer that does not come back by
-        # then is never reported as recorded.
-        return self._finals.submit((status.value, text, job_id, token), _limit(lease))
+        params, limit = _final_params(lease, status, data)
+        if self._finals.idle:
+            return asyncio.ensure_future(self._finals.record(params, limit))
+        return self._finals.submit(params, limit)
 
     async def _finalize_one(self, params: Params, limit: float | None) -> bool:
         """The single-row ``finalize`` (what a batch of one sends)."""

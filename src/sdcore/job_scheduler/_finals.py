@@ -5,8 +5,8 @@ A burst of 10,000 exclusive ticks finishes thousands of runs within milliseconds
 each would queue them behind each other on the service's few connections (and keep every
 finished run's objects alive meanwhile). Here at most :data:`IN_FLIGHT` finalize statements run
 at once; the calls made meanwhile wait in a queue and leave together, up to :data:`MAX_ITEMS`
-per statement. A call made while nothing is in flight leaves at the next turn of the event loop,
-alone, as the single-row ``finalize`` it always was.
+per statement. A call made while nothing is queued or in flight goes out at once on its own
+task, as the single-row ``finalize`` it always was.
 
 Each row is recorded exactly as by ``finalize``: only while it is ``RUNNING`` under the
 caller's owner token, and the caller learns ``True`` only if its row was updated. The statement
@@ -67,9 +67,28 @@ class Finals:
         self._resolve = resolve
         self._many = many
         self._queue: list[_Item] = []
+        self._sending: set[str] = set()  # ids whose outcome is in flight (one at a time)
         self._running = 0
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued or in flight: a call now goes out at once, alone."""
+        return not (self._running or self._queue or self._scheduled)
+
+    async def record(self, params: Params, limit: float | None) -> bool:
+        """Record one outcome: at once on the caller's own task when :attr:`idle` (the single
+        statement, no hand-off), else with the others queued meanwhile."""
+        if not self.idle:
+            return await self.submit(params, limit)
+        self._running += 1
+        self._sending.add(params[2])
+        try:
+            return await self._one(params, limit)
+        finally:
+            self._sending.discard(params[2])
+            self._sent(None)
 
     def submit(self, params: Params, limit: float | None) -> asyncio.Future[bool]:
         """Queue one outcome with the others; the future of ``finalize``'s answer.
@@ -95,8 +114,10 @@ class Finals:
                 if item[2].done():
                     continue  # its caller was cancelled before it was sent
                 job_id = item[0][2]
-                if len(batch) >= MAX_ITEMS or job_id in ids:
-                    rest.append(item)  # a second outcome of one row waits for the next statement
+                if len(batch) >= MAX_ITEMS or job_id in ids or job_id in self._sending:
+                    # A second outcome of one row waits until the first is answered: the
+                    # first made is the first sent, as on a single connection.
+                    rest.append(item)
                 else:
                     ids.add(job_id)
                     batch.append(item)
@@ -104,18 +125,26 @@ class Finals:
             if not batch:
                 return
             self._running += 1
+            self._sending.update(ids)
             task = asyncio.create_task(self._send(batch), name="sdcore-finalize")
             self._tasks.add(task)
             task.add_done_callback(self._sent)
 
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+    def _sent(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            self._tasks.discard(task)
         self._running -= 1
         if self._queue and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._pump)
 
     async def _send(self, batch: list[_Item]) -> None:
+        try:
+            await self._send_batch(batch)
+        finally:
+            self._sending.difference_update(item[0][2] for item in batch)
+
+    async def _send_batch(self, batch: list[_Item]) -> None:
         try:
             if len(batch) == 1:
                 params, until, future = batch[0]
