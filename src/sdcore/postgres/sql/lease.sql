@@ -80,7 +80,7 @@ WHERE id = %s::uuid AND owner_token = %s::uuid AND status = 'RUNNING'
 -- statements never deadlock; the update then changes only rows `mine` holds. Returns the ids
 -- updated.
 WITH item AS (
-    SELECT * FROM unnest(%s::text[], %s::jsonb[], %s::uuid[], %s::uuid[])
+    SELECT * FROM unnest(%b::text[], %b::jsonb[], %b::uuid[], %b::uuid[])
         AS u(status, data, id, owner_token)
 ), mine AS (
     SELECT t.id FROM {table} AS t JOIN item ON t.id = item.id
@@ -98,7 +98,7 @@ RETURNING t.id::text
 SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid
 
 -- name: statuses
-SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%s)
+SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%b)
 
 -- name: acquire_many
 -- acquire for many run keys in one statement (the burst of ticks due at one instant), each key
@@ -119,8 +119,8 @@ SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%s)
 --   order than its own next insert: no cycle can form, so no deadlock aborts a whole batch.
 WITH v AS (
     SELECT *
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                %s::uuid[], %s::bigint[])
+    FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+                %b::uuid[], %b::bigint[])
         AS v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms)
 ), locked AS (
     SELECT j.id, v.owner_token, v.name, v.lease_ms
@@ -153,5 +153,5 @@ SELECT * FROM taken UNION ALL SELECT * FROM created
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at
 FROM {table} AS j
-JOIN unnest(%s::text[], %s::uuid[]) AS v (lock_key, owner_token)
+JOIN unnest(%b::text[], %b::uuid[]) AS v (lock_key, owner_token)
   ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token

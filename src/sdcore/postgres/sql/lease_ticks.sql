@@ -67,7 +67,7 @@ SELECT lock_key, status, attempts, j.data ->> 'skipped',
        (j.data ? 'released' OR j.data ? 'released_by'),
        extract(epoch FROM clock_timestamp() - j.modified_at)::float8 * 1000,
        j.data ? 'given_back'
-FROM {table} AS j WHERE lock_key = ANY(%s)
+FROM {table} AS j WHERE lock_key = ANY(%b)
 
 -- name: first_seen
 -- When did a schedule first leave a row (catch-up never reaches back before it)?

@@ -92,7 +92,7 @@ RETURNING id, idempotency_key, queue, name, job_id, payload, options, attempts, 
 -- (the job is in the broker, so it is not dead). One statement per batch. Parameter: the ids.
 UPDATE {table} SET status = 'PUBLISHED', published_at = clock_timestamp(), claimed_until = NULL,
                    claim_token = NULL, last_error = NULL
-WHERE id = ANY(%s) AND status IN ('PENDING', 'DEAD')
+WHERE id = ANY(%b) AND status IN ('PENDING', 'DEAD')
 
 -- name: failed
 -- A message's own failure: back off (delay per row), dead after max_attempts. Only under the
@@ -104,7 +104,7 @@ SET claimed_until = NULL,
     last_error = f.error,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
     status = CASE WHEN o.attempts >= o.max_attempts THEN 'DEAD' ELSE 'PENDING' END
-FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS f(id, error, delay_ms)
+FROM unnest(%b::bigint[], %b::text[], %b::bigint[]) AS f(id, error, delay_ms)
 WHERE o.id = f.id AND o.status = 'PENDING' AND o.claim_token = %s
 RETURNING o.id, o.status
 
@@ -113,7 +113,7 @@ RETURNING o.id, o.status
 -- message's fault, so the attempt does not count. Parameters: error, ids, token.
 UPDATE {table} SET claimed_until = NULL, claim_token = NULL, attempts = greatest(attempts - 1, 0),
                    last_error = %s
-WHERE id = ANY(%s) AND status = 'PENDING' AND claim_token = %s
+WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
 
 -- name: tombstone
 -- Pruning, step 1: published rows past the retention become tombstones (payload and options
@@ -161,7 +161,7 @@ RETURNING id
 -- Parameters: the statuses (text[]), the limit.
 SELECT id, status, queue, name, attempts, max_attempts, next_attempt_at, idempotency_key, job_id,
        last_error, created_at, published_at, claimed_until
-FROM {table} WHERE status = ANY(%s::text[]) ORDER BY id DESC LIMIT %s
+FROM {table} WHERE status = ANY(%b::text[]) ORDER BY id DESC LIMIT %s
 
 -- name: listen
 LISTEN {channel}

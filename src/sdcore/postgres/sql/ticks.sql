@@ -28,8 +28,8 @@
 --   transactions inserting one key meet on the unique index and the second does nothing.
 WITH v AS (
     SELECT *
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                %s::uuid[], %s::bigint[], %s::int[], %s::float8[])
+    FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+                %b::uuid[], %b::bigint[], %b::int[], %b::float8[])
         AS v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms,
               max_attempts, backoff_ms)
 ), locked AS (
@@ -67,5 +67,5 @@ SELECT * FROM taken UNION ALL SELECT * FROM created
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at, j.attempts
 FROM {table} AS j
-JOIN unnest(%s::text[], %s::uuid[]) AS v (lock_key, owner_token)
+JOIN unnest(%b::text[], %b::uuid[]) AS v (lock_key, owner_token)
   ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token
