@@ -156,6 +156,19 @@ def test_valid_identities_always_give_keys(code: str, run_key: str) -> None:
         assert "\x00" in run_key or any(0xD800 <= ord(ch) <= 0xDFFF for ch in run_key)
         return
     assert len(options.lock_key) == 67
+    # The keys are SHA-256 of encode_identity's bytes (the options derive them faster, with the
+    # constant frames made once: the bytes must stay the same).
+    code_bytes = options.code.encode("utf-8")
+    run_key_bytes = run_key.encode("utf-8")
+    for domain, key in (
+        (LOCK_KEY_DOMAIN, options.lock_key),
+        (IDEMPOTENCY_KEY_DOMAIN, options.idempotency_key),
+    ):
+        encoded = encode_identity(domain, "SCHEDULE", code_bytes, run_key_bytes)
+        assert key == "v2:" + hashlib.sha256(encoded).hexdigest()
+    initial = JobAcquireOptions(code=code, type="INITIAL")
+    encoded = encode_identity(LOCK_KEY_DOMAIN, "INITIAL", code_bytes, None)
+    assert initial.lock_key == "v2:" + hashlib.sha256(encoded).hexdigest()
 
 
 def test_bullmq_job_id_is_node_safe_and_deterministic() -> None:

@@ -42,13 +42,26 @@ async def _settle(aw: Awaitable[T]) -> tuple[T, bool]:
     """
     task = asyncio.ensure_future(aw)
     cancelled = False
-    while True:
+    # What asyncio.shield does, with two objects instead of seven (a burst has thousands of
+    # these in flight): a waiter of our own, woken when the task ends; a cancellation of the
+    # caller cancels only the waiter.
+    while not task.done():
+        waiter = task.get_loop().create_future()
+        task.add_done_callback(functools.partial(_wake, waiter), context=_QUIET)
         try:
-            return await asyncio.shield(task), cancelled
+            await waiter
         except asyncio.CancelledError:
-            if task.done():
-                raise
             cancelled = True
+    return task.result(), cancelled
+
+
+# The context of callbacks that only wake a waiter (no user code, no context variable read).
+_QUIET = contextvars.Context()
+
+
+def _wake(waiter: asyncio.Future[None], _: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _consume(task: asyncio.Future[Any]) -> None:
@@ -84,78 +97,89 @@ class _Run:
         self.cancel_requested = False
         # Why the last heartbeat did not confirm the lease (named in the loss at the deadline).
         self.beat_problem: str | None = None
-        self.log_extra = {
+        # The run's context (a copy), for its deadline timer and heartbeat: one per run.
+        self.context = contextvars.copy_context()
+
+    @property
+    def log_extra(self) -> dict[str, Any]:
+        """The run's identity, for the ``extra`` of its log records."""
+        lease = self.lease
+        return {
             "job_id": lease.id,
-            "job_code": options.code,
-            "run_key": options.run_key,
+            "job_code": self.options.code,
+            "run_key": self.options.run_key,
             "idempotency_key": lease.idempotency_key,
             "fencing_token": lease.fencing_token,
         }
 
     async def execute(self, fn: Callable[..., Awaitable[T] | T], attempt: int | None = None) -> T:
-        """Run ``fn(lease)`` (``fn(lease, attempt)`` when ``attempt`` is given) under the lease."""
+        """Run ``fn(lease)`` (``fn(lease, attempt)`` when ``attempt`` is given) under the lease.
+
+        One frame for the whole run (a burst has thousands in flight): the telemetry of the
+        lease around the call, its heartbeat and deadline, and the outcome's record.
+        """
         self.attempt = attempt
-        self.service.telemetry.lease_acquired(self.options.code)
+        telemetry = self.service.telemetry
+        telemetry.lease_acquired(self.options.code)
         lost = False
         try:
-            return await self._execute(fn)
+            if self.options.heartbeat_ms > 0:
+                self._plan_heartbeat()
+            self._arm(self.state.time_left())
+            try:
+                try:
+                    result = await self._call(fn)
+                finally:
+                    # No await between fn's end and here: the heartbeat and the deadline timer
+                    # cannot cancel us any more.
+                    self.cancellable = False
+                    self._disarm()
+            except asyncio.CancelledError as exc:
+                await self._stop()
+                ours = self.cancel_requested and self.task.uncancel() == 0
+                if ours:
+                    await self._finalize(FAIL, {"error": "lease lost; run cancelled"})
+                    raise self._lost_error() from exc
+                self.state.mark_lost("run cancelled")
+                await self._finalize(FAIL, {"error": "cancelled"})
+                raise
+            except BaseException as exc:
+                await self._stop()
+                if self.cancel_requested:
+                    self.task.uncancel()
+                recorded = await self._finalize(FAIL, {"error": error_text(exc)})
+                self.service._log.warning(
+                    "job %r run %r failed: %s",
+                    self.options.code,
+                    self.options.run_key,
+                    error_text(exc)[:300],
+                    extra={"action": "run_failed", **self.log_extra},
+                )
+                if not recorded:
+                    raise self._lost_error() from exc
+                raise
+            await self._stop()
+            if self.cancel_requested:
+                self.task.uncancel()
+            # The callable may have completed the run itself, in its own transaction
+            # (complete_in + outbox): that is success, not a loss.
+            if (
+                not await self._finalize(SUCCESS, None)
+                and await self._owned_status() is not JobSchedulerStatus.SUCCESS
+            ):
+                raise self._lost_error()
+            return result
         except LostJobLeaseError:
             lost = True
             raise
         finally:
-            self.service.telemetry.lease_released(self.options.code, lost)
-
-    async def _execute(self, fn: Callable[..., Awaitable[T] | T]) -> T:
-        if self.options.heartbeat_ms > 0:
-            self._plan_heartbeat()
-        self._arm(self.state.time_left())
-        try:
-            try:
-                result = await self._call(fn)
-            finally:
-                # No await between fn's end and here: the heartbeat and the deadline timer
-                # cannot cancel us any more.
-                self.cancellable = False
-                self._disarm()
-        except asyncio.CancelledError as exc:
-            await self._stop()
-            ours = self.cancel_requested and self.task.uncancel() == 0
-            if ours:
-                await self._finalize(FAIL, {"error": "lease lost; run cancelled"})
-                raise self._lost_error() from exc
-            self.state.mark_lost("run cancelled")
-            await self._finalize(FAIL, {"error": "cancelled"})
-            raise
-        except BaseException as exc:
-            await self._stop()
-            if self.cancel_requested:
-                self.task.uncancel()
-            recorded = await self._finalize(FAIL, {"error": error_text(exc)})
-            self.service._log.warning(
-                "job %r run %r failed: %s",
-                self.options.code,
-                self.options.run_key,
-                error_text(exc)[:300],
-                extra={"action": "run_failed", **self.log_extra},
-            )
-            if not recorded:
-                raise self._lost_error() from exc
-            raise
-        await self._stop()
-        if self.cancel_requested:
-            self.task.uncancel()
-        # The callable may have completed the run itself, in its own transaction
-        # (complete_in + outbox): that is success, not a loss.
-        if (
-            not await self._finalize(SUCCESS, None)
-            and await self._owned_status() is not JobSchedulerStatus.SUCCESS
-        ):
-            raise self._lost_error()
-        return result
+            telemetry.lease_released(self.options.code, lost)
 
     def _arm(self, delay: float) -> None:
         if delay != float("inf"):
-            self.timer = self.loop.call_later(max(delay, 0.0), self._on_deadline)
+            self.timer = self.loop.call_later(
+                max(delay, 0.0), self._on_deadline, context=self.context
+            )
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -232,12 +256,14 @@ class _Run:
         """Start the heartbeat task when the first heartbeat is due: a run that ends before
         (most ticks of a burst) never has one."""
         due = self._first_beat()
-        self.beat_handle = self.loop.call_later(max(0.0, due - time.monotonic()), self._beat_now)
+        self.beat_handle = self.loop.call_later(
+            max(0.0, due - time.monotonic()), self._beat_now, context=self.context
+        )
 
     def _beat_now(self) -> None:
         self.beat_handle = None
         self.beat = asyncio.create_task(
-            self._heartbeat(), name=f"sdcore-heartbeat:{self.options.code}"
+            self._heartbeat(), name=f"sdcore-heartbeat:{self.options.code}", context=self.context
         )
 
     def _first_beat(self) -> float:

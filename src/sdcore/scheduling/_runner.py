@@ -9,7 +9,7 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -140,7 +140,7 @@ class TickRunner:
             self._log_not_ours(name, tick)
         return True
 
-    async def run(
+    def run(
         self,
         *,
         name: str,
@@ -152,8 +152,10 @@ class TickRunner:
         clock: Callable[[], datetime],
         record_skip: bool = True,
         first: FirstOffer | None = None,
-    ) -> TickOutcome:
-        """Run ``tick`` within its attempt budget; never raises except ``CancelledError``.
+    ) -> Coroutine[Any, Any, TickOutcome]:
+        """The coroutine that runs ``tick`` within its attempt budget; it never raises except
+        ``CancelledError``. (Without jitter or cluster guard it is the attempts' coroutine
+        itself: one frame less per tick in flight.)
 
         Args:
             name: Schedule name.
@@ -169,6 +171,25 @@ class TickRunner:
             first: The answer to the first offer, acquired before this task started (batch
                 start; only for ticks :meth:`acquires_first` accepts).
         """
+        guarded = (
+            policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive
+        )
+        if not (policy.jitter_ms or guarded):
+            return self._attempts(name, kind, handler, policy, tick, deadline, clock, first)
+        return self._run_later(name, kind, handler, policy, tick, deadline, clock, record_skip)
+
+    async def _run_later(
+        self,
+        name: str,
+        kind: ScheduleKind,
+        handler: Handler,
+        policy: RunPolicy,
+        tick: Tick,
+        deadline: Deadline,
+        clock: Callable[[], datetime],
+        record_skip: bool,
+    ) -> TickOutcome:
+        """:meth:`run` after the jitter, behind the cluster overlap guard if it has one."""
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
 
@@ -178,7 +199,7 @@ class TickRunner:
                 return self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
             return await run_guarded(self, name, kind, policy, tick, body, record_skip)
-        return await self._attempts(name, kind, handler, policy, tick, deadline, clock, first)
+        return await self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
     async def record_skipped(
         self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str
