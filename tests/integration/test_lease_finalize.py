@@ -82,10 +82,12 @@ async def test_outcomes_made_together_share_a_statement_and_keep_their_own_data(
         )
     )
     assert results == [True] * 60
-    # The first call finds nothing in flight and goes out alone, at once; the rest queue
-    # meanwhile and leave together.
+    # The first calls go out alone, at once, one per connection the service holds; the rest
+    # queue meanwhile and leave together.
+    slots = jobs._finals._in_flight
     assert counts["one"] + counts["rows"] == 60
-    assert counts["many"] + counts["one"] <= 3, counts
+    assert counts["one"] == slots, counts
+    assert 1 <= counts["many"] <= 2, counts
     rows = await _rows(pg_dsn, "together")
     for i in range(60):
         status, data = rows[f"r{i:03d}"]
@@ -133,19 +135,20 @@ async def test_two_outcomes_of_one_row_never_share_a_statement(
 async def test_a_caller_cancelled_before_its_row_was_sent_leaves_it_running(
     jobs: JobSchedulerService, pg_dsn: str
 ) -> None:
-    leases = await _leases(jobs, "cancelled", 3)
+    slots = jobs._finals._in_flight
+    leases = await _leases(jobs, "cancelled", slots + 3)
     counts = _count_statements(jobs)
     tasks = [asyncio.create_task(jobs.complete(lease)) for lease in leases]
-    await asyncio.sleep(0)  # every call is queued; the statement is not sent yet
-    tasks[1].cancel()
+    await asyncio.sleep(0)  # the first calls are sent, the last three wait in the queue
+    queued = slots + 1
+    tasks[queued].cancel()
     done = await asyncio.gather(*tasks, return_exceptions=True)
-    assert done[0] is True
-    assert done[2] is True
-    assert isinstance(done[1], asyncio.CancelledError)
-    assert counts["rows"] + counts["one"] == 2
+    assert isinstance(done[queued], asyncio.CancelledError)
+    assert all(result is True for i, result in enumerate(done) if i != queued), done
+    assert counts["rows"] + counts["one"] == slots + 2
     rows = await _rows(pg_dsn, "cancelled")
-    assert rows["r001"] == ("RUNNING", None)
-    assert rows["r000"][0] == rows["r002"][0] == "SUCCESS"
+    assert rows[f"r{queued:03d}"] == ("RUNNING", None)
+    assert sum(status == "SUCCESS" for status, _ in rows.values()) == slots + 2
 
 
 def _break_many(
@@ -208,14 +211,15 @@ async def test_a_refused_batch_is_sent_again_row_by_row(
 async def test_a_batch_without_an_answer_in_time_is_reported_unknown(
     jobs: JobSchedulerService,
 ) -> None:
-    leases = await _leases(jobs, "abandoned", 5)
+    slots = jobs._finals._in_flight
+    leases = await _leases(jobs, "abandoned", slots + 4)
     _break_many(jobs, commit_first=False, error=_Abandoned("the statement did not answer"))
     results = await asyncio.gather(
         *(jobs.complete(lease) for lease in leases), return_exceptions=True
     )
-    assert results[0] is True  # made while nothing was in flight: sent alone, at once
-    assert all(isinstance(r, JobSchedulerUnavailableError) for r in results[1:]), results
-    assert all("outcome unknown" in str(r) for r in results[1:])
+    assert results[:slots] == [True] * slots  # sent alone, at once, one per connection
+    assert all(isinstance(r, JobSchedulerUnavailableError) for r in results[slots:]), results
+    assert all("outcome unknown" in str(r) for r in results[slots:])
 
 
 async def test_bad_data_is_refused_before_sql_and_the_others_are_recorded(

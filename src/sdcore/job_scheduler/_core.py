@@ -183,7 +183,9 @@ class _LeaseCore(BaseJobScheduler):
             transaction_pooling=transaction_pooling is True,
         )
         self._owned_pool = False
-        self._finals = Finals(self._finalize_one, self._finalize_resolve, self._finalize_many)
+        self._finals = Finals(
+            self._finalize_one, self._finalize_resolve, self._finalize_many, held
+        )
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -419,7 +421,7 @@ class _LeaseCore(BaseJobScheduler):
             ValueError, JsonTypeError, JsonValueError: A bad lease or ``data``, before any SQL.
         """
         params, limit = _final_params(lease, status, data)
-        if self._finals.idle:
+        if self._finals.free:
             return asyncio.ensure_future(self._finals.record(params, limit))
         return self._finals.submit(params, limit)
 

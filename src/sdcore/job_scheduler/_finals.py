@@ -3,10 +3,10 @@ go out together, as one ``finalize_many`` statement (``lease.sql``).
 
 A burst of 10,000 exclusive ticks finishes thousands of runs within milliseconds; one statement
 each would queue them behind each other on the service's few connections (and keep every
-finished run's objects alive meanwhile). Here at most :data:`IN_FLIGHT` finalize statements run
-at once; the calls made meanwhile wait in a queue and leave together, up to :data:`MAX_ITEMS`
-per statement. A call made while nothing is queued or in flight goes out at once on its own
-task, as the single-row ``finalize`` it always was.
+finished run's objects alive meanwhile). Here at most as many finalize statements run at once as
+the service holds connections; the calls made beyond that wait in a queue and leave together, up
+to :data:`MAX_ITEMS` per statement. A call made while a statement may start and nothing waits
+goes out at once on its own task, as the single-row ``finalize`` it always was.
 
 Each row is recorded exactly as by ``finalize``: only while it is ``RUNNING`` under the
 caller's owner token, and the caller learns ``True`` only if its row was updated. The statement
@@ -37,7 +37,7 @@ from sdcore.job_scheduler._watchdog import _Abandoned
 
 __all__ = ["IN_FLIGHT", "MAX_ITEMS", "Finals", "Params"]
 
-IN_FLIGHT = 2  # finalize statements at once (the other held connections serve acquires)
+IN_FLIGHT = 4  # finalize statements at once by default (the service passes its connections)
 MAX_ITEMS = 1_000  # rows per finalize_many statement
 
 # (status, data as JSON text or None, job id, owner token): the parameters of `finalize`.
@@ -55,6 +55,9 @@ class Finals:
         resolve: Resolves one outcome after an ambiguous commit: ``resolve(params, until, exc)``.
         many: Sends ``finalize_many`` with its column arrays within ``limit`` seconds; returns
             the ids it updated.
+        in_flight: Finalize statements at once (the service's connections: outcomes made by
+            as many concurrent callers go out side by side, as single statements did; only
+            the calls beyond wait and leave together).
     """
 
     def __init__(
@@ -62,7 +65,9 @@ class Finals:
         one: Callable[[Params, float | None], Awaitable[bool]],
         resolve: Callable[[Params, float | None, psycopg.Error], Awaitable[bool]],
         many: Callable[[tuple[list[Any], ...], float | None], Awaitable[set[str]]],
+        in_flight: int = IN_FLIGHT,
     ) -> None:
+        self._in_flight = max(1, in_flight)
         self._one = one
         self._resolve = resolve
         self._many = many
@@ -73,14 +78,15 @@ class Finals:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def idle(self) -> bool:
-        """Nothing is queued or in flight: a call now goes out at once, alone."""
-        return not (self._running or self._queue or self._scheduled)
+    def free(self) -> bool:
+        """A finalize statement may start now and nothing waits: a call goes out at once."""
+        return self._running < self._in_flight and not self._queue and not self._scheduled
 
     async def record(self, params: Params, limit: float | None) -> bool:
-        """Record one outcome: at once on the caller's own task when :attr:`idle` (the single
-        statement, no hand-off), else with the others queued meanwhile."""
-        if not self.idle:
+        """Record one outcome: at once on the caller's own task while :attr:`free` (the single
+        statement, no hand-off, as many side by side as the service has connections), else
+        with the others queued meanwhile."""
+        if not self.free or params[2] in self._sending:
             return await self.submit(params, limit)
         self._running += 1
         self._sending.add(params[2])
@@ -99,14 +105,14 @@ class Finals:
         future: asyncio.Future[bool] = loop.create_future()
         until = None if limit is None else time.monotonic() + limit
         self._queue.append((params, until, future))
-        if not self._scheduled and self._running < IN_FLIGHT:
+        if not self._scheduled and self._running < self._in_flight:
             self._scheduled = True
             loop.call_soon(self._pump)
         return future
 
     def _pump(self) -> None:
         self._scheduled = False
-        while self._running < IN_FLIGHT and self._queue:
+        while self._running < self._in_flight and self._queue:
             batch: list[_Item] = []
             ids: set[str] = set()
             rest: list[_Item] = []
