@@ -176,7 +176,9 @@ class TickRunner:
         )
         if not (policy.jitter_ms or guarded):
             return self._attempts(name, kind, handler, policy, tick, deadline, clock, first)
-        return self._run_later(name, kind, handler, policy, tick, deadline, clock, record_skip)
+        return self._run_later(
+            name, kind, handler, policy, tick, deadline, clock, record_skip, guarded=guarded
+        )
 
     async def _run_later(
         self,
@@ -188,12 +190,14 @@ class TickRunner:
         deadline: Deadline,
         clock: Callable[[], datetime],
         record_skip: bool,
+        *,
+        guarded: bool,
     ) -> TickOutcome:
-        """:meth:`run` after the jitter, behind the cluster overlap guard if it has one."""
+        """:meth:`run` after the jitter, behind the cluster overlap guard if ``guarded``."""
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
 
-        if policy.overlap is Overlap.SKIP_CLUSTER and self.jobs is not None and policy.exclusive:
+        if guarded:
 
             def body() -> Awaitable[TickOutcome]:
                 return self._attempts(name, kind, handler, policy, tick, deadline, clock)
