@@ -19,7 +19,7 @@ from sdcore._internal.identifiers import qualified
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import given_back
 from sdcore.job_scheduler._base import BaseJobScheduler
-from sdcore.job_scheduler._finals import Finals, Params
+from sdcore.job_scheduler._finals import Finals, Params, outcome_unknown
 from sdcore.job_scheduler._model import (
     JobAcquired,
     JobAcquireResult,
@@ -183,9 +183,7 @@ class _LeaseCore(BaseJobScheduler):
             transaction_pooling=transaction_pooling is True,
         )
         self._owned_pool = False
-        self._finals = Finals(
-            self._finalize_one, self._finalize_resolve, self._finalize_many, held
-        )
+        self._finals = Finals(self._finalize_one, self._finalize_resolve, self._finalize_many, held)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -431,10 +429,7 @@ class _LeaseCore(BaseJobScheduler):
         try:
             return await self._rowcount(self._sql.finalize, params, limit) == 1
         except _Abandoned as exc:
-            raise JobSchedulerUnavailableError(
-                f"recording {params[0]} did not answer in time; connection abandoned, "
-                "outcome unknown"
-            ) from exc
+            raise outcome_unknown(params[0]) from exc
         except psycopg.OperationalError as exc:
             if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
                 raise self._wrap(exc) from exc

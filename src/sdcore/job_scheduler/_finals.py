@@ -35,7 +35,7 @@ from psycopg import errors as pg_errors
 from sdcore.job_scheduler._model import JobSchedulerUnavailableError
 from sdcore.job_scheduler._watchdog import _Abandoned
 
-__all__ = ["IN_FLIGHT", "MAX_ITEMS", "Finals", "Params"]
+__all__ = ["IN_FLIGHT", "MAX_ITEMS", "Finals", "Params", "outcome_unknown"]
 
 IN_FLIGHT = 4  # finalize statements at once by default (the service passes its connections)
 MAX_ITEMS = 1_000  # rows per finalize_many statement
@@ -202,10 +202,15 @@ def _left(until: float | None) -> float | None:
     return None if until is None else max(until - time.monotonic(), 0.0)
 
 
-def _unknown(status: str, exc: BaseException) -> Exception:
-    error = JobSchedulerUnavailableError(
+def outcome_unknown(status: str) -> JobSchedulerUnavailableError:
+    """The error of a finalize (single or batched) abandoned without an answer."""
+    return JobSchedulerUnavailableError(
         f"recording {status} did not answer in time; connection abandoned, outcome unknown"
     )
+
+
+def _unknown(status: str, exc: BaseException) -> Exception:
+    error = outcome_unknown(status)
     error.__cause__ = exc
     return error
 
