@@ -151,9 +151,7 @@ async def health(runtime: Runtime) -> dict[str, ComponentHealth]:
 async def _redis(url: str) -> ComponentHealth:
     import redis.asyncio as redis
 
-    client = redis.Redis.from_url(
-        url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
-    )
+    client = redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     try:
         async with asyncio.timeout(_TIMEOUT_S):
             await client.ping()

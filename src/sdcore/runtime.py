@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
 
+
 class RuntimeStateError(SdcoreError, RuntimeError):
     """A runtime that cannot be built or started as configured."""
 

@@ -132,6 +132,61 @@ async def _batch_matches_single(store: BaseJobScheduler) -> None:
             assert await store.complete(got.lease)
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["shared-columns", "per-key-columns"])
+async def test_a_batch_writes_each_keys_own_columns(
+    jobs: JobSchedulerService, pg_dsn: str, mixed: bool
+) -> None:
+    # The statement sends a column once when every key shares its value, else one value per
+    # key: either way each row holds its own key's values, and each key's budget decides.
+    def options(i: int) -> JobAcquireOptions:
+        if mixed and i % 3 == 0:
+            return JobAcquireOptions(code=f"cols-{i}", type="INITIAL", lease_ms=40_000 + i)
+        return JobAcquireOptions(
+            code=f"cols-{i}",
+            run_key="2026-07-20T03:00:00Z" if not mixed else f"2026-07-20T03:00:{i:02d}Z",
+            name=None if not mixed or i % 2 else f"name, with a comma {i}",
+            lease_ms=30_000 if not mixed else 30_000 + i,
+        )
+
+    count = 12
+    budgets = [
+        AttemptBudget(max_attempts=2 + (i % 2 if mixed else 0), backoff_ms=0) for i in range(count)
+    ]
+    # Each key failed twice: a budget of 2 attempts is spent, one of 3 is not.
+    for i in range(count):
+        for _ in range(2):
+            got, _ = await jobs.acquire_attempt(options(i), budgets[i])
+            assert got.acquired
+            assert await jobs.fail(got.lease, {"error": "boom"})
+    items = [(options(i), budgets[i]) for i in reversed(range(count))]
+    results = await jobs.acquire_attempts(items)
+    won = {
+        o.code: attempt
+        for (o, _), (got, attempt) in zip(items, results, strict=True)
+        if got.acquired
+    }
+    assert won == {f"cols-{i}": 3 for i in range(count) if budgets[i].max_attempts == 3}
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        cur = await conn.execute(
+            "SELECT code, name, type, run_key, lease_ms, owner_token::text, status"
+            " FROM job_scheduler"
+        )
+        rows = {row[0]: row[1:] for row in await cur.fetchall()}
+    for (opts, _), (got, _) in zip(items, results, strict=True):
+        name, type_, run_key, lease_ms, token, status = rows[opts.code]
+        assert (type_, run_key) == (str(opts.type), opts.run_key)
+        if got.acquired:
+            assert (name, lease_ms, token, status) == (
+                opts.name,
+                opts.lease_ms,
+                got.lease.owner_token,
+                "RUNNING",
+            )
+            assert await jobs.complete(got.lease)
+        else:
+            assert status == "FAIL"
+
+
 async def test_batch_input_is_checked_before_any_sql(jobs: JobSchedulerService) -> None:
     with pytest.raises(ValueError, match="two items for one lock key"):
         await jobs.acquire_attempts([(_tick("a"), BUDGET), (_tick("a"), BUDGET)])

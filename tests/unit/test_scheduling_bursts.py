@@ -24,9 +24,9 @@ from sdcore.job_scheduler import (
 from sdcore.scheduling import Scheduler, Tick
 from sdcore.scheduling._cron import CronSpec
 from sdcore.scheduling._supervisor import BATCH_TICKS
-from sdcore.scheduling._timer import SLICE
+from sdcore.scheduling._timer import PREPARE_S, SLICE
 from sdcore.testing import InMemoryJobScheduler
-from tests.unit._looptime import in_loop_time, loop_clock
+from tests.unit._looptime import block_loop, in_loop_time, loop_clock
 
 
 class _Counting(InMemoryJobScheduler):
@@ -276,3 +276,65 @@ async def test_a_replica_starts_a_task_only_for_the_ticks_it_won(
     assert set(counts.values()) == {1}
     # A lost tick (two thirds of each replica's burst) costs no task: one per tick run.
     assert len(tick_tasks) == len(ledger)
+
+
+def _spy_prepare(scheduler: Scheduler, calls: list[tuple[str, float]], block: float = 0.0) -> None:
+    """Record (schedule, loop time) of every preparation; the first one blocks ``block`` s."""
+    supervisor = scheduler._sup
+    prepare = supervisor.prepare
+
+    def spy(entry: Any, due: datetime) -> Any:
+        if block and not calls:
+            block_loop(block)
+        calls.append((entry.name, asyncio.get_running_loop().time()))
+        return prepare(entry, due)
+
+    supervisor.prepare = spy  # type: ignore[method-assign]
+
+
+@in_loop_time
+async def test_ticks_are_prepared_ahead_and_admitted_at_their_instant() -> None:
+    # Prepared PREPARE_S before the instant; what happens meanwhile still decides at the instant:
+    # a stopped or removed schedule does not fire, one armed for the instant afterwards does.
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
+    ran: list[tuple[str, str | None, bool]] = []
+
+    async def handler(tick: Tick) -> None:
+        ran.append((tick.schedule, tick.run_key, tick.lease is not None))
+
+    for i in range(5):
+        scheduler.add_cron(f"s{i}", "*/2 * * * * *", handler)
+    calls: list[tuple[str, float]] = []
+    _spy_prepare(scheduler, calls)
+    async with scheduler:
+        await asyncio.sleep(1.7)
+        assert sorted(name for name, _ in calls) == [f"s{i}" for i in range(5)]
+        assert all(2.0 - PREPARE_S <= at < 2.0 for _, at in calls)
+        assert not ran
+        scheduler.stop("s1")
+        scheduler.remove("s2")
+        scheduler.add_cron("late", "*/2 * * * * *", handler)
+        await asyncio.sleep(0.4)
+    assert sorted(ran) == [
+        (name, "2026-07-20T03:00:02Z", True) for name in ("late", "s0", "s3", "s4")
+    ]
+    assert len(calls) == 5  # "late" fired from the heap, unprepared
+
+
+@in_loop_time
+async def test_an_instant_that_comes_during_the_preparation_fires_every_tick_once() -> None:
+    # The loop is blocked past the instant while preparing: the preparation stops after its
+    # slice, and the rest fire from the heap; each tick still runs once.
+    scheduler = Scheduler(clock=loop_clock())
+    ran: Counter[str] = Counter()
+    count = SLICE + 50
+    for i in range(count):
+        scheduler.add_interval(f"s{i:03d}", 2000, lambda tick: ran.update([tick.schedule]))
+    calls: list[tuple[str, float]] = []
+    _spy_prepare(scheduler, calls, block=PREPARE_S + 0.1)
+    async with scheduler:
+        await asyncio.sleep(2.5)
+    assert len(calls) == SLICE
+    assert len(ran) == count
+    assert set(ran.values()) == {1}

@@ -122,7 +122,7 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> list[str]:
     """
     if shell not in SHELLS:
         raise ValueError(f"unsupported shell {shell!r}")
-    head = [f"# sdcore {shell} completion: eval \"$(sdcore completion {shell})\""]
+    head = [f'# sdcore {shell} completion: eval "$(sdcore completion {shell})"']
     if shell == "zsh":
         head += ["autoload -U +X bashcompinit && bashcompinit"]
     return [*head, *_bash_function(parser), "complete -o default -F _sdcore sdcore"]
@@ -139,7 +139,7 @@ def register(subparsers: Any) -> None:
     completion.add_argument(
         "shell",
         choices=SHELLS,
-        help="bash: eval \"$(sdcore completion bash)\"; zsh: eval \"$(sdcore completion zsh)\"",
+        help='bash: eval "$(sdcore completion bash)"; zsh: eval "$(sdcore completion zsh)"',
     )
 
 

@@ -240,9 +240,7 @@ def missed_ticks(
                 )
             )
         return len(found)
-    rows = [
-        [m.run_key, "never started" if m.status is None else m.status.value] for m in found
-    ]
+    rows = [[m.run_key, "never started" if m.status is None else m.status.value] for m in found]
     for line in render_table(["run_key", "state"], rows, {}):
         emit(line)
     emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")

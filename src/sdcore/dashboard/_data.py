@@ -211,9 +211,7 @@ class DashboardData:
 
     async def schedule(self, name: str) -> ScheduleRow | None:
         """One live schedule with its timeline, or ``None``."""
-        found = await self._all(
-            "schedule_one", {"name": name, "live_ms": self.store.live_ms}
-        )
+        found = await self._all("schedule_one", {"name": name, "live_ms": self.store.live_ms})
         rows = await self._with_timelines(found)
         return rows[0] if rows else None
 

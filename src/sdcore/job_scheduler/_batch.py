@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from sdcore._internal.identifiers import random_uuids
 from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, _LeaseCore, won
 from sdcore.job_scheduler._model import JobAcquired, JobAcquireResult, JobLease, _LeaseState
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch
@@ -72,7 +72,7 @@ class _BatchOperations(_LeaseCore):
         if not batch:
             return []
         ordered = sorted(batch, key=_by_lock_key)
-        tokens = [str(uuid.uuid4()) for _ in ordered]
+        tokens = random_uuids(len(ordered))
         params = _many_params(ordered, tokens)
         sent = time.monotonic()
         limit = _LeaseState.for_lease(min(o.lease_ms for o in batch), sent).valid

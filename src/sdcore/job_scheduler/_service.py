@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -18,6 +17,7 @@ from typing import Any, Self
 import psycopg
 from psycopg import errors as pg_errors
 
+from sdcore._internal.identifiers import random_uuid
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.job_scheduler._batch import _BatchOperations
@@ -228,7 +228,7 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             JobSchedulerDatabaseError: The database refused the statement.
         """
         opts = options if type(options) is JobAcquireOptions else coerce_options(options)
-        token = str(uuid.uuid4())
+        token = random_uuid()
         params = (*identity_params(opts, token), opts.lease_ms)
         sent = time.monotonic()
         state = _LeaseState.for_lease(opts.lease_ms, sent)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from sdcore._internal.identifiers import qualified
+from sdcore._internal.identifiers import qualified, random_uuids
 from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, won
 from sdcore.job_scheduler._model import JobAcquireResult, _LeaseState
@@ -86,19 +85,37 @@ def _check(items: Sequence[Item]) -> list[Item]:
     return batch
 
 
-def _params(ordered: list[Item], tokens: list[str]) -> tuple[list[Any], ...]:
-    """The column arrays of ``acquire_attempt_many`` (items sorted by lock key)."""
+def _joined(keys: list[str]) -> str:
+    """``keys`` as one comma-separated text (``v2:`` hex keys and UUIDs hold no comma)."""
+    text = ",".join(keys)
+    if text.count(",") != len(keys) - 1:
+        raise ValueError("acquire_attempts: a key or token holds a comma")  # never derived so
+    return text
+
+
+def _column(values: list[Any]) -> tuple[list[Any] | None, Any]:
+    """A column as ``(array, None)``, or ``(None, value)`` when every key has the same value."""
+    first = values[0]
+    if values.count(first) == len(values) and (first is None or type(first) in (str, int, float)):
+        return None, first
+    return values, None
+
+
+def _params(ordered: list[Item], tokens: list[str]) -> tuple[Any, ...]:
+    """The parameters of ``acquire_attempt_many`` (items sorted by lock key)."""
+    options = [o for o, _ in ordered]
+    budgets = [b for _, b in ordered]
     return (
-        [o.lock_key for o, _ in ordered],
-        [o.idempotency_key for o, _ in ordered],
-        [o.code for o, _ in ordered],
-        [o.name for o, _ in ordered],
-        [str(o.type) for o, _ in ordered],
-        [o.run_key for o, _ in ordered],
-        tokens,
-        [o.lease_ms for o, _ in ordered],
-        [b.max_attempts for _, b in ordered],
-        [float(b.backoff_ms) for _, b in ordered],
+        _joined([o.lock_key for o in options]),
+        _joined([o.idempotency_key for o in options]),
+        [o.code for o in options],
+        _joined(tokens),
+        *_column([o.name for o in options]),
+        *_column([str(o.type) for o in options]),
+        *_column([o.run_key for o in options]),
+        *_column([o.lease_ms for o in options]),
+        *_column([b.max_attempts for b in budgets]),
+        *_column([float(b.backoff_ms) for b in budgets]),
     )
 
 
@@ -108,7 +125,7 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
     if not batch:
         return []
     ordered = sorted(batch, key=lambda item: item[0].lock_key)
-    tokens = [str(uuid.uuid4()) for _ in ordered]
+    tokens = random_uuids(len(ordered))
     statements = _statements(service)
     sent = time.monotonic()
     limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in batch), sent).valid

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from sdcore._internal.identifiers import random_uuid
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
 from sdcore.job_scheduler._core import (
@@ -39,7 +39,7 @@ class _TickOperations(_LeaseCore):
             JobSchedulerDatabaseError: The database refused the statement (e.g. no
                 ``attempts`` column: run ``sdcore db upgrade``).
         """
-        token = str(uuid.uuid4())
+        token = random_uuid()
         params = (
             *identity_params(options, token),
             options.lease_ms,
@@ -89,7 +89,7 @@ class _TickOperations(_LeaseCore):
             JobSchedulerUnavailableError: The database could not be reached.
         """
         params = (
-            *identity_params(options, str(uuid.uuid4())),
+            *identity_params(options, random_uuid()),
             dump_json_object({"skipped": reason}),
         )
         try:

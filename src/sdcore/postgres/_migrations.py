@@ -274,7 +274,6 @@ def _bookkeeping(schema: str | None) -> sql.Identifier:
     return sql.Identifier(check_identifier("schema", schema), BOOKKEEPING_TABLE)
 
 
-
 async def migrate(
     target: AsyncConnection[Any] | AsyncConnectionPool[Any],
     component: Component,

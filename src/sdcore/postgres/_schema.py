@@ -31,6 +31,7 @@ __all__ = [
     "qualified",
 ]
 
+
 async def apply_schema(
     target: AsyncConnection[object] | AsyncConnectionPool[AsyncConnection[object]],
     script: str,

@@ -7,6 +7,7 @@ later in ``start_all()`` or in the timer loop (an ``OverflowError`` from a huge 
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -77,6 +78,11 @@ class StartPath(enum.StrEnum):
     BACKFILL = "backfill"
 
 
+@functools.lru_cache(maxsize=256)
+def _shared_budget(max_attempts: int, backoff_ms: int) -> AttemptBudget:
+    return AttemptBudget(max_attempts=max_attempts, backoff_ms=backoff_ms)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunPolicy:
     """Per-schedule execution options (validated by :func:`build_policy`)."""
@@ -90,7 +96,8 @@ class RunPolicy:
     jitter_ms: int
     lease_ms: int
     heartbeat_ms: int
-    # The tick's attempt budget (one object per policy: a burst asks for it once per tick).
+    # The tick's attempt budget (one object per policy: a burst asks for it once per tick; equal
+    # budgets are one object, so 10,000 schedules add no object per schedule).
     _budget: AttemptBudget | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -98,7 +105,7 @@ class RunPolicy:
         """The tick's attempt budget across the cluster: ``retries + 1`` runs."""
         budget = self._budget
         if budget is None:
-            budget = AttemptBudget(max_attempts=self.retries + 1, backoff_ms=self.retry_backoff_ms)
+            budget = _shared_budget(self.retries + 1, self.retry_backoff_ms)
             object.__setattr__(self, "_budget", budget)
         return budget
 

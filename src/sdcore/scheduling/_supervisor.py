@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore._internal.telemetry import SKIPPED_OVERLAP, SKIPPED_PAUSE
-from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
+from sdcore.job_scheduler import BaseJobScheduler, JobAcquireOptions, JobSchedulerError
 from sdcore.scheduling._catch_up import (
     MAX_CATCH_UP,
     at_start,
@@ -41,8 +41,12 @@ _SWEEP_MARGIN = timedelta(seconds=1)
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
-# A regular fire acquired before its task exists: (entry, due, tick, deadline).
-_Deferred = tuple["Entry", datetime, Tick, Deadline]
+# A regular fire acquired before its task exists: (entry, due, tick, deadline, its lease
+# options if prepared ahead of the instant).
+_Deferred = tuple["Entry", datetime, Tick, Deadline, JobAcquireOptions | None]
+# What the timer prepares for a regular fire before its instant (Supervisor.prepare): the tick,
+# and the options of its lease when the fire is acquired before its task exists.
+Prepared = tuple[Tick, JobAcquireOptions | None]
 # How the running tick started; set by Supervisor.launch for the tick's task only.
 _PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
     "sdcore_tick_path", default=StartPath.FIRE
@@ -103,7 +107,7 @@ class Supervisor:
         """A batch task ended: cancelled (before or during its acquire), its ticks end here."""
         if self._batch is batch:
             self._batch = self._batch_go = None  # cancelled before it was closed
-        for entry, due, _, _ in batch:
+        for entry, due, *_ in batch:
             if task in entry.running:
                 entry.running.discard(task)
                 self._ended(entry, due, None)
@@ -140,13 +144,34 @@ class Supervisor:
         go.set_result(None)
         return True
 
+    def prepare(self, entry: Entry, due: datetime) -> Prepared:
+        """What a regular fire of ``entry`` at ``due`` needs that does not depend on the moment it
+        starts: its tick, and its lease options when it is acquired before its task exists.
+
+        The timer calls this shortly before a burst's instant (see
+        :mod:`sdcore.scheduling._timer`), so that the burst itself only admits and sends; the
+        policy checks (overlap, pause, removal) still happen at the instant, in :meth:`start_tick`.
+        """
+        tick = make_tick(entry.name, entry.trigger, entry.zone, due)
+        options = None
+        if self._runner.acquires_first(entry.policy):
+            options = tick_options(entry.name, entry.kind, entry.policy, tick.run_key)
+        return tick, options
+
     def start_tick(
-        self, entry: Entry, due: datetime, path: StartPath, *, deadline: Deadline
+        self,
+        entry: Entry,
+        due: datetime,
+        path: StartPath,
+        *,
+        deadline: Deadline,
+        prepared: Prepared | None = None,
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
         Overlap applies the same way on every path. A regular fire skipped by overlap is recorded
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
+        ``prepared``: what :meth:`prepare` made for this very tick (a regular fire only).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -154,9 +179,10 @@ class Supervisor:
         lost ones that still have retry offers to make). Until the answer, the batch task counts
         as the tick's run for the overlap policy, and the tick as in flight.
         """
+        tick, options = (None, None) if prepared is None else prepared
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
-            return self.launch(entry, due, path, deadline=deadline) is not None
-        tick = self._admit(entry, due, path, None)
+            return self.launch(entry, due, path, deadline=deadline, tick=tick) is not None
+        tick = self._admit(entry, due, path, tick)
         if tick is None:
             return False
         batch, holder = self._batch, self._batch_task
@@ -167,7 +193,7 @@ class Supervisor:
                 self._acquire_batch(batch, go), "sdcore-tick-batch"
             )
             holder.add_done_callback(functools.partial(self._batch_ended, batch))
-        batch.append((entry, due, tick, deadline))
+        batch.append((entry, due, tick, deadline, options))
         entry.running.add(holder)
         entry.in_flight.add(due)
         return True
@@ -307,12 +333,12 @@ class Supervisor:
         holder = asyncio.current_task()
         assert holder is not None  # noqa: S101 - a task's coroutine
         items = [
-            (tick_options(e.name, e.kind, e.policy, t.run_key), e.policy.budget)
-            for e, _, t, _ in batch
+            (o or tick_options(e.name, e.kind, e.policy, t.run_key), e.policy.budget)
+            for e, _, t, _, o in batch
         ]
         assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
         answers = await runner.acquirer.acquire_each(items)
-        for (entry, due, tick, deadline), (options, _), answer in zip(
+        for (entry, due, tick, deadline, _), (options, _), answer in zip(
             batch, items, answers, strict=True
         ):
             entry.running.discard(holder)

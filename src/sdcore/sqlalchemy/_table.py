@@ -114,9 +114,7 @@ def job_scheduler_table(
     )
     # The fencing sequence (migration lease/0002): create_all() creates it; Alembic autogenerate
     # does not compare or create sequences (see docs/how-to/sqlalchemy-alembic.md).
-    Sequence(
-        derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1
-    )
+    Sequence(derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1)
     Index(name("code_created_at_idx"), result.c.code, result.c.created_at.desc())
     # Migration lease/0004: created_at (never updated) replaced (status, modified_at), so that
     # complete and heartbeat are HOT updates.

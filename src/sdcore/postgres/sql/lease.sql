@@ -77,20 +77,26 @@ WHERE id = %s::uuid AND owner_token = %s::uuid AND status = 'RUNNING'
 -- see sdcore/job_scheduler/_finals.py), each row by the rules of `finalize`. Parameters: one
 -- array per column — status, data, id, owner_token — with distinct ids (the caller checks).
 -- `mine` locks the rows still RUNNING under their owner token in id order, so that two of these
--- statements never deadlock; the update then changes only rows `mine` holds. Returns the ids
--- updated.
+-- statements never deadlock; the update then changes only rows `mine` holds (locked, they are
+-- still RUNNING under that token: a version committed before the lock is the one `mine`
+-- checked, and the update follows to it). Returns the ids updated. Both find their rows by primary-key probes (a nested loop over the sorted items, and
+-- `id = ANY` of the locked ids): as joins, a table that grew since it was last analyzed (a
+-- burst's own rows) was read whole and hashed twice per statement (27 ms instead of 11 ms for
+-- 300 rows among 10,500 RUNNING ones).
 WITH item AS (
     SELECT * FROM unnest(%b::text[], %b::jsonb[], %b::uuid[], %b::uuid[])
         AS u(status, data, id, owner_token)
 ), mine AS (
-    SELECT t.id FROM {table} AS t JOIN item ON t.id = item.id
-    WHERE t.owner_token = item.owner_token AND t.status = 'RUNNING'
-    ORDER BY t.id
-    FOR UPDATE OF t
+    SELECT item.*
+    FROM (SELECT * FROM item ORDER BY id) AS item CROSS JOIN LATERAL (
+        SELECT 1 FROM {table} AS t
+        WHERE t.id = item.id AND t.owner_token = item.owner_token AND t.status = 'RUNNING'
+        FOR UPDATE OF t
+    ) AS t
 )
-UPDATE {table} AS t SET status = item.status, data = item.data, modified_at = clock_timestamp()
-FROM mine JOIN item ON item.id = mine.id
-WHERE t.id = mine.id AND t.owner_token = item.owner_token AND t.status = 'RUNNING'
+UPDATE {table} AS t SET status = mine.status, data = mine.data, modified_at = clock_timestamp()
+FROM mine
+WHERE t.id = ANY (ARRAY(SELECT id FROM mine)) AND t.id = mine.id
 RETURNING t.id::text
 
 -- name: read_status
@@ -109,6 +115,9 @@ SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%b)
 -- Exactly once per key, and no deadlock between replicas that race over overlapping key sets:
 -- - `locked` locks every existing row that may be taken, in lock_key order, skipping rows
 --   another transaction holds (that one is taking them over): phase 1 never waits.
+-- - Each key finds its row through the lock_key index, one probe per key (the LATERAL
+--   subqueries): as a join, a table that grew since it was last analyzed (a burst's own rows)
+--   was read whole and hashed by every statement.
 -- - `taken` updates only rows `locked` holds: it never waits.
 -- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order
 --   (phase 2); two transactions inserting one key meet on the unique index, and the second
@@ -124,10 +133,11 @@ WITH v AS (
         AS v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms)
 ), locked AS (
     SELECT j.id, v.owner_token, v.name, v.lease_ms
-    FROM {table} AS j JOIN v ON j.lock_key = v.lock_key
-    WHERE {{plain_takeable}}
-    ORDER BY j.lock_key
-    FOR NO KEY UPDATE OF j SKIP LOCKED
+    FROM v CROSS JOIN LATERAL (
+        SELECT j.id FROM {table} AS j
+        WHERE j.lock_key = v.lock_key AND {{plain_takeable}}
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) AS j
 ), taken AS (
     UPDATE {table} AS j
     SET {{takeover_set}}
@@ -138,8 +148,10 @@ WITH v AS (
 ), created AS (
     INSERT INTO {table} ({{insert_columns}})
     SELECT {{insert_values}}
-    FROM v
-    WHERE NOT EXISTS (SELECT FROM {table} AS e WHERE e.lock_key = v.lock_key)
+    FROM v LEFT JOIN LATERAL (
+        SELECT 1 AS found FROM {table} AS e WHERE e.lock_key = v.lock_key LIMIT 1
+    ) AS e ON true
+    WHERE e.found IS NULL
       AND (SELECT count(*) FROM taken) >= 0
     ORDER BY v.lock_key
     ON CONFLICT (lock_key) DO NOTHING
