@@ -62,7 +62,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +73,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.identifiers import random_uuid
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerService
 from sdcore.job_scheduler._sql import LeaseStatements
 
@@ -175,7 +175,7 @@ def _bare_cycles(
     def make(client: int, conn: psycopg.AsyncConnection[Any]) -> Cycle:
         async def cycle(i: int) -> None:
             key = _v2_shaped_key() if keys == "v2" else f"bench-{client}-{i}"
-            token = str(uuid.uuid4())  # as the library makes its owner token
+            token = random_uuid()  # as the library makes its owner token
             cur = await conn.execute(
                 acquire, (key, key, "bench", None, "SCHEDULE", f"{client}-{i}", token, LEASE_MS)
             )
@@ -195,7 +195,7 @@ def _minimal_cycles(conns: Sequence[psycopg.AsyncConnection[Any]], keys: str) ->
     def make(client: int, conn: psycopg.AsyncConnection[Any]) -> Cycle:
         async def cycle(i: int) -> None:
             key = _v2_shaped_key() if keys == "v2" else f"bench-{client}-{i}"
-            cur = await conn.execute(MINIMAL_ACQUIRE, (key, str(uuid.uuid4()), LEASE_MS))
+            cur = await conn.execute(MINIMAL_ACQUIRE, (key, random_uuid(), LEASE_MS))
             row = await cur.fetchone()
             if row is None:
                 raise RuntimeError(f"minimal: {key} was not acquired")
