@@ -80,13 +80,23 @@ class _Demo:
         )
         self.lines: list[str] = []
         self.err = ""
+        # Both pipes are read while the demo runs: a pipe nobody reads fills up (64 KiB) and
+        # blocks the demo on its next write, so it never exits.
+        self._errors: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append(line.rstrip("\n"))
+
+    def _read_err(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._errors.append(line)
 
     def wait_for(self, predicate: str | re.Pattern[str], timeout: float = 90) -> str:
         deadline = time.monotonic() + timeout
@@ -100,18 +110,27 @@ class _Demo:
         raise AssertionError(f"no {predicate!r} in:\n" + self.text)
 
     def finish(self, timeout: float = 120) -> int:
+        hung = False
         try:
             self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
         finally:
             if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(10)
+        self._err_reader.join(10)
         assert self.process.stdout is not None
         assert self.process.stderr is not None
         self.process.stdout.close()
-        self.err = self.process.stderr.read()
+        self.err = "".join(self._errors)
         self.process.stderr.close()
+        if hung:  # the pipes are closed first: a failure here leaks nothing into later tests
+            raise AssertionError(
+                f"the demo did not exit within {timeout} s (killed); its output:\n{self.text}"
+                f"\nstderr (last 4000 characters):\n{self.err[-4000:]}"
+            )
         return self.process.returncode
 
     @property
