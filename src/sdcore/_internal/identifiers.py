@@ -102,7 +102,11 @@ def random_uuids(count: int) -> list[str]:
 
 
 def random_uuid() -> str:
-    """One random (version 4) UUID in its canonical text form (see :func:`random_uuids`)."""
+    """One random (version 4) UUID in its canonical text form (see :func:`random_uuids`).
+
+    Formatted here rather than as ``random_uuids(1)[0]``: the single lease acquire makes one per
+    call, and the list costs it 1.2 µs (3.0 instead of 1.8 µs).
+    """
     digits = os.urandom(16).hex()
     return (
         f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-"

@@ -88,15 +88,15 @@ def _check(items: Sequence[Item]) -> list[Item]:
 def _joined(keys: list[str]) -> str:
     """``keys`` as one comma-separated text (``v2:`` hex keys and UUIDs hold no comma)."""
     text = ",".join(keys)
-    if text.count(",") != len(keys) - 1:
-        raise ValueError("acquire_attempts: a key or token holds a comma")  # never derived so
+    if text.count(",") != len(keys) - 1:  # cannot happen for derived keys: checked, not assumed
+        raise ValueError("acquire_attempts: a key or token holds a comma")
     return text
 
 
 def _column(values: list[Any]) -> tuple[list[Any] | None, Any]:
     """A column as ``(array, None)``, or ``(None, value)`` when every key has the same value."""
     first = values[0]
-    if values.count(first) == len(values) and (first is None or type(first) in (str, int, float)):
+    if values.count(first) == len(values):
         return None, first
     return values, None
 

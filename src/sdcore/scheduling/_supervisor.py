@@ -333,7 +333,7 @@ class Supervisor:
         holder = asyncio.current_task()
         assert holder is not None  # noqa: S101 - a task's coroutine
         items = [
-            (o or tick_options(e.name, e.kind, e.policy, t.run_key), e.policy.budget)
+            (tick_options(e.name, e.kind, e.policy, t.run_key) if o is None else o, e.policy.budget)
             for e, _, t, _, o in batch
         ]
         assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
