@@ -258,3 +258,30 @@ async def test_resume_catches_up_latest() -> None:
             if r.code == "beat" and r.status is JobSchedulerStatus.SUCCESS
         ]
         assert rows
+
+
+@in_loop_time
+async def test_a_stop_gives_up_leaving_a_store_that_does_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The database is gone while the replica stops: leaving would wait the pool's whole checkout
+    # timeout. The stop gives up after LEAVE_TIMEOUT_S (the row expires by itself) and says so.
+    from sdcore.scheduling import _plane
+
+    cluster = Cluster(replicas=1, clock=loop_wall_clock())
+    await cluster.__aenter__()
+    left = asyncio.Event()
+
+    async def unanswered(replica: object) -> None:
+        await asyncio.sleep(3_600)
+        left.set()
+
+    cluster.store.leave = unanswered
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await cluster.controls[0].aclose()
+    assert loop.time() - start == pytest.approx(_plane.LEAVE_TIMEOUT_S, abs=0.1)
+    assert not left.is_set()
+    assert "could not leave the control plane within 5 s" in caplog.text
+    assert not cluster.controls[0].running
+    await cluster.schedulers[0].aclose()

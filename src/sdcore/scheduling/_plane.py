@@ -46,6 +46,10 @@ from sdcore.scheduling._triggers import (
 
 __all__ = ["ScheduleControl"]
 
+# How long a stopping replica tries to remove its row. Its heartbeat ends either way, and a row
+# not seen for 30 s stops counting as declaring anything, so a give-up costs nothing lasting.
+LEAVE_TIMEOUT_S = 5.0
+
 
 def _expression(entry: Entry) -> str:
     trigger = entry.trigger
@@ -220,7 +224,15 @@ class ScheduleControl:
             return
         self._joined = False
         try:
-            await self.store.leave(self.replica)
+            # Bounded: with the database unreachable the pool would wait its whole checkout
+            # timeout (30 s by default) and hold the stop past a pod's grace period.
+            await asyncio.wait_for(self.store.leave(self.replica), LEAVE_TIMEOUT_S)
+        except TimeoutError:
+            self._log.warning(
+                "could not leave the control plane within %.0f s; this replica's row expires "
+                "by itself",
+                LEAVE_TIMEOUT_S,
+            )
         except Exception as exc:  # noqa: BLE001 - the row expires by itself
             self._log.warning("could not leave the control plane: %s", exc)
 
