@@ -23,11 +23,18 @@ Every handler start is recorded with the schedule it belongs to; the parent chec
 tick ran exactly once (union of the replicas' ledgers, and for sdcore the lease rows:
 N ``SUCCESS`` rows for the instant), and reports first/p50/p99/last handler start after the
 instant over all replicas.
+
+With ``--gc-freeze`` every process (baselines included) calls ``gc.collect()`` and
+``gc.freeze()`` once it is ready, before the instant — what an application with many schedules
+may do after registering them (``docs/explanation/scheduling.md``): the objects alive then
+(schedules, parsed expressions, connections) leave the collector's generations, so a full
+collection during the burst no longer traverses them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -72,20 +79,28 @@ async def _until(instant: float) -> None:
     await asyncio.sleep(max(0.0, instant - time.time()))
 
 
-async def _bare_tasks(count: int, at: float) -> None:
+def _ready(at: float, freeze: bool) -> None:
+    """Report readiness (first freezing the heap if asked)."""
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    _emit(event="ready", late=time.time() > at - 1)
+
+
+async def _bare_tasks(count: int, at: float, freeze: bool) -> None:
     lags: list[tuple[int, float]] = []
 
     async def handler(index: int) -> None:
         lags.append((index, time.time() - at))
 
-    _emit(event="ready", late=time.time() > at - 1)
+    _ready(at, freeze)
     await _until(at)
     tasks = [asyncio.create_task(handler(i)) for i in range(count)]
     await asyncio.wait(tasks)
     _emit(event="done", lags=lags)
 
 
-async def _sdcore(count: int, at: float, dsn: str | None, seconds: float) -> None:
+async def _sdcore(count: int, at: float, dsn: str | None, seconds: float, freeze: bool) -> None:
     lags: list[tuple[int, float]] = []
 
     def make(index: int) -> Any:
@@ -98,7 +113,7 @@ async def _sdcore(count: int, at: float, dsn: str | None, seconds: float) -> Non
         for i in range(count):
             scheduler.add_cron(f"digest-{i:05d}", _cron_at(at), make(i))
         async with scheduler:
-            _emit(event="ready", late=time.time() > at - 1)
+            _ready(at, freeze)
             await _until(at + seconds)
 
     if dsn is None:
@@ -111,7 +126,7 @@ async def _sdcore(count: int, at: float, dsn: str | None, seconds: float) -> Non
     _emit(event="done", lags=lags)
 
 
-async def _bare_acquire(count: int, at: float, dsn: str) -> None:
+async def _bare_acquire(count: int, at: float, dsn: str, freeze: bool) -> None:
     lags: list[tuple[int, float]] = []
     keys = [f"digest-{i:05d}" for i in range(count)]
     index = {key: i for i, key in enumerate(keys)}
@@ -137,7 +152,7 @@ async def _bare_acquire(count: int, at: float, dsn: str) -> None:
             free.put_nowait(conn)
         started.extend(asyncio.create_task(handler(index[key])) for (key,) in won)
 
-    _emit(event="ready", late=time.time() > at - 1)
+    _ready(at, freeze)
     await _until(at)
     await asyncio.gather(*(chunk(keys[i : i + BATCH]) for i in range(0, count, BATCH)))
     if started:
@@ -147,22 +162,26 @@ async def _bare_acquire(count: int, at: float, dsn: str) -> None:
     _emit(event="done", lags=lags)
 
 
-def child_main(mode: str, count: int, at: float, dsn: str | None) -> None:
+def child_main(mode: str, count: int, at: float, dsn: str | None, freeze: bool = False) -> None:
     """Subprocess entry point (``--bursts-child MODE``)."""
     if mode == "bare-tasks":
-        asyncio.run(_bare_tasks(count, at))
+        asyncio.run(_bare_tasks(count, at, freeze))
     elif mode == "sdcore-plain":
-        asyncio.run(_sdcore(count, at, None, 3.0))
+        asyncio.run(_sdcore(count, at, None, 3.0, freeze))
     elif mode == "bare-acquire":
         assert dsn is not None
-        asyncio.run(_bare_acquire(count, at, dsn))
+        asyncio.run(_bare_acquire(count, at, dsn, freeze))
     else:
         assert dsn is not None
-        asyncio.run(_sdcore(count, at, dsn, 40.0))
+        asyncio.run(_sdcore(count, at, dsn, 40.0, freeze))
 
 
-async def _spawn(mode: str, count: int, at: float, dsn: str | None) -> asyncio.subprocess.Process:
+async def _spawn(
+    mode: str, count: int, at: float, dsn: str | None, freeze: bool
+) -> asyncio.subprocess.Process:
     argv = [sys.argv[0], "--bursts-child", mode, "--schedules", str(count), "--at", repr(at)]
+    if freeze:
+        argv.append("--gc-freeze")
     env = None
     if dsn is not None:
         env = {**os.environ, "SDCORE_BENCH_REPLICA_DSN": dsn}
@@ -172,10 +191,10 @@ async def _spawn(mode: str, count: int, at: float, dsn: str | None) -> asyncio.s
 
 
 async def _case(
-    mode: str, count: int, dsn: str | None, processes: int, lead: float
+    mode: str, count: int, dsn: str | None, processes: int, lead: float, freeze: bool = False
 ) -> dict[str, Any]:
     at = float(int(time.time() + lead) + 1)
-    spawned = [await _spawn(mode, count, at, dsn) for _ in range(processes)]
+    spawned = [await _spawn(mode, count, at, dsn, freeze) for _ in range(processes)]
     outputs = [await process.communicate() for process in spawned]
     lags: list[float] = []
     ran: Counter[int] = Counter()
@@ -222,7 +241,9 @@ def _lease_rows(dsn: str, at: float) -> dict[str, int]:
     return {str(status): int(n) for status, n in rows}
 
 
-async def run_bursts(dsn: str, count: int, rounds: int) -> list[dict[str, Any]]:
+async def run_bursts(
+    dsn: str, count: int, rounds: int, freeze: bool = False
+) -> list[dict[str, Any]]:
     """Run ``rounds`` interleaved rounds of the four cases; return one result per case and round."""
     async with JobSchedulerService.connect(dsn) as jobs:
         await jobs.ensure_schema()
@@ -242,7 +263,7 @@ async def run_bursts(dsn: str, count: int, rounds: int) -> list[dict[str, Any]]:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE job_scheduler, bare_lease")
             print(f"bursts round {round_}: {mode} x{processes}, {count} schedules ...", flush=True)
-            result = await _case(mode, count, dsn, processes, lead)
+            result = await _case(mode, count, dsn, processes, lead, freeze)
             result["round"] = round_
             if mode == "sdcore-exclusive":
                 rows = _lease_rows(dsn, result["at"])

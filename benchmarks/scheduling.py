@@ -928,7 +928,9 @@ def _bursts_main(args: argparse.Namespace) -> int:
         described = machine(admin)
     print(f"machine: {described}; {env['platform']}", flush=True)
     with scratch_database(args.database_url, "sdcore_bench_bursts") as dsn:
-        results = asyncio.run(_bursts.run_bursts(dsn, args.schedules, args.rounds))
+        results = asyncio.run(
+            _bursts.run_bursts(dsn, args.schedules, args.rounds, freeze=args.gc_freeze)
+        )
     _bursts.report(results, args.schedules)
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "bursts": results}, indent=2))
@@ -970,11 +972,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="--bursts: interleaved rounds (default 3)"
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="--bursts: every process calls gc.collect() and gc.freeze() once ready, before "
+        "the instant (what an application with many schedules may do)",
+    )
     parser.add_argument("--bursts-child", help=argparse.SUPPRESS)
     parser.add_argument("--at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bursts_child:
-        _bursts.child_main(args.bursts_child, args.schedules, args.at, os.environ.get(_DSN_ENV))
+        _bursts.child_main(
+            args.bursts_child, args.schedules, args.at, os.environ.get(_DSN_ENV), args.gc_freeze
+        )
         return 0
     if args.bursts:
         return _bursts_main(args)
