@@ -34,7 +34,6 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -147,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(machine(conn))
         asyncio.run(_schema(dsn))
         for clients in client_counts:
-            rounds: list[dict[str, Any]] = []
+            rounds: list[dict[str, float]] = []
             for index in range(args.rounds):
                 _reset(dsn)
                 rates = asyncio.run(_round(dsn, clients, args.seconds))

@@ -20,6 +20,7 @@ from sdcore.scheduling import (
     Scheduler,
     Tick,
 )
+from sdcore.scheduling._plane import LEAVE_TIMEOUT_S
 from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
 from tests.unit._looptime import in_loop_time
 
@@ -266,8 +267,6 @@ async def test_a_stop_gives_up_leaving_a_store_that_does_not_answer(
 ) -> None:
     # The database is gone while the replica stops: leaving would wait the pool's whole checkout
     # timeout. The stop gives up after LEAVE_TIMEOUT_S (the row expires by itself) and says so.
-    from sdcore.scheduling import _plane
-
     cluster = Cluster(replicas=1, clock=loop_wall_clock())
     await cluster.__aenter__()
     left = asyncio.Event()
@@ -280,7 +279,7 @@ async def test_a_stop_gives_up_leaving_a_store_that_does_not_answer(
     loop = asyncio.get_running_loop()
     start = loop.time()
     await cluster.controls[0].aclose()
-    assert loop.time() - start == pytest.approx(_plane.LEAVE_TIMEOUT_S, abs=0.1)
+    assert loop.time() - start == pytest.approx(LEAVE_TIMEOUT_S, abs=0.1)
     assert not left.is_set()
     assert "could not leave the control plane within 5 s" in caplog.text
     assert not cluster.controls[0].running
