@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -51,6 +54,38 @@ async def test_claim_returns_due_rows_oldest_first_and_counts_an_attempt(
     _, none = await _claim(store)
     assert none == []
     assert (await store.read(message.id))["claimed"]
+
+
+async def test_claimed_options_are_read_only_and_copy_to_plain_values(
+    store: StoreBackend,
+) -> None:
+    options = {"attempts": 3, "backoff": {"type": "fixed", "delay": 1000}}
+    for key in ("a", "b"):
+        assert await store.enqueue(key, options=options)
+    _, (first, second) = await _claim(store)
+    assert first.options == second.options
+    assert first.options["backoff"] == {"type": "fixed", "delay": 1000}
+    changes: list[Callable[[], object]] = [
+        lambda: first.options.__setitem__("delay", 5),
+        lambda: first.options.pop("attempts"),
+        lambda: first.options.update(lifo=True),
+        lambda: first.options["backoff"].__setitem__("delay", 0),
+        lambda: first.options.clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    assert second.options["backoff"]["delay"] == 1000
+    assert second.options["attempts"] == 3
+    mine = copy.deepcopy(first.options)
+    mine["backoff"]["delay"] = 0
+    assert type(mine) is dict
+    assert type(mine["backoff"]) is dict
+    assert first.options["backoff"]["delay"] == 1000
+    assert type(pickle.loads(pickle.dumps(first.options))) is dict  # noqa: S301
+    assert {**first.options, "jobId": "x"}["jobId"] == "x"
+    first.payload["extra"] = 1  # the payload stays the message's own, plain dict
+    assert "extra" not in second.payload
 
 
 async def test_a_claim_holds_until_it_expires_then_anyone_may_take_the_row(

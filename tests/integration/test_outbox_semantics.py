@@ -925,3 +925,57 @@ async def test_database_errors_reach_relay_callers_as_outbox_errors(pg_dsn: str)
         await store.claim(limit=1, claim_ms=1000, token=uuid.uuid4())
     assert closed.value.sqlstate is None
     assert isinstance(closed.value.__cause__, psycopg.Error)
+
+
+async def test_claimed_json_is_decoded_from_text_and_equal_options_are_shared(
+    pg_dsn: str,
+) -> None:
+    """Issue 14 (relay): each distinct options value is decoded once per store and read-only."""
+    from sdcore.outbox import PostgresOutboxStore, ReadOnlyDict, ReadOnlyList
+
+    outbox = Outbox()
+    long_options = {"removeOnComplete": {"age": 60}, "note": "x" * 5000}
+    rows: list[tuple[str, str, str, str | None]] = [
+        ("same-1", '{"n": 1}', '{"attempts": 2, "backoff": {"type": "fixed", "delay": 5}}', None),
+        ("same-2", '{"n": 2}', '{"attempts": 2, "backoff": {"type": "fixed", "delay": 5}}', None),
+        ("listed", '[1, {"deep": [true, null]}]', '{"x": [1, {"y": [2]}]}', '{"traceparent": "t"}'),
+        ("long", '"just a string"', json.dumps(long_options), None),
+        ("unicode", '{"s": "é\\u2028😀"}', "{}", None),
+    ]
+    rows += [(f"distinct-{i}", "{}", json.dumps({"priority": i}), None) for i in range(300)]
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await outbox.ensure_schema(conn)
+        async with conn.transaction():
+            for key, payload, options, trace in rows:
+                await conn.execute(
+                    "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options,"
+                    " max_attempts, message_digest, trace_context)"
+                    " VALUES (%s, 'q', 'n', %s, %s::jsonb, %s::jsonb, 3, '\\x00', %s::jsonb)",
+                    (key, "sd2-" + "a" * 64, payload, options, trace),
+                )
+    async with AsyncConnectionPool(pg_dsn, kwargs={"autocommit": True}, open=False) as pool:
+        store = PostgresOutboxStore(pool, outbox=outbox)
+        claimed = await store.claim(limit=1000, claim_ms=60_000, token=uuid.uuid4())
+        by_key = {m.idempotency_key: m for m in claimed}
+        assert len(by_key) == len(rows)
+        for key, payload, options, trace in rows:
+            message = by_key[key]
+            assert message.payload == json.loads(payload)
+            assert message.options == json.loads(options)
+            assert message.trace_context == (None if trace is None else json.loads(trace))
+            assert type(message.options) is ReadOnlyDict
+        first, second = by_key["same-1"], by_key["same-2"]
+        assert first.options is second.options  # decoded once, shared
+        assert type(first.payload) is dict
+        assert first.payload is not second.payload
+        listed = by_key["listed"]
+        assert type(listed.options["x"]) is ReadOnlyList
+        assert type(listed.options["x"][1]["y"]) is ReadOnlyList
+        listed_payload: Any = listed.payload
+        assert type(listed_payload) is list  # payloads stay plain
+        assert type(by_key["long"].options["removeOnComplete"]) is ReadOnlyDict
+        with pytest.raises(TypeError, match="read-only"):
+            by_key["long"].options["note"] = ""
+        assert len(store._options) <= 256  # distinct values are kept up to a bound
+        again = await store.claim(limit=1000, claim_ms=60_000, token=uuid.uuid4())
+        assert again == []

@@ -225,6 +225,8 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "PostgresOutboxStore",
         "Publisher",
         "PublisherUnavailableError",
+        "ReadOnlyDict",
+        "ReadOnlyList",
         "RelayState",
         "check_options",
     ]

@@ -20,6 +20,8 @@ from sdcore.outbox._model import (
     OutboxTransactionRequiredError,
     Publisher,
     PublisherUnavailableError,
+    ReadOnlyDict,
+    ReadOnlyList,
     check_options,
 )
 from sdcore.outbox._outbox import DEFAULT_CHANNEL, DEFAULT_DEDUP_WINDOW_MS, Outbox, OutboxEntry
@@ -51,6 +53,8 @@ __all__ = [
     "PostgresOutboxStore",
     "Publisher",
     "PublisherUnavailableError",
+    "ReadOnlyDict",
+    "ReadOnlyList",
     "RelayState",
     "check_options",
 ]

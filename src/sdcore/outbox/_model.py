@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from sdcore._internal.errors import FieldError
 from sdcore.exceptions import SdcoreError
@@ -154,6 +154,83 @@ class OutboxDatabaseError(OutboxError, ConnectionError):
         super().__init__(f"outbox {action} failed in the database{code}: {detail}")
 
 
+_READ_ONLY = (
+    "a claimed message's options are read-only (messages with the same options share one"
+    " object); change a copy: copy.deepcopy(message.options)"
+)
+
+
+class ReadOnlyDict(dict[str, Any]):
+    """A ``dict`` that refuses every change: the ``options`` of a claimed :class:`OutboxMessage`.
+
+    The relay's claim decodes each distinct ``options`` value once and hands the same object to
+    every message that has it, so a change would reach other messages; it raises
+    :class:`TypeError` instead. ``dict(value)`` and ``value.copy()`` give a plain shallow copy,
+    ``copy.deepcopy(value)`` a plain deep one (nested dicts and lists included), and a pickled
+    one comes back as a plain ``dict``.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)
+
+
+class ReadOnlyList(list[Any]):
+    """A ``list`` that refuses every change, for the arrays inside a :class:`ReadOnlyDict`."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = reverse = sort = clear = _refuse
+
+    def __reduce__(self) -> tuple[type[list[Any]], tuple[list[Any]]]:
+        return list, (list(self),)
+
+
+def read_only_json(value: Any) -> Any:
+    """Return decoded JSON with every dict and list replaced by a read-only copy.
+
+    Iterative (no recursion, whatever the nesting); scalars are returned as they are.
+    """
+    root = _read_only(value)
+    if root is value:
+        return value
+    stack: list[ReadOnlyDict | ReadOnlyList] = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, item in list(node.items()):
+                frozen = _read_only(item)
+                if frozen is not item:
+                    dict.__setitem__(node, key, frozen)
+                    stack.append(frozen)
+        else:
+            for index, item in enumerate(node):
+                frozen = _read_only(item)
+                if frozen is not item:
+                    list.__setitem__(node, index, frozen)
+                    stack.append(frozen)
+    return root
+
+
+def _read_only(value: Any) -> Any:
+    if type(value) is dict:
+        return ReadOnlyDict(value)
+    if type(value) is list:
+        return ReadOnlyList(value)
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutboxMessage:
     """One claimed outbox row, as a publisher receives it."""
@@ -165,6 +242,7 @@ class OutboxMessage:
     job_id: str
     payload: dict[str, Any]
     options: dict[str, Any]
+    """BullMQ job options; read-only (a :class:`ReadOnlyDict`) in a claimed message."""
     attempts: int
     max_attempts: int
     created_at: datetime

@@ -9,23 +9,36 @@ The relay's policy (batches, retry delays, dead-lettering, back-off, pruning cad
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import psycopg
+from psycopg.rows import RowMaker
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
 from sdcore._internal.validation import at_least
 from sdcore.outbox._listen import pg_notifications
-from sdcore.outbox._model import OutboxDatabaseError, OutboxMessage, OutboxStatus
+from sdcore.outbox._model import (
+    OutboxDatabaseError,
+    OutboxMessage,
+    OutboxStatus,
+    read_only_json,
+)
 from sdcore.outbox._outbox import Outbox
 
 MAX_ERROR_LENGTH = 2000
 """Longest ``last_error`` a store keeps (the relay cuts errors to this length)."""
+
+_decode = json.JSONDecoder().decode  # the claim's jsonb columns, read as text
+# Distinct options values kept decoded per store (cleared when full); longer texts are decoded
+# per row.
+_SHARED_OPTIONS_MAX = 256
+_SHARED_OPTIONS_MAX_CHARS = 4096
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,6 +243,7 @@ class PostgresOutboxStore:
         # Under transaction pooling, a server-side prepared statement may be met (or missed) by
         # another client of the proxy.
         self._prepare: bool | None = False if self._transaction_pooling else None
+        self._options: dict[str, Any] = {}  # options text -> its read-only decoded value
 
     @property
     def listens(self) -> bool:
@@ -251,26 +265,42 @@ class PostgresOutboxStore:
         limit, claim_ms, token = check_claim(limit, claim_ms, token)
         with database_errors("claim"):
             async with self.pool.connection() as conn:
-                cur = await conn.execute(
-                    self._sql.claim, (claim_ms, token, limit), prepare=self._prepare
-                )
-                rows = await cur.fetchall()
-        return [
-            OutboxMessage(
+                cur: psycopg.AsyncCursor[OutboxMessage] = conn.cursor(row_factory=self._messages)
+                await cur.execute(self._sql.claim, (claim_ms, token, limit), prepare=self._prepare)
+                return await cur.fetchall()
+
+    def _messages(self, cursor: psycopg.AsyncCursor[Any]) -> RowMaker[OutboxMessage]:
+        # A row factory: each row becomes its message as it is read (no list of row tuples
+        # kept alive beside the messages). The claim returns its JSON columns as text, decoded
+        # here; equal options (usually every row's) are decoded once and shared, read-only.
+        decode, options = _decode, self._options_of
+
+        def message(r: Sequence[Any]) -> OutboxMessage:
+            return OutboxMessage(
                 id=r[0],
                 idempotency_key=r[1],
                 queue=r[2],
                 name=r[3],
                 job_id=r[4],
-                payload=r[5],
-                options=r[6],
+                payload=decode(r[5]),
+                options=options(r[6]),
                 attempts=r[7],
                 max_attempts=r[8],
                 created_at=r[9],
-                trace_context=r[10],
+                trace_context=None if r[10] is None else decode(r[10]),
             )
-            for r in rows
-        ]
+
+        return message
+
+    def _options_of(self, text: str) -> Any:
+        known = self._options.get(text)
+        if known is None:
+            known = read_only_json(_decode(text))
+            if len(text) <= _SHARED_OPTIONS_MAX_CHARS:
+                if len(self._options) >= _SHARED_OPTIONS_MAX:
+                    self._options.clear()
+                self._options[text] = known
+        return known
 
     async def mark_published(self, ids: Sequence[int]) -> None:
         """See :meth:`OutboxStore.mark_published`."""

@@ -24,6 +24,9 @@ from sdcore.queues._redis import (
     is_unavailable,
 )
 
+# BullMQ's own encoding of a job's data (compact, ASCII-only: its length in characters is its
+# length in bytes), made once rather than per job as json.dumps would.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 DEFAULT_PREFIX = "bull"
 DEFAULT_MAX_JOB_BYTES = 1024 * 1024
 
@@ -183,7 +186,7 @@ class BullMQPublisher(AsyncStartStop):
             raise
 
     def _job(self, message: OutboxMessage) -> dict[str, Any]:
-        size = len(json.dumps(message.payload, separators=(",", ":"), allow_nan=False).encode())
+        size = len(_COMPACT.encode(message.payload))
         if size > self._max_job_bytes:
             raise JobTooLargeError(message.job_id, size, self._max_job_bytes)
         return {

@@ -18,7 +18,7 @@ from sdcore.outbox import (
     OutboxStats,
     OutboxStatus,
 )
-from sdcore.outbox._model import job_id_v2
+from sdcore.outbox._model import job_id_v2, read_only_json
 from sdcore.outbox._store import check_age, check_claim, check_error, check_failures, check_ids
 from sdcore.outbox._store import check_token as _check_token
 
@@ -232,7 +232,7 @@ class MemoryOutboxStore:
                     name=claimed.name,
                     job_id=claimed.job_id,
                     payload=json.loads(json.dumps(claimed.payload)),
-                    options=json.loads(json.dumps(claimed.options)),
+                    options=read_only_json(json.loads(json.dumps(claimed.options))),
                     attempts=claimed.attempts,
                     max_attempts=claimed.max_attempts,
                     created_at=claimed.created_at,
