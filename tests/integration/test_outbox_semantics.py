@@ -979,3 +979,59 @@ async def test_claimed_json_is_decoded_from_text_and_equal_options_are_shared(
         assert len(store._options) <= 256  # distinct values are kept up to a bound
         again = await store.claim(limit=1000, claim_ms=60_000, token=uuid.uuid4())
         assert again == []
+
+
+async def test_a_row_whose_json_python_cannot_decode_fails_alone_and_ends_dead(
+    pg_dsn: str,
+) -> None:
+    """OB-13: jsonb holds what Python's json refuses (an int of 5,000 digits, 3,000 nested
+    arrays); such a row is a poison message, not a claim that fails for its whole batch."""
+    from sdcore.outbox import OutboxRelay, OutboxStatus
+    from sdcore.testing import RecordingPublisher
+
+    outbox = Outbox(max_attempts=2)
+    huge = "('{\"n\": ' || repeat('9', 5000) || '}')::jsonb"
+    deep = "(repeat('[', 3000) || repeat(']', 3000))::jsonb"
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await outbox.ensure_schema(conn)
+        async with conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="before", queue="mail", name="send", payload={"n": 1}
+            )
+        for key, payload, options, trace in (
+            ("huge-payload", huge, "'{}'::jsonb", "NULL"),
+            ("deep-payload", deep, "'{}'::jsonb", "NULL"),
+            ("huge-options", "'{}'::jsonb", huge, "NULL"),
+            ("deep-trace", "'{}'::jsonb", "'{}'::jsonb", deep),
+        ):
+            await conn.execute(
+                "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options,"
+                f" max_attempts, message_digest, trace_context) VALUES (%s, 'mail', 'send',"
+                f" %s, {payload}, {options}, 2, '\\x00', {trace})",
+                (key, "sd2-" + "b" * 64),
+            )
+        async with conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="after", queue="mail", name="send", payload={"n": 2}
+            )
+        publisher = RecordingPublisher()
+        pool = AsyncConnectionPool(pg_dsn, kwargs={"autocommit": True}, open=False)
+        async with pool:
+            relay = OutboxRelay(pool, publisher, outbox=outbox, retry_base_ms=1)
+            assert await relay.run_once() == 6
+            await asyncio.sleep(0.05)
+            assert await relay.run_once() == 4  # the second and last attempt of each bad row
+        assert sorted(m.idempotency_key for m in publisher.publishes) == ["after", "before"]
+        cur = await conn.execute("SELECT idempotency_key, status, attempts, last_error FROM outbox")
+        rows = {row[0]: row[1:] for row in await cur.fetchall()}
+    assert rows["before"][0] == rows["after"][0] == OutboxStatus.PUBLISHED.value
+    for key, field in (
+        ("huge-payload", "payload"),
+        ("deep-payload", "payload"),
+        ("huge-options", "options"),
+        ("deep-trace", "trace_context"),
+    ):
+        status, attempts, error = rows[key]
+        assert (status, attempts) == (OutboxStatus.DEAD.value, 2), key
+        assert field in error, (key, error)
+        assert "cannot be decoded" in error, (key, error)

@@ -197,6 +197,27 @@ class ReadOnlyList(list[Any]):
         return list, (list(self),)
 
 
+class UndecodedPayload(dict[str, Any]):
+    """The empty stand-in for a claimed row's JSON that Python cannot decode.
+
+    jsonb holds values that Python's ``json`` refuses: an int of more than 4,300 digits, arrays
+    or objects nested deeper than the interpreter's recursion limit. A store puts this in the
+    row's ``payload`` (whichever column failed) so that the relay fails that row alone, as a
+    poison message, instead of the whole claim raising for every batch that includes it.
+
+    Attributes:
+        field: The column that could not be decoded.
+        problem: Why, as the decoder said it.
+    """
+
+    __slots__ = ("field", "problem")
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__()
+        self.field = field
+        self.problem = problem
+
+
 def read_only_json(value: Any) -> Any:
     """Return decoded JSON with every dict and list replaced by a read-only copy.
 

@@ -11,6 +11,7 @@ from sdcore.outbox._model import (
     InvalidOutboxMessageError,
     OutboxMessage,
     OutboxStatus,
+    UndecodedPayload,
     check_identity,
 )
 
@@ -21,8 +22,13 @@ def invalid_message(message: OutboxMessage) -> InvalidOutboxMessageError | None:
     """Why a claimed row must not be published, or ``None`` when it may.
 
     A row written straight into the table (not through ``enqueue_once``) is checked again: a
-    bad queue name or job id fails like a poison message and ends ``DEAD``.
+    bad queue name or job id, or JSON that Python cannot decode, fails like a poison message
+    and ends ``DEAD``.
     """
+    if isinstance(message.payload, UndecodedPayload):
+        return InvalidOutboxMessageError(
+            message.payload.field, f"cannot be decoded in Python: {message.payload.problem}"
+        )
     try:
         check_identity(message.idempotency_key, message.queue, message.name)
     except InvalidOutboxMessageError as exc:

@@ -27,6 +27,8 @@ from sdcore.outbox._model import (
     OutboxDatabaseError,
     OutboxMessage,
     OutboxStatus,
+    ReadOnlyDict,
+    UndecodedPayload,
     read_only_json,
 )
 from sdcore.outbox._outbox import Outbox
@@ -39,6 +41,18 @@ _decode = json.JSONDecoder().decode  # the claim's jsonb columns, read as text
 # per row.
 _SHARED_OPTIONS_MAX = 256
 _SHARED_OPTIONS_MAX_CHARS = 4096
+_NO_OPTIONS = ReadOnlyDict()
+
+
+def _undecoded(row: Sequence[Any]) -> UndecodedPayload:
+    """Name the claimed row's first JSON column that Python cannot decode (see ``claim``)."""
+    for field, text in (("payload", row[5]), ("options", row[6]), ("trace_context", row[10])):
+        try:
+            if text is not None:
+                _decode(text)
+        except (ValueError, RecursionError) as exc:
+            return UndecodedPayload(field, error_text(exc)[:300])
+    return UndecodedPayload("payload", "not decodable")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,18 +290,23 @@ class PostgresOutboxStore:
         decode, options = _decode, self._options_of
 
         def message(r: Sequence[Any]) -> OutboxMessage:
+            try:
+                payload, opts = decode(r[5]), options(r[6])
+                trace = None if r[10] is None else decode(r[10])
+            except (ValueError, RecursionError):
+                payload, opts, trace = _undecoded(r), _NO_OPTIONS, None
             return OutboxMessage(
                 id=r[0],
                 idempotency_key=r[1],
                 queue=r[2],
                 name=r[3],
                 job_id=r[4],
-                payload=decode(r[5]),
-                options=options(r[6]),
+                payload=payload,
+                options=opts,
                 attempts=r[7],
                 max_attempts=r[8],
                 created_at=r[9],
-                trace_context=None if r[10] is None else decode(r[10]),
+                trace_context=trace,
             )
 
         return message
