@@ -32,7 +32,8 @@ Four measurements, each in fresh OS processes (they share one wall clock, so a h
     (``time.process_time``) and RSS (``VmRSS``) over ``--idle-seconds``, avoiding a window that
     would cross a ``*/5`` minute boundary (when 1/5 of the crons fire at once). The same window
     is first measured in the same process before registering anything (an empty event loop), as a
-    reference. Registration, start and ``schedules()`` are timed.
+    reference. Registration, start and ``schedules()`` are timed, and once started the objects
+    the garbage collector tracks (per schedule) and the time of a full collection.
 ``burst``
     One process with ``--schedules`` schedules all due at the same instant (5 s intervals, then
     ``*/5 * * * * *`` crons), no jobs: the CPU of firing them all, and when the first, median and
@@ -56,11 +57,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 import uuid
@@ -325,7 +328,8 @@ async def idle_main(count: int, seconds: float) -> None:
     cpu, wall = _cpu_seconds(), time.perf_counter()
     await asyncio.sleep(seconds)
     empty_cpu, empty_wall = _cpu_seconds() - cpu, time.perf_counter() - wall
-    rss_start = _rss_kib()
+    gc.collect()
+    rss_start, tracked_start = _rss_kib(), len(gc.get_objects())
     scheduler = Scheduler()
     started = time.perf_counter()
     daily = 0
@@ -357,6 +361,15 @@ async def idle_main(count: int, seconds: float) -> None:
             timings.append(time.perf_counter() - started)
             del listed
         schedules_s = min(timings)
+        # What the collector walks: every full collection visits each tracked object.
+        gc.collect()
+        tracked = len(gc.get_objects()) - tracked_start
+        collections = []
+        for _ in range(5):
+            started = time.perf_counter()
+            gc.collect()
+            collections.append(time.perf_counter() - started)
+        full_collection_s = statistics.median(collections)
         # Keep the window clear of a */5 boundary, when count/5 crons fire together.
         await asyncio.sleep(1.0)
         now = time.time()
@@ -394,6 +407,8 @@ async def idle_main(count: int, seconds: float) -> None:
         empty_cpu_ms_per_s=empty_cpu / empty_wall * 1000,
         fired_in_window=fired_in_window,
         fired_total=fired,
+        tracked_objects=tracked,
+        full_collection_s=full_collection_s,
         rss_start_kib=rss_start,
         rss_registered_kib=rss_registered,
         rss_started_kib=rss_started,
@@ -826,6 +841,10 @@ def report(
         f" {idle['rss_window_end_kib'] / mib:.1f}, peak {idle['max_rss_kib'] / mib:.1f};"
         f" {(idle['rss_started_kib'] - idle['rss_start_kib']) * 1024 / idle['schedules']:.0f}"
         " bytes per schedule"
+    )
+    print(
+        f"  collector: {idle['tracked_objects'] / idle['schedules']:.2f} tracked objects per"
+        f" schedule, a full collection {idle['full_collection_s'] * 1000:.1f} ms (median of 5)"
     )
     print()
     print("Burst: N schedules due at the same instant (one process, no jobs)")

@@ -338,3 +338,30 @@ async def test_an_instant_that_comes_during_the_preparation_fires_every_tick_onc
     assert len(calls) == SLICE
     assert len(ran) == count
     assert set(ran.values()) == {1}
+
+
+def test_schedules_with_equal_options_share_one_policy_and_no_catch_up_sets() -> None:
+    """10,000 registered schedules: what each one holds is what the collector walks."""
+    from sdcore.scheduling._entry import NO_INSTANTS
+    from sdcore.scheduling._policy import build_policy
+
+    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+
+    async def handler(tick: Tick) -> None:
+        return None
+
+    for i in range(3):
+        scheduler.add_cron(f"same-{i}", "0 3 * * *", handler, retries=2)
+    scheduler.add_cron("other", "0 3 * * *", handler, retries=3)
+    entries = scheduler._entries
+    assert entries["same-0"].policy is entries["same-1"].policy is entries["same-2"].policy
+    assert entries["other"].policy is not entries["same-0"].policy
+    assert entries["other"].policy.retries == 3
+    assert all(e.pending is NO_INSTANTS and e.offered is NO_INSTANTS for e in entries.values())
+    # The cache of shared policies is bounded and answers equal values after it was emptied.
+    for lease_ms in range(10_000, 12_000):
+        policy = build_policy("p", {"lease_ms": lease_ms}, has_jobs=True, default_lease_ms=30_000)
+        assert policy.lease_ms == lease_ms
+    lease_ms = entries["same-0"].policy.lease_ms
+    again = build_policy("p", {"retries": 2}, has_jobs=True, default_lease_ms=lease_ms)
+    assert again == entries["same-0"].policy

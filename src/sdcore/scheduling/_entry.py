@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -11,7 +12,12 @@ from sdcore.scheduling._policy import CatchUp, RunPolicy
 from sdcore.scheduling._runner import Handler
 from sdcore.scheduling._triggers import ScheduleKind, Trigger
 
-__all__ = ["Entry"]
+__all__ = ["NO_INSTANTS", "Entry"]
+
+# The catch-up instants of a schedule that has none (nearly all, nearly always): one shared empty
+# frozenset instead of two empty sets per schedule (432 bytes and two objects the collector
+# walks). A schedule gets sets of its own when catch-up starts instants (``Supervisor``).
+NO_INSTANTS: frozenset[datetime] = frozenset()
 
 
 class Entry:
@@ -54,8 +60,8 @@ class Entry:
         self.version = 0
         self.active_since: datetime | None = None
         self.swept_until: datetime | None = None
-        self.pending: set[datetime] = set()
-        self.offered: set[datetime] = set()
+        self.pending: AbstractSet[datetime] = NO_INSTANTS
+        self.offered: AbstractSet[datetime] = NO_INSTANTS
         self.stopped_at: datetime | None = None
 
     @property

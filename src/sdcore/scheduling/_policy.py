@@ -201,6 +201,20 @@ def check_name(name: object) -> str:
     return name
 
 
+_POLICIES: dict[RunPolicy, RunPolicy] = {}
+_POLICIES_MAX = 1024
+
+
+def _shared_policy(policy: RunPolicy) -> RunPolicy:
+    """Equal policies are one object (10,000 schedules with the same options hold one)."""
+    known = _POLICIES.get(policy)
+    if known is None:
+        if len(_POLICIES) >= _POLICIES_MAX:
+            _POLICIES.clear()
+        known = _POLICIES[policy] = policy
+    return known
+
+
 def build_policy(
     name: str, options: Mapping[str, Any], *, has_jobs: bool, default_lease_ms: int
 ) -> RunPolicy:
@@ -235,30 +249,32 @@ def build_policy(
         raise InvalidScheduleError(
             name, "catch_up needs an exclusive schedule (missed ticks are read from the lease)"
         )
-    return RunPolicy(
-        exclusive=exclusive,
-        overlap=overlap,
-        catch_up=catch_up,
-        catch_up_window_ms=check_ms(
-            name,
-            "catch_up_window_ms",
-            options.get("catch_up_window_ms", DEFAULT_WINDOW_MS),
-            minimum=1,
-            maximum=MAX_WINDOW_MS,
-        ),
-        retries=check_ms(
-            name, "retries", options.get("retries", 0), minimum=0, maximum=MAX_RETRIES
-        ),
-        retry_backoff_ms=check_ms(
-            name,
-            "retry_backoff_ms",
-            options.get("retry_backoff_ms", 1_000),
-            minimum=1,
-            maximum=MAX_BACKOFF_MS,
-        ),
-        jitter_ms=check_ms(
-            name, "jitter_ms", options.get("jitter_ms", 0), minimum=0, maximum=MAX_PERIOD_MS
-        ),
-        lease_ms=lease,
-        heartbeat_ms=heartbeat,
+    return _shared_policy(
+        RunPolicy(
+            exclusive=exclusive,
+            overlap=overlap,
+            catch_up=catch_up,
+            catch_up_window_ms=check_ms(
+                name,
+                "catch_up_window_ms",
+                options.get("catch_up_window_ms", DEFAULT_WINDOW_MS),
+                minimum=1,
+                maximum=MAX_WINDOW_MS,
+            ),
+            retries=check_ms(
+                name, "retries", options.get("retries", 0), minimum=0, maximum=MAX_RETRIES
+            ),
+            retry_backoff_ms=check_ms(
+                name,
+                "retry_backoff_ms",
+                options.get("retry_backoff_ms", 1_000),
+                minimum=1,
+                maximum=MAX_BACKOFF_MS,
+            ),
+            jitter_ms=check_ms(
+                name, "jitter_ms", options.get("jitter_ms", 0), minimum=0, maximum=MAX_PERIOD_MS
+            ),
+            lease_ms=lease,
+            heartbeat_ms=heartbeat,
+        )
     )

@@ -15,7 +15,7 @@ from sdcore._internal.telemetry import Telemetry
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
 from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
-from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._entry import NO_INSTANTS, Entry
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
@@ -341,7 +341,7 @@ class Scheduler:
         for entry in self._entries.values():
             if isinstance(entry.trigger, OnceTrigger):
                 entry.trigger = OnceTrigger(entry.trigger.kind, entry.trigger.delay_ms, now)
-            entry.pending.clear()
+            entry.pending = NO_INSTANTS
             if entry.active:
                 self._arm(entry, now)
         await self._sup.catch_up_at_start(list(self._entries.values()), now, self._entries)

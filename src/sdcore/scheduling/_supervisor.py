@@ -406,11 +406,11 @@ class Supervisor:
         if entry.policy.catch_up is CatchUp.LATEST:
             instants = instants[-1:]
         entry.pending = set(instants)
-        entry.offered = set()
+        entry.offered = offered = set()
         for instant in instants:
             if entry.running and entry.policy.overlap is not Overlap.ALLOW:
                 break  # the rest start one after the other (see start_tick's done callback)
-            entry.offered.add(instant)
+            offered.add(instant)
             tick = make_tick(entry.name, entry.trigger, entry.zone, instant)
             self._log.log(
                 log_level,
@@ -457,7 +457,10 @@ class Supervisor:
         if entry.removed or not entry.active or entry.running:
             return
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
-            entry.offered.add(instant)
+            offered = entry.offered
+            if not isinstance(offered, set):
+                offered = entry.offered = set(offered)
+            offered.add(instant)
             if self.start_tick(entry, instant, StartPath.CATCH_UP, deadline=entry.next_at):
                 return
 
