@@ -242,3 +242,61 @@ async def test_bad_data_is_refused_before_sql_and_the_others_are_recorded(
     rows = await _rows(pg_dsn, "bad-data")
     assert rows["r002"] == ("RUNNING", None)
     assert json.dumps(rows["r000"][1]) == '{"ok": 1}'
+
+
+async def test_still_running_statements_never_scan_the_running_index(schema_dsn: str) -> None:
+    """A burst after the last ANALYZE: 10,000 RUNNING rows where the statistics counted none.
+
+    The planner answered ``finalize``, ``heartbeat``, ``finalize_many`` and the operators'
+    ``release`` from ``running_idx`` whenever it believed that partial index nearly empty, and an
+    ``id =`` condition on its second column is checked against every RUNNING entry (a
+    ``finalize_many`` of 300 rows took 24 ms instead of 5). Each must find its row by the
+    primary key.
+    """
+    from psycopg import sql
+
+    from sdcore._internal.sql import queries, render
+    from sdcore.job_scheduler._sql import LeaseStatements
+
+    table = sql.Identifier("job_scheduler")
+    statements = LeaseStatements.render(table)
+    release = render(queries("admin")["release"], table).as_string(None)
+    async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO job_scheduler (lock_key, idempotency_key, code, type, run_key, status,"
+            " owner_token) SELECT 'k' || g, 'i' || g, 'c', 'SCHEDULE', 'r' || g, 'SUCCESS',"
+            " gen_random_uuid() FROM generate_series(1, 50000) AS g"
+        )
+        await conn.execute("ANALYZE job_scheduler")
+        await conn.execute(
+            "UPDATE job_scheduler SET status = 'RUNNING'"
+            " WHERE lock_key IN (SELECT 'k' || g FROM generate_series(1, 10000) AS g)"
+        )
+        cur = await conn.execute(
+            "SELECT id, owner_token FROM job_scheduler WHERE status = 'RUNNING' LIMIT 300"
+        )
+        rows = await cur.fetchall()
+        ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
+        plans = {}
+        for name, query, params in (
+            ("finalize", statements.finalize, ("SUCCESS", None, ids[0], tokens[0])),
+            ("heartbeat", statements.heartbeat, (ids[0], tokens[0])),
+            (
+                "finalize_many",
+                statements.finalize_many,
+                (["SUCCESS"] * 300, [None] * 300, ids, tokens),
+            ),
+            ("release", release.encode(), {"id": ids[0], "reason": "test"}),
+        ):
+            cur = await conn.execute(b"EXPLAIN " + query, params)
+            plans[name] = "\n".join(str(r[0]) for r in await cur.fetchall())
+        # The planner does use the index where it belongs: the listing of RUNNING rows.
+        cur = await conn.execute(
+            "EXPLAIN SELECT id FROM job_scheduler WHERE status = 'RUNNING'"
+            " ORDER BY created_at DESC, id DESC LIMIT 50"
+        )
+        listing = "\n".join(str(r[0]) for r in await cur.fetchall())
+    for name, plan in plans.items():
+        assert "running_idx" not in plan, (name, plan)
+        assert "job_scheduler_pkey" in plan, (name, plan)
+    assert "running_idx" in listing, listing

@@ -21,7 +21,7 @@ UPDATE {table}
 SET status = 'FAIL',
     data = jsonb_build_object('released_by', 'operator', 'reason', %(reason)s::text),
     modified_at = clock_timestamp()
-WHERE id = %(id)s::uuid AND status = 'RUNNING'
+WHERE id = %(id)s::uuid AND status NOT IN ('SUCCESS', 'FAIL')  -- RUNNING (see lease.sql heartbeat)
 RETURNING code, type, run_key, fencing_token
 
 -- name: status_of
