@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
+import psycopg
 import pytest
 
 from sdcore.job_scheduler import LEASE_CLOCK_MARGIN, JobAcquired, JobSchedulerService
@@ -93,3 +95,67 @@ async def test_a_caller_cancelled_after_its_batch_committed_leaves_fail_rows(
     assert sorted(status for (status,) in rows) == ["FAIL", "FAIL", "FAIL"]
     again = await jobs.acquire_many(options)
     assert all(result.acquired for result in again), "a cancelled batch left RUNNING rows"
+
+
+async def test_the_batch_acquires_read_a_key_through_its_index_once(schema_dsn: str) -> None:
+    """``acquire_many`` and ``acquire_attempt_many`` look each key up in the lock_key index once
+    (``probe``): the takeover lock finds a takeable row again by primary key, and the insert
+    takes the keys ``probe`` found no row for without reading again. (They probed the index
+    twice per key: a batch of 300 losers took 5.2 -> 4.5 ms.) On a table analyzed before a
+    burst of new keys, no acquire statement reads the table whole — the single-key ones
+    included, which keep their two lookups (one ``probe`` CTE more cost a fresh acquire more
+    executor start-up than the lookup it saved: 0.60 -> 0.62-0.65 ms per call in pgbench)."""
+    from psycopg import sql
+
+    from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
+    from sdcore.job_scheduler._tick_batch import TickBatchStatements
+
+    table = sql.Identifier("job_scheduler")
+    lease, ticks = LeaseStatements.render(table), TickStatements.render(table)
+    batch = TickBatchStatements.render(table)
+    n = 300
+    keys = [f"new-{i:04d}" for i in range(n)]
+    tokens = [str(uuid.uuid4()) for _ in range(n)]
+    token = str(uuid.uuid4())
+    single = ("k5", "i5", "c", None, "SCHEDULE", "r5", token, 60_000)
+    many = (keys, keys, ["c"] * n, [None] * n, ["SCHEDULE"] * n, keys, tokens, [60_000] * n)
+    attempts_many = (
+        ",".join(keys), ",".join(keys), ["c"] * n, ",".join(tokens),
+        None, None, None, "SCHEDULE", None, "r", None, 60_000, None, 3, None, 1000.0,
+    )  # fmt: skip
+    cases: tuple[tuple[str, bytes, tuple[object, ...]], ...] = (
+        ("acquire", lease.acquire, single),
+        ("acquire_attempt", ticks.acquire_attempt, (*single, 3, 1000.0)),
+        ("acquire_many", lease.acquire_many, many),
+        ("acquire_attempt_many", batch.acquire_attempt_many, attempts_many),
+    )
+    async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO job_scheduler (lock_key, idempotency_key, code, type, run_key, status,"
+            " owner_token) SELECT 'k' || g, 'i' || g, 'c', 'SCHEDULE', 'r' || g,"
+            " CASE WHEN g % 2 = 0 THEN 'FAIL' ELSE 'SUCCESS' END, gen_random_uuid()"
+            " FROM generate_series(1, 20000) AS g"
+        )
+        await conn.execute("ANALYZE job_scheduler")
+        # new keys, and keys with a row: SUCCESS (never takeable), FAIL (takeable)
+        for key_set in (keys, [f"k{i}" for i in range(1, n + 1)]):
+            for name, query, params in cases:
+                if name.endswith("_many"):
+                    params = _with_keys(name, params, key_set)
+                elif key_set is not keys:
+                    params = ("k4", *params[1:])  # a FAIL row: the takeover path
+                async with conn.transaction(force_rollback=True):
+                    cur = await conn.execute(
+                        b"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + query, params
+                    )
+                    plan = "\n".join(str(r[0]) for r in await cur.fetchall())
+                if name.endswith("_many"):
+                    assert plan.count("using job_scheduler_lock_key_key") == 1, (name, plan)
+                assert "Seq Scan on job_scheduler" not in plan, (name, plan)
+
+
+def _with_keys(name: str, params: tuple[object, ...], keys: list[str]) -> tuple[object, ...]:
+    if name == "acquire_many":
+        return (keys, keys, *params[2:5], keys, *params[6:])
+    joined = ",".join(keys)
+    return (joined, joined, *params[2:])

@@ -124,10 +124,11 @@ SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%b)
 -- Exactly once per key, and no deadlock between replicas that race over overlapping key sets:
 -- - `locked` locks every existing row that may be taken, in lock_key order, skipping rows
 --   another transaction holds (that one is taking them over): phase 1 never waits.
--- - Each key finds its row through the lock_key index, one probe per key (the LATERAL
---   subqueries): as a join, a table that grew since it was last analyzed (a burst's own rows)
---   was read whole and hashed by every statement.
--- - `taken` updates only rows `locked` holds: it never waits.
+-- - Each key finds its row through the lock_key index, one probe per key (`probe`, a LATERAL
+--   subquery; the lock then finds the row by primary key, and `created` takes the keys `probe`
+--   found no row for): as a join, a table that grew since it was last analyzed (a burst's own
+--   rows) was read whole and hashed by every statement.
+-- - `taken` updates only rows `locked` holds, found by primary key: it never waits.
 -- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order
 --   (phase 2); two transactions inserting one key meet on the unique index, and the second
 --   waits for the first, then does nothing. (No advisory lock per key here, unlike `acquire`:
@@ -140,27 +141,31 @@ WITH v AS (
     FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
                 %b::uuid[], %b::bigint[])
         AS v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease_ms)
+), probe AS (
+    SELECT v.*, j.row_id, j.takeable
+    FROM v LEFT JOIN LATERAL (
+        SELECT j.id AS row_id, {{plain_takeable}} AS takeable
+        FROM {table} AS j WHERE j.lock_key = v.lock_key
+    ) AS j ON true
 ), locked AS (
     SELECT j.id, v.owner_token, v.name, v.lease_ms
-    FROM v CROSS JOIN LATERAL (
+    FROM probe AS v CROSS JOIN LATERAL (
         SELECT j.id FROM {table} AS j
-        WHERE j.lock_key = v.lock_key AND {{plain_takeable}}
+        WHERE v.takeable AND j.id = v.row_id AND {{plain_takeable}}
         FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS j
 ), taken AS (
     UPDATE {table} AS j
     SET {{takeover_set}}
     FROM locked AS l
-    WHERE j.id = l.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked)) AND j.id = l.id
     RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
               j.modified_at
 ), created AS (
     INSERT INTO {table} ({{insert_columns}})
     SELECT {{insert_values}}
-    FROM v LEFT JOIN LATERAL (
-        SELECT 1 AS found FROM {table} AS e WHERE e.lock_key = v.lock_key LIMIT 1
-    ) AS e ON true
-    WHERE e.found IS NULL
+    FROM probe AS v
+    WHERE v.row_id IS NULL
       AND (SELECT count(*) FROM taken) >= 0
     ORDER BY v.lock_key
     ON CONFLICT (lock_key) DO NOTHING

@@ -25,11 +25,12 @@
 --   row another transaction holds (a contender taking it over, its owner finishing it) is left
 --   to that transaction and reported not acquired here, without waiting (the scheduler's next
 --   offer of the tick, a retry or a catch-up, reads the row again).
--- - Each key finds its row through the lock_key index, one probe per key (the LATERAL
---   subqueries): as a join, a table that grew since it was last analyzed (a burst's own rows)
---   was read whole and hashed by every statement (~5 ms per statement at 10,000 rows).
--- - `taken` updates only rows `locked` holds (it never waits), computing attempts from the
---   version it locked.
+-- - Each key finds its row through the lock_key index, one probe per key (`probe`, a LATERAL
+--   subquery; the lock then finds the row by primary key, and `created` takes the keys `probe`
+--   found no row for): as a join, a table that grew since it was last analyzed (a burst's own
+--   rows) was read whole and hashed by every statement (~5 ms per statement at 10,000 rows).
+-- - `taken` updates only rows `locked` holds, found by primary key (it never waits), computing
+--   attempts from the version it locked.
 -- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order,
 --   after `taken` (the count is a one-time filter evaluated before its first row); two
 --   transactions inserting one key meet on the unique index and the second does nothing.
@@ -48,11 +49,17 @@ WITH k AS (
            coalesce((%b::int[])[k.i], %b::int) AS max_attempts,
            coalesce((%b::float8[])[k.i], %b::float8) AS backoff_ms
     FROM k
+), probe AS (
+    SELECT v.*, j.row_id, j.takeable
+    FROM v LEFT JOIN LATERAL (
+        SELECT j.id AS row_id, {{tick_takeable}} AS takeable
+        FROM {table} AS j WHERE j.lock_key = v.lock_key
+    ) AS j ON true
 ), locked AS (
     SELECT j.id, v.owner_token, v.name, v.lease_ms
-    FROM v CROSS JOIN LATERAL (
+    FROM probe AS v CROSS JOIN LATERAL (
         SELECT j.id FROM {table} AS j
-        WHERE j.lock_key = v.lock_key AND {{tick_takeable}}
+        WHERE v.takeable AND j.id = v.row_id AND {{tick_takeable}}
         FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS j
 ), taken AS (
@@ -60,16 +67,14 @@ WITH k AS (
     SET {{takeover_set}},
         attempts = {{tick_attempts}}
     FROM locked AS l
-    WHERE j.id = l.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked)) AND j.id = l.id
     RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
               j.modified_at, j.attempts
 ), created AS (
     INSERT INTO {table} AS j ({{insert_columns}}, attempts)
     SELECT {{insert_values}}, 1
-    FROM v LEFT JOIN LATERAL (
-        SELECT 1 AS found FROM {table} AS e WHERE e.lock_key = v.lock_key LIMIT 1
-    ) AS e ON true
-    WHERE e.found IS NULL
+    FROM probe AS v
+    WHERE v.row_id IS NULL
       AND (SELECT count(*) FROM taken) >= 0
     ORDER BY v.lock_key
     ON CONFLICT (lock_key) DO NOTHING
