@@ -101,10 +101,11 @@ async def test_the_batch_acquires_read_a_key_through_its_index_once(schema_dsn: 
     """``acquire_many`` and ``acquire_attempt_many`` look each key up in the lock_key index once
     (``probe``): the takeover lock finds a takeable row again by primary key, and the insert
     takes the keys ``probe`` found no row for without reading again. (They probed the index
-    twice per key: a batch of 300 losers took 5.2 -> 4.5 ms.) On a table analyzed before a
+    twice per key: a batch of 300 losers took 5.8 -> 4.8 ms.) On a table analyzed before a
     burst of new keys, no acquire statement reads the table whole — the single-key ones
     included, which keep their two lookups (one ``probe`` CTE more cost a fresh acquire more
-    executor start-up than the lookup it saved: 0.60 -> 0.62-0.65 ms per call in pgbench)."""
+    executor start-up than the lookup it saved: 0.59-0.60 -> 0.61-0.65 ms per call in
+    pgbench)."""
     from psycopg import sql
 
     from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
