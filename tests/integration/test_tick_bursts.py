@@ -251,18 +251,8 @@ def test_a_burst_of_exclusive_schedules_on_three_processes_runs_each_tick_once(
 ) -> None:
     count = 300
     asyncio.run(_ensure_schema(pg_dsn))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
     start_at = time.time() + 3.0
-    replicas = [
-        subprocess.Popen(
-            [sys.executable, "-c", REPLICA, pg_dsn, str(count), str(start_at), "5"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
+    replicas = [_spawn(REPLICA, pg_dsn, str(count), str(start_at), "5") for _ in range(3)]
     outputs = []
     for replica in replicas:
         out, err = replica.communicate(timeout=60)
@@ -276,6 +266,81 @@ def test_a_burst_of_exclusive_schedules_on_three_processes_runs_each_tick_once(
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute("SELECT status, count(*) FROM job_scheduler GROUP BY status").fetchall()
     assert dict(rows) == {"SUCCESS": count * len(instants)}
+
+
+FRAGILE_REPLICA = """\
+import asyncio, json, os, signal, sys, time
+from datetime import UTC, datetime
+import sdcore.scheduling._batch as batch
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import Scheduler
+
+send = batch.TickAcquirer._send
+
+async def send_then_die(self, call):
+    won = await send(self, call)
+    if len(call) == 1 and won:  # won a lead key: die before sending the rest of its call
+        os.kill(os.getpid(), signal.SIGKILL)
+    return won
+
+batch.TickAcquirer._send = send_then_die
+
+async def main(dsn, count, at):
+    stamp = datetime.fromtimestamp(at, UTC)
+    cron = f"{stamp.second} {stamp.minute} {stamp.hour} * * *"  # once a day, at the instant
+    async with JobSchedulerService.connect(dsn, max_size=4) as jobs:
+        scheduler = Scheduler(jobs=jobs)
+        for i in range(count):
+            async def handler(tick):
+                print(json.dumps({"schedule": tick.schedule, "lag": time.time() - at}), flush=True)
+            scheduler.add_cron(f"digest-{i:04d}", cron, handler, lease_ms=60_000)
+        async with scheduler:
+            await asyncio.sleep(max(0.0, at - time.time()) + 5.0)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+"""
+
+
+def test_the_rest_of_a_call_whose_lead_winner_was_killed_runs_once_after_the_deferral(
+    pg_dsn: str,
+) -> None:
+    """Three replicas race over one burst; the one that wins the call's lead key is killed
+    (SIGKILL) before it sends the other keys: the two others, which lost the lead key and wait
+    (``LEAD_DEFER_S``), then take every other tick, each exactly once."""
+    count = 120
+    asyncio.run(_ensure_schema(pg_dsn))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM job_scheduler")
+    at = float(int(time.time()) + 4)
+    replicas = [_spawn(FRAGILE_REPLICA, pg_dsn, str(count), repr(at)) for _ in range(3)]
+    outputs = []
+    errors = []
+    for replica in replicas:
+        out, err = replica.communicate(timeout=60)
+        outputs.append((replica.returncode, [json.loads(x) for x in out.splitlines() if x.strip()]))
+        errors.append(err[-2000:])
+    codes = sorted(code for code, _ in outputs)
+    assert codes == [-9, 0, 0], errors  # the lead winner died; the others exited cleanly
+    runs = Counter(r["schedule"] for _, lines in outputs for r in lines)
+    assert len(runs) == count - 1, "a tick other than the lead key never ran"
+    assert set(runs.values()) == {1}, "a tick ran twice"
+    lags = [r["lag"] for _, lines in outputs for r in lines]
+    assert min(lags) >= 2.0  # after the deferral (2.5 s), not with the dead winner's call
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM job_scheduler GROUP BY status").fetchall()
+    # The lead key's lease stays RUNNING until it expires (its winner died holding it).
+    assert dict(rows) == {"SUCCESS": count - 1, "RUNNING": 1}
+
+
+def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
+    """A replica process running ``script`` with ``args`` (this checkout's sources first)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def _ensure_schema(dsn: str) -> None:

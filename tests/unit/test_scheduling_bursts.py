@@ -35,18 +35,26 @@ class _Counting(InMemoryJobScheduler):
     def __init__(self, clock: Any, delay: float = 0.0) -> None:
         super().__init__(clock=clock)
         self.batches: list[int] = []
+        self.calls: list[tuple[float, int, int]] = []  # (loop time, keys, keys won)
         self.delay = delay
         self.down = False
+        self.fail_next_larger_than: int | None = None  # one such call raises (then reset)
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
     ) -> list[tuple[JobAcquireResult, int]]:
         self.batches.append(len(items))
-        if self.down:
+        at = asyncio.get_running_loop().time()
+        limit = self.fail_next_larger_than
+        if self.down or (limit is not None and len(items) > limit):
+            self.fail_next_larger_than = None
+            self.calls.append((at, len(items), 0))
             raise JobSchedulerUnavailableError("injected: database down")
         if self.delay:
             await asyncio.sleep(self.delay)
-        return await super().acquire_attempts(items)
+        results = await super().acquire_attempts(items)
+        self.calls.append((at, len(items), sum(1 for r, _ in results if r.acquired)))
+        return results
 
 
 @in_loop_time
@@ -70,12 +78,89 @@ async def test_a_burst_on_three_replicas_runs_each_tick_once_in_few_calls() -> N
     assert len(per_tick) == 300 * len(instants)
     assert set(per_tick.values()) == {1}
     # The timer closes a batch after the first start slice that brings it to BATCH_TICKS
-    # ticks (or at the burst's end): one call per batch, per replica and instant.
+    # ticks (or at the burst's end): per batch, replica and instant, its lead key alone, then
+    # the rest in one call.
     per_call = math.ceil(BATCH_TICKS / SLICE) * SLICE
     per_instant = math.ceil(300 / per_call)
-    assert len(jobs.batches) == 3 * len(instants) * per_instant
+    assert len(jobs.batches) == 2 * 3 * len(instants) * per_instant
+    assert jobs.batches.count(1) == 3 * len(instants) * per_instant
     assert sum(jobs.batches) == 3 * 300 * len(instants)
-    assert max(jobs.batches) == min(per_call, 300)
+    assert max(jobs.batches) == min(per_call, 300) - 1
+    assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
+
+
+def _burst(
+    replicas: list[Scheduler], count: int, ledger: list[tuple[str, str | None, int, float]]
+) -> None:
+    """``count`` schedules due every 4 s (first at 4 s) on each replica; handlers log starts."""
+    for replica, scheduler in enumerate(replicas):
+        for i in range(count):
+
+            async def handler(tick: Tick, replica: int = replica) -> None:
+                at = asyncio.get_running_loop().time()
+                ledger.append((tick.schedule, tick.run_key, replica, at))
+
+            scheduler.add_cron(f"digest-{i:03d}", "*/4 * * * * *", handler)
+
+
+@in_loop_time
+async def test_replicas_that_lose_a_calls_lead_key_send_its_other_keys_later() -> None:
+    jobs = _Counting(clock=loop_clock())
+    ledger: list[tuple[str, str | None, int, float]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
+    _burst(replicas, 100, ledger)
+    async with replicas[0], replicas[1], replicas[2]:
+        await asyncio.sleep(7.0)  # the instant at 4 s, the next at 8 s
+    assert len(ledger) == 100
+    assert len({(name, key) for name, key, *_ in ledger}) == 100
+    assert len({replica for _, _, replica, _ in ledger}) == 1  # one replica took the call
+    assert all(4.0 <= at < 4.1 for *_, at in ledger)  # no handler waited for the deferral
+    leads = [(at, won) for at, keys, won in jobs.calls if keys == 1]
+    rests = sorted((at, won) for at, keys, won in jobs.calls if keys == 99)
+    assert len(leads) == len(rests) == 3
+    assert sorted(won for _, won in leads) == [0, 0, 1]
+    # The winner's rest went out at once and won every key; the two others 2 s later (half
+    # the time to the next tick, the deadline: under LEAD_DEFER_S) and won none.
+    assert rests[0][0] < 4.1
+    assert rests[0][1] == 99
+    assert [round(at - 4.0, 1) for at, _ in rests[1:]] == [2.0, 2.0]
+    assert [won for _, won in rests[1:]] == [0, 0]
+
+
+@in_loop_time
+async def test_keys_the_lead_winner_did_not_take_are_won_after_the_deferral() -> None:
+    jobs = _Counting(clock=loop_clock())
+    jobs.fail_next_larger_than = 1  # the lead winner's rest call fails (its replica "died")
+    ledger: list[tuple[str, str | None, int, float]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
+    _burst(replicas, 50, ledger)
+    async with replicas[0], replicas[1]:
+        await asyncio.sleep(7.0)
+    by_tick = Counter((name, key) for name, key, *_ in ledger)
+    assert len(by_tick) == 50
+    assert set(by_tick.values()) == {1}  # every tick exactly once
+    late = sorted(at for *_, at in ledger if at >= 5.0)
+    assert len(late) == 49  # the lead key ran at once; the rest after the deferral (6.0 s)
+    assert late[0] >= 6.0
+    assert late[-1] < 6.1
+
+
+@in_loop_time
+async def test_a_shutdown_during_the_deferral_sends_nothing_more_and_does_not_wait_for_it() -> None:
+    jobs = _Counting(clock=loop_clock())
+    ledger: list[tuple[str, str | None, int, float]] = []
+    replicas = [Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100) for _ in range(2)]
+    _burst(replicas, 50, ledger)
+    await replicas[0].start_all()
+    await replicas[1].start_all()
+    await asyncio.sleep(4.5)  # the burst at 4 s: one replica won, the other is deferring
+    calls = len(jobs.calls)
+    stopping = asyncio.get_running_loop().time()
+    await replicas[0].aclose()
+    await replicas[1].aclose()
+    assert asyncio.get_running_loop().time() - stopping < 0.5  # not until 6.0 s
+    assert len(jobs.calls) == calls  # the deferred keys were never sent
+    assert len(ledger) == 50
     assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
 
 

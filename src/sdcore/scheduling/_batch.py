@@ -10,6 +10,20 @@ through the default of :class:`~sdcore.job_scheduler.BaseJobScheduler`, one key 
 
 Every key is won or lost exactly as by a single ``acquire_attempt``: batching changes how many
 statements carry the keys, not what any key's outcome can be.
+
+**Lead keys.** Replicas with the same schedules cut a burst into the same calls (the keys of a
+call are sorted), and without coordination each of them would send every call: the replica
+whose statement arrives first wins (nearly) all of its keys, the others lose every one of them
+— two thirds of a 3-replica burst's key probes, and of the CPU the burst's window has (measured
+in ``docs/benchmarks.md``, *Bursts*: 10,000 exclusive ticks on 3 replicas started within 0.87 s
+when each replica held a disjoint third of the schedules, 1.34 s when all held all of them). So
+a call of at least :data:`LEAD_MIN_KEYS` tick keys, made with a ``defer_s`` (the batch start
+passes one), first sends its smallest key alone: the replica that wins it sends the rest at
+once; one that loses it (another replica is on this call) sends the rest ``defer_s`` later,
+when the winner has taken them. Those keys are still acquired one by one by the same
+statement, so a replica that won the lead key and died before taking the rest leaves them to
+the deferred replicas (the ticks start ``defer_s`` late), and replicas whose calls differ
+(other schedules, another cut) simply meet on the keys as before.
 """
 
 from __future__ import annotations
@@ -30,6 +44,9 @@ from sdcore.job_scheduler import (
 __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
 
 DEFAULT_BATCH_SIZE = 1_000
+# A tick call this large sends its smallest key first and defers the rest when that key is lost
+# (see "Lead keys" above); smaller calls go out whole, as a single tick's acquire does.
+LEAD_MIN_KEYS = 32
 
 # (options, the tick's attempt budget or None for a plain lease, the caller's future)
 _Request = tuple[
@@ -57,6 +74,7 @@ class TickAcquirer:
         self._log = logger
         self._size = batch_size
         self._pending: list[_Request] = []
+        self._defer: float | None = None  # the deferral of the calls queued this loop turn
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def acquire(
@@ -70,14 +88,25 @@ class TickAcquirer:
         return await self._queue(options, budget)
 
     async def acquire_each(
-        self, items: list[tuple[JobAcquireOptions, AttemptBudget]]
+        self,
+        items: list[tuple[JobAcquireOptions, AttemptBudget]],
+        *,
+        defer_s: float | None = None,
     ) -> list[tuple[JobAcquireResult, int] | Exception]:
         """Acquire many ticks' leases with the other requests of this loop turn, in one await.
 
         The batch start's path: the answers come back in ``items``' order, each a result or the
         exception its call raised, without a coroutine per tick. Cancelled, every lease the
         calls in flight win for these items is given back (as for :meth:`acquire`).
+
+        Args:
+            items: Each tick's lease options and attempt budget.
+            defer_s: With a value above 0, a call of at least :data:`LEAD_MIN_KEYS` keys whose
+                lead key is lost sends its other keys this many seconds later (see the module's
+                "Lead keys"); ``None`` or 0: every call goes out whole at once.
         """
+        if defer_s is not None and defer_s > 0:
+            self._defer = defer_s if self._defer is None else min(self._defer, defer_s)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[tuple[JobAcquireResult, int]]] = [
             loop.create_future() for _ in items
@@ -129,7 +158,7 @@ class TickAcquirer:
             Whether any request was sent.
         """
         pending = [request for request in self._pending if not request[2].done()]
-        self._pending = []
+        defer, self._pending, self._defer = self._defer, [], None
         if not pending:
             return False
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
@@ -137,11 +166,11 @@ class TickAcquirer:
         pending.sort(key=lambda request: request[0].lock_key)
         ticks = [request for request in pending if request[1] is not None]
         plain = [request for request in pending if request[1] is None]
-        self._cut(ticks)
-        self._cut(plain)
+        self._cut(ticks, defer)
+        self._cut(plain, None)
         return True
 
-    def _cut(self, pending: list[_Request]) -> None:
+    def _cut(self, pending: list[_Request], defer: float | None) -> None:
         while pending:
             call: list[_Request] = []
             keys: set[str] = set()
@@ -154,11 +183,27 @@ class TickAcquirer:
                     keys.add(key)
                     call.append(request)
             pending = rest
-            task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
+            send = self._send(call) if defer is None else self._lead(call, defer)
+            task = asyncio.create_task(send, name="sdcore-tick-acquire")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, call: list[_Request]) -> None:
+    async def _lead(self, call: list[_Request], defer: float) -> None:
+        """Send ``call``'s smallest key alone, then the rest: at once if it was won here (or
+        its call failed), ``defer`` seconds later if another replica won it."""
+        if len(call) < LEAD_MIN_KEYS:
+            await self._send(call)
+            return
+        rest = call[1:]
+        if await self._send(call[:1]) is False:
+            # Wakes early only if every deferred tick was cancelled meanwhile (shutdown).
+            await asyncio.wait([future for *_, future in rest], timeout=defer)
+        rest = [request for request in rest if not request[2].done()]
+        if rest:  # a tick cancelled meanwhile has nothing to acquire any more
+            await self._send(rest)
+
+    async def _send(self, call: list[_Request]) -> bool | None:
+        """Send one call and answer its futures; whether it won any key (``None``: it failed)."""
         try:
             results = await self._call(call)
         except asyncio.CancelledError:
@@ -169,12 +214,15 @@ class TickAcquirer:
             for *_, future in call:
                 if not future.done():
                     future.set_exception(exc)
-            return
+            return None
+        won = False
         for (*_, future), result in zip(call, results, strict=True):
+            won = won or result[0].acquired
             if future.done():
                 self._give_back_result(result)
             else:
                 future.set_result(result)
+        return won
 
     async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
         jobs = self._jobs

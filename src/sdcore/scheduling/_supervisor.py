@@ -41,6 +41,11 @@ _SWEEP_MARGIN = timedelta(seconds=1)
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
+# How long a replica that lost a batch call's lead key waits before it sends the call's other
+# keys (sdcore.scheduling._batch, "Lead keys"): longer than the replica that won the lead key
+# needs to take them in a burst, and at most half the time to the batch's earliest deadline, so
+# that a deferred tick still starts (and counts as in flight) well before its schedule's next one.
+LEAD_DEFER_S = 2.5
 # A regular fire acquired before its task exists: (entry, due, tick, deadline, its lease
 # options if prepared ahead of the instant).
 _Deferred = tuple["Entry", datetime, Tick, Deadline, JobAcquireOptions | None]
@@ -337,7 +342,7 @@ class Supervisor:
             for e, _, t, _, o in batch
         ]
         assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
-        answers = await runner.acquirer.acquire_each(items)
+        answers = await runner.acquirer.acquire_each(items, defer_s=self._defer_s(batch))
         for (entry, due, tick, deadline, _), (options, _), answer in zip(
             batch, items, answers, strict=True
         ):
@@ -348,6 +353,15 @@ class Supervisor:
             else:
                 entry.in_flight.discard(due)  # the task's own from here
                 self._spawn(entry, due, StartPath.FIRE, tick, deadline, first)
+
+    def _defer_s(self, batch: list[_Deferred]) -> float:
+        """The lead-key deferral of ``batch``: :data:`LEAD_DEFER_S`, or half the time to its
+        earliest deadline if that is less (0 once a deadline has passed)."""
+        deadlines = [d() if callable(d) else d for _, _, _, d, _ in batch]
+        earliest = min((at for at in deadlines if at is not None), default=None)
+        if earliest is None:
+            return LEAD_DEFER_S
+        return max(min(LEAD_DEFER_S, (earliest - self._clock()).total_seconds() / 2), 0.0)
 
     async def catch_up_at_start(
         self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
