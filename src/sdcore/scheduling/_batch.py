@@ -14,11 +14,11 @@ statements carry the keys, not what any key's outcome can be.
 **Lead keys.** Replicas with the same schedules cut a burst into the same calls (the keys of a
 call are sorted), and without coordination each of them would send every call: the replica
 whose statement arrives first wins (nearly) all of its keys, the others lose every one of them
-— two thirds of a 3-replica burst's key probes, and of the CPU the burst's window has (measured
-in ``docs/benchmarks.md``, *Bursts*: 10,000 exclusive ticks on 3 replicas started within 0.87 s
-when each replica held a disjoint third of the schedules, 1.34 s when all held all of them). So
-a call of at least :data:`LEAD_MIN_KEYS` tick keys, made with a ``defer_s`` (the batch start
-passes one), first sends its smallest key alone: the replica that wins it sends the rest at
+— two thirds of a 3-replica burst's key probes, sent while the winners' statements and runs
+need the CPU (``docs/benchmarks.md``, *Losers and lead keys*: 10,000 exclusive ticks on 3
+replicas, last handler 1.45 s with what follows against 1.54 s without). So a call of at
+least :data:`LEAD_MIN_KEYS` tick keys, made with a ``defer_s`` (the batch start passes one),
+first sends its smallest key alone: the replica that wins it sends the rest at
 once; one that loses it (another replica is on this call) sends the rest ``defer_s`` later,
 when the winner has taken them. Those keys are still acquired one by one by the same
 statement, so a replica that won the lead key and died before taking the rest leaves them to
@@ -183,17 +183,17 @@ class TickAcquirer:
                     keys.add(key)
                     call.append(request)
             pending = rest
-            send = self._send(call) if defer is None else self._lead(call, defer)
-            task = asyncio.create_task(send, name="sdcore-tick-acquire")
+            task: asyncio.Task[Any]
+            if defer is not None and len(call) >= LEAD_MIN_KEYS:
+                task = asyncio.create_task(self._lead(call, defer), name="sdcore-tick-acquire")
+            else:
+                task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _lead(self, call: list[_Request], defer: float) -> None:
         """Send ``call``'s smallest key alone, then the rest: at once if it was won here (or
         its call failed), ``defer`` seconds later if another replica won it."""
-        if len(call) < LEAD_MIN_KEYS:
-            await self._send(call)
-            return
         rest = call[1:]
         if await self._send(call[:1]) is False:
             # Wakes early only if every deferred tick was cancelled meanwhile (shutdown).
