@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
+import traceback
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -39,6 +41,7 @@ class _Counting(InMemoryJobScheduler):
         self.delay = delay
         self.down = False
         self.fail_next_larger_than: int | None = None  # one such call raises (then reset)
+        self.raised: list[JobSchedulerUnavailableError] = []
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
@@ -49,7 +52,8 @@ class _Counting(InMemoryJobScheduler):
         if self.down or (limit is not None and len(items) > limit):
             self.fail_next_larger_than = None
             self.calls.append((at, len(items), 0))
-            raise JobSchedulerUnavailableError("injected: database down")
+            self.raised.append(JobSchedulerUnavailableError("injected: database down"))
+            raise self.raised[-1]
         if self.delay:
             await asyncio.sleep(self.delay)
         results = await super().acquire_attempts(items)
@@ -219,6 +223,27 @@ async def test_a_failed_batch_call_fails_only_that_turn() -> None:
         jobs.down = False
         await asyncio.sleep(0.5)
     assert len(ran) == 10
+
+
+@in_loop_time
+async def test_the_ticks_of_a_failed_call_do_not_lengthen_its_shared_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Every tick of the call raises the call's one exception; each raise used to add two frames
+    # to its traceback (600 for these 300 ticks), keeping every tick's frames alive.
+    jobs = _Counting(clock=loop_clock())
+    jobs.down = True
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
+    for i in range(300):
+        scheduler.add_cron(f"digest-{i:03d}", "*/2 * * * * *", lambda tick: None)
+    caplog.set_level(logging.ERROR)
+    async with scheduler:
+        await asyncio.sleep(2.5)
+    not_run = [r for r in caplog.records if getattr(r, "action", None) == "tick_not_run"]
+    assert len(not_run) == 300
+    assert len(jobs.raised) == 2  # the lead key's call, then the rest's
+    for error in jobs.raised:
+        assert len(traceback.extract_tb(error.__traceback__)) <= 4
 
 
 @in_loop_time
