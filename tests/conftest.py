@@ -32,7 +32,7 @@ import re
 import secrets
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -64,6 +64,13 @@ UNIT = os.path.join(os.path.dirname(__file__), "unit")
 DATABASE_FIXTURES = frozenset({"pg_dsn", "empty_dsn", "schema_dsn", "make_dsn", "jobs"})
 
 
+ACCEPTANCE = os.path.join(os.path.dirname(__file__), "acceptance")
+# pg_advisory_lock key of "the server's room" ("sdcore-room" in a bigint): every test that may use
+# the shared server holds it shared; a module marked ``fills_server`` holds it exclusively.
+ROOM_LOCK_KEY = 0x5DC0_2003_0001
+ROOM_LOCK_WAIT = "20min"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every unit test ``memory`` (no server), so that ``pytest tests/unit tests/contract
     -k memory`` and ``-m "not postgres"`` select the same socket-free tests; a unit test that
@@ -74,6 +81,89 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         uses_db = DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.postgres if uses_db else pytest.mark.memory)
+
+
+class Room:
+    """This process's share of the server while a test runs (see :func:`pytest_runtest_protocol`).
+
+    One connection per test process, opened on first use; a server that does not answer is left
+    to the test itself to report (:meth:`enter` returns ``False`` and is not tried again).
+    """
+
+    def __init__(self, dsn: str = ADMIN_DSN, key: int = ROOM_LOCK_KEY) -> None:
+        self._dsn = dsn
+        self._key = key
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._broken = False
+
+    def enter(self) -> bool:
+        if self._broken:
+            return False
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name="sdcore-test-room",
+                )
+                self._conn.execute(f"SET lock_timeout = '{ROOM_LOCK_WAIT}'")
+            self._conn.execute("SELECT pg_advisory_lock_shared(%s)", (self._key,))
+        except psycopg.errors.LockNotAvailable:
+            print(f"a server-filling module held the room for over {ROOM_LOCK_WAIT}")  # noqa: T201
+            return False
+        except psycopg.Error:
+            self._broken = True  # no server: the test's own fixtures say so, with a hint
+            self.close()
+            return False
+        return True
+
+    def leave(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.execute("SELECT pg_advisory_unlock_shared(%s)", (self._key,))
+        except psycopg.Error:
+            self.close()  # a closed session holds no lock
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+_room = Room()
+
+
+def _needs_room(item: pytest.Item) -> bool:
+    """Whether ``item`` may use the shared server beside others: every test but the socket-free
+    ones (``memory`` alone) and the acceptance modules (which take turns of their own)."""
+    if str(item.path).startswith(ACCEPTANCE + os.sep):
+        return False
+    return item.get_closest_marker("postgres") is not None or (
+        item.get_closest_marker("memory") is None
+    )
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Hold the server's room shared while ``item`` runs.
+
+    Tests of this run's other pytest-xdist workers, and of other runs on the same server, run
+    side by side; a module marked ``fills_server`` (the 64-process lease storms, which take most
+    of ``max_connections``) takes the room exclusively, so no test opens connections under it.
+    Taken outside pytest-timeout's clock; the wait has its own deadline (then the test runs
+    anyway).
+    """
+    entered = _needs_room(item) and _room.enter()
+    yield
+    if entered:
+        _room.leave()
+
+
+def pytest_sessionfinish() -> None:
+    _room.close()
 
 
 def dsn_for(dbname: str) -> str:

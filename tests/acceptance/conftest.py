@@ -12,16 +12,23 @@ The lock is taken in an outermost ``pytest_runtest_protocol`` wrapper, before py
 starts a test's clock: waiting for the other run's module is not the test's time. The wait has
 its own deadline; past it the module runs anyway (and may then fail for want of connections,
 which says why).
+
+A module marked ``fills_server`` (``pytestmark``) also takes the server's room exclusively
+(``tests/conftest.py``): every other test — of this run's other pytest-xdist workers and of other
+runs — holds the room shared while it runs, so none opens connections while a 64-process storm
+has them. The acceptance modules themselves run on one pytest-xdist worker, one after another
+(``pytest_xdist_make_scheduler`` in the repository's top ``conftest.py``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 
 import psycopg
 import pytest
 
-from tests.conftest import ADMIN_DSN
+from tests.conftest import ADMIN_DSN, ROOM_LOCK_KEY, ROOM_LOCK_WAIT
 
 # pg_advisory_lock key shared by every sdcore test run ("sdcore-accept" in a bigint).
 HEAVY_LOCK_KEY = 0x5DC0_AC_CE_97
@@ -31,7 +38,7 @@ HEAVY_LOCK_WAIT = "20min"
 _held: dict[str, psycopg.Connection[tuple[object, ...]] | None] = {}
 
 
-def _take_turn() -> psycopg.Connection[tuple[object, ...]] | None:
+def _take_turn(*, fills_server: bool) -> psycopg.Connection[tuple[object, ...]] | None:
     conn = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="sdcore-test-turn")
     conn.execute(f"SET lock_timeout = '{HEAVY_LOCK_WAIT}'")
     try:
@@ -43,7 +50,19 @@ def _take_turn() -> psycopg.Connection[tuple[object, ...]] | None:
             "running this module without it"
         )
         return None
+    if fills_server:
+        conn.execute(f"SET lock_timeout = '{ROOM_LOCK_WAIT}'")
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", (ROOM_LOCK_KEY,))
+        except psycopg.errors.LockNotAvailable:
+            print(  # noqa: T201 - shown with the module's output
+                f"other tests held the server's room for over {ROOM_LOCK_WAIT}: "
+                "running this module beside them"
+            )
     return conn
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _module_of(item: pytest.Item | None) -> str | None:
@@ -54,6 +73,11 @@ def _module_of(item: pytest.Item | None) -> str | None:
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, None, None]:
+    if not str(item.path).startswith(HERE + os.sep):
+        # pytest (and pytest-xdist) call this hook through ``config.hook``, for every item of the
+        # session, not only for this folder's: the rest of the suite takes no turn.
+        yield
+        return
     module = _module_of(item)
     assert module is not None
     if module not in _held:
@@ -61,7 +85,7 @@ def pytest_runtest_protocol(
             if conn is not None:
                 conn.close()
         _held.clear()
-        _held[module] = _take_turn()
+        _held[module] = _take_turn(fills_server=item.get_closest_marker("fills_server") is not None)
     yield
     if _module_of(nextitem) != module and module in _held:
         conn = _held.pop(module)  # after the module's teardown: the other run's turn

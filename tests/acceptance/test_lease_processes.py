@@ -44,7 +44,8 @@ from sdcore.job_scheduler import (
 )
 from tests.conftest import ADMIN_DSN
 
-pytestmark = pytest.mark.slow
+# The 64-process storms hold most of max_connections: no other test opens one meanwhile.
+pytestmark = [pytest.mark.slow, pytest.mark.fills_server]
 
 Json = dict[str, Any]
 
