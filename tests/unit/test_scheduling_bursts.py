@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import math
 import traceback
@@ -244,6 +245,81 @@ async def test_the_ticks_of_a_failed_call_do_not_lengthen_its_shared_traceback(
     assert len(jobs.raised) == 2  # the lead key's call, then the rest's
     for error in jobs.raised:
         assert len(traceback.extract_tb(error.__traceback__)) <= 4
+
+
+class _Buggy(InMemoryJobScheduler):
+    """A job scheduler with a bug: its first batch calls (a burst's lead key's and the rest's),
+    or every skip record, raise TypeError."""
+
+    def __init__(self, clock: Any, *, broken_skips: bool = False) -> None:
+        super().__init__(clock=clock)
+        self.broken_calls = 2
+        self.broken_skips = broken_skips
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        if self.broken_calls:
+            self.broken_calls -= 1
+            raise TypeError("injected: a bug in the job scheduler")
+        return await super().acquire_attempts(items)
+
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        if self.broken_skips:
+            raise TypeError("injected: a bug in record_skipped")
+        return await super().record_skipped(options, reason)
+
+
+def _unretrieved(contexts: list[dict[str, Any]]) -> list[str]:
+    gc.collect()  # a task's unretrieved exception is reported when the task is collected
+    return [str(c.get("message")) for c in contexts if "never retrieved" in str(c.get("message"))]
+
+
+@in_loop_time
+async def test_a_job_scheduler_bug_in_a_batch_call_is_logged_per_tick_and_ends_no_task_with_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "Nothing here raises into the timer loop": an exception that is not a JobSchedulerError
+    # (a custom job scheduler's bug) used to end every tick task of the call with it, each
+    # reported by asyncio as "Task exception was never retrieved".
+    contexts: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: contexts.append(context))
+    jobs = _Buggy(clock=loop_clock())
+    ran: list[str | None] = []
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
+    for i in range(40):
+        scheduler.add_interval(f"s{i:02d}", 500, lambda tick: ran.append(tick.run_key))
+    caplog.set_level(logging.ERROR)
+    async with scheduler:
+        await asyncio.sleep(1.2)
+    not_run = [r for r in caplog.records if getattr(r, "action", None) == "tick_not_run"]
+    assert len(not_run) == 40  # the first instant's ticks: their calls raised
+    assert all("TypeError" in r.getMessage() and r.exc_info for r in not_run)
+    assert len(ran) == 40  # the next instant's ticks ran: the loop went on
+    assert _unretrieved(contexts) == []
+
+
+@in_loop_time
+async def test_an_unexpected_error_of_a_tick_task_is_logged_not_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    contexts: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: contexts.append(context))
+    jobs = _Buggy(clock=loop_clock(), broken_skips=True)
+    jobs.broken_calls = 0
+    scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
+
+    async def slow(tick: Tick) -> None:
+        await asyncio.sleep(0.25)  # overlaps the next tick: "skip" records it as skipped
+
+    scheduler.add_interval("slow", 100, slow, overlap="skip")
+    caplog.set_level(logging.ERROR)
+    async with scheduler:
+        await asyncio.sleep(0.5)
+    ended = [r for r in caplog.records if getattr(r, "action", None) == "task_failed"]
+    assert ended
+    assert all("TypeError" in r.getMessage() and r.exc_info for r in ended)
+    assert _unretrieved(contexts) == []
 
 
 @in_loop_time

@@ -260,6 +260,12 @@ class TickRunner:
                 self.telemetry.tick_finished(run, FAILURE)
                 self._log_error("tick not run here", name, tick, exc, "tick_not_run")
                 executed = None
+            except Exception as exc:  # noqa: BLE001 - a job scheduler's bug, not the handler's
+                # Raised by the lease calls themselves (a custom job scheduler that raises
+                # something other than JobSchedulerError): as a database error, with its trace.
+                self.telemetry.tick_finished(run, FAILURE)
+                self._log_error("tick not run here", name, tick, exc, "tick_not_run", trace=True)
+                executed = None
             if executed:
                 self.telemetry.tick_finished(run, SUCCESS)
                 return TickOutcome(ran=True, succeeded=True, attempts=attempt)

@@ -133,6 +133,18 @@ class Supervisor:
         tick = self._tasks.pop(task, None)
         if tick is not None:
             self._ended(tick[0], tick[1], task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # The runner logs what a tick can raise; this is for what it could not foresee (a
+            # job scheduler's bug in a skip record, …): logged once, never left for asyncio to
+            # report as "Task exception was never retrieved".
+            self._log.error(
+                "Scheduler: task %r ended with an unexpected error: %s: %s",
+                task.get_name(),
+                type(error).__name__,
+                str(error)[:500],
+                exc_info=error,
+                extra={"action": "task_failed", "task": task.get_name()},
+            )
 
     def flush(self, *, final: bool = True) -> bool:
         """Close the batch of regular fires started so far and let its acquire go out; ``True``
