@@ -65,8 +65,8 @@ DATABASE_FIXTURES = frozenset({"pg_dsn", "empty_dsn", "schema_dsn", "make_dsn", 
 
 
 ACCEPTANCE = os.path.join(os.path.dirname(__file__), "acceptance")
-# pg_advisory_lock key of "the server's room" ("sdcore-room" in a bigint): every test that may use
-# the shared server holds it shared; a module marked ``fills_server`` holds it exclusively.
+# pg_advisory_lock key of "the server's room" (any key but the acceptance turn's): every test that
+# may use the shared server holds it shared; a module marked ``fills_server`` holds it exclusively.
 ROOM_LOCK_KEY = 0x5DC0_2003_0001
 ROOM_LOCK_WAIT = "20min"
 

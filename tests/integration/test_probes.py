@@ -39,7 +39,8 @@ async def test_readiness_follows_the_database(make_dsn: Callable[[], str]) -> No
     with pgbouncer(
         upstream_host="127.0.0.1", upstream_port=5432, mode="session", pool_size=8
     ) as bouncer:
-        sd = Sdcore(database_url=bouncer.dsn(dbname), pool_max_size=4, connect_timeout=2)
+        # A first connection through a PgBouncer just started can take seconds on a busy machine.
+        sd = Sdcore(database_url=bouncer.dsn(dbname), pool_max_size=4, connect_timeout=10)
         app = FastAPI()
         install(app, sd)
         app.include_router(probes_router(details=True))
