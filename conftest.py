@@ -11,24 +11,50 @@ from typing import Any
 
 import pytest
 
+ACCEPTANCE = "tests/acceptance"
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``pytest -n N`` (the project's default, ``--dist load``): every acceptance test in one
-    work unit, the other tests one by one.
+    """Under ``pytest -n N`` (the project's default, ``--dist load``): the acceptance tests first,
+    as one work unit on one worker, alone on the machine; then every other test, spread over all
+    workers one by one.
 
-    The acceptance modules take turns anyway (``tests/acceptance/conftest.py``), so spread over
-    workers they would only make each other wait; as one unit they run on one worker, in file
-    order, first (the largest unit goes out first), while the other workers share the rest.
-    pytest-xdist's own ``--dist loadgroup`` would do this with a marker, but it cannot rename
-    items under pytest 9.2 (the group is silently ignored).
+    The acceptance modules start real processes and judge them by the clock — a replica killed
+    mid-run, a lease expiring, an overlap that must (or must not) happen within seconds — so
+    they run as they would in one process: nothing else of the run beside them (runs with
+    other tests beside them failed, 2026-12-03: a demo tick missed, SC-11's control saw no
+    overlap). They also take turns with other runs' acceptance modules
+    (``tests/acceptance/conftest.py``), which as one unit on one worker never wait for each
+    other. pytest-xdist's own ``--dist loadgroup`` cannot group them under pytest 9.2 (it
+    renames items through ``_nodeid``, which ``Node.nodeid`` no longer reads).
     """
     if config.getvalue("dist") != "load":
         return None  # an explicit --dist: pytest-xdist's own scheduler
     from xdist.scheduler import LoadScopeScheduling
 
-    class AcceptanceTogether(LoadScopeScheduling):  # type: ignore[misc]  # untyped package
+    class AcceptanceFirst(LoadScopeScheduling):  # type: ignore[misc]  # untyped package
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/acceptance" if nodeid.startswith("tests/acceptance/") else nodeid
+            return ACCEPTANCE if nodeid.startswith(ACCEPTANCE + "/") else nodeid
 
-    return AcceptanceTogether(config, log)
+        def _acceptance_running(self) -> bool:
+            return any(
+                not all(work[ACCEPTANCE].values())
+                for work in self.assigned_work.values()
+                if ACCEPTANCE in work
+            )
+
+        def _reschedule(self, node: Any) -> None:
+            if self._acceptance_running() and ACCEPTANCE not in self.assigned_work.get(node, {}):
+                return  # this worker waits until the acceptance tests are over
+            super()._reschedule(node)
+
+        def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+            running = self._acceptance_running()
+            super().mark_test_complete(node, item_index, duration)
+            if running and not self._acceptance_running():
+                for other in self.nodes:  # the waiting workers start on the rest
+                    if other is not node:
+                        self._reschedule(other)
+
+    return AcceptanceFirst(config, log)
