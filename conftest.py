@@ -1,8 +1,8 @@
 """How pytest-xdist spreads this repository's suite over its workers.
 
 Here and not in ``tests/conftest.py``: the controller process collects nothing, so it loads only
-the conftest files of its command-line arguments' folders — with no arguments (``.venv/bin/pytest``,
-the README's command) that is this folder's.
+the conftest files of its command-line arguments' folders — with no arguments (``.venv/bin/pytest
+-n 2``) that is this folder's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ACCEPTANCE = "tests/acceptance"
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``pytest -n N`` (the project's default, ``--dist load``): the acceptance tests first,
+    """Under ``pytest -n N`` (``--dist load``; not the default): the acceptance tests first,
     as one work unit on one worker, alone on the machine; then every other test, spread over all
     workers one by one.
 

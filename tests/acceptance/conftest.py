@@ -16,8 +16,8 @@ which says why).
 A module marked ``fills_server`` (``pytestmark``) also takes the server's room exclusively
 (``tests/conftest.py``): every other test — of this run's other pytest-xdist workers and of other
 runs — holds the room shared while it runs, so none opens connections while a 64-process storm
-has them. The acceptance modules themselves run on one pytest-xdist worker, one after another
-(``pytest_xdist_make_scheduler`` in the repository's top ``conftest.py``).
+has them. Under ``pytest -n N`` the acceptance modules run on one pytest-xdist worker, one after
+another, before any other test (``pytest_xdist_make_scheduler`` in the top ``conftest.py``).
 """
 
 from __future__ import annotations
