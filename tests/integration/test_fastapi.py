@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -50,7 +51,9 @@ def _app(sd: Sdcore) -> FastAPI:
     return app
 
 
-def test_without_redis_everything_but_queues_runs(pg_dsn: str) -> None:
+def test_without_redis_everything_but_queues_runs(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
     sd = Sdcore(database_url=pg_dsn, time_zone="Europe/Paris")
     ticks: list[str] = []
     heard: list[Any] = []
@@ -80,14 +83,20 @@ def test_without_redis_everything_but_queues_runs(pg_dsn: str) -> None:
     assert ticks
     assert sd.publisher is None
     with psycopg.connect(pg_dsn) as conn:
-        statuses = {r[0] for r in conn.execute("SELECT status FROM job_scheduler").fetchall()}
+        rows = conn.execute(
+            "SELECT run_key, status, data, created_at, modified_at FROM job_scheduler"
+        ).fetchall()
         tables = {
             r[0]
             for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname='public'"
             ).fetchall()
         }
-    assert statuses == {"SUCCESS"}
+    # Seen once in a CI run (2026-12-03): a row FAIL beside the SUCCESS ones, not reproduced
+    # since (12 runs beside four CPU hogs); the failing rows and what the handler saw say why.
+    failed = [row for row in rows if row[1] != "SUCCESS"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not failed, f"rows not SUCCESS: {failed}; ticks: {ticks}; warnings: {warnings}"
     assert {"job_scheduler", "outbox"} <= tables
 
 
