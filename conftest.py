@@ -12,13 +12,20 @@ from typing import Any
 import pytest
 
 ACCEPTANCE = "tests/acceptance"
+# Tests that run in the acceptance tests' work unit under pytest-xdist (alone on the machine):
+# the acceptance modules, and the other tests that judge a schedule by the wall clock.
+ALONE = (
+    ACCEPTANCE + "/",
+    # A per-second schedule must show no missed tick (one was missed beside another worker).
+    "tests/integration/test_dashboard_browser.py::",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``pytest -n N`` (``--dist load``; not the default): the acceptance tests first,
-    as one work unit on one worker, alone on the machine; then every other test, spread over all
-    workers one by one.
+    """Under ``pytest -n N`` (``--dist load``; ``-n 2`` is the default): the acceptance tests
+    (and the other tests in :data:`ALONE`) first, as one work unit on one worker, alone on the
+    machine; then every other test, spread over all workers one by one.
 
     The acceptance modules start real processes and judge them by the clock — a replica killed
     mid-run, a lease expiring, an overlap that must (or must not) happen within seconds — so
@@ -35,7 +42,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class AcceptanceFirst(LoadScopeScheduling):  # type: ignore[misc]  # untyped package
         def _split_scope(self, nodeid: str) -> str:
-            return ACCEPTANCE if nodeid.startswith(ACCEPTANCE + "/") else nodeid
+            return ACCEPTANCE if nodeid.startswith(ALONE) else nodeid
 
         def _acceptance_running(self) -> bool:
             return any(

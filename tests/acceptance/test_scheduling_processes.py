@@ -605,10 +605,10 @@ def test_sc02_clock_skew_same_run_keys_each_tick_once(pg_dsn: str, cluster: Clus
         # handler began in real time is its own clock less its measured offset; the ledger row's
         # database time also counts the insert's wait for the server, named if they disagree.
         began = row.app_now - timedelta(seconds=offsets[1])
-        early = (_instant(key) - began).total_seconds()
+        ahead = (_instant(key) - began).total_seconds()
         landed = (_instant(key) - row.started_at).total_seconds()
-        assert 1.5 <= early <= 2.5, (
-            f"{key}: the fast replica's handler began {early:+.2f} s before the instant (its"
+        assert 1.5 <= ahead <= 2.5, (
+            f"{key}: the fast replica's handler began {ahead:+.2f} s before the instant (its"
             f" clock {row.app_now.isoformat()}, offset {offsets[1]:+.2f} s); its ledger row"
             f" landed {landed:+.2f} s before it by the database's clock"
         )
