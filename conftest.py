@@ -1,8 +1,8 @@
 """How pytest-xdist spreads this repository's suite over its workers.
 
 Here and not in ``tests/conftest.py``: the controller process collects nothing, so it loads only
-the conftest files of its command-line arguments' folders — with no arguments (``.venv/bin/pytest
--n 2``) that is this folder's.
+the conftest files of its command-line arguments' folders — with no arguments (``.venv/bin/pytest``,
+``-n 2`` from ``addopts``) that is this folder's.
 """
 
 from __future__ import annotations

@@ -602,8 +602,8 @@ def test_sc02_clock_skew_same_run_keys_each_tick_once(pg_dsn: str, cluster: Clus
         (row,) = by_key[key]
         assert row.replica_id == 1, f"{key} ran on replica {row.replica_id}, not the fast one"
         # The fast replica fires by its own clock: 2 s before the scheduled instant. When its
-        # handler began in real time is its own clock less its measured offset; the ledger row's
-        # database time also counts the insert's wait for the server, named if they disagree.
+        # handler began in real time is its own clock less its measured offset (the ledger row's
+        # database time also counts the insert's wait for the server: reported, not judged).
         began = row.app_now - timedelta(seconds=offsets[1])
         ahead = (_instant(key) - began).total_seconds()
         landed = (_instant(key) - row.started_at).total_seconds()

@@ -94,6 +94,7 @@ def test_without_redis_everything_but_queues_runs(
         }
     # Seen once in a CI run (2026-12-03): a row FAIL beside the SUCCESS ones, not reproduced
     # since (12 runs beside four CPU hogs); the failing rows and what the handler saw say why.
+    assert rows, "no lease row: the ticks ran without the lease"
     failed = [row for row in rows if row[1] != "SUCCESS"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not failed, f"rows not SUCCESS: {failed}; ticks: {ticks}; warnings: {warnings}"
