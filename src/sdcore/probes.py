@@ -191,15 +191,25 @@ async def _relay(runtime: Runtime) -> ProbeCheck:
 # --- a tiny HTTP server for processes without a web framework (``sdcore run --metrics-port``) --
 
 _log = logging.getLogger("sdcore.probes")
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
-async def serve(runtime: Runtime, *, host: str = "0.0.0.0", port: int) -> asyncio.Server:  # noqa: S104
+async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int) -> asyncio.Server:
     """Serve ``GET /livez``, ``/readyz`` and ``/metrics`` of ``runtime`` on ``host:port``.
 
     HTTP/1.0-style, one request per connection, on the runtime's event loop: what a Kubernetes
     probe and a Prometheus scrape need, nothing more. ``/metrics`` answers 404 unless the
     runtime has metrics. Close the returned server to stop (``server.close()``).
+
+    It binds the loopback address unless ``host`` says otherwise: the endpoints have no
+    authentication, so reaching them from the kubelet or Prometheus (``host="0.0.0.0"``) is
+    a deliberate choice. A request line or header over 64 KiB gets a 431, logged at DEBUG only.
 
     Raises:
         OSError: The port cannot be bound.
@@ -208,10 +218,15 @@ async def serve(runtime: Runtime, *, host: str = "0.0.0.0", port: int) -> asynci
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(10):
-                request = await reader.readline()
-                while (await reader.readline()).strip():
-                    pass  # headers: nothing in them matters here
-                status, kind, body = await _answer(runtime, request)
+                try:
+                    request = await reader.readline()
+                    while (await reader.readline()).strip():
+                        pass  # headers: nothing in them matters here
+                except ValueError:  # a line over the reader's limit: the client's fault
+                    _log.debug("probe server: request line or header too long")
+                    status, kind, body = 431, "text/plain", b"request line or header too long\n"
+                else:
+                    status, kind, body = await _answer(runtime, request)
             head = (
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

@@ -6,15 +6,29 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from psycopg import Error as PsycopgError
+from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.cli._format import emit, escape
-from sdcore.cli._options import add_command, connection_options, int_in, outbox_table_option
+from sdcore.cli._options import (
+    UsageError,
+    add_command,
+    connection_options,
+    int_in,
+    outbox_table_option,
+)
 from sdcore.cli._target import CliError, started_runtime, target_of
 
 TOKEN_ENV = "SDCORE_DASHBOARD_TOKEN"  # noqa: S105 - the variable's name, not a secret
 DEFAULT_PORT = 8089
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - compared with --host, not bound
 POOL_SIZE = 6  # the job scheduler holds at most half: three for concurrent page loads
 Emit = Callable[[str], None]
 
@@ -58,7 +72,19 @@ def register(subparsers: Any) -> None:
         ),
     )
     connection_options(parser)
-    parser.add_argument("--redis-url", metavar="URL", help="show BullMQ queues of this Redis")
+    parser.add_argument(
+        "--database-url-file",
+        metavar="PATH",
+        help="read the database URL from this file (e.g. a mounted secret) instead",
+    )
+    parser.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help="show BullMQ queues of this Redis (default: $REDIS_URL)",
+    )
+    parser.add_argument(
+        "--redis-url-file", metavar="PATH", help="read the Redis URL from this file instead"
+    )
     parser.add_argument("--queue-prefix", default="bull", help="BullMQ key prefix (default: bull)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
@@ -77,6 +103,24 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--read-only", action="store_true", help=f"ignore ${TOKEN_ENV}: no actions at all"
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=(
+            "also answer requests for this host name (repeatable; '*': any). Default: "
+            "127.0.0.1, localhost, ::1 and --host; any other Host header gets 400"
+        ),
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        metavar="IPS",
+        help=(
+            "trust X-Forwarded-Proto/-For from these proxy addresses (comma-separated, '*': "
+            "any): behind a TLS proxy the session cookie is then Secure"
+        ),
     )
 
 
@@ -100,9 +144,21 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
         ) from None
     from sdcore.outbox import Outbox
 
+    _warn_secrets_in_argv(args)
+    database_file = _read_url_file(args.database_url_file, "--database-url-file")
+    if database_file is not None and not args.database_url:
+        environ = {**environ, "DATABASE_URL": database_file}
     target = target_of(args, environ)
     token = None if args.read_only else (environ.get(TOKEN_ENV) or None)
-    redis_url = args.redis_url or None
+    redis_url = (
+        args.redis_url
+        or _read_url_file(args.redis_url_file, "--redis-url-file")
+        or environ.get("REDIS_URL")
+        or None
+    )
+    hosts = [*LOOPBACK_HOSTS, *args.allowed_host]
+    if args.host not in WILDCARD_HOSTS:
+        hosts.append(args.host)
 
     async def serve() -> None:
         async with started_runtime(
@@ -118,15 +174,67 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
                     schema=args.schema,
                     outbox=Outbox(table=args.outbox_table, schema=args.schema),
                     refresh_s=args.refresh,
+                    allowed_hosts=hosts,
                 )
             except DashboardError as exc:
                 raise CliError(f"{TOKEN_ENV}: {exc}") from None
             mode = "operators sign in with the token" if token else "read-only"
             emit(f"dashboard on http://{escape(args.host)}:{args.port}/ ({mode}); SIGTERM stops")
+            proxied = args.forwarded_allow_ips is not None
             config = uvicorn.Config(
-                app, host=args.host, port=args.port, log_level="warning", proxy_headers=False
+                app,
+                host=args.host,
+                port=args.port,
+                log_level="warning",
+                proxy_headers=proxied,
+                forwarded_allow_ips=args.forwarded_allow_ips if proxied else None,
+                server_header=False,
             )
             await _server(uvicorn.Server)(config).serve()
         emit("dashboard stopped")
 
     asyncio.run(serve())
+
+
+def _read_url_file(path: str | None, option: str) -> str | None:
+    """The URL in ``path`` (its first line, stripped), or ``None`` without the option.
+
+    Raises:
+        UsageError: The file cannot be read or is empty (the message never quotes it).
+    """
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"{option}: cannot read {path!r}: {reason}") from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise UsageError(f"{option}: {path!r} is empty")
+    return lines[0].strip()
+
+
+def _warn_secrets_in_argv(args: argparse.Namespace) -> None:
+    """Warn (stderr) when ``--database-url`` or ``--redis-url`` carries a password: every local
+    user can read a command line (``ps``), not the environment or a file."""
+    leaks = []
+    if args.database_url:
+        try:
+            if conninfo_to_dict(args.database_url).get("password"):
+                leaks.append("--database-url")
+        except PsycopgError:
+            pass  # reported by the target's own check
+    if args.redis_url:
+        try:
+            if urlsplit(args.redis_url).password:
+                leaks.append("--redis-url")
+        except ValueError:
+            pass
+    for option in leaks:
+        name = "DATABASE_URL" if option == "--database-url" else "REDIS_URL"
+        print(
+            f"sdcore: warning: {option} holds a password, which other users of this machine "
+            f"can read in the process list: set {name} or use {option}-file instead",
+            file=sys.stderr,
+        )

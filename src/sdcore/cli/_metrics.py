@@ -37,9 +37,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--metrics-host",
-        default="0.0.0.0",  # noqa: S104 - probes come from the kubelet, scrapes from Prometheus
+        default="127.0.0.1",
         metavar="HOST",
-        help="address to bind the monitoring port to (default: 0.0.0.0)",
+        help=(
+            "address to bind the monitoring port to (default: 127.0.0.1; 0.0.0.0 for the "
+            "kubelet's probes and Prometheus from other hosts)"
+        ),
     )
 
 

@@ -40,7 +40,7 @@ class RunOptions:
     processors: bool = True
     ready_file: Path | None = None
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"  # noqa: S104 - see sdcore.cli._metrics
+    metrics_host: str = "127.0.0.1"
 
 
 def load(spec: str) -> object:

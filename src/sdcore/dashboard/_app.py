@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -26,14 +26,23 @@ from sdcore.dashboard import _format
 from sdcore.dashboard._auth import (
     COOKIE,
     DashboardError,
+    LoginThrottle,
+    Revocations,
     Session,
     Signer,
     check_actor,
     check_token,
     token_matches,
 )
-from sdcore.dashboard._data import MISSING_STATES, MISSING_TABLE, DashboardData, queue_counts
+from sdcore.dashboard._data import (
+    MISSING_STATES,
+    MISSING_TABLE,
+    DashboardData,
+    QueueNames,
+    queue_counts,
+)
 from sdcore.dashboard._format import Refused, instant, page_number
+from sdcore.dashboard._guard import Guard
 from sdcore.job_scheduler import JobScheduler
 from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
@@ -43,10 +52,6 @@ from sdcore.scheduling import ScheduleControlError as ControlError
 MAX_FORM_BYTES = 16_384
 WARM_WAIT_S = 2.0
 """How long the app's start-up waits for the calendar warm-up before it serves anyway."""
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
 NOTICES = {
     "paused": "Paused: no replica starts its ticks until it is resumed.",
     "resumed": "Resumed: replicas apply their catch-up policy to the pause.",
@@ -84,6 +89,7 @@ def dashboard_app(
     outbox: Outbox | None = None,
     refresh_s: int = 10,
     title: str = "sdcore",
+    allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """Build the dashboard: schedules, runs, leases, outbox and queues; actions for operators.
 
@@ -107,6 +113,9 @@ def dashboard_app(
         outbox: The outbox table (pool only; default ``Outbox()``).
         refresh_s: Tables refresh in the browser every this many seconds (0: never).
         title: Shown in the page title.
+        allowed_hosts: Host names (``Host`` header, port ignored) the dashboard answers; any
+            other gets a 400, which stops DNS rebinding. ``None``: any host (a host
+            application's own ``TrustedHostMiddleware`` applies); ``"*"`` in the list: any.
 
     Raises:
         DashboardError: A short token or secret, or a bad ``refresh_s`` or ``queue_prefix``.
@@ -118,6 +127,11 @@ def dashboard_app(
         raise DashboardError(f"queue_prefix must be a non-empty str, got {queue_prefix!r:.40}")
     if secret is not None and not isinstance(secret, bytes):
         raise DashboardError("secret must be bytes (at least 16)")
+    if isinstance(allowed_hosts, str) or (
+        allowed_hosts is not None
+        and not all(isinstance(h, str) and h.strip() for h in allowed_hosts)
+    ):
+        raise DashboardError("allowed_hosts must be a list of host names, e.g. ['localhost']")
     if isinstance(source, Runtime):
         pool, store = source.pool, source.schedule_store
         outbox = source.outbox
@@ -150,6 +164,10 @@ def dashboard_app(
         lifespan=_warm_up(data, env, log),
     )
     app.mount("/static", StaticFiles(packages=[("sdcore.dashboard", "static")]), name="static")
+    app.add_middleware(Guard, max_body=MAX_FORM_BYTES, allowed_hosts=allowed_hosts, log=log)
+    revoked = Revocations()
+    throttle = LoginThrottle()
+    queue_names = QueueNames()
 
     async def no_operator() -> str | None:
         return None
@@ -167,6 +185,8 @@ def dashboard_app(
         request: Request, host_actor: Annotated[str | None, Depends(host_operator)]
     ) -> Visit:
         session = signer.load(request.cookies.get(COOKIE))
+        if session is not None and session in revoked:
+            session = None
         fresh = session is None
         if session is None:
             session = signer.new_session(None)
@@ -177,18 +197,6 @@ def dashboard_app(
         )
 
     Seen = Annotated[Visit, Depends(visit)]
-
-    @app.middleware("http")
-    async def headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Any:
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Referrer-Policy"] = "same-origin"
-        if not request.url.path.startswith(f"{request.scope.get('root_path', '')}/static"):
-            response.headers["Cache-Control"] = "no-store"
-            response.headers["Vary"] = "Cookie, X-Sdcore-Fragment"
-        return response
 
     def cookie(response: Response, request: Request, seen: Visit, session: Session) -> None:
         response.set_cookie(
@@ -240,10 +248,12 @@ def dashboard_app(
             raise Refused(403, "Cross-origin request refused.")
         if request.headers.get("sec-fetch-site") == "cross-site":
             raise Refused(403, "Cross-site request refused.")
-        body = await request.body()
+        body = await request.body()  # at most MAX_FORM_BYTES: the Guard refused larger ones
         if len(body) > MAX_FORM_BYTES:
             raise Refused(413, "Form too large.")
         fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        if any("\x00" in value for value in fields.values()):
+            raise Refused(400, "A NUL character is not allowed in a form.")
         if seen.fresh or not signer.check_csrf(seen.session, fields.get("csrf")):
             raise Refused(403, "Missing or wrong CSRF token: reload the page and try again.")
         return fields
@@ -306,10 +316,18 @@ def dashboard_app(
         if redis_url is None:
             return render(request, seen, "queues.html", rows=None, error=None)
         try:
-            rows = await queue_counts(redis_url, queue_prefix)
+            rows = await queue_counts(redis_url, queue_prefix, names=queue_names)
         except Exception as exc:  # noqa: BLE001 - Redis down is shown, not a 500
-            return render(request, seen, "queues.html", rows=None, error=_format.one_line(exc))
-        return render(request, seen, "queues.html", rows=rows, error=None)
+            detail = _format.one_line(exc)
+            log.warning(
+                "dashboard: the queues cannot be read: %s", detail, extra={"action": "queues"}
+            )
+            # The error names internal hosts and ports: operators see it, visitors do not.
+            error = detail if seen.actor is not None else "Redis cannot be reached (see the log)."
+            return render(request, seen, "queues.html", rows=None, error=error)
+        return render(
+            request, seen, "queues.html", rows=rows, error=None, partial=queue_names.partial
+        )
 
     @app.get("/login", response_class=HTMLResponse)
     async def login_page(request: Request, seen: Seen) -> Response:
@@ -322,9 +340,27 @@ def dashboard_app(
         fields = await form(request, seen, operator_only=False)
         if token is None:
             raise Refused(403, "Token sign-in is off for this dashboard.")
+        client = request.client.host if request.client is not None else "unknown"
+        wait_s = throttle.retry_after(client)
+        if wait_s is not None:
+            refusal = render(
+                request,
+                seen,
+                "error.html",
+                code=429,
+                message=f"Too many wrong sign-ins: try again in {wait_s} s.",
+            )
+            refusal.headers["Retry-After"] = str(wait_s)
+            return refusal
         actor = check_actor(fields.get("name", ""))
         if actor is None or not token_matches(token, fields.get("token")):
-            log.warning("dashboard: a sign-in was refused", extra={"action": "dashboard_login"})
+            failures = throttle.failed(client)
+            log.warning(
+                "dashboard: a sign-in from %s was refused (%d within 5 min)",
+                client,
+                failures,
+                extra={"action": "dashboard_login", "client": client, "failures": failures},
+            )
             return render(request, seen, "login.html", code=401, failed=True)
         log.info(
             "dashboard: %s signed in", actor, extra={"action": "dashboard_login", "actor": actor}
@@ -336,6 +372,8 @@ def dashboard_app(
     @app.post("/logout", response_model=None)
     async def logout(request: Request, seen: Seen) -> Response:
         await form(request, seen, operator_only=False)
+        if seen.session.actor is not None:
+            revoked.revoke(seen.session)
         response = back(seen, "/", notice="logout")
         cookie(response, request, seen, signer.new_session(None))
         return response

@@ -8,6 +8,11 @@
   token; logging in issues a new session id (no session fixation).
 - The CSRF token of a session is ``HMAC(key, "csrf:" + session id)``: nothing to store, checked
   with :func:`hmac.compare_digest`, like the operator token.
+- Signing out revokes the session id in this process (:class:`Revocations`) until it expires; a
+  copy of the cookie no longer acts here. Other processes serving the same dashboard do not
+  know it: rotating the token (or ``secret``) ends every session everywhere.
+- Wrong sign-ins are rationed per client address and in all (:class:`LoginThrottle`), so a
+  token cannot be guessed online at the server's speed.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sdcore.exceptions import SdcoreError
@@ -25,6 +33,11 @@ from sdcore.exceptions import SdcoreError
 COOKIE = "sdcore_dashboard"
 SESSION_TTL_S = 12 * 3600
 MAX_ACTOR = 100
+MIN_TOKEN_CHARS = 16
+# Estimated as Shannon entropy of the token's bytes times its length: "a"*16 is 0 bits,
+# "password12345678" 62, secrets.token_urlsafe(16) about 85-90, token_urlsafe(32) about 230.
+MIN_TOKEN_BITS = 80
+_GENERATE = "generate one: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 class DashboardError(SdcoreError, ValueError):
@@ -111,18 +124,38 @@ def token_matches(expected: str | None, given: str | None) -> bool:
     return hmac.compare_digest(expected.encode("utf-8"), given.encode("utf-8"))
 
 
+def token_bits(token: str) -> float:
+    """Estimate the entropy of ``token`` in bits: Shannon entropy of its bytes × its length.
+
+    An overestimate for structured text, but it catches what length alone accepts: repeated
+    characters (``"a"*16``: 0) and few distinct ones (``"changemechangeme"``: 44).
+    """
+    data = token.encode("utf-8")
+    if not data:
+        return 0.0
+    total = len(data)
+    per_byte = -sum(n / total * math.log2(n / total) for n in Counter(data).values())
+    return abs(per_byte * total)  # abs: one distinct byte gives -0.0
+
+
 def check_token(token: object) -> str | None:
-    """Validate an operator token: ``None``, or at least 16 characters.
+    """Validate an operator token: ``None``, or at least 16 characters and about 80 bits.
 
     Raises:
-        DashboardError: Too short, or not a str.
+        DashboardError: Too short, too predictable, or not a str.
     """
     if token is None:
         return None
-    if not isinstance(token, str) or len(token.strip()) < 16:
+    if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_CHARS:
         raise DashboardError(
-            "the dashboard token must be a str of at least 16 characters "
-            "(generate one: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            f"the dashboard token must be a str of at least {MIN_TOKEN_CHARS} characters "
+            f"({_GENERATE})"
+        )
+    bits = token_bits(token.strip())
+    if bits < MIN_TOKEN_BITS:
+        raise DashboardError(
+            f"the dashboard token is too predictable (about {bits:.0f} bits of entropy, at least "
+            f"{MIN_TOKEN_BITS} needed: repeated or few distinct characters; {_GENERATE})"
         )
     return token
 
@@ -133,3 +166,85 @@ def check_actor(name: str) -> str | None:
     if not name or len(name) > MAX_ACTOR or "\x00" in name:
         return None
     return name
+
+
+class Revocations:
+    """Session ids signed out in this process, each kept until its cookie would expire anyway.
+
+    At most ``limit`` ids: past it the expired ones go first, then those expiring soonest (their
+    cookies have the least time left to be misused).
+    """
+
+    def __init__(self, *, limit: int = 10_000, clock: Callable[[], float] = time.time) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._ids: dict[str, int] = {}
+
+    def revoke(self, session: Session) -> None:
+        """Refuse ``session`` from now on."""
+        self._ids[session.sid] = session.expires
+        if len(self._ids) > self._limit:
+            now = self._clock()
+            self._ids = {sid: end for sid, end in self._ids.items() if end >= now}
+            while len(self._ids) > self._limit:
+                del self._ids[min(self._ids, key=self._ids.__getitem__)]
+
+    def __contains__(self, session: Session) -> bool:
+        return session.sid in self._ids
+
+
+class LoginThrottle:
+    """Ration wrong sign-ins: ``per_client`` per client address, and ``overall`` in all, within
+    any ``window_s``; past either budget, every sign-in (even a right one) is refused until the
+    oldest failure leaves the window.
+
+    The global budget holds when the client addresses vary (or a proxy hides them); the memory
+    is bounded by the failures kept (at most ``overall``).
+    """
+
+    def __init__(
+        self,
+        *,
+        per_client: int = 10,
+        overall: int = 100,
+        window_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._per_client = per_client
+        self._window_s = window_s
+        self._clock = clock
+        self._failures: deque[tuple[float, str]] = deque(maxlen=overall)
+        self._overall = overall
+        self._counts: Counter[str] = Counter()
+
+    def _expire(self) -> float:
+        now = self._clock()
+        while self._failures and self._failures[0][0] <= now - self._window_s:
+            _, client = self._failures.popleft()
+            self._forget(client)
+        return now
+
+    def _forget(self, client: str) -> None:
+        self._counts[client] -= 1
+        if self._counts[client] <= 0:
+            del self._counts[client]
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until ``client`` may try again, or ``None`` when it may now."""
+        now = self._expire()
+        if len(self._failures) >= self._overall:
+            oldest = self._failures[0][0]
+        elif self._counts[client] >= self._per_client:
+            oldest = next(at for at, who in self._failures if who == client)
+        else:
+            return None
+        return max(1, math.ceil(oldest + self._window_s - now))
+
+    def failed(self, client: str) -> int:
+        """Count a wrong sign-in of ``client``; return its failures within the window."""
+        now = self._expire()
+        if len(self._failures) == self._overall:
+            self._forget(self._failures[0][1])  # the deque drops it on append
+        self._failures.append((now, client))
+        self._counts[client] += 1
+        return self._counts[client]

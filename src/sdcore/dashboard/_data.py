@@ -13,8 +13,10 @@ so 10,000 schedules sharing a few expressions cost a few calendar walks per hour
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -358,8 +360,72 @@ class DashboardData:
             return await self.outbox_admin.retry(conn, row_id)
 
 
-async def queue_counts(redis_url: str, prefix: str, *, limit: int = 100) -> list[QueueRow]:
-    """Job counts of the BullMQ queues under ``prefix`` (found by their ``meta``/``events`` keys).
+QUEUE_KEY_SUFFIXES = ("meta", "events", "wait", "completed", "failed")
+"""Keys a BullMQ queue has (at least one of them) while it holds jobs or has been used."""
+
+
+class QueueNames:
+    """The BullMQ queue names under a prefix, found by one SCAN walk and kept for ``ttl_s``.
+
+    SCAN visits every key of the Redis database whatever its pattern, and a BullMQ Redis holds
+    a hash per retained job: one walk costs O(keyspace). So the walk runs at most once per
+    ``ttl_s`` (one at a time: concurrent views wait for it and share its result, and the
+    pages' refreshes only read the counts), and stops after ``max_calls`` SCAN calls of
+    ``count`` keys or at ``limit`` names, the list then marked :attr:`partial`.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 60.0,
+        max_calls: int = 200,
+        count: int = 1000,
+        limit: int = 100,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl_s = ttl_s
+        self._max_calls = max_calls
+        self._count = count
+        self._limit = limit
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._names: list[str] | None = None
+        self._found_at = 0.0
+        self.partial = False
+        """Whether the last walk stopped before the end of the keyspace."""
+
+    async def get(self, client: Any, prefix: str) -> list[str]:
+        """The queue names (sorted, at most ``limit``), walked again once ``ttl_s`` passed."""
+        async with self._lock:
+            if self._names is None or self._clock() - self._found_at >= self._ttl_s:
+                self._names, self.partial = await self._walk(client, prefix)
+                self._found_at = self._clock()
+            return self._names
+
+    async def _walk(self, client: Any, prefix: str) -> tuple[list[str], bool]:
+        # One walk for every suffix: the class matches their first letters, the loop the rest.
+        pattern = f"{_glob(prefix)}:*:[cefmw]*"
+        names: set[str] = set()
+        cursor, calls = 0, 0
+        while True:
+            cursor, keys = await client.scan(cursor=cursor, match=pattern, count=self._count)
+            calls += 1
+            for key in keys:
+                text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                head, _, suffix = text.rpartition(":")
+                if suffix in QUEUE_KEY_SUFFIXES and head.startswith(f"{prefix}:"):
+                    names.add(head[len(prefix) + 1 :])
+            if cursor == 0:
+                return sorted(names)[: self._limit], len(names) > self._limit
+            if len(names) >= self._limit or calls >= self._max_calls:
+                return sorted(names)[: self._limit], True
+
+
+async def queue_counts(
+    redis_url: str, prefix: str, *, limit: int = 100, names: QueueNames | None = None
+) -> list[QueueRow]:
+    """Job counts of the BullMQ queues under ``prefix`` (found by their keys, see
+    :class:`QueueNames`; pass one to keep the names between calls).
 
     Raises:
         ImportError: The ``redis`` package is missing (``sdcore[bullmq]``).
@@ -367,20 +433,14 @@ async def queue_counts(redis_url: str, prefix: str, *, limit: int = 100) -> list
     """
     from redis.asyncio import Redis
 
+    finder = names if names is not None else QueueNames(limit=limit)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     async with client:
-        names: set[str] = set()
-        for suffix in ("meta", "events", "wait", "completed", "failed"):
-            pattern = f"{_glob(prefix)}:*:{suffix}"
-            async for key in client.scan_iter(match=pattern, count=1000):
-                text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
-                names.add(text[len(prefix) + 1 : -len(suffix) - 1])
-                if len(names) >= limit:
-                    break
-        rows = []
-        for name in sorted(names)[:limit]:
-            base = f"{prefix}:{name}:"
-            async with client.pipeline(transaction=False) as pipe:
+        found = (await finder.get(client, prefix))[:limit]
+        keys = ("waiting", "active", "delayed", "prioritized", "completed", "failed", "paused")
+        async with client.pipeline(transaction=False) as pipe:
+            for name in found:
+                base = f"{prefix}:{name}:"
                 pipe.llen(base + "wait")
                 pipe.llen(base + "active")
                 pipe.zcard(base + "delayed")
@@ -388,10 +448,11 @@ async def queue_counts(redis_url: str, prefix: str, *, limit: int = 100) -> list
                 pipe.zcard(base + "completed")
                 pipe.zcard(base + "failed")
                 pipe.llen(base + "paused")
-                values = await pipe.execute()
-            keys = ("waiting", "active", "delayed", "prioritized", "completed", "failed", "paused")
-            rows.append(QueueRow(name=name, counts=dict(zip(keys, map(int, values), strict=True))))
-        return rows
+            values = list(map(int, await pipe.execute())) if found else []
+        return [
+            QueueRow(name=name, counts=dict(zip(keys, values[i * 7 : i * 7 + 7], strict=True)))
+            for i, name in enumerate(found)
+        ]
 
 
 def _glob(text: str) -> str:
@@ -403,6 +464,7 @@ __all__ = [
     "Bucket",
     "DashboardData",
     "LeaseRow",
+    "QueueNames",
     "QueueRow",
     "SchedulePage",
     "ScheduleRow",
