@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = ["JsonFormatter"]
 _STANDARD = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
 )
+_MAX_DEPTH = 8  # deeper containers are written as their redacted str()
 
 
 class JsonFormatter(logging.Formatter):
@@ -72,7 +73,7 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in _STANDARD:
-                shown.setdefault(key, self.redact(value) if isinstance(value, str) else value)
+                shown.setdefault(key, self._scrub(value, 0))
         if self._current_span is not None:
             context = self._current_span().get_span_context()
             if context.is_valid:
@@ -80,18 +81,40 @@ class JsonFormatter(logging.Formatter):
                 shown.setdefault("span_id", format(context.span_id, "016x"))
         return shown
 
+    def _scrub(self, value: object, depth: int) -> object:
+        """``value`` with every string in it redacted, through dicts, lists and tuples."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict | list | tuple) and depth >= _MAX_DEPTH:
+            return self.redact(str(value))
+        if isinstance(value, dict):
+            return {
+                self._scrub(k, depth + 1) if isinstance(k, str) else k: self._scrub(v, depth + 1)
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self._scrub(item, depth + 1) for item in value]
+        return value
+
     def format(self, record: logging.LogRecord) -> str:
-        """One JSON line; values that are not JSON are shown as their ``str()``."""
+        """One JSON line; values that are not JSON are shown as their (redacted) ``str()``."""
         shown = self.fields(record)
         try:
-            return _line(shown)
+            return _line(shown, self._as_text)
         except (TypeError, ValueError):
-            return _line({k: v if _is_plain(v) else str(v) for k, v in shown.items()})
+            plain = {k: v if _is_plain(v) else self._as_text(v) for k, v in shown.items()}
+            return _line(plain, self._as_text)
+
+    def _as_text(self, value: object) -> str:
+        """A value JSON cannot write, as its redacted ``str()``."""
+        return self.redact(str(value))
 
 
-def _line(value: dict[str, Any]) -> str:
+def _line(value: dict[str, Any], default: Callable[[object], str]) -> str:
     # ASCII only: control and bidi characters of messages are escaped, never written raw.
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return json.dumps(
+        value, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=default
+    )
 
 
 def _is_plain(value: object) -> bool:

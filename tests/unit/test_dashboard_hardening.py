@@ -1,0 +1,135 @@
+"""The dashboard's guards on a fake clock: the sign-in throttle's window and budgets, the bound of
+the revoked sessions, the queue list's lifetime and SCAN budget, token entropy, Host parsing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sdcore.dashboard import DashboardError
+from sdcore.dashboard._auth import (
+    LoginThrottle,
+    Revocations,
+    Session,
+    check_token,
+    token_bits,
+)
+from sdcore.dashboard._data import QueueNames
+from sdcore.dashboard._guard import host_name
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_client_is_throttled_until_its_oldest_failure_leaves_the_window() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(per_client=3, overall=100, window_s=60, clock=clock)
+    for n in range(3):
+        assert throttle.retry_after("10.0.0.1") is None
+        assert throttle.failed("10.0.0.1") == n + 1
+        clock.now += 10
+    assert throttle.retry_after("10.0.0.1") == 30  # the first failure is 30 s from leaving
+    assert throttle.retry_after("10.0.0.2") is None, "another client is not held"
+    clock.now += 30
+    assert throttle.retry_after("10.0.0.1") is None
+    assert throttle.failed("10.0.0.1") == 3, "two failures were still in the window"
+
+
+def test_the_overall_budget_holds_every_client() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(per_client=10, overall=5, window_s=60, clock=clock)
+    for n in range(5):
+        throttle.failed(f"10.0.0.{n}")
+    assert throttle.retry_after("192.0.2.1") == 60
+    clock.now += 60
+    assert throttle.retry_after("192.0.2.1") is None
+
+
+def test_revocations_are_bounded_and_drop_the_expired_first() -> None:
+    clock = Clock()
+    revoked = Revocations(limit=3, clock=clock)
+    sessions = [Session(sid=f"s{n}", actor="a", expires=int(clock.now) + n) for n in range(4)]
+    old = Session(sid="old", actor="a", expires=int(clock.now) - 1)
+    revoked.revoke(old)
+    for session in sessions[:3]:
+        revoked.revoke(session)
+    assert old not in revoked, "the expired one went first"
+    assert all(session in revoked for session in sessions[:3])
+    revoked.revoke(sessions[3])
+    assert sessions[0] not in revoked, "then the one expiring soonest"
+    assert all(session in revoked for session in sessions[1:])
+
+
+class FakeRedis:
+    """SCAN over a fixed key list, ``count`` keys per call."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.calls = 0
+
+    async def scan(self, *, cursor: int, match: str, count: int) -> tuple[int, list[Any]]:
+        self.calls += 1
+        page = self.keys[cursor : cursor + count]
+        following = cursor + count
+        return (0 if following >= len(self.keys) else following), [k.encode() for k in page]
+
+
+async def test_the_queue_list_is_walked_once_per_lifetime() -> None:
+    clock = Clock()
+    keys = [f"bull:jobs:{n}" for n in range(95)] + ["bull:mails:meta", "bull:a:b:wait"]
+    redis = FakeRedis(keys)
+    names = QueueNames(ttl_s=60, count=10, clock=clock)
+    assert await names.get(redis, "bull") == ["a:b", "mails"]
+    assert (redis.calls, names.partial) == (10, False)
+    clock.now += 59
+    await names.get(redis, "bull")
+    assert redis.calls == 10, "kept"
+    clock.now += 1
+    await names.get(redis, "bull")
+    assert redis.calls == 20, "walked again"
+
+
+async def test_the_walk_stops_at_its_budget() -> None:
+    redis = FakeRedis([*(f"bull:jobs:{n}" for n in range(1000)), "bull:late:meta"])
+    names = QueueNames(max_calls=5, count=10)
+    assert await names.get(redis, "bull") == []
+    assert (redis.calls, names.partial) == (5, True)
+
+
+@pytest.mark.parametrize(
+    "token", ["a" * 16, " " * 20 + "b" * 16, "password12345678", "changemechangeme"]
+)
+def test_predictable_tokens_are_refused(token: str) -> None:
+    with pytest.raises(DashboardError, match=r"too predictable|at least 16"):
+        check_token(token)
+
+
+def test_random_tokens_pass() -> None:
+    import secrets
+
+    for _ in range(200):
+        assert check_token(secrets.token_urlsafe(16)) is not None
+        assert check_token(secrets.token_hex(16)) is not None
+    assert token_bits("a" * 40) == 0
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [
+        ("127.0.0.1:8089", "127.0.0.1"),
+        ("LocalHost", "localhost"),
+        ("[::1]:8089", "::1"),
+        ("[::1]", "::1"),
+        ("::1", "::1"),
+        ("dash.example.com:443", "dash.example.com"),
+        ("", ""),
+    ],
+)
+def test_host_names(header: str, name: str) -> None:
+    assert host_name(header) == name
