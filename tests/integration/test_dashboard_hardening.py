@@ -428,3 +428,11 @@ async def test_queue_views_do_not_scan_the_keyspace_each_time(
     assert ">2<" in pages[-1], "the wait list's length"
     # One walk of 30,000 keys at COUNT 1000 is about 30 calls; five per view were 600.
     assert used <= 45, f"{used} SCAN calls for 4 views"
+
+
+async def test_a_missing_lease_table_is_a_notice_not_a_500(pool: AsyncConnectionPool) -> None:
+    await pool.open()
+    async with _client(dashboard_app(pool)) as client:
+        r = await client.get("/leases")
+    assert r.status_code == 200
+    assert "The lease table does not exist" in r.text

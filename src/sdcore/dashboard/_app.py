@@ -43,7 +43,7 @@ from sdcore.dashboard._data import (
 )
 from sdcore.dashboard._format import Refused, instant, page_number
 from sdcore.dashboard._guard import Guard
-from sdcore.job_scheduler import JobScheduler
+from sdcore.job_scheduler import JobScheduler, JobSchedulerDatabaseError
 from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
 from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
@@ -296,6 +296,10 @@ def dashboard_app(
         try:
             rows = await data.running_leases()
         except MISSING_TABLE:
+            return render(request, seen, "missing.html", what="lease", flag="")
+        except JobSchedulerDatabaseError as exc:  # the lease admin wraps the driver's error
+            if exc.sqlstate not in MISSING_STATES:
+                raise
             return render(request, seen, "missing.html", what="lease", flag="")
         return render(request, seen, "leases.html", rows=rows)
 
