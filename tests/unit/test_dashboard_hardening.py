@@ -41,14 +41,18 @@ def test_a_client_is_throttled_until_its_oldest_failure_leaves_the_window() -> N
     assert throttle.failed("10.0.0.1") == 3, "two failures were still in the window"
 
 
-def test_the_overall_budget_holds_every_client() -> None:
+def test_the_overall_budget_holds_every_client_that_failed() -> None:
     clock = Clock()
     throttle = LoginThrottle(per_client=10, overall=5, window_s=60, clock=clock)
     for n in range(5):
         throttle.failed(f"10.0.0.{n}")
-    assert throttle.retry_after("192.0.2.1") == 60
+    assert throttle.retry_after("10.0.0.0") == 60
+    assert throttle.retry_after("10.0.0.4") == 60
+    assert throttle.retry_after("192.0.2.1") is None, "a client without failures gets its try"
+    throttle.failed("192.0.2.1")
+    assert throttle.retry_after("192.0.2.1") == 60, "then is held too"
     clock.now += 60
-    assert throttle.retry_after("192.0.2.1") is None
+    assert throttle.retry_after("10.0.0.0") is None
 
 
 def test_revocations_are_bounded_and_drop_the_expired_first() -> None:

@@ -194,12 +194,14 @@ class Revocations:
 
 
 class LoginThrottle:
-    """Ration wrong sign-ins: ``per_client`` per client address, and ``overall`` in all, within
-    any ``window_s``; past either budget, every sign-in (even a right one) is refused until the
-    oldest failure leaves the window.
+    """Ration wrong sign-ins within any ``window_s``: ``per_client`` per client address, and
+    ``overall`` in all. Past its own budget a client is refused every sign-in (even a right
+    one) until its oldest failure leaves the window; past the overall budget, so is every client
+    with a failure in the window.
 
-    The global budget holds when the client addresses vary (or a proxy hides them); the memory
-    is bounded by the failures kept (at most ``overall``).
+    The overall budget holds when the addresses vary: each new address then gets one guess per
+    window. A client without failures always gets its try, so a flood of wrong guesses from
+    elsewhere cannot lock an operator out. Memory is bounded by the failures kept (``overall``).
     """
 
     def __init__(
@@ -232,6 +234,8 @@ class LoginThrottle:
     def retry_after(self, client: str) -> int | None:
         """Seconds until ``client`` may try again, or ``None`` when it may now."""
         now = self._expire()
+        if self._counts[client] == 0:
+            return None
         if len(self._failures) >= self._overall:
             oldest = self._failures[0][0]
         elif self._counts[client] >= self._per_client:
