@@ -249,7 +249,7 @@ def test_a_password_on_the_command_line_is_warned_about() -> None:
 @pytest.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool]:
     async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as opened:
-        yield opened
+        yield opened  # opened by the "async with"
 
 
 def _client(app: object) -> httpx.AsyncClient:
@@ -349,7 +349,6 @@ async def test_wrong_sign_ins_are_throttled(
 async def test_bad_parameters_get_400_with_the_headers(
     pool: AsyncConnectionPool, path: str, params: dict[str, str]
 ) -> None:
-    await pool.open()
     async with _client(dashboard_app(pool)) as client:
         r = await client.get(path, params=params)
     assert r.status_code == 400, r.text[:200]
@@ -361,7 +360,8 @@ async def test_an_unexpected_error_is_a_500_with_the_headers(
     pool: AsyncConnectionPool, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
-    async with _client(dashboard_app(pool)) as client:  # the pool is not open: every read fails
+    await pool.close()  # every read now fails with an error no page expects
+    async with _client(dashboard_app(pool)) as client:
         r = await client.get("/leases")
     assert r.status_code == 500
     assert "default-src 'none'" in r.headers["content-security-policy"]
@@ -431,7 +431,6 @@ async def test_queue_views_do_not_scan_the_keyspace_each_time(
 
 
 async def test_a_missing_lease_table_is_a_notice_not_a_500(pool: AsyncConnectionPool) -> None:
-    await pool.open()
     async with _client(dashboard_app(pool)) as client:
         r = await client.get("/leases")
     assert r.status_code == 200

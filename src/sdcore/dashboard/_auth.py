@@ -35,8 +35,9 @@ SESSION_TTL_S = 12 * 3600
 MAX_ACTOR = 100
 MIN_TOKEN_CHARS = 16
 # Estimated as Shannon entropy of the token's bytes times its length: "a"*16 is 0 bits,
-# "password12345678" 62, secrets.token_urlsafe(16) about 85-90, token_urlsafe(32) about 230.
-MIN_TOKEN_BITS = 80
+# "password12345678" 62; secrets.token_urlsafe(16) scores 92 at the median and above 73 in
+# 200,000 draws, token_hex(16) above 89, token_urlsafe(32) about 230.
+MIN_TOKEN_BITS = 70
 _GENERATE = "generate one: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
@@ -139,7 +140,7 @@ def token_bits(token: str) -> float:
 
 
 def check_token(token: object) -> str | None:
-    """Validate an operator token: ``None``, or at least 16 characters and about 80 bits.
+    """Validate an operator token: ``None``, or at least 16 characters and about 70 bits.
 
     Raises:
         DashboardError: Too short, too predictable, or not a str.
