@@ -132,7 +132,10 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
     """Serve the dashboard until SIGTERM / SIGINT, on the pool of a (scheduler-less) Runtime.
 
     Raises:
-        CliError: The extra is missing, the token is too short, or the database is unreachable.
+        CliError: The extra is missing, the token is too short or predictable, or the database
+            is unreachable.
+        UsageError: No database URL, or a ``--database-url-file`` / ``--redis-url-file`` that
+            cannot be read.
     """
     try:
         import uvicorn

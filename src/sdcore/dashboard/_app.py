@@ -118,7 +118,8 @@ def dashboard_app(
             application's own ``TrustedHostMiddleware`` applies); ``"*"`` in the list: any.
 
     Raises:
-        DashboardError: A short token or secret, or a bad ``refresh_s`` or ``queue_prefix``.
+        DashboardError: A short or predictable token, a short secret, or a bad
+            ``refresh_s``, ``queue_prefix`` or ``allowed_hosts``.
     """
     token = check_token(token)
     if isinstance(refresh_s, bool) or not isinstance(refresh_s, int) or not 0 <= refresh_s <= 3600:
