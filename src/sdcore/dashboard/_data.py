@@ -283,8 +283,10 @@ class DashboardData:
                     last_run_at=r[13],
                     last_status=r[14],
                     last_error=r[15],
+                    # A code schedule no live replica declares (dropped from the code) fires
+                    # nowhere: no next fire.
                     next_fire_at=None
-                    if paused
+                    if paused or (r[1] == "code" and not int(r[12]))
                     else self.calendar.next_fire(kind, expression, zone),
                     timeline=timeline,
                 )
