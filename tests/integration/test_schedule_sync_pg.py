@@ -380,3 +380,35 @@ async def test_every_live_version_is_listed_with_its_replicas(
             "0 * * * *",
         ]
         assert all(v["next_fire_at"] and v["replicas"] for v in shown["live_versions"])
+
+
+async def test_the_dashboard_lists_the_day_rule_and_undeclared_schedules(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    from sdcore.dashboard._data import DashboardData
+
+    store = PostgresScheduleStore(pool)
+    data = DashboardData(pool, store=store)
+    gone, gone_control = _replica(pool, pid=12)
+    gone.add_interval("dropped", HOUR_MS, _noop)
+    async with gone_control:
+        pass
+    scheduler, control = _replica(pool, pid=13)
+    scheduler.add_cron("report", "0 0 */10 * 0", _noop, day_rule="nestjs")
+    async with control, scheduler:
+        async with pool.connection() as conn:  # as if it had been declared for days
+            await conn.execute(
+                "UPDATE sdcore_schedules SET created_at = now() - interval '3 days' "
+                "WHERE name = 'report'"
+            )
+        mine = scheduler.get("report").next_fire_at
+        rows = {r.name: r for r in (await data.schedules()).rows}
+        assert rows["report"].next_fire_at == mine
+        assert rows["dropped"].next_fire_at is None
+        # The last 24 hours expect the ticks of the NestJS reading (a Sunday's midnight too).
+        now = datetime.now(UTC)
+        utc = load_zone("UTC")
+        nestjs = cron_trigger(CronSpec.parse("0 0 */10 * 0", utc, day_rule=DayRule.NESTJS))
+        start = rows["report"].timeline[0].start
+        expected = expected_instants(nestjs, start, now, limit=100)
+        assert sum(b.expected for b in rows["report"].timeline) == len(expected)
