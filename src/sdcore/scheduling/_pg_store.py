@@ -185,6 +185,7 @@ class PostgresScheduleStore:
             changed = {r[0] for r in await cur.fetchall()}
             fresh = [d for d in declared if d.name in changed]
             if fresh:
+                await self._x(conn, self._sql["keep_definitions"], ([d.name for d in fresh],))
                 await self._x(
                     conn,
                     self._sql["sync_schedules"],
@@ -210,7 +211,7 @@ class PostgresScheduleStore:
                     replica.replica_id,
                     names,
                     [d.fingerprint for d in declared],
-                    [json.dumps(d.definition()) for d in declared],
+                    [None] * len(declared),  # the row holds it (see the statement)
                 ),
             )
             cur = await self._x(conn, self._sql["mixed_versions"], (names, self.live_ms))

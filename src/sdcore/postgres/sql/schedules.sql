@@ -50,11 +50,26 @@ ON CONFLICT (replica_id) DO UPDATE
 SET handlers = EXCLUDED.handlers, last_seen = clock_timestamp()
 
 -- name: declare
--- Each declaration keeps the definition the replica runs: `list` shows every live version.
+-- A declaration's definition is NULL while it is the row's (a code sync sends none: the row holds
+-- it, and 10,000 definitions would double a restart's sync); keep_definitions fills it in when the
+-- row moves on to another version. A stored schedule's declaration carries its definition.
 INSERT INTO {declarations} AS d (schedule, replica_id, fingerprint, definition)
 SELECT u.n, %s::uuid, u.f, u.d::jsonb FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(n, f, d)
 ON CONFLICT (schedule, replica_id) DO UPDATE
-SET fingerprint = EXCLUDED.fingerprint, definition = EXCLUDED.definition
+SET fingerprint = EXCLUDED.fingerprint,
+    definition = coalesce(EXCLUDED.definition,
+                          CASE WHEN d.fingerprint = EXCLUDED.fingerprint THEN d.definition END)
+
+-- name: keep_definitions
+-- Before a code sync changes these rows, the declarations of the definitions they held keep them:
+-- during a rolling deploy other replicas still run those, and `list` shows every live version.
+UPDATE {declarations} AS d
+SET definition = jsonb_build_object('kind', s.kind, 'expression', s.expression,
+                                    'time_zone', s.time_zone, 'day_rule', s.day_rule,
+                                    'options', s.options)
+FROM {table} AS s
+WHERE s.name = ANY(%s::text[]) AND s.removed_at IS NULL AND d.schedule = s.name
+  AND d.fingerprint = s.fingerprint AND d.definition IS NULL
 
 -- name: undeclare
 DELETE FROM {declarations} WHERE replica_id = %s::uuid AND schedule = %s
@@ -219,14 +234,21 @@ WHERE s.removed_at IS NULL
 ORDER BY s.name
 
 -- name: live_versions
--- Each definition live replicas declare, with its replicas (several during a rolling deploy).
--- A declaration without a definition comes from a replica of an older sdcore.
+-- Each definition live replicas declare, with its replicas (several during a rolling deploy): the
+-- declaration's own, else the row's when the fingerprints agree (NULL: unknown, e.g. declared by
+-- a replica of an sdcore that does not record definitions).
 SELECT x.schedule, x.fingerprint,
-       (array_agg(x.definition) FILTER (WHERE x.definition IS NOT NULL))[1],
+       coalesce((array_agg(x.definition) FILTER (WHERE x.definition IS NOT NULL))[1],
+                CASE WHEN x.fingerprint = s.fingerprint THEN
+                    jsonb_build_object('kind', s.kind, 'expression', s.expression,
+                                       'time_zone', s.time_zone, 'day_rule', s.day_rule,
+                                       'options', s.options)
+                END),
        array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid)
 FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
+LEFT JOIN {table} AS s ON s.name = x.schedule
 WHERE r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
-GROUP BY x.schedule, x.fingerprint
+GROUP BY x.schedule, x.fingerprint, s.name
 ORDER BY x.schedule, min(r.started_at), x.fingerprint
 
 -- name: prune_runs
