@@ -103,6 +103,7 @@ def _version_json(v: Any) -> dict[str, Any]:
         "expression": v.expression,
         "time_zone": v.time_zone,
         "day_rule": v.day_rule,
+        "options": None if v.options is None else dict(v.options),
         "next_fire_at": _plain(v.next_fire_at),
         "replicas": list(v.replicas),
     }
