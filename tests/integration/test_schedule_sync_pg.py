@@ -380,6 +380,17 @@ async def test_every_live_version_is_listed_with_its_replicas(
             "0 * * * *",
         ]
         assert all(v["next_fire_at"] and v["replicas"] for v in shown["live_versions"])
+        # The old replica restarts (its sync moves the row back to its definition): both
+        # definitions are still known.
+        await old_control.aclose()
+        await old_control.start()
+        state = await _state(admin, "report")
+        assert state is not None
+        assert state.expression == "0 * * * *"
+        assert {v.expression: v.time_zone for v in state.live_versions} == {
+            "0 * * * *": "UTC",
+            "*/5 * * * *": "Europe/Berlin",
+        }
 
 
 async def test_the_dashboard_lists_the_day_rule_and_undeclared_schedules(
