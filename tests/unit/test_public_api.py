@@ -163,6 +163,7 @@ def test_scheduling_surface() -> None:
         "DayRule",
         "InMemoryScheduleStore",
         "InvalidScheduleError",
+        "LiveVersion",
         "MissedTick",
         "Overlap",
         "PostgresScheduleStore",

@@ -90,7 +90,36 @@ def _schedule_json(s: Any) -> dict[str, Any]:
         "replicas": list(s.replicas),
         "last_seen_at": _plain(s.last_seen_at),
         "versions": s.versions,
+        "undeclared": s.undeclared,
+        "day_rule": s.day_rule,
+        "live_versions": [_version_json(v) for v in s.live_versions],
     }
+
+
+def _version_json(v: Any) -> dict[str, Any]:
+    return {
+        "fingerprint": v.fingerprint,
+        "kind": v.kind,
+        "expression": v.expression,
+        "time_zone": v.time_zone,
+        "day_rule": v.day_rule,
+        "options": None if v.options is None else dict(v.options),
+        "next_fire_at": _plain(v.next_fire_at),
+        "replicas": list(v.replicas),
+    }
+
+
+def _when_text(kind: str | None, expression: str | None, day_rule: str | None) -> str:
+    if kind is None or expression is None:
+        return "(definition not recorded: an older sdcore)"
+    text = f"every {expression} ms" if kind == "interval" else expression
+    return text + (f" ({day_rule} days)" if day_rule not in (None, "vixie") else "")
+
+
+def _state(s: Any) -> str:
+    if s.paused:
+        return f"paused by {escape(s.paused_by or '?')}"
+    return "undeclared" if s.undeclared else "active"
 
 
 def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
@@ -102,9 +131,9 @@ def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
         [
             escape(s.name),
             s.origin,
-            escape(s.expression if s.kind != "interval" else f"every {s.expression} ms"),
+            escape(_when_text(s.kind, s.expression, s.day_rule)),
             escape(s.time_zone),
-            f"paused by {escape(s.paused_by or '?')}" if s.paused else "active",
+            _state(s),
             when(s.next_fire_at),
             f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
             str(len(s.replicas)) + (f" ({s.versions} versions!)" if s.versions > 1 else ""),
@@ -114,6 +143,27 @@ def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
     headers = ["NAME", "ORIGIN", "WHEN", "ZONE", "STATE", "NEXT", "LAST RUN", "REPLICAS"]
     for line in render_table(headers, rows, {"NAME": 40, "WHEN": 30, "STATE": 30}):
         emit(line)
+    # The row above shows the definition synced last; during a rolling deploy every live one
+    # runs somewhere, so each is shown with its replicas and its own next fire.
+    for s in states:
+        if len(s.live_versions) < 2:
+            continue
+        emit("")
+        emit(f"{escape(s.name)}: {len(s.live_versions)} versions live")
+        version_rows = [
+            [
+                v.fingerprint[:12],
+                _when_text(v.kind, v.expression, v.day_rule),
+                v.time_zone or "-",
+                when(v.next_fire_at),
+                ", ".join(v.replicas),
+            ]
+            for v in s.live_versions
+        ]
+        version_headers = ["VERSION", "WHEN", "ZONE", "NEXT", "REPLICAS"]
+        limits = {"WHEN": 30, "REPLICAS": 80}
+        for line in render_table(version_headers, version_rows, limits):
+            emit("  " + line)
 
 
 def _ms(value: Any) -> int | None:

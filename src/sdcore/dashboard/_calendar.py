@@ -16,11 +16,13 @@ CACHE_SIZE = 5_000
 WARM_PAIRS = CACHE_SIZE // 25
 """Most (expression, zone) pairs :meth:`Calendar.warm` fills: 24 hours each fit the cache."""
 SLICE_S = 0.005
+VIXIE = "vixie"  # the default day rule (the only one warmed: a NestJS rule is rare)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Calendar:
-    """Expected ticks per hour, per (kind, expression, zone), from a never-started Scheduler.
+    """Expected ticks per hour, per (kind, expression, zone, day rule), from a never-started
+    Scheduler.
 
     Each hour's cron instants are computed once and kept (as POSIX seconds) for the counts of
     that hour, whole or in part (the current hour, an hour cut by a schedule's creation), so a
@@ -30,23 +32,27 @@ class Calendar:
 
     def __init__(self) -> None:
         self._scheduler = Scheduler()
-        self._names: dict[tuple[str, str], str | None] = {}
-        self._hours: OrderedDict[tuple[str, str, datetime], list[float]] = OrderedDict()
-        self._next: dict[tuple[str, str], datetime | None] = {}
+        self._names: dict[tuple[str, str, str], str | None] = {}
+        self._hours: OrderedDict[tuple[str, str, str, datetime], list[float]] = OrderedDict()
+        self._next: dict[tuple[str, str, str], datetime | None] = {}
 
-    def _entry(self, expression: str, zone: str) -> str | None:
-        key = (expression, zone)
+    def _entry(self, expression: str, zone: str, day_rule: str) -> str | None:
+        key = (expression, zone, day_rule)
         if key not in self._names:
             name = f"calendar-{len(self._names)}"
             try:
-                self._scheduler.add_cron(name, expression, _noop, time_zone=zone, exclusive=False)
+                self._scheduler.add_cron(
+                    name, expression, _noop, time_zone=zone, day_rule=day_rule, exclusive=False
+                )
             except InvalidScheduleError:
                 self._names[key] = None
             else:
                 self._names[key] = name
         return self._names[key]
 
-    def next_fire(self, kind: str, expression: str, zone: str) -> datetime | None:
+    def next_fire(
+        self, kind: str, expression: str, zone: str, day_rule: str = VIXIE
+    ) -> datetime | None:
         """The next fire instant after now (``None``: not a cron/interval schedule)."""
         if kind == "interval":
             every = _every_ms(expression)
@@ -56,24 +62,24 @@ class Calendar:
             return EPOCH + (elapsed // every + 1) * every * timedelta(milliseconds=1)
         if kind != "cron":
             return None
-        key = (expression, zone)
+        key = (expression, zone, day_rule)
         upcoming = self._next.get(key)
         if upcoming is not None and upcoming > datetime.now(UTC):
             return upcoming
-        name = self._entry(expression, zone)
+        name = self._entry(expression, zone, day_rule)
         upcoming = None if name is None else self._scheduler.get(name).next_fire_at
         if len(self._next) > CACHE_SIZE:
             self._next.clear()
         self._next[key] = upcoming
         return upcoming
 
-    def _hour(self, expression: str, zone: str, start: datetime) -> list[float]:
-        key = (expression, zone, start)
+    def _hour(self, expression: str, zone: str, start: datetime, day_rule: str) -> list[float]:
+        key = (expression, zone, day_rule, start)
         found = self._hours.get(key)
         if found is not None:
             self._hours.move_to_end(key)
             return found
-        name = self._entry(expression, zone)
+        name = self._entry(expression, zone, day_rule)
         end = start + BUCKET
         instants = [] if name is None else self._scheduler.expected_ticks(name, start, end)
         found = [t.timestamp() for t in instants]
@@ -95,9 +101,9 @@ class Calendar:
             if index >= WARM_PAIRS:
                 break
             for start in starts:
-                if (expression, zone, start) in self._hours:
+                if (expression, zone, VIXIE, start) in self._hours:
                     continue
-                self._hour(expression, zone, start)
+                self._hour(expression, zone, start, VIXIE)
                 computed += 1
                 if time.monotonic() >= deadline:
                     await asyncio.sleep(0)
@@ -105,7 +111,14 @@ class Calendar:
         return computed
 
     def expected(
-        self, kind: str, expression: str, zone: str, bucket: datetime, low: datetime, high: datetime
+        self,
+        kind: str,
+        expression: str,
+        zone: str,
+        bucket: datetime,
+        low: datetime,
+        high: datetime,
+        day_rule: str = VIXIE,
     ) -> int:
         """How many ticks fall in ``[low, high)``, a part of the hour starting at ``bucket``."""
         if high <= low:
@@ -119,7 +132,7 @@ class Calendar:
             return -(-((high - EPOCH) // ms) // every) + ((low - EPOCH) // ms) // -every
         if kind != "cron":
             return 0
-        instants = self._hour(expression, zone, bucket)
+        instants = self._hour(expression, zone, bucket, day_rule)
         if low == bucket and high - bucket == BUCKET:
             return len(instants)
         return bisect_left(instants, high.timestamp()) - bisect_left(instants, low.timestamp())

@@ -249,6 +249,7 @@ class DashboardData:
         rows = []
         for r in found:
             name, kind, expression, zone, paused, created = r[0], r[2], r[3], r[4], r[5], r[10]
+            rule = r[11] or "vixie"
             timeline: tuple[Bucket, ...] = ()
             if kind in ("cron", "interval"):
                 buckets = []
@@ -256,7 +257,7 @@ class DashboardData:
                 for index, start in enumerate(starts):
                     low = start if created <= start else created
                     ok, running, failed = ran.get((name, index), none)
-                    expected = expected_in(kind, expression, zone, start, low, highs[index])
+                    expected = expected_in(kind, expression, zone, start, low, highs[index], rule)
                     buckets.append(
                         Bucket(
                             start=start,
@@ -285,9 +286,11 @@ class DashboardData:
                     last_run_at=r[13],
                     last_status=r[14],
                     last_error=r[15],
+                    # A code schedule no live replica declares (dropped from the code) fires
+                    # nowhere: no next fire.
                     next_fire_at=None
-                    if paused
-                    else self.calendar.next_fire(kind, expression, zone),
+                    if paused or (r[1] == "code" and not int(r[12]))
+                    else self.calendar.next_fire(kind, expression, zone, rule),
                     timeline=timeline,
                 )
             )

@@ -15,6 +15,7 @@ from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
+    LiveVersion,
     RunRecord,
     ScheduleControlError,
     ScheduleState,
@@ -44,6 +45,7 @@ __all__ = [
     "DayRule",
     "InMemoryScheduleStore",
     "InvalidScheduleError",
+    "LiveVersion",
     "MissedTick",
     "Overlap",
     "PostgresScheduleStore",

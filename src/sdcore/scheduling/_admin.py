@@ -30,7 +30,7 @@ from sdcore.scheduling._control import (
     policy_options,
     row_trigger,
 )
-from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError
 from sdcore.scheduling._policy import KNOWN_OPTIONS, build_policy, check_name
 from sdcore.scheduling._triggers import ScheduleKind, Trigger, expected_instants
 
@@ -146,7 +146,7 @@ class ScheduleAdmin:
 
     async def _runnable(self, name: str) -> tuple[ScheduleRow, Trigger]:
         row = await self._known(name, declared=True)
-        trigger = row_trigger(row.name, row.kind, row.expression, row.time_zone)
+        trigger = row_trigger(row.name, row.kind, row.expression, row.time_zone, row.day_rule)
         if trigger is None:
             raise ScheduleControlError(
                 row.name, f"a {row.kind} schedule cannot be triggered or backfilled"
@@ -305,7 +305,15 @@ class ScheduleAdmin:
             raise ScheduleControlError(name, f"args must encode to at most {MAX_ARGS_BYTES} bytes")
         existing = await self.store.row(name)
         live = existing is not None and existing.removed_at is None
-        if kind is ActionKind.CREATE and live:
+        # A code schedule no live replica declares (dropped from the code) does not hold its
+        # name: a create takes the row over.
+        undeclared = (
+            live
+            and existing is not None
+            and existing.origin == "code"
+            and not await self.store.live_declarers(name)
+        )
+        if kind is ActionKind.CREATE and live and not undeclared:
             assert existing is not None  # noqa: S101
             raise ScheduleControlError(
                 name, f"a {existing.origin} schedule with this name exists; nothing changed"
@@ -314,8 +322,6 @@ class ScheduleAdmin:
             not live or existing is None or existing.origin != "stored"
         ):
             raise ScheduleControlError(name, "no stored schedule with this name; nothing changed")
-        if existing is not None and existing.origin == "code":
-            raise ScheduleControlError(name, "a code-declared schedule has this name")
         if handler not in await self.store.live_handlers():
             raise ScheduleControlError(
                 name, f"no running replica registers a handler named {handler!r}; nothing changed"
@@ -360,9 +366,10 @@ class ScheduleAdmin:
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
         row = await self._known(name, declared=False)
-        if row.origin != "stored":
+        if row.origin != "stored" and await self.store.live_declarers(row.name):
             raise ScheduleControlError(
-                row.name, "declared in code: remove it from the code; nothing changed"
+                row.name,
+                "declared in code by a running replica: remove it from the code; nothing changed",
             )
         assert who is not None  # noqa: S101
         return await self._write(
@@ -370,19 +377,37 @@ class ScheduleAdmin:
         )
 
     async def list_schedules(self) -> list[ScheduleState]:
-        """Every schedule: paused state, next fire time, last run and outcome, replicas."""
+        """Every schedule: paused state, next fire time, last run and outcome, replicas.
+
+        A code schedule no live replica declares is ``undeclared`` and has no next fire time.
+        Each live version (``live_versions``) has its own next fire time.
+        """
         states = await self.store.states()
         now = datetime.now(UTC)
         out = []
         for state in states:
             upcoming = None
-            try:
-                trigger = row_trigger(state.name, state.kind, state.expression, state.time_zone)
-            except InvalidScheduleError:
-                trigger = None
-            if trigger is not None and not state.paused:
-                upcoming = trigger.next_after(now)
-            out.append(_with_next(state, upcoming))
+            if not state.paused and not state.undeclared:
+                upcoming = _next_fire(
+                    state.name, state.kind, state.expression, state.time_zone, state.day_rule, now
+                )
+            versions = tuple(
+                replace(
+                    v,
+                    next_fire_at=None
+                    if state.paused or v.kind is None or v.expression is None
+                    else _next_fire(
+                        state.name,
+                        v.kind,
+                        v.expression,
+                        v.time_zone or "UTC",
+                        v.day_rule or DayRule.VIXIE.value,
+                        now,
+                    ),
+                )
+                for v in state.live_versions
+            )
+            out.append(replace(_with_next(state, upcoming), live_versions=versions))
         return out
 
     async def history(self, name: str, *, limit: int = 50) -> list[RunRecord]:
@@ -422,6 +447,16 @@ class ScheduleAdmin:
         if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
             raise ScheduleControlError(None, "older_than must be a positive timedelta")
         return await self.store.prune(datetime.now(UTC) - older_than, batch_size)
+
+
+def _next_fire(
+    name: str, kind: str, expression: str, time_zone: str, day_rule: str, now: datetime
+) -> datetime | None:
+    try:
+        trigger = row_trigger(name, kind, expression, time_zone, day_rule)
+    except InvalidScheduleError:
+        return None
+    return None if trigger is None else trigger.next_after(now)
 
 
 def _with_next(state: ScheduleState, upcoming: datetime | None) -> ScheduleState:

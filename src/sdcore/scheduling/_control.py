@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sdcore.scheduling._cron import CronSpec, InvalidScheduleError, SchedulingError, load_zone
+from sdcore.scheduling._cron import (
+    CronSpec,
+    DayRule,
+    InvalidScheduleError,
+    SchedulingError,
+    load_zone,
+)
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     RunPolicy,
@@ -42,6 +48,7 @@ __all__ = [
     "ActionKind",
     "ControlAction",
     "Declared",
+    "LiveVersion",
     "Replica",
     "RunRecord",
     "ScheduleControlError",
@@ -106,6 +113,17 @@ class Declared:
     time_zone: str
     options: Mapping[str, Any]
     fingerprint: str
+    day_rule: str = DayRule.VIXIE.value
+
+    def definition(self) -> dict[str, Any]:
+        """What the declarations record of it, so that ``list`` can show every live version."""
+        return {
+            "kind": self.kind,
+            "expression": self.expression,
+            "time_zone": self.time_zone,
+            "day_rule": self.day_rule,
+            "options": dict(self.options),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +144,7 @@ class ScheduleRow:
     resumed_at: datetime | None
     removed_at: datetime | None
     revision: int
+    day_rule: str = DayRule.VIXIE.value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,8 +205,53 @@ class RunRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LiveVersion:
+    """One definition of a schedule that live replicas run (several during a rolling deploy).
+
+    Attributes:
+        fingerprint: The definition's fingerprint.
+        kind: ``cron`` or ``interval`` (``None``: declared by a replica of an sdcore that does
+            not record definitions).
+        expression: The cron expression or the interval in ms.
+        time_zone: Its zone.
+        day_rule: How its day fields combine (cron).
+        options: Its run options.
+        replicas: ``host:pid`` of each live replica that runs this definition.
+        next_fire_at: When this definition fires next (set by ``ScheduleAdmin.list_schedules``).
+    """
+
+    fingerprint: str
+    kind: str | None
+    expression: str | None
+    time_zone: str | None
+    day_rule: str | None
+    options: Mapping[str, Any] | None
+    replicas: tuple[str, ...]
+    next_fire_at: datetime | None = None
+
+
+def live_version(fp: str, definition: Any, replicas: Sequence[str]) -> LiveVersion:
+    """A live version from a declaration's recorded definition (``None``: not recorded)."""
+    d = definition if isinstance(definition, Mapping) else {}
+    options = d.get("options")
+    return LiveVersion(
+        fingerprint=fp,
+        kind=d.get("kind"),
+        expression=d.get("expression"),
+        time_zone=d.get("time_zone"),
+        day_rule=d.get("day_rule"),
+        options=options if isinstance(options, Mapping) else None,
+        replicas=tuple(replicas),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleState:
-    """A schedule as ``sdcore schedules list`` shows it."""
+    """A schedule as ``sdcore schedules list`` shows it.
+
+    ``live_versions`` holds each definition live replicas declare, with its replicas: more than
+    one while a rolling deploy changes the schedule.
+    """
 
     name: str
     origin: str
@@ -207,6 +271,13 @@ class ScheduleState:
     last_status: str | None
     next_fire_at: datetime | None = None
     last_seen_at: datetime | None = None
+    day_rule: str = DayRule.VIXIE.value
+    live_versions: tuple[LiveVersion, ...] = ()
+
+    @property
+    def undeclared(self) -> bool:
+        """A code schedule no live replica declares (dropped from the code, or none running)."""
+        return self.origin == "code" and not self.replicas
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,8 +321,14 @@ class ScheduleStore(Protocol):
         """Upsert the declared schedules and the replica; return names with mixed versions."""
         ...
 
-    async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
-        """Add (``fingerprint``) or drop (``None``) one declaration of this replica."""
+    async def declare(
+        self,
+        replica: Replica,
+        name: str,
+        fingerprint: str | None,
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Add (``fingerprint``, with its ``definition``) or drop (``None``) one declaration."""
         ...
 
     async def heartbeat(self, replica: Replica) -> bool:
@@ -359,10 +436,18 @@ def fingerprint(
     options: Mapping[str, Any],
     handler: str | None = None,
     args: Mapping[str, Any] | None = None,
+    day_rule: str = DayRule.VIXIE.value,
 ) -> str:
-    """SHA-256 (hex, 32 chars) of a schedule's definition: equal on replicas of one version."""
+    """SHA-256 (hex, 32 chars) of a schedule's definition: equal on replicas of one version.
+
+    The day rule counts only when it is not the default, so the fingerprints of every schedule
+    recorded before the rule was (all of them Vixie) stay what they were.
+    """
+    parts: list[Any] = [kind, expression, time_zone, dict(options), handler, args]
+    if day_rule != DayRule.VIXIE.value:
+        parts.append(day_rule)
     text = json.dumps(
-        [kind, expression, time_zone, dict(options), handler, args],
+        parts,
         sort_keys=True,
         separators=(",", ":"),
         default=str,
@@ -370,15 +455,25 @@ def fingerprint(
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def row_trigger(name: str, kind: str, expression: str, time_zone: str) -> Trigger | None:
+def row_trigger(
+    name: str,
+    kind: str,
+    expression: str,
+    time_zone: str,
+    day_rule: str = DayRule.VIXIE.value,
+) -> Trigger | None:
     """The trigger of a recorded cron or interval schedule (``None`` for other kinds).
 
+    The zone is checked for intervals too: it is the zone of their ticks' ``local_time``.
+
     Raises:
-        InvalidScheduleError: A bad expression or zone.
+        InvalidScheduleError: A bad expression, zone or day rule.
     """
     if kind == ScheduleKind.CRON.value:
-        return cron_trigger(CronSpec.parse(expression, load_zone(time_zone, name), name))
+        zone = load_zone(time_zone, name)
+        return cron_trigger(CronSpec.parse(expression, zone, name, day_rule=day_rule))
     if kind == ScheduleKind.INTERVAL.value:
+        load_zone(time_zone, name)
         try:
             every = int(expression)
         except ValueError:

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._policy import StartPath
+from sdcore.scheduling._policy import MAX_PERIOD_MS, StartPath, check_ms, check_name
 from sdcore.scheduling._runner import Handler, TickOutcome
 from sdcore.scheduling._scheduler import Scheduler
-from sdcore.scheduling._triggers import Tick
+from sdcore.scheduling._triggers import IntervalTrigger, Tick
 
 __all__ = ["SchedulerHooks"]
 
@@ -63,9 +65,27 @@ class SchedulerHooks:
                 self._originals[entry.name] = entry.handler
                 entry.handler = wrap(entry.name, entry.handler)
 
+    def watch(self, changed: Callable[[str], None] | None) -> None:
+        """Call ``changed(name)`` after every schedule added or removed (``None``: stop)."""
+        self.scheduler._on_change = changed
+
+    def add_interval(
+        self,
+        name: str,
+        every_ms: int,
+        handler: Handler,
+        zone: ZoneInfo,
+        options: Mapping[str, Any],
+    ) -> None:
+        """Register an interval schedule whose ticks carry ``zone`` (a stored schedule's)."""
+        check_name(name)
+        every = check_ms(name, "every_ms", every_ms, minimum=1, maximum=MAX_PERIOD_MS)
+        self.scheduler._add(name, IntervalTrigger(every), handler, zone, options)
+
     def uninstall(self) -> None:
-        """Remove the gate and the wrapper; the schedules get their own handlers back."""
+        """Remove the gate, the wrapper and the watch; the schedules get their own handlers back."""
         scheduler = self.scheduler
+        scheduler._on_change = None
         scheduler._sup.gate = None
         scheduler._wrap = None
         for name, handler in self._originals.items():

@@ -26,6 +26,7 @@ from sdcore.scheduling._control import (
     ScheduleRow,
     ScheduleState,
     Write,
+    live_version,
 )
 
 __all__ = ["InMemoryScheduleStore"]
@@ -59,6 +60,7 @@ class InMemoryScheduleStore:
         self._extra: dict[str, dict[str, Any]] = {}  # paused_by, paused_reason per schedule
         self._replicas: dict[str, tuple[Replica, datetime]] = {}
         self._declarations: dict[tuple[str, str], str] = {}
+        self._definitions: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._actions: dict[int, ControlAction] = {}
         self._runs: dict[int, RunRecord] = {}
         self._run_ids = itertools.count(1)
@@ -74,7 +76,9 @@ class InMemoryScheduleStore:
         now = self._clock()
         for d in declared:
             row = self._rows.get(d.name)
-            if row is None:
+            if row is None or row.removed_at is not None:
+                # New, or a removed row taken over: the name is the code's, with none of the
+                # old row's state.
                 self._rows[d.name] = ScheduleRow(
                     name=d.name,
                     origin="code",
@@ -89,8 +93,10 @@ class InMemoryScheduleStore:
                     paused_at=None,
                     resumed_at=None,
                     removed_at=None,
-                    revision=0,
+                    revision=0 if row is None else row.revision,
+                    day_rule=d.day_rule,
                 )
+                self._extra.pop(d.name, None)
             elif row.origin == "code" and row.fingerprint != d.fingerprint:
                 self._rows[d.name] = replace(
                     row,
@@ -99,10 +105,12 @@ class InMemoryScheduleStore:
                     time_zone=d.time_zone,
                     options=dict(d.options),
                     fingerprint=d.fingerprint,
+                    day_rule=d.day_rule,
                 )
         self._replicas[replica.replica_id] = (replica, now)
         for d in declared:
             self._declarations[(d.name, replica.replica_id)] = d.fingerprint
+            self._definitions[(d.name, replica.replica_id)] = d.definition()
         live = self._live()
         mixed = []
         for d in declared:
@@ -115,11 +123,20 @@ class InMemoryScheduleStore:
                 mixed.append(d.name)
         return mixed
 
-    async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
+    async def declare(
+        self,
+        replica: Replica,
+        name: str,
+        fingerprint: str | None,
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
+        key = (name, replica.replica_id)
         if fingerprint is None:
-            self._declarations.pop((name, replica.replica_id), None)
+            self._declarations.pop(key, None)
+            self._definitions.pop(key, None)
         else:
-            self._declarations[(name, replica.replica_id)] = fingerprint
+            self._declarations[key] = fingerprint
+            self._definitions[key] = None if definition is None else dict(definition)
 
     async def heartbeat(self, replica: Replica) -> bool:
         if replica.replica_id not in self._replicas:
@@ -131,6 +148,7 @@ class InMemoryScheduleStore:
         self._replicas.pop(replica.replica_id, None)
         for key in [k for k in self._declarations if k[1] == replica.replica_id]:
             del self._declarations[key]
+            self._definitions.pop(key, None)
 
     # --- rows --------------------------------------------------------------------------------
 
@@ -176,12 +194,21 @@ class InMemoryScheduleStore:
                 row, paused=False, resumed_at=now, revision=next(self._seq)
             )
         elif write.action is ActionKind.REMOVE:
-            if row is None or row.origin != "stored" or row.removed_at is not None:
+            if row is None or row.removed_at is not None:
+                return None
+            if row.origin != "stored" and await self.live_declarers(write.name):
                 return None
             self._rows[write.name] = replace(row, removed_at=now, revision=next(self._seq))
         elif write.stored is not None:
-            if row is not None and row.origin != "stored":
+            if (
+                row is not None
+                and row.origin != "stored"
+                and row.removed_at is None
+                and await self.live_declarers(write.name)
+            ):
                 return None
+            if row is not None and row.origin != "stored":
+                row = None  # a code row taken over: none of its state carries over
             d = write.stored
             self._rows[write.name] = ScheduleRow(
                 name=d.name,
@@ -198,6 +225,7 @@ class InMemoryScheduleStore:
                 resumed_at=None if row is None else row.resumed_at,
                 removed_at=None,
                 revision=next(self._seq),
+                day_rule=d.day_rule,
             )
         action = ControlAction(
             id=next(self._seq),
@@ -305,10 +333,16 @@ class InMemoryScheduleStore:
             if row.removed_at is not None:
                 continue
             holders = [
-                (self._replicas[rid][0], fp)
+                (self._replicas[rid][0], fp, self._definitions.get((n, rid)))
                 for (n, rid), fp in self._declarations.items()
                 if n == row.name and rid in live
             ]
+            by_print: dict[str, tuple[list[str], Mapping[str, Any] | None]] = {}
+            for rep, fp, definition in holders:
+                hosts, known = by_print.setdefault(fp, ([], definition))
+                hosts.append(f"{rep.host}:{rep.pid}")
+                if known is None and definition is not None:
+                    by_print[fp] = (hosts, definition)
             runs = await self.history(row.name, 1)
             extra = self._extra.get(row.name, {}) if row.paused else {}
             out.append(
@@ -325,8 +359,8 @@ class InMemoryScheduleStore:
                     handler=row.handler,
                     args=row.args,
                     options=row.options,
-                    replicas=tuple(sorted(f"{rep.host}:{rep.pid}" for rep, _ in holders)),
-                    versions=len({fp for _, fp in holders}),
+                    replicas=tuple(sorted(f"{rep.host}:{rep.pid}" for rep, _, _ in holders)),
+                    versions=len(by_print),
                     last_run_at=runs[0].started_at if runs else None,
                     last_status=runs[0].status if runs else None,
                     last_seen_at=max(
@@ -336,6 +370,11 @@ class InMemoryScheduleStore:
                             if n == row.name and rid in live
                         ),
                         default=None,
+                    ),
+                    day_rule=row.day_rule,
+                    live_versions=tuple(
+                        live_version(fp, definition, sorted(hosts))
+                        for fp, (hosts, definition) in sorted(by_print.items())
                     ),
                 )
             )

@@ -8,8 +8,10 @@ replica even under PgBouncer transaction pooling, where LISTEN is unavailable (`
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -17,7 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore._internal.identifiers import qualified
+from sdcore._internal.identifiers import MAX_IDENTIFIER_BYTES, qualified
 from sdcore._internal.sql import queries
 from sdcore.job_scheduler import JobScheduler
 from sdcore.postgres import derived_name, migrate
@@ -26,12 +28,14 @@ from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
     Declared,
+    LiveVersion,
     Replica,
     RunRecord,
     RunStart,
     ScheduleRow,
     ScheduleState,
     Write,
+    live_version,
 )
 
 __all__ = ["PostgresScheduleStore"]
@@ -57,7 +61,7 @@ def _object(value: Any) -> Any:
 
 _ROW = (
     "name origin kind expression time_zone options handler args fingerprint paused paused_at "
-    "resumed_at removed_at revision"
+    "resumed_at removed_at revision day_rule"
 )
 _ACTION = "id schedule action actor reason params progress outcome created_at finished_at"
 _RUN = (
@@ -66,8 +70,24 @@ _RUN = (
 )
 _STATE = (
     "name origin kind expression time_zone paused paused_at paused_by paused_reason handler "
-    "args options replicas versions last_run_at last_status last_seen_at"
+    "args options replicas versions last_run_at last_status last_seen_at day_rule"
 )
+
+
+def notify_channel(table: str, schema: str | None) -> str:
+    """The NOTIFY channel of a schedules table: ``schema.table``, at most 63 bytes.
+
+    PostgreSQL refuses ``pg_notify`` on a longer channel (and clips a ``LISTEN`` identifier to
+    63 bytes, so the two would never meet); past 63 bytes the name is clipped and an 8-hex-digit
+    hash of the whole name added, as :func:`~sdcore.postgres.derived_name` does, so two long
+    names sharing a prefix keep distinct channels.
+    """
+    name = table if schema is None else f"{schema}.{table}"
+    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+    room = MAX_IDENTIFIER_BYTES - len(digest) - 1
+    return name.encode("utf-8")[:room].decode("utf-8", "ignore") + "_" + digest
 
 
 def _row(r: Sequence[Any]) -> ScheduleRow:
@@ -111,7 +131,7 @@ class PostgresScheduleStore:
         self.table = table
         self.schema = schema
         self.live_ms = live_ms
-        self.channel = table if schema is None else f"{schema}.{table}"
+        self.channel = notify_channel(table, schema)
 
         def companion(suffix: str) -> sql.Identifier:
             name = derived_name(table, suffix)
@@ -165,6 +185,7 @@ class PostgresScheduleStore:
             changed = {r[0] for r in await cur.fetchall()}
             fresh = [d for d in declared if d.name in changed]
             if fresh:
+                await self._x(conn, self._sql["keep_definitions"], ([d.name for d in fresh],))
                 await self._x(
                     conn,
                     self._sql["sync_schedules"],
@@ -175,6 +196,7 @@ class PostgresScheduleStore:
                         [d.time_zone for d in fresh],
                         [json.dumps(dict(d.options)) for d in fresh],
                         [d.fingerprint for d in fresh],
+                        [d.day_rule for d in fresh],
                     ),
                 )
             await self._x(
@@ -185,16 +207,28 @@ class PostgresScheduleStore:
             await self._x(
                 conn,
                 self._sql["declare"],
-                (replica.replica_id, names, [d.fingerprint for d in declared]),
+                (
+                    replica.replica_id,
+                    names,
+                    [d.fingerprint for d in declared],
+                    [None] * len(declared),  # the row holds it (see the statement)
+                ),
             )
             cur = await self._x(conn, self._sql["mixed_versions"], (names, self.live_ms))
             return [r[0] for r in await cur.fetchall()]
 
-    async def declare(self, replica: Replica, name: str, fingerprint: str | None) -> None:
+    async def declare(
+        self,
+        replica: Replica,
+        name: str,
+        fingerprint: str | None,
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
         if fingerprint is None:
             await self._exec("undeclare", (replica.replica_id, name))
         else:
-            await self._exec("declare", (replica.replica_id, [name], [fingerprint]))
+            encoded = None if definition is None else json.dumps(dict(definition))
+            await self._exec("declare", (replica.replica_id, [name], [fingerprint], [encoded]))
 
     async def heartbeat(self, replica: Replica) -> bool:
         return await self._exec("heartbeat", (replica.replica_id,)) > 0
@@ -235,7 +269,7 @@ class PostgresScheduleStore:
                 cur = await self._x(conn, self._sql["resume"], (write.name,))
                 changed = cur.rowcount
             elif write.action is ActionKind.REMOVE:
-                cur = await self._x(conn, self._sql["remove"], (write.name,))
+                cur = await self._x(conn, self._sql["remove"], (write.name, self.live_ms))
                 changed = cur.rowcount
             elif write.stored is not None:
                 d = write.stored
@@ -251,6 +285,8 @@ class PostgresScheduleStore:
                         write.handler,
                         json.dumps(dict(write.args or {})),
                         d.fingerprint,
+                        d.day_rule,
+                        self.live_ms,
                     ),
                 )
                 changed = cur.rowcount
@@ -325,7 +361,10 @@ class PostgresScheduleStore:
 
     async def states(self) -> list[ScheduleState]:
         rows = await self._all("list", (self.live_ms,))
-        return [
+        versions: dict[str, list[LiveVersion]] = {}
+        for name, fp, definition, replicas in await self._all("live_versions", (self.live_ms,)):
+            versions.setdefault(name, []).append(live_version(fp, definition, replicas))
+        states = [
             _record(
                 ScheduleState,
                 _STATE,
@@ -337,6 +376,7 @@ class PostgresScheduleStore:
             )
             for r in rows
         ]
+        return [replace(s, live_versions=tuple(versions.get(s.name, ()))) for s in states]
 
     async def prune(self, before: datetime, batch: int) -> int:
         total = 0

@@ -31,7 +31,7 @@ from sdcore.scheduling._control import (
     fingerprint,
     policy_options,
 )
-from sdcore.scheduling._cron import InvalidScheduleError
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
@@ -60,16 +60,34 @@ def _expression(entry: Entry) -> str:
     return trigger.describe()
 
 
+def _day_rule(entry: Entry) -> str:
+    """The day rule of a cron schedule, ``vixie`` whenever the rule makes no difference to it.
+
+    A spec keeps only how its day fields combine, so the rule is read back from that: an
+    expression both rules read alike records the default (and keeps its fingerprint).
+    """
+    trigger = entry.trigger
+    if not isinstance(trigger, CronTrigger):
+        return DayRule.VIXIE.value
+    spec = trigger.spec
+    vixie = CronSpec.parse(spec.expression, spec.zone, entry.name, day_rule=DayRule.VIXIE)
+    return DayRule.VIXIE.value if vixie.day_and == spec.day_and else DayRule.NESTJS.value
+
+
 def _declared(entry: Entry) -> Declared:
     options = policy_options(entry.policy)
     expression = _expression(entry)
+    rule = _day_rule(entry)
     return Declared(
         name=entry.name,
         kind=entry.kind.value,
         expression=expression,
         time_zone=entry.zone.key,
         options=options,
-        fingerprint=fingerprint(entry.kind.value, expression, entry.zone.key, options),
+        fingerprint=fingerprint(
+            entry.kind.value, expression, entry.zone.key, options, day_rule=rule
+        ),
+        day_rule=rule,
     )
 
 
@@ -131,7 +149,11 @@ class ScheduleControl:
         self._paused: dict[str, bool] = {}
         self._resumed: dict[str, datetime] = {}
         self._stored: dict[str, str] = {}  # stored schedule name -> fingerprint running here
-        self._declared: set[str] = set()
+        self._stored_defs: dict[str, dict[str, Any]] = {}  # ... and its definition
+        self._declared: dict[str, str] = {}  # code schedule name -> fingerprint declared
+        # Names the registry reported added or removed (or whose row was removed while this
+        # replica declares them): declared again before the next poll.
+        self._dirty: set[str] = set()
         self._busy: set[int] = set()
         self._revision = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -175,6 +197,7 @@ class ScheduleControl:
         self._closing = False
         self._since = datetime.now(UTC) - timedelta(seconds=5)  # clock skew with the database
         self._hooks.install(self._gate, self._history.wrap)
+        self._hooks.watch(self._registry_changed)
         self.replica = Replica(
             replica_id=self.replica.replica_id,
             host=self._host,
@@ -220,6 +243,7 @@ class ScheduleControl:
             if self._hooks.entry(name) is not None:
                 self.scheduler.remove(name)
         self._stored.clear()
+        self._stored_defs.clear()
         if not self._joined:
             return
         self._joined = False
@@ -239,8 +263,13 @@ class ScheduleControl:
     async def _sync(self) -> None:
         entries = self._hooks.entries()
         declared = [_declared(e) for e in entries if e.name not in self._stored]
-        self._declared = {d.name for d in declared}
-        mixed = await self.store.sync(self.replica, declared)
+        self._declared = {d.name: d.fingerprint for d in declared}
+        self._dirty.clear()
+        self._warn_mixed(await self.store.sync(self.replica, declared))
+        for name, fp in self._stored.items():
+            await self.store.declare(self.replica, name, fp, self._stored_defs.get(name))
+
+    def _warn_mixed(self, mixed: list[str]) -> None:
         for name in mixed:
             self._log.warning(
                 "schedule %r: live replicas declare different definitions of it (code versions "
@@ -248,8 +277,42 @@ class ScheduleControl:
                 name,
                 extra={"action": "schedule_versions_mixed", "schedule": name},
             )
-        for name, fp in self._stored.items():
-            await self.store.declare(self.replica, name, fp)
+
+    def _registry_changed(self, name: str) -> None:
+        """A schedule was added to or removed from the scheduler (also while it runs)."""
+        self._dirty.add(name)
+        self._wake.set()  # the loop declares it before its next poll
+
+    async def _redeclare(self) -> None:
+        """Declare the code schedules added since the last sync and undeclare removed ones.
+
+        Only the names the registry reported are looked at (a replica may hold thousands).
+        Stored schedules are skipped: this replica declares those as it applies their rows.
+        """
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        try:
+            fresh: list[Declared] = []
+            gone: list[str] = []
+            for name in sorted(dirty):
+                entry = self._hooks.entry(name)
+                if name in self._stored:
+                    continue
+                if entry is not None:
+                    fresh.append(_declared(entry))
+                elif name in self._declared:
+                    gone.append(name)
+            if fresh:
+                self._warn_mixed(await self.store.sync(self.replica, fresh))
+                for d in fresh:
+                    self._declared[d.name] = d.fingerprint
+            for name in gone:
+                await self.store.declare(self.replica, name, None)
+                del self._declared[name]
+        except BaseException:
+            self._dirty |= dirty  # the next round tries again
+            raise
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -280,6 +343,7 @@ class ScheduleControl:
             # Cleared before the poll: a notification arriving during it wakes the next one.
             self._wake.clear()
             try:
+                await self._redeclare()
                 await self.poll()
                 if loop.time() - self._last_beat >= self._heartbeat_s:
                     self._last_beat = loop.time()
@@ -340,6 +404,10 @@ class ScheduleControl:
     def _apply(self, row: ScheduleRow, *, initial: bool) -> None:
         if row.origin == "stored":
             self._apply_stored(row)
+        if row.removed_at is not None and row.name in self._declared:
+            # Removed by an operator while no live replica declared it, yet this one does: sync
+            # it again, which takes the name back.
+            self._registry_changed(row.name)
         was = self._paused.get(row.name, False)
         now_paused = row.paused and row.removed_at is None
         self._paused[row.name] = now_paused
@@ -385,6 +453,7 @@ class ScheduleControl:
         if row.removed_at is not None or row.handler is None or row.handler not in sched.handlers:
             if running_fp is not None:
                 self._stored.pop(row.name, None)
+                self._stored_defs.pop(row.name, None)
                 if self._hooks.entry(row.name) is not None:
                     sched.remove(row.name)
                 self._own(lambda: self.store.declare(self.replica, row.name, None), "declare")
@@ -410,17 +479,34 @@ class ScheduleControl:
                 sched.remove(row.name)
             if row.kind == ScheduleKind.CRON.value:
                 sched.add_cron(
-                    row.name, row.expression, handler, time_zone=row.time_zone, **options
+                    row.name,
+                    row.expression,
+                    handler,
+                    time_zone=row.time_zone,
+                    day_rule=row.day_rule,
+                    **options,
                 )
             else:
-                sched.add_interval(row.name, int(row.expression), handler, **options)
+                zone = load_zone(row.time_zone, row.name)
+                self._hooks.add_interval(row.name, int(row.expression), handler, zone, options)
         except (InvalidScheduleError, ValueError, TypeError) as exc:
             self._stored.pop(row.name, None)
+            self._stored_defs.pop(row.name, None)
             self._log.error("stored schedule %r cannot run here: %s", row.name, exc)
             return
         self._stored[row.name] = row.fingerprint
+        definition = {
+            "kind": row.kind,
+            "expression": row.expression,
+            "time_zone": row.time_zone,
+            "day_rule": row.day_rule,
+            "options": dict(row.options),
+        }
+        self._stored_defs[row.name] = definition
         fingerprint = row.fingerprint
-        self._own(lambda: self.store.declare(self.replica, row.name, fingerprint), "declare")
+        self._own(
+            lambda: self.store.declare(self.replica, row.name, fingerprint, definition), "declare"
+        )
         self._log.info(
             "stored schedule %r %s here: %s",
             row.name,

@@ -85,6 +85,8 @@ class Scheduler:
         # handler (run history); see sdcore.scheduling._control.
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._wrap: Callable[[str, Handler], Handler] | None = None
+        # The control plane's watch: told each name added or removed, to declare it.
+        self._on_change: Callable[[str], None] | None = None
 
     @property
     def telemetry(self) -> Telemetry:
@@ -238,6 +240,8 @@ class Scheduler:
         if self._started_at is not None:
             self._arm(entry, now)
         self._entries[name] = entry
+        if self._on_change is not None:
+            self._on_change(name)
 
     # --- registry ----------------------------------------------------------------------------
 
@@ -305,6 +309,8 @@ class Scheduler:
         self.stop(name)
         entry = self._entries.pop(name)
         entry.removed = True
+        if self._on_change is not None:
+            self._on_change(name)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

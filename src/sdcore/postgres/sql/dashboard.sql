@@ -10,7 +10,7 @@
 -- and its last run: one probe of runs (schedule, started_at DESC) per row of the page.
 WITH page AS (
     SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at,
-           s.paused_by, s.paused_reason, s.options, s.created_at
+           s.paused_by, s.paused_reason, s.options, s.created_at, s.day_rule
     FROM {schedules} AS s
     WHERE s.removed_at IS NULL
       AND (%(query)s::text IS NULL OR strpos(lower(s.name), lower(%(query)s::text)) > 0)
@@ -19,7 +19,7 @@ WITH page AS (
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT p.name, p.origin, p.kind, p.expression, p.time_zone, p.paused, p.paused_at, p.paused_by,
-       p.paused_reason, p.options, p.created_at, NULL,
+       p.paused_reason, p.options, p.created_at, p.day_rule,
        coalesce(d.replicas, 0), lr.started_at, lr.status, lr.error
 FROM page AS p
 LEFT JOIN LATERAL (
@@ -45,7 +45,7 @@ FROM {schedules} WHERE removed_at IS NULL
 
 -- name: schedule_one
 SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
-       s.paused_reason, s.options, s.created_at, NULL,
+       s.paused_reason, s.options, s.created_at, s.day_rule,
        (SELECT count(*) FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
         WHERE x.schedule = s.name
           AND r.last_seen >= clock_timestamp() - %(live_ms)s::bigint * interval '1 millisecond'),

@@ -9,26 +9,39 @@ SELECT pg_advisory_xact_lock(%s)
 
 -- name: sync_schedules
 -- One statement for every code-declared schedule of a replica (arrays of equal length). Only
--- new or changed definitions are written: a restart of the same code locks no row.
-INSERT INTO {table} AS s (name, origin, kind, expression, time_zone, options, fingerprint)
-SELECT u.n, 'code', u.k, u.e, u.z, u.o::jsonb, u.f
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
-     AS u(n, k, e, z, o, f)
+-- new or changed definitions are written: a restart of the same code locks no row. A removed row
+-- (a stored schedule removed, or a code schedule an operator removed once no replica declared
+-- it) is taken over: the name is the code's again, with none of the old row's state.
+INSERT INTO {table} AS s
+    (name, origin, kind, expression, time_zone, options, fingerprint, day_rule)
+SELECT u.n, 'code', u.k, u.e, u.z, u.o::jsonb, u.f, u.r
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+     AS u(n, k, e, z, o, f, r)
 LEFT JOIN {table} AS old ON old.name = u.n
-WHERE old.name IS NULL OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
+WHERE old.name IS NULL OR old.removed_at IS NOT NULL
+   OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
 ON CONFLICT (name) DO UPDATE
-SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED.time_zone,
-    options = EXCLUDED.options, fingerprint = EXCLUDED.fingerprint,
-    updated_at = clock_timestamp()
-WHERE s.origin = 'code' AND s.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint
+SET origin = 'code', kind = EXCLUDED.kind, expression = EXCLUDED.expression,
+    time_zone = EXCLUDED.time_zone, options = EXCLUDED.options,
+    fingerprint = EXCLUDED.fingerprint, day_rule = EXCLUDED.day_rule,
+    handler = NULL, args = NULL,
+    paused = s.paused AND s.removed_at IS NULL,
+    paused_at = CASE WHEN s.removed_at IS NULL THEN s.paused_at END,
+    paused_by = CASE WHEN s.removed_at IS NULL THEN s.paused_by END,
+    paused_reason = CASE WHEN s.removed_at IS NULL THEN s.paused_reason END,
+    resumed_at = CASE WHEN s.removed_at IS NULL THEN s.resumed_at END,
+    removed_at = NULL, updated_at = clock_timestamp()
+WHERE s.removed_at IS NOT NULL
+   OR (s.origin = 'code' AND s.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint)
 
 -- name: changed_names
--- Which of a replica's declared schedules are new or changed (names and fingerprints only: the
--- full definitions are sent for these alone).
+-- Which of a replica's declared schedules are new, changed or removed (names and fingerprints
+-- only: the full definitions are sent for these alone).
 SELECT u.n
 FROM unnest(%s::text[], %s::text[]) AS u(n, f)
 LEFT JOIN {table} AS old ON old.name = u.n
-WHERE old.name IS NULL OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
+WHERE old.name IS NULL OR old.removed_at IS NOT NULL
+   OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
 
 -- name: upsert_replica
 INSERT INTO {replicas} AS r (replica_id, host, pid, handlers)
@@ -37,9 +50,26 @@ ON CONFLICT (replica_id) DO UPDATE
 SET handlers = EXCLUDED.handlers, last_seen = clock_timestamp()
 
 -- name: declare
-INSERT INTO {declarations} AS d (schedule, replica_id, fingerprint)
-SELECT u.n, %s::uuid, u.f FROM unnest(%s::text[], %s::text[]) AS u(n, f)
-ON CONFLICT (schedule, replica_id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
+-- A declaration's definition is NULL while it is the row's (a code sync sends none: the row holds
+-- it, and 10,000 definitions would double a restart's sync); keep_definitions fills it in when the
+-- row moves on to another version. A stored schedule's declaration carries its definition.
+INSERT INTO {declarations} AS d (schedule, replica_id, fingerprint, definition)
+SELECT u.n, %s::uuid, u.f, u.d::jsonb FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(n, f, d)
+ON CONFLICT (schedule, replica_id) DO UPDATE
+SET fingerprint = EXCLUDED.fingerprint,
+    definition = coalesce(EXCLUDED.definition,
+                          CASE WHEN d.fingerprint = EXCLUDED.fingerprint THEN d.definition END)
+
+-- name: keep_definitions
+-- Before a code sync changes these rows, the declarations of the definitions they held keep them:
+-- during a rolling deploy other replicas still run those, and `list` shows every live version.
+UPDATE {declarations} AS d
+SET definition = jsonb_build_object('kind', s.kind, 'expression', s.expression,
+                                    'time_zone', s.time_zone, 'day_rule', s.day_rule,
+                                    'options', s.options)
+FROM {table} AS s
+WHERE s.name = ANY(%s::text[]) AND s.removed_at IS NULL AND d.schedule = s.name
+  AND d.fingerprint = s.fingerprint AND d.definition IS NULL
 
 -- name: undeclare
 DELETE FROM {declarations} WHERE replica_id = %s::uuid AND schedule = %s
@@ -65,18 +95,18 @@ SELECT coalesce(max(revision), 0) FROM {table}
 
 -- name: rows_since
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
-       paused_at, resumed_at, removed_at, revision
+       paused_at, resumed_at, removed_at, revision, day_rule
 FROM {table} WHERE revision > %s ORDER BY revision
 
 -- name: rows_all
 -- What a starting replica must know: the paused schedules and the stored ones.
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
-       paused_at, resumed_at, removed_at, revision
+       paused_at, resumed_at, removed_at, revision, day_rule
 FROM {table} WHERE removed_at IS NULL AND (paused OR origin = 'stored')
 
 -- name: row
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
-       paused_at, resumed_at, removed_at, revision
+       paused_at, resumed_at, removed_at, revision, day_rule
 FROM {table} WHERE name = %s
 
 -- name: live_declarers
@@ -100,22 +130,34 @@ SET paused = false, resumed_at = clock_timestamp(), revision = nextval({seq_text
 WHERE name = %s AND removed_at IS NULL AND paused
 
 -- name: store
--- Create (or re-create after removal) or change a stored schedule; never a code schedule.
+-- Create (or re-create after removal) or change a stored schedule; never a code schedule that a
+-- live replica declares (one no live replica declares is taken over, as a removed row is).
 INSERT INTO {table} AS s
-    (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision)
-VALUES (%s, 'stored', %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, nextval({seq_text}::regclass))
+    (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision,
+     day_rule)
+VALUES (%s, 'stored', %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, nextval({seq_text}::regclass),
+        %s)
 ON CONFLICT (name) DO UPDATE
-SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED.time_zone,
-    options = EXCLUDED.options, handler = EXCLUDED.handler, args = EXCLUDED.args,
-    fingerprint = EXCLUDED.fingerprint, revision = EXCLUDED.revision, removed_at = NULL,
-    paused = CASE WHEN s.removed_at IS NULL THEN s.paused ELSE false END,
+SET origin = 'stored', kind = EXCLUDED.kind, expression = EXCLUDED.expression,
+    time_zone = EXCLUDED.time_zone, options = EXCLUDED.options, handler = EXCLUDED.handler,
+    args = EXCLUDED.args, fingerprint = EXCLUDED.fingerprint, revision = EXCLUDED.revision,
+    day_rule = EXCLUDED.day_rule, removed_at = NULL,
+    paused = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.paused ELSE false END,
     updated_at = clock_timestamp()
-WHERE s.origin = 'stored'
+WHERE s.origin = 'stored' OR s.removed_at IS NOT NULL OR NOT EXISTS (
+    SELECT FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
+    WHERE x.schedule = s.name
+      AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond')
 
 -- name: remove
-UPDATE {table}
+-- A stored schedule, or a code schedule no live replica declares (dropped from the code): its
+-- name is free again. A replica that still declares it takes it back at its next sync.
+UPDATE {table} AS s
 SET removed_at = clock_timestamp(), revision = nextval({seq_text}::regclass), updated_at = clock_timestamp()
-WHERE name = %s AND origin = 'stored' AND removed_at IS NULL
+WHERE name = %s AND removed_at IS NULL AND (origin = 'stored' OR NOT EXISTS (
+    SELECT FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
+    WHERE x.schedule = s.name
+      AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'))
 
 -- name: insert_action
 INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome)
@@ -174,7 +216,7 @@ FROM {runs} WHERE schedule = %s ORDER BY started_at DESC, id DESC LIMIT %s
 SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
        s.paused_reason, s.handler, s.args, s.options,
        coalesce(d.replicas, ARRAY[]::text[]), coalesce(d.versions, 0),
-       lr.started_at, lr.status, d.last_seen
+       lr.started_at, lr.status, d.last_seen, s.day_rule
 FROM {table} AS s
 LEFT JOIN LATERAL (
     SELECT array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid) AS replicas,
@@ -190,6 +232,24 @@ LEFT JOIN LATERAL (
 ) AS lr ON true
 WHERE s.removed_at IS NULL
 ORDER BY s.name
+
+-- name: live_versions
+-- Each definition live replicas declare, with its replicas (several during a rolling deploy): the
+-- declaration's own, else the row's when the fingerprints agree (NULL: unknown, e.g. declared by
+-- a replica of an sdcore that does not record definitions).
+SELECT x.schedule, x.fingerprint,
+       coalesce((array_agg(x.definition) FILTER (WHERE x.definition IS NOT NULL))[1],
+                CASE WHEN x.fingerprint = s.fingerprint THEN
+                    jsonb_build_object('kind', s.kind, 'expression', s.expression,
+                                       'time_zone', s.time_zone, 'day_rule', s.day_rule,
+                                       'options', s.options)
+                END),
+       array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid)
+FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
+LEFT JOIN {table} AS s ON s.name = x.schedule
+WHERE r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
+GROUP BY x.schedule, x.fingerprint, s.name
+ORDER BY x.schedule, min(r.started_at), x.fingerprint
 
 -- name: prune_runs
 DELETE FROM {runs} WHERE id IN (SELECT id FROM {runs} WHERE started_at < %s LIMIT %s)

@@ -1,0 +1,228 @@
+"""Which schedules reach the control plane, on the in-memory doubles (the same rules as
+PostgreSQL): removed names taken over, schedules added while running, undeclared code schedules,
+the day rule, an interval's zone, every live version, and the NOTIFY channel's length."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sdcore.cli._control_output import emit_schedules
+from sdcore.scheduling import (
+    InvalidScheduleError,
+    ScheduleAdmin,
+    ScheduleControl,
+    ScheduleControlError,
+    Scheduler,
+    ScheduleState,
+    Tick,
+)
+from sdcore.scheduling._control import fingerprint, row_trigger
+from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+
+HOUR_MS = 3_600_000
+
+
+def _noop(tick: Tick) -> None:
+    return None
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def _state(admin: ScheduleAdmin, name: str) -> ScheduleState | None:
+    return {s.name: s for s in await admin.list_schedules()}.get(name)
+
+
+def _replica(
+    jobs: InMemoryJobScheduler, store: InMemoryScheduleStore, pid: int
+) -> tuple[Scheduler, ScheduleControl]:
+    scheduler = Scheduler(jobs=jobs)
+    return scheduler, ScheduleControl(scheduler, store, poll_interval_ms=20, pid=pid)
+
+
+async def test_code_sync_takes_over_a_removed_stored_row() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    admin = ScheduleAdmin(store)
+    first, first_control = _replica(jobs, store, 1)
+    first.handler("send")(lambda tick, args: None)
+    async with first_control:
+        await admin.create("nightly", handler="send", every_ms=HOUR_MS, actor="ops")
+        await admin.pause("nightly", actor="ops")
+        await admin.remove("nightly", actor="ops")
+    second, second_control = _replica(jobs, store, 2)
+    second.add_interval("nightly", HOUR_MS, _noop)
+    async with second_control:
+        state = await _state(admin, "nightly")
+        assert state is not None
+        assert (state.origin, state.paused, state.handler) == ("code", False, None)
+        await admin.pause("nightly", actor="ops")
+
+        async def held() -> bool:
+            return second_control.paused("nightly")
+
+        await _until(held)
+
+
+async def test_added_while_running_is_declared_and_removed_is_undeclared() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    admin = ScheduleAdmin(store)
+    scheduler, control = _replica(jobs, store, 1)
+    async with control, scheduler:
+        scheduler.add_interval("tenant-42", HOUR_MS, _noop)
+
+        async def declared() -> bool:
+            return bool(await store.live_declarers("tenant-42") == 1)
+
+        await _until(declared)
+        await admin.pause("tenant-42", actor="ops")
+        scheduler.remove("tenant-42")
+
+        async def undeclared() -> bool:
+            return bool(await store.live_declarers("tenant-42") == 0)
+
+        await _until(undeclared)
+        state = await _state(admin, "tenant-42")
+        assert state is not None
+        assert state.undeclared
+    # Uninstalled with the control plane: later changes are not reported to it.
+    scheduler.add_interval("late", HOUR_MS, _noop)
+    assert await store.row("late") is None
+
+
+async def test_an_undeclared_code_schedule_can_be_removed_or_taken_by_create() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    admin = ScheduleAdmin(store)
+    old, old_control = _replica(jobs, store, 1)
+    old.add_interval("old-report", HOUR_MS, _noop)
+    old.add_interval("old-export", HOUR_MS, _noop)
+    async with old_control:
+        with pytest.raises(ScheduleControlError, match="declared in code by a running replica"):
+            await admin.remove("old-report", actor="ops")
+    new, new_control = _replica(jobs, store, 2)
+    new.handler("report")(lambda tick, args: None)
+    async with new_control:
+        state = await _state(admin, "old-report")
+        assert state is not None
+        assert (state.undeclared, state.next_fire_at) == (True, None)
+        await admin.create("old-report", handler="report", every_ms=HOUR_MS, actor="ops")
+        row = await store.row("old-report")
+        assert row is not None
+        assert (row.origin, row.handler) == ("stored", "report")
+        await admin.remove("old-export", actor="ops")
+        assert await _state(admin, "old-export") is None
+
+
+def test_the_day_rule_changes_the_fingerprint_only_when_not_vixie() -> None:
+    options = {"exclusive": True}
+    plain = fingerprint("cron", "0 0 */10 * 0", "UTC", options)
+    assert fingerprint("cron", "0 0 */10 * 0", "UTC", options, day_rule="vixie") == plain
+    assert fingerprint("cron", "0 0 */10 * 0", "UTC", options, day_rule="nestjs") != plain
+
+
+async def test_the_day_rule_of_a_code_schedule_is_recorded_when_it_matters() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    scheduler, control = _replica(jobs, store, 1)
+    scheduler.add_cron("differs", "0 0 */10 * 0", _noop, day_rule="nestjs")
+    scheduler.add_cron("alike", "0 0 * * 0", _noop, day_rule="nestjs")  # one restricted field
+    async with control:
+        differs, alike = await store.row("differs"), await store.row("alike")
+        assert differs is not None
+        assert alike is not None
+        assert (differs.day_rule, alike.day_rule) == ("nestjs", "vixie")
+
+
+def test_an_interval_zone_is_checked() -> None:
+    with pytest.raises(InvalidScheduleError, match="unknown time zone 'Mars/Base'"):
+        row_trigger("digest", "interval", "1000", "Mars/Base")
+    assert row_trigger("digest", "interval", "1000", "Asia/Tokyo") is not None
+
+
+async def test_a_stored_interval_ticks_in_its_zone() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    admin = ScheduleAdmin(store)
+    scheduler, control = _replica(jobs, store, 1)
+    local: list[datetime] = []
+
+    @scheduler.handler("digest")
+    def digest(tick: Tick, args: dict[str, Any]) -> None:
+        local.append(tick.local_time)
+
+    async with control, scheduler:
+        await admin.create(
+            "digest-tokyo", handler="digest", every_ms=50, time_zone="Asia/Tokyo", actor="ops"
+        )
+
+        async def ran() -> bool:
+            return bool(local)
+
+        await _until(ran)
+    assert str(local[0].tzinfo) == "Asia/Tokyo"
+    assert local[0].utcoffset() is not None
+    assert local[0].astimezone(UTC).utcoffset() != local[0].utcoffset()
+
+
+async def test_every_live_version_is_listed_with_its_replicas_and_next_fire() -> None:
+    jobs = InMemoryJobScheduler()
+    store = InMemoryScheduleStore(jobs)
+    admin = ScheduleAdmin(store)
+    old, old_control = _replica(jobs, store, 1)
+    old.add_interval("report", HOUR_MS, _noop)
+    new, new_control = _replica(jobs, store, 2)
+    new.add_interval("report", 60_000, _noop)
+    async with old_control, new_control:
+        state = await _state(admin, "report")
+        assert state is not None
+        assert state.versions == 2
+        shown = {v.expression: v for v in state.live_versions}
+        assert set(shown) == {str(HOUR_MS), "60000"}
+        assert {v.replicas for v in shown.values()} == {
+            (f"{old_control.replica.host}:1",),
+            (f"{new_control.replica.host}:2",),
+        }
+        assert all(v.next_fire_at is not None for v in shown.values())
+        lines: list[str] = []
+        emit_schedules([state], lines.append, as_json=False)
+        assert any("2 versions live" in line for line in lines)
+        assert any("every 60000 ms" in line and ":2" in line for line in lines)
+        assert any(f"every {HOUR_MS} ms" in line and ":1" in line for line in lines)
+        lines.clear()
+        emit_schedules([state], lines.append, as_json=True)
+        assert len(json.loads(lines[0])["live_versions"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("schema", "table"),
+    [
+        (None, "sdcore_schedules"),
+        ("billing", "sdcore_schedules"),
+        ("billing_service_production_eu_west_1_tenant_acme01", "sdcore_schedules"),
+        ("é" * 40, "sdcore_schedules"),
+    ],
+    ids=["bare", "short-schema", "long-schema", "multibyte"],
+)
+def test_the_notify_channel_fits_in_63_bytes(schema: str | None, table: str) -> None:
+    from sdcore.scheduling._pg_store import notify_channel
+
+    channel = notify_channel(table, schema)
+    full = table if schema is None else f"{schema}.{table}"
+    assert len(channel.encode("utf-8")) <= 63
+    if len(full.encode("utf-8")) <= 63:
+        assert channel == full
+    else:
+        assert channel != notify_channel(table + "x", schema)
+        assert channel.startswith(full[:20])
