@@ -151,7 +151,7 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 row.name, f"a {row.kind} schedule cannot be triggered or backfilled"
             )
-        if not row.options.get("exclusive", False):
+        if row.origin != "stored" and not row.options.get("exclusive", False):
             raise ScheduleControlError(
                 row.name, "only exclusive schedules (run on one replica) can be triggered"
             )
@@ -288,6 +288,14 @@ class ScheduleAdmin:
         unknown = sorted(set(opts) - KNOWN_OPTIONS)
         if unknown:
             raise ScheduleControlError(name, f"unknown option(s): {', '.join(unknown)}")
+        # A stored schedule runs on every replica that registers its handler: only the lease
+        # keeps each tick to one of them, so it cannot be anything but exclusive.
+        if opts.setdefault("exclusive", True) is not True:
+            raise ScheduleControlError(
+                name,
+                f"exclusive={opts['exclusive']!r:.20} is refused: stored schedules are always "
+                "exclusive (each tick runs on one replica); drop the option",
+            )
         policy = build_policy(name, opts, has_jobs=True, default_lease_ms=300_000)
         if cron is not None:
             expression, schedule_kind = cron, ScheduleKind.CRON.value

@@ -1,0 +1,95 @@
+"""Operator actions on the in-memory doubles: stored schedules stay exclusive, trigger and
+backfill requests are idempotent, removal closes open actions, update is a patch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sdcore.scheduling import ScheduleControlError
+from sdcore.scheduling._control import ActionKind, Declared, Write, fingerprint, policy_options
+from sdcore.scheduling._policy import build_policy
+from tests.unit._looptime import in_loop_time
+from tests.unit.test_schedule_control import (
+    EVERY_MS,
+    Cluster,
+    loop_wall_clock,
+    no_duplicates,
+    until,
+)
+
+FORCED = "stored_forced_exclusive"
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[Cluster]:
+    async with Cluster() as c:
+        yield c
+
+
+async def test_create_refuses_a_non_exclusive_stored_schedule(two: Cluster) -> None:
+    cluster = two
+    for value in (False, "false", 0):
+        with pytest.raises(ScheduleControlError, match="always exclusive") as caught:
+            await cluster.admin.create(
+                "dup",
+                handler="digest",
+                every_ms=EVERY_MS,
+                options={"exclusive": value},
+                actor="ops",
+            )
+        assert "exclusive=" in str(caught.value)
+    assert await cluster.store.row("dup") is None
+    assert await cluster.admin.actions("beat") == []
+    # Saying what a stored schedule is anyway is accepted.
+    await cluster.admin.create(
+        "dup", handler="digest", every_ms=EVERY_MS, options={"exclusive": True}, actor="ops"
+    )
+    row = await cluster.store.row("dup")
+    assert row is not None
+    assert row.options["exclusive"] is True
+
+
+@in_loop_time
+async def test_a_non_exclusive_row_from_another_version_runs_each_tick_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with Cluster(clock=loop_wall_clock()) as cluster:
+        # What an older sdcore wrote: a stored row whose options say exclusive=false.
+        options = policy_options(
+            build_policy("dup", {"exclusive": False}, has_jobs=True, default_lease_ms=300_000)
+        )
+        assert options["exclusive"] is False
+        expression = str(EVERY_MS)
+        declared = Declared(
+            name="dup",
+            kind="interval",
+            expression=expression,
+            time_zone="UTC",
+            options=options,
+            fingerprint=fingerprint("interval", expression, "UTC", options, "digest", {}),
+        )
+        with caplog.at_level(logging.WARNING, logger="sdcore.scheduling.control"):
+            await cluster.store.write(
+                Write(
+                    name="dup",
+                    action=ActionKind.CREATE,
+                    actor="old-version",
+                    reason=None,
+                    stored=declared,
+                    handler="digest",
+                    args={},
+                )
+            )
+            await until(lambda: len({k for k, _, _ in cluster.digests}) >= 6, timeout=10)
+        no_duplicates([(k, i) for k, _, i in cluster.digests])
+        forced = [r for r in caplog.records if getattr(r, "action", None) == FORCED]
+        assert forced, caplog.text
+        # The admin treats it as what it runs as: exclusive, so it can be triggered.
+        action = await cluster.admin.trigger("dup", actor="ops")
+        await until(lambda: any(k == f"trigger:{action.id}" for k, _, _ in cluster.digests))
+        await asyncio.sleep(0.5)
+        no_duplicates([(k, i) for k, _, i in cluster.digests])
