@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from sdcore.scheduling import ScheduleControlError
+from sdcore.scheduling import ScheduleAdmin, ScheduleControl, ScheduleControlError, Scheduler, Tick
 from sdcore.scheduling._control import ActionKind, Declared, Write, fingerprint, policy_options
 from sdcore.scheduling._policy import build_policy
+from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
 from tests.unit._looptime import in_loop_time
 from tests.unit.test_schedule_control import (
     EVERY_MS,
@@ -93,3 +95,46 @@ async def test_a_non_exclusive_row_from_another_version_runs_each_tick_once(
         await until(lambda: any(k == f"trigger:{action.id}" for k, _, _ in cluster.digests))
         await asyncio.sleep(0.5)
         no_duplicates([(k, i) for k, _, i in cluster.digests])
+
+
+@in_loop_time
+async def test_a_trigger_open_at_removal_never_runs_the_re_created_schedule() -> None:
+    clock = loop_wall_clock()
+    jobs = InMemoryJobScheduler(clock=clock)
+    store = InMemoryScheduleStore(jobs, clock=clock)
+    admin = ScheduleAdmin(store)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=clock)
+    runs: list[tuple[str | None, dict[str, Any]]] = []
+
+    @scheduler.handler("send-digest")
+    async def send_digest(tick: Tick, args: dict[str, Any]) -> None:
+        runs.append((tick.run_key, args))
+
+    # Poll-only and slow: the replica sees only what the test lets it see.
+    control = ScheduleControl(scheduler, store, poll_interval_ms=3_600_000, listen=False)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        acme = {"customer": "acme"}
+        await admin.create(
+            "digest-acme", handler="send-digest", cron="0 0 1 1 *", args=acme, actor="ops"
+        )
+        await control.poll()
+        trigger = await admin.trigger("digest-acme", actor="ops")
+        await admin.remove("digest-acme", actor="ops")
+        globex = {"customer": "globex"}
+        await admin.create(
+            "digest-acme", handler="send-digest", cron="0 0 1 1 *", args=globex, actor="ops"
+        )
+        for _ in range(5):
+            await control.poll()
+            await asyncio.sleep(0.5)
+        assert runs == []
+        assert (await admin.action(trigger.id)).outcome == "CANCELLED"
+        again = await admin.trigger("digest-acme", actor="ops")
+        await control.poll()
+        await until(lambda: len(runs) == 1)
+        assert runs == [(f"trigger:{again.id}", globex)]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()

@@ -249,5 +249,7 @@ def _backfill(args: argparse.Namespace, target: Target) -> None:
     if final.finished_at is None:
         raise CliError(f"backfill {action.id} still running after {args.timeout} s")
     emit(f"backfill {action.id} finished: {final.outcome}")
+    if final.outcome == "CANCELLED":
+        raise CliError(f"backfill {action.id} was cancelled: its schedule was removed")
     if final.outcome != "SUCCESS":
         raise CliError(f"backfill {action.id} finished with failed ticks (see history)")

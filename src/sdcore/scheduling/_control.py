@@ -140,7 +140,9 @@ class ControlAction:
         reason: Why (free text), if given.
         params: The action's parameters (a backfill's window and concurrency).
         progress: A backfill's progress (``total``, ``succeeded``, ``failed``, ``remaining``).
-        outcome: ``"done"``, ``"SUCCESS"``/``"FAIL"`` (trigger, backfill), ``None`` while open.
+        outcome: ``"done"``, ``"SUCCESS"``/``"FAIL"`` (trigger, backfill), ``"CANCELLED"`` (a
+            trigger or backfill still open when its stored schedule was removed), ``None`` while
+            open.
         created_at: When it was requested (database clock).
         finished_at: When it finished (``None``: a trigger or backfill still open).
     """

@@ -175,6 +175,7 @@ class InMemoryScheduleStore:
             self._rows[write.name] = replace(
                 row, paused=False, resumed_at=now, revision=next(self._seq)
             )
+            self._extra.pop(write.name, None)
         elif write.action is ActionKind.REMOVE:
             if row is None or row.origin != "stored" or row.removed_at is not None:
                 return None
@@ -183,6 +184,9 @@ class InMemoryScheduleStore:
             if row is not None and row.origin != "stored":
                 return None
             d = write.stored
+            kept = row if row is not None and row.removed_at is None else None
+            if kept is None:
+                self._extra.pop(write.name, None)  # a re-created schedule has no pause history
             self._rows[write.name] = ScheduleRow(
                 name=d.name,
                 origin="stored",
@@ -193,12 +197,16 @@ class InMemoryScheduleStore:
                 handler=write.handler,
                 args=dict(write.args or {}),
                 fingerprint=d.fingerprint,
-                paused=bool(row is not None and row.removed_at is None and row.paused),
-                paused_at=None if row is None else row.paused_at,
-                resumed_at=None if row is None else row.resumed_at,
+                paused=bool(kept is not None and kept.paused),
+                paused_at=None if kept is None else kept.paused_at,
+                resumed_at=None if kept is None else kept.resumed_at,
                 removed_at=None,
                 revision=next(self._seq),
             )
+        if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
+            for old in [a for a in self._actions.values() if a.schedule == write.name]:
+                if old.finished_at is None:
+                    self._actions[old.id] = replace(old, outcome="CANCELLED", finished_at=now)
         action = ControlAction(
             id=next(self._seq),
             schedule=write.name,

@@ -257,6 +257,8 @@ class PostgresScheduleStore:
             if changed != 1:
                 tx.force_rollback = True
                 return None
+            if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
+                await self._x(conn, self._sql["cancel_open_actions"], (write.name,))
             cur = await self._x(
                 conn,
                 self._sql["insert_action"],

@@ -94,9 +94,10 @@ SET paused = true, paused_at = clock_timestamp(), paused_by = %s, paused_reason 
 WHERE name = %s AND removed_at IS NULL AND NOT paused
 
 -- name: resume
+-- paused_at stays: replicas catch up the ticks between paused_at and resumed_at.
 UPDATE {table}
-SET paused = false, resumed_at = clock_timestamp(), revision = nextval({seq_text}::regclass),
-    updated_at = clock_timestamp()
+SET paused = false, resumed_at = clock_timestamp(), paused_by = NULL, paused_reason = NULL,
+    revision = nextval({seq_text}::regclass), updated_at = clock_timestamp()
 WHERE name = %s AND removed_at IS NULL AND paused
 
 -- name: store
@@ -109,6 +110,10 @@ SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED
     options = EXCLUDED.options, handler = EXCLUDED.handler, args = EXCLUDED.args,
     fingerprint = EXCLUDED.fingerprint, revision = EXCLUDED.revision, removed_at = NULL,
     paused = CASE WHEN s.removed_at IS NULL THEN s.paused ELSE false END,
+    paused_at = CASE WHEN s.removed_at IS NULL THEN s.paused_at END,
+    paused_by = CASE WHEN s.removed_at IS NULL THEN s.paused_by END,
+    paused_reason = CASE WHEN s.removed_at IS NULL THEN s.paused_reason END,
+    resumed_at = CASE WHEN s.removed_at IS NULL THEN s.resumed_at END,
     updated_at = clock_timestamp()
 WHERE s.origin = 'stored'
 
@@ -116,6 +121,12 @@ WHERE s.origin = 'stored'
 UPDATE {table}
 SET removed_at = clock_timestamp(), revision = nextval({seq_text}::regclass), updated_at = clock_timestamp()
 WHERE name = %s AND origin = 'stored' AND removed_at IS NULL
+
+-- name: cancel_open_actions
+-- A removed (or re-created) stored schedule's open trigger and backfill actions are closed in
+-- the same transaction: a schedule created later under the name never runs them.
+UPDATE {actions} SET finished_at = clock_timestamp(), outcome = 'CANCELLED'
+WHERE schedule = %s AND finished_at IS NULL
 
 -- name: insert_action
 INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome)
@@ -171,8 +182,10 @@ SELECT schedule, run_key, source, scheduled_at, started_at, finished_at, status,
 FROM {runs} WHERE schedule = %s ORDER BY started_at DESC, id DESC LIMIT %s
 
 -- name: list
-SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
-       s.paused_reason, s.handler, s.args, s.options,
+-- Who paused and why only while paused (the row keeps paused_at for the resume's catch-up).
+SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused,
+       CASE WHEN s.paused THEN s.paused_at END, CASE WHEN s.paused THEN s.paused_by END,
+       CASE WHEN s.paused THEN s.paused_reason END, s.handler, s.args, s.options,
        coalesce(d.replicas, ARRAY[]::text[]), coalesce(d.versions, 0),
        lr.started_at, lr.status, d.last_seen
 FROM {table} AS s
