@@ -135,7 +135,12 @@ def parse_since(text: str) -> datetime:
         ) from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"instant {text!r:.60} needs a zone (e.g. Z or +02:00)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"instant {text!r:.60} is out of range: in UTC it must fall in the years 1 to 9999"
+        ) from None
 
 
 def parse_job_id(text: str) -> str:

@@ -36,6 +36,10 @@ from sdcore.scheduling._triggers import ScheduleKind, Trigger, expected_instants
 
 __all__ = ["ScheduleAdmin"]
 
+# The first instant a backfill window may start at: computing ticks looks a little before the
+# window, and Python's datetimes end at 0001-01-01T00:00:00.
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+
 
 class _Definition(NamedTuple):
     """What ``create`` and ``update`` are given about a stored schedule."""
@@ -144,16 +148,18 @@ class ScheduleAdmin:
             Write(name=row.name, action=ActionKind.RESUME, actor=who, reason=why)
         )
 
-    async def _runnable(self, name: str) -> tuple[ScheduleRow, Trigger]:
+    async def _runnable(self, name: str, done: str) -> tuple[ScheduleRow, Trigger]:
+        """The row and trigger of a schedule that can be ``done`` (triggered, backfilled)."""
         row = await self._known(name, declared=True)
         trigger = row_trigger(row.name, row.kind, row.expression, row.time_zone)
         if trigger is None:
             raise ScheduleControlError(
-                row.name, f"a {row.kind} schedule cannot be triggered or backfilled"
+                row.name, f"a {row.kind} schedule cannot be {done}; nothing changed"
             )
         if row.origin != "stored" and not row.options.get("exclusive", False):
             raise ScheduleControlError(
-                row.name, "only exclusive schedules (run on one replica) can be triggered"
+                row.name,
+                f"only exclusive schedules (run on one replica) can be {done}; nothing changed",
             )
         return row, trigger
 
@@ -167,7 +173,7 @@ class ScheduleAdmin:
         """
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
-        row, _ = await self._runnable(name)
+        row, _ = await self._runnable(name, "triggered")
         assert who is not None  # noqa: S101
         return await self._write(
             Write(name=row.name, action=ActionKind.TRIGGER, actor=who, reason=why)
@@ -210,12 +216,18 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 None, f"concurrency must be between 1 and {MAX_BACKFILL_CONCURRENCY}"
             )
-        row, trigger = await self._runnable(name)
+        if low < EARLIEST:
+            raise ScheduleControlError(
+                None,
+                f"--from {low.isoformat()} is out of range: the window must start at "
+                f"{EARLIEST:%Y-%m-%dT%H:%M:%SZ} or later",
+            )
+        row, trigger = await self._runnable(name, "backfilled")
         try:
             ticks = expected_instants(
                 trigger, low, high + timedelta(microseconds=1), limit=MAX_RANGE_TICKS
             )
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise ScheduleControlError(row.name, str(exc)) from None
         if not ticks:
             raise ScheduleControlError(row.name, "no tick falls in the window; nothing changed")
@@ -394,15 +406,18 @@ class ScheduleAdmin:
         return out
 
     async def history(self, name: str, *, limit: int = 50) -> list[RunRecord]:
-        """Runs of one schedule, newest first.
+        """Runs of one schedule, newest first (a removed stored schedule's runs too).
 
         Raises:
             ScheduleControlError: Unknown schedule or a bad limit.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ScheduleControlError(None, "limit must be an int between 1 and 10000")
-        row = await self._known(name, declared=False)
-        return await self.store.history(row.name, limit)
+        if not isinstance(name, str):
+            raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
+        if await self.store.row(name) is None:
+            raise ScheduleControlError(name, "no such schedule (see `sdcore schedules list`)")
+        return await self.store.history(name, limit)
 
     async def actions(self, name: str, *, limit: int = 50) -> list[ControlAction]:
         """The control-action log of one schedule (who/why/when, progress), newest first."""

@@ -1,0 +1,166 @@
+"""``sdcore schedules`` control commands as an operator runs them (a real CLI process) against a
+replica running in the test: refusals that name the problem, idempotent triggers, patch updates,
+backfills of ticks that already succeeded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import (
+    PostgresScheduleStore,
+    ScheduleAdmin,
+    ScheduleControl,
+    Scheduler,
+    Tick,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass(slots=True)
+class Replica:
+    dsn: str
+    admin: ScheduleAdmin
+    control: ScheduleControl
+    scheduler: Scheduler
+    runs: list[tuple[str, str | None, dict[str, Any] | None]] = field(default_factory=list)
+
+    async def cli(self, *args: str, dsn: str | None = None) -> Done:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sdcore.cli",
+            *args,
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": dsn or self.dsn},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode is not None
+        return Done(process.returncode, out.decode(), err.decode())
+
+    def keys(self, schedule: str) -> list[str | None]:
+        return [key for name, key, _ in self.runs if name == schedule]
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def replica(
+    dsn: str, declare: Callable[[Scheduler, Replica], None] | None = None
+) -> AsyncIterator[Replica]:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=8, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    jobs = JobSchedulerService(pool, max_connections=3)
+    await jobs.ensure_schema()
+    store = PostgresScheduleStore(pool)
+    await store.ensure_schema()
+    scheduler = Scheduler(jobs=jobs, lease_ms=3_000)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    r = Replica(dsn=dsn, admin=ScheduleAdmin(store), control=control, scheduler=scheduler)
+
+    @scheduler.handler("send-digest")
+    async def send_digest(tick: Tick, args: dict[str, Any]) -> None:
+        r.runs.append((tick.schedule, tick.run_key, args))
+
+    if declare is not None:
+        declare(scheduler, r)
+    try:
+        async with control, scheduler:
+            yield r
+    finally:
+        await jobs.close()
+        await pool.close()
+
+
+def _beat(scheduler: Scheduler, r: Replica) -> None:
+    async def beat(tick: Tick) -> None:
+        r.runs.append((tick.schedule, tick.run_key, None))
+
+    scheduler.add_interval("beat", 3_600_000, beat)
+    scheduler.add_interval("plain", 3_600_000, beat, exclusive=False)
+
+
+async def test_refusals_name_the_problem(pg_dsn: str) -> None:
+    async with replica(pg_dsn, _beat) as r:
+        year1 = await r.cli(
+            "schedules",
+            "backfill",
+            "beat",
+            "--from",
+            "0001-01-01T00:00:00Z",
+            "--to",
+            "0001-01-02T00:00:00Z",
+        )
+        assert year1.code == 1, year1
+        assert "--from 0001-01-01T00:00:00+00:00 is out of range" in year1.err
+        assert "bug" not in year1.err
+        shifted = await r.cli(
+            "schedules",
+            "backfill",
+            "beat",
+            "--from",
+            "0001-01-01T00:00:00+01:00",
+            "--to",
+            "0001-01-02T00:00:00Z",
+        )
+        assert shifted.code == 2, shifted
+        assert "'0001-01-01T00:00:00+01:00' is out of range" in shifted.err
+        assert "bug" not in shifted.err
+        plain = await r.cli(
+            "schedules",
+            "backfill",
+            "plain",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "2026-01-01T01:00:00Z",
+        )
+        assert plain.code == 1, plain
+        assert "can be backfilled" in plain.err
+        assert "triggered" not in plain.err
+        assert "can be triggered" in (await r.cli("schedules", "trigger", "plain")).err
+
+        await r.admin.create("gone", handler="send-digest", every_ms=200, actor="ops")
+        await until(lambda: r.keys("gone"))
+        await until(lambda: r.admin.history("gone"))
+        await r.admin.remove("gone", actor="ops")
+        history = await r.cli("schedules", "history", "gone")
+        assert history.code == 0, history
+        assert "SUCCESS" in history.out
+        unknown = await r.cli("schedules", "history", "never-was")
+        assert unknown.code == 1
+        assert "no such schedule" in unknown.err
+        assert "nothing changed" not in unknown.err
