@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -138,3 +139,26 @@ async def test_a_trigger_open_at_removal_never_runs_the_re_created_schedule() ->
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+async def test_a_request_id_records_one_action(two: Cluster) -> None:
+    admin = two.admin
+    first = await admin.trigger("beat", actor="ops", request_id="req-1")
+    again = await admin.trigger("beat", actor="someone else", reason="retry", request_id="req-1")
+    assert again == first
+    assert first.request_id == "req-1"
+    other = await admin.trigger("beat", actor="ops", request_id="req-2")
+    assert other.id != first.id
+    now = datetime.now(UTC).replace(microsecond=0)
+    start, end = now - timedelta(seconds=2), now - timedelta(seconds=1)
+    with pytest.raises(ScheduleControlError, match="already recorded action"):
+        await admin.backfill("beat", start, end, actor="ops", request_id="req-1")
+    backfill = await admin.backfill("beat", start, end, actor="ops", request_id="bf-1")
+    assert await admin.backfill("beat", start, end, actor="ops", request_id="bf-1") == backfill
+    with pytest.raises(ScheduleControlError, match="other parameters"):
+        await admin.backfill("beat", start, end, actor="ops", concurrency=2, request_id="bf-1")
+    for bad in ("", "x" * 201, "a\x00b"):
+        with pytest.raises(ScheduleControlError, match="request_id"):
+            await admin.trigger("beat", actor="ops", request_id=bad)
+    log = await admin.actions("beat")
+    assert [a.id for a in log] == [backfill.id, other.id, first.id]

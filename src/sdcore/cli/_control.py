@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import getpass
 import socket
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from sdcore.cli._format import emit
 from sdcore.cli._options import (
     MAX_CODE_LENGTH,
     MAX_REASON_LENGTH,
+    MAX_REQUEST_ID,
     add_command,
     connection_options,
     int_in,
@@ -73,6 +75,14 @@ def register(commands: Any) -> None:
                 "--actor", type=reason, metavar="WHO", help="who (default: user@host)"
             )
             command.add_argument("--json", action="store_true", help="the action as JSON")
+        if command_name in ("trigger", "backfill"):
+            command.add_argument(
+                "--request-id",
+                type=text("request id", MAX_REQUEST_ID),
+                metavar="ID",
+                help="this request's id (default: a new one per run); a retry with the same id "
+                "returns the first action instead of recording another",
+            )
         if command_name == "backfill":
             _backfill_options(command)
         if command_name in ("history", "log"):
@@ -140,8 +150,20 @@ def _actor(args: argparse.Namespace) -> str:
     return f"{user}@{socket.gethostname()}"[:200]
 
 
+def _request_id(args: argparse.Namespace) -> str:
+    """The request id of a trigger or backfill: ``--request-id``, else a new one."""
+    if getattr(args, "request_id", None):
+        return str(args.request_id)
+    return uuid.uuid4().hex
+
+
 def _run(target: Target, operation: Callable[[Any], Awaitable[T]]) -> T:
-    from sdcore.scheduling import InvalidScheduleError, ScheduleAdmin, ScheduleControlError
+    from sdcore.scheduling import (
+        ControlWriteUncertainError,
+        InvalidScheduleError,
+        ScheduleAdmin,
+        ScheduleControlError,
+    )
 
     async def go() -> T:
         async with started_runtime(target) as runtime:
@@ -151,7 +173,15 @@ def _run(target: Target, operation: Callable[[Any], Awaitable[T]]) -> T:
         return asyncio.run(go())
     except (ScheduleControlError, InvalidScheduleError) as exc:
         raise CliError(str(exc)) from None
-    except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+    except ControlWriteUncertainError as exc:
+        again = ""
+        if exc.request_id is not None:
+            again = (
+                f"; to retry without recording it twice, run it again with "
+                f"--request-id {exc.request_id}"
+            )
+        raise CliError(str(exc) + again) from None
+    except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.InvalidSchemaName):
         words = "sdcore db upgrade --schedules"
         if target.schema:
             words += f" --schema {target.schema}"
@@ -178,7 +208,16 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     """
     target = target_of(args, environ)
     command = args.command
-    if command in ("pause", "resume", "trigger", "remove"):
+    if command == "trigger":
+        request = _request_id(args)
+        action = _run(
+            target,
+            lambda admin: admin.trigger(
+                args.name, actor=_actor(args), reason=args.reason, request_id=request
+            ),
+        )
+        out.emit_action(action, emit, as_json=args.json)
+    elif command in ("pause", "resume", "remove"):
         action = _run(
             target,
             lambda admin: getattr(admin, command)(
@@ -217,6 +256,7 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
 
 
 def _backfill(args: argparse.Namespace, target: Target) -> None:
+    request = _request_id(args)
     action = _run(
         target,
         lambda admin: admin.backfill(
@@ -226,6 +266,7 @@ def _backfill(args: argparse.Namespace, target: Target) -> None:
             actor=_actor(args),
             reason=args.reason,
             concurrency=args.concurrency,
+            request_id=request,
         ),
     )
     out.emit_action(action, emit, as_json=args.json)

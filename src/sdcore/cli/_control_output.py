@@ -37,6 +37,7 @@ def action_json(action: Any) -> dict[str, Any]:
         "outcome": action.outcome,
         "created_at": utc_iso(action.created_at, precise=True),
         "finished_at": _precise(action.finished_at),
+        "request_id": action.request_id,
     }
 
 

@@ -142,6 +142,9 @@ def dashboard_app(
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(_format.FILTERS)
+    # A fresh id per rendered trigger or backfill form: submitting that form twice (a double
+    # click, a resent POST) records one action, while each new rendering asks anew.
+    env.globals["request_id"] = lambda: secrets.token_urlsafe(16)
     app = FastAPI(
         title=f"{title} dashboard",
         docs_url=None,
@@ -345,6 +348,7 @@ def dashboard_app(
         fields = await form(request, seen)
         name = fields.get("name", "")
         reason = fields.get("reason", "").strip() or None
+        request_id = fields.get("request_id") or None
         actor = f"{seen.actor} (dashboard)"
         try:
             if verb == "pause":
@@ -352,12 +356,18 @@ def dashboard_app(
             elif verb == "resume":
                 done = await admin.resume(name, actor=actor, reason=reason)
             elif verb == "trigger":
-                done = await admin.trigger(name, actor=actor, reason=reason)
+                done = await admin.trigger(name, actor=actor, reason=reason, request_id=request_id)
             elif verb == "backfill":
                 start, end = instant(fields, "from"), instant(fields, "to")
                 concurrency = page_number(fields.get("concurrency", "1") or "1")
                 done = await admin.backfill(
-                    name, start, end, actor=actor, reason=reason, concurrency=concurrency
+                    name,
+                    start,
+                    end,
+                    actor=actor,
+                    reason=reason,
+                    concurrency=concurrency,
+                    request_id=request_id,
                 )
             else:
                 raise Refused(404, f"Unknown action {verb!r}.")

@@ -15,6 +15,7 @@ from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
+    ControlWriteUncertainError,
     RunRecord,
     ScheduleControlError,
     ScheduleState,
@@ -40,6 +41,7 @@ __all__ = [
     "ActionKind",
     "CatchUp",
     "ControlAction",
+    "ControlWriteUncertainError",
     "CronExpression",
     "DayRule",
     "InMemoryScheduleStore",

@@ -39,6 +39,7 @@ __all__ = ["ScheduleAdmin"]
 # The first instant a backfill window may start at: computing ticks looks a little before the
 # window, and Python's datetimes end at 0001-01-01T00:00:00.
 EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+MAX_REQUEST_ID = 200
 
 
 class _Definition(NamedTuple):
@@ -113,6 +114,17 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 write.name, "the schedule changed meanwhile; nothing changed"
             )
+        if write.request_id is not None and (
+            action.action is not write.action or dict(action.params) != dict(write.params)
+        ):
+            # The same request id names the same request: a different one reusing it is a
+            # client's mistake, not a retry.
+            raise ScheduleControlError(
+                write.name,
+                f"request id {write.request_id!r} already recorded action {action.id} (a "
+                f"{action.action.value} with other parameters); use a new request id; "
+                "nothing changed",
+            )
         return action
 
     async def pause(self, name: str, *, actor: str, reason: str | None = None) -> ControlAction:
@@ -163,20 +175,44 @@ class ScheduleAdmin:
             )
         return row, trigger
 
-    async def trigger(self, name: str, *, actor: str, reason: str | None = None) -> ControlAction:
+    async def trigger(
+        self,
+        name: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        request_id: str | None = None,
+    ) -> ControlAction:
         """Run a schedule once now on exactly one replica, even while paused.
 
         Its run key is ``trigger:<action id>``.
 
+        Args:
+            name: The schedule.
+            actor: Who asks (recorded).
+            reason: Why (recorded).
+            request_id: The client's id of this request (1-200 characters): a retry with the
+                same id (after a lost reply, a double submit) returns the action the first one
+                recorded instead of running the schedule again.
+
         Raises:
-            ScheduleControlError: Unknown, undeclared, not exclusive, or not cron/interval.
+            ScheduleControlError: Unknown, undeclared, not exclusive, not cron/interval, or a
+                request id already used for another action.
+            ControlWriteUncertainError: The connection broke while the action was committing.
         """
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
+        request = _text("request_id", request_id, MAX_REQUEST_ID, optional=True)
         row, _ = await self._runnable(name, "triggered")
         assert who is not None  # noqa: S101
         return await self._write(
-            Write(name=row.name, action=ActionKind.TRIGGER, actor=who, reason=why)
+            Write(
+                name=row.name,
+                action=ActionKind.TRIGGER,
+                actor=who,
+                reason=why,
+                request_id=request,
+            )
         )
 
     async def backfill(
@@ -188,18 +224,24 @@ class ScheduleAdmin:
         actor: str,
         reason: str | None = None,
         concurrency: int = 1,
+        request_id: str | None = None,
     ) -> ControlAction:
         """Run every expected tick in ``[start, end]`` (both inclusive) without ``SUCCESS``.
 
         One replica coordinates, oldest tick first, at most ``concurrency`` at once (1 unless the
-        schedule's overlap is ``allow``); progress is in the action's ``progress``.
+        schedule's overlap is ``allow``); progress is in the action's ``progress``. A
+        ``request_id`` makes a retry of the same request return the first one's action (see
+        :meth:`trigger`).
 
         Raises:
             ScheduleControlError: Unknown or undeclared schedule, unaware or reversed bounds, a
-                window in the future, no tick in it, or more than 10,000 ticks.
+                window in the future, no tick in it, more than 10,000 ticks, or a request id
+                already used for another action.
+            ControlWriteUncertainError: The connection broke while the action was committing.
         """
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
+        request = _text("request_id", request_id, MAX_REQUEST_ID, optional=True)
         low = _aware("--from", start)
         high = _aware("--to", end)
         if high < low:
@@ -239,7 +281,14 @@ class ScheduleAdmin:
             "concurrency": concurrency,
         }
         return await self._write(
-            Write(name=row.name, action=ActionKind.BACKFILL, actor=who, reason=why, params=params)
+            Write(
+                name=row.name,
+                action=ActionKind.BACKFILL,
+                actor=who,
+                reason=why,
+                params=params,
+                request_id=request,
+            )
         )
 
     async def create(

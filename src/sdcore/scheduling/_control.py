@@ -41,6 +41,7 @@ from sdcore.scheduling._triggers import (
 __all__ = [
     "ActionKind",
     "ControlAction",
+    "ControlWriteUncertainError",
     "Declared",
     "Replica",
     "RunRecord",
@@ -84,6 +85,28 @@ class ScheduleControlError(SchedulingError, ValueError):
         self.problem = problem
         where = f"schedule {schedule!r}: " if schedule is not None else ""
         super().__init__(where + problem)
+
+
+class ControlWriteUncertainError(SchedulingError, ConnectionError):
+    """The connection broke while a control write was committing: it may have been recorded.
+
+    Look at the schedule's action log (``sdcore schedules log NAME``); a trigger or backfill
+    retried with the same ``request_id`` is recorded at most once.
+
+    Attributes:
+        schedule: The schedule written.
+        action: What was being recorded.
+        request_id: The write's request id, if any.
+    """
+
+    def __init__(self, schedule: str, action: ActionKind, request_id: str | None) -> None:
+        self.schedule = schedule
+        self.action = action
+        self.request_id = request_id
+        super().__init__(
+            f"schedule {schedule!r}: the connection broke while the {action.value} was being "
+            f"committed: the action may have been recorded; see `sdcore schedules log {schedule}`"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +168,8 @@ class ControlAction:
             open.
         created_at: When it was requested (database clock).
         finished_at: When it finished (``None``: a trigger or backfill still open).
+        request_id: The client's request id of a trigger or backfill (a retry with the same
+            id gets this action back), or ``None``.
     """
 
     id: int
@@ -157,6 +182,7 @@ class ControlAction:
     outcome: str | None
     created_at: datetime
     finished_at: datetime | None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +262,7 @@ class Write:
     stored: Declared | None = None
     handler: str | None = None
     args: Mapping[str, Any] | None = None
+    request_id: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -286,7 +313,14 @@ class ScheduleStore(Protocol):
         ...
 
     async def write(self, write: Write) -> ControlAction | None:
-        """Apply one control write atomically; ``None`` when its row condition failed."""
+        """Apply one control write atomically; ``None`` when its row condition failed.
+
+        A write with a ``request_id`` that an action of the schedule already carries records
+        nothing and returns that action.
+
+        Raises:
+            ControlWriteUncertainError: The connection broke while the write committed.
+        """
         ...
 
     async def open_actions(self, names: Sequence[str]) -> list[ControlAction]:

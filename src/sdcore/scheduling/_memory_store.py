@@ -162,6 +162,10 @@ class InMemoryScheduleStore:
     async def write(self, write: Write) -> ControlAction | None:
         row = self._rows.get(write.name)
         now = self._clock()
+        if write.request_id is not None:
+            for earlier in self._actions.values():
+                if earlier.schedule == write.name and earlier.request_id == write.request_id:
+                    return earlier
         if write.action is ActionKind.PAUSE:
             if row is None or row.removed_at is not None or row.paused:
                 return None
@@ -218,6 +222,7 @@ class InMemoryScheduleStore:
             outcome="done" if write.finished else None,
             created_at=now,
             finished_at=now if write.finished else None,
+            request_id=write.request_id,
         )
         self._actions[action.id] = action
         for wake in list(self._listeners):

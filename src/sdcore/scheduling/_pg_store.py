@@ -25,6 +25,7 @@ from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,
     ControlAction,
+    ControlWriteUncertainError,
     Declared,
     Replica,
     RunRecord,
@@ -59,7 +60,9 @@ _ROW = (
     "name origin kind expression time_zone options handler args fingerprint paused paused_at "
     "resumed_at removed_at revision"
 )
-_ACTION = "id schedule action actor reason params progress outcome created_at finished_at"
+_ACTION = (
+    "id schedule action actor reason params progress outcome created_at finished_at request_id"
+)
 _RUN = (
     "schedule run_key source scheduled_at started_at finished_at status attempt fencing_token "
     "host pid error"
@@ -223,57 +226,83 @@ class PostgresScheduleStore:
         return {r[0] for r in await self._all("live_handlers", (self.live_ms,))}
 
     async def write(self, write: Write) -> ControlAction | None:
-        async with self.pool.connection() as conn, conn.transaction() as tx:
-            await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
-            changed = 1
-            if write.action is ActionKind.PAUSE:
-                cur = await self._x(
-                    conn, self._sql["pause"], (write.actor, write.reason, write.name)
-                )
-                changed = cur.rowcount
-            elif write.action is ActionKind.RESUME:
-                cur = await self._x(conn, self._sql["resume"], (write.name,))
-                changed = cur.rowcount
-            elif write.action is ActionKind.REMOVE:
-                cur = await self._x(conn, self._sql["remove"], (write.name,))
-                changed = cur.rowcount
-            elif write.stored is not None:
-                d = write.stored
-                cur = await self._x(
-                    conn,
-                    self._sql["store"],
-                    (
-                        d.name,
-                        d.kind,
-                        d.expression,
-                        d.time_zone,
-                        json.dumps(dict(d.options)),
-                        write.handler,
-                        json.dumps(dict(write.args or {})),
-                        d.fingerprint,
-                    ),
-                )
-                changed = cur.rowcount
-            if changed != 1:
-                tx.force_rollback = True
-                return None
-            if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
-                await self._x(conn, self._sql["cancel_open_actions"], (write.name,))
+        committing = False
+        try:
+            async with self.pool.connection() as conn, conn.transaction() as tx:
+                found = await self._write(conn, write)
+                if found is None:
+                    tx.force_rollback = True
+                    return None
+                committing = True
+        except psycopg.OperationalError as exc:
+            # No SQLSTATE: the connection itself broke. During COMMIT the server may have
+            # committed before the reply was lost, so the caller must not read it as refused.
+            if committing and exc.sqlstate is None:
+                raise ControlWriteUncertainError(
+                    write.name, write.action, write.request_id
+                ) from exc
+            raise
+        return found
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection[Any], write: Write
+    ) -> ControlAction | None:
+        """The statements of :meth:`write` in its transaction (``None``: roll back)."""
+        await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
+        if write.request_id is not None:
+            cur = await self._x(
+                conn, self._sql["action_of_request"], (write.name, write.request_id)
+            )
+            earlier = await cur.fetchone()
+            if earlier is not None:
+                return _action(earlier)
+        changed = 1
+        if write.action is ActionKind.PAUSE:
+            cur = await self._x(conn, self._sql["pause"], (write.actor, write.reason, write.name))
+            changed = cur.rowcount
+        elif write.action is ActionKind.RESUME:
+            cur = await self._x(conn, self._sql["resume"], (write.name,))
+            changed = cur.rowcount
+        elif write.action is ActionKind.REMOVE:
+            cur = await self._x(conn, self._sql["remove"], (write.name,))
+            changed = cur.rowcount
+        elif write.stored is not None:
+            d = write.stored
             cur = await self._x(
                 conn,
-                self._sql["insert_action"],
+                self._sql["store"],
                 (
-                    write.name,
-                    write.action.value,
-                    write.actor,
-                    write.reason,
-                    json.dumps(dict(write.params)),
-                    write.finished,
-                    "done" if write.finished else None,
+                    d.name,
+                    d.kind,
+                    d.expression,
+                    d.time_zone,
+                    json.dumps(dict(d.options)),
+                    write.handler,
+                    json.dumps(dict(write.args or {})),
+                    d.fingerprint,
                 ),
             )
-            found = await cur.fetchone()
-            await self._x(conn, self._sql["notify"], (self.channel, write.name))
+            changed = cur.rowcount
+        if changed != 1:
+            return None
+        if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
+            await self._x(conn, self._sql["cancel_open_actions"], (write.name,))
+        cur = await self._x(
+            conn,
+            self._sql["insert_action"],
+            (
+                write.name,
+                write.action.value,
+                write.actor,
+                write.reason,
+                json.dumps(dict(write.params)),
+                write.finished,
+                "done" if write.finished else None,
+                write.request_id,
+            ),
+        )
+        found = await cur.fetchone()
+        await self._x(conn, self._sql["notify"], (self.channel, write.name))
         assert found is not None  # noqa: S101 - INSERT … RETURNING
         return _action(found)
 

@@ -129,26 +129,38 @@ UPDATE {actions} SET finished_at = clock_timestamp(), outcome = 'CANCELLED'
 WHERE schedule = %s AND finished_at IS NULL
 
 -- name: insert_action
-INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome)
+INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome,
+                       request_id)
 VALUES (nextval({seq_text}::regclass), %s, %s, %s, %s, %s::jsonb,
-        CASE WHEN %s THEN clock_timestamp() END, %s)
-RETURNING id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+        CASE WHEN %s THEN clock_timestamp() END, %s, %s)
+RETURNING id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+          request_id
 
 -- name: notify
 SELECT pg_notify(%s, %s)
 
 -- name: open_actions
 -- Every open trigger/backfill (a few rows, on the partial index); each replica keeps its own.
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions}
 WHERE finished_at IS NULL ORDER BY id
 
+-- name: action_of_request
+-- The action a client's request id already recorded (under the write lock: a retry racing its
+-- first attempt finds it; the unique index is the backstop).
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
+FROM {actions} WHERE schedule = %s AND request_id = %s
+
 -- name: action
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions} WHERE id = %s
 
 -- name: actions_of
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions} WHERE schedule = %s ORDER BY id DESC LIMIT %s
 
 -- name: finish_action
