@@ -164,3 +164,80 @@ async def test_refusals_name_the_problem(pg_dsn: str) -> None:
         assert unknown.code == 1
         assert "no such schedule" in unknown.err
         assert "nothing changed" not in unknown.err
+
+
+async def test_update_changes_only_what_it_is_given(pg_dsn: str) -> None:
+    import json
+
+    async with replica(pg_dsn) as r:
+        created = await r.cli(
+            "schedules",
+            "create",
+            "digest-acme",
+            "--handler",
+            "send-digest",
+            "--cron",
+            "0 8 * * *",
+            "--time-zone",
+            "Europe/Berlin",
+            "--args",
+            '{"customer": "acme"}',
+            "--option",
+            "retries=2",
+        )
+        assert created.code == 0, created
+        # The how-to's update: only the time changes.
+        moved = await r.cli("schedules", "update", "digest-acme", "--cron", "30 7 * * *")
+        assert moved.code == 0, moved
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.expression, row.time_zone, row.options["retries"]) == (
+            "30 7 * * *",
+            "Europe/Berlin",
+            2,
+        )
+        assert row.args == {"customer": "acme"}
+        log = await r.admin.actions("digest-acme", limit=1)
+        assert log[0].params["previous"]["expression"] == "0 8 * * *"
+        assert log[0].params["options"]["retries"] == 2
+        assert log[0].params["args"] == {"customer": "acme"}
+
+        # Operators A and B read the same version; A's edit lands, B's stale one is refused.
+        listed = await r.cli("schedules", "list", "--json")
+        seen = next(json.loads(line) for line in listed.out.splitlines() if '"digest-acme"' in line)
+        assert seen["version"] == row.revision
+        assert "VERSION" in (await r.cli("schedules", "list")).out
+        version = str(seen["version"])
+        a = await r.cli(
+            "schedules",
+            "update",
+            "digest-acme",
+            "--cron",
+            "0 7 * * *",
+            "--expected-version",
+            version,
+        )
+        assert a.code == 0, a
+        b = await r.cli(
+            "schedules",
+            "update",
+            "digest-acme",
+            "--args",
+            '{"customer": "acme", "lang": "de"}',
+            "--expected-version",
+            version,
+        )
+        assert b.code == 1, b
+        assert f"version {version} is stale" in b.err
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.expression, row.args) == ("0 7 * * *", {"customer": "acme"})
+        # Only given options change; giving both timings is refused.
+        await r.cli("schedules", "update", "digest-acme", "--option", "catch_up=latest")
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.options["catch_up"], row.options["retries"]) == ("latest", 2)
+        both = await r.cli(
+            "schedules", "update", "digest-acme", "--cron", "0 7 * * *", "--every-ms", "1000"
+        )
+        assert both.code == 2, both

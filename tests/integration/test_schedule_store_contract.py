@@ -12,11 +12,13 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.job_scheduler import JobSchedulerService
-from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin, ScheduleControlError
 from sdcore.scheduling._control import (
+    ActionKind,
     Declared,
     Replica,
     ScheduleStore,
+    Write,
     fingerprint,
     policy_options,
 )
@@ -114,3 +116,37 @@ async def test_remove_closes_the_open_actions(store: ScheduleStore) -> None:
     log = await admin.actions("digest-acme")
     assert [a.action.value for a in log] == ["create", "remove", "backfill", "trigger", "create"]
     assert [a.outcome for a in log] == ["done", "done", "CANCELLED", "CANCELLED", "done"]
+
+
+async def test_an_update_merged_from_an_old_version_is_refused(store: ScheduleStore) -> None:
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [])
+    await admin.create("s2", handler="digest", every_ms=60_000, actor="ops")
+    await store.declare(REPLICA, "s2", "x")
+    read = await store.row("s2")
+    assert read is not None
+    states = {s.name: s for s in await admin.list_schedules()}
+    assert states["s2"].version == read.revision
+    await admin.pause("s2", actor="ops")  # a change between the read and the write
+    declared = _declared("s2")
+    stale = Write(
+        name="s2",
+        action=ActionKind.UPDATE,
+        actor="ops",
+        reason=None,
+        stored=declared,
+        handler="digest",
+        args={},
+        expected_revision=read.revision,
+    )
+    assert await store.write(stale) is None
+    with pytest.raises(ScheduleControlError, match="is stale"):
+        await admin.update("s2", every_ms=30_000, expected_version=read.revision, actor="ops")
+    now = await store.row("s2")
+    assert now is not None
+    assert now.expression == "60000"
+    done = await admin.update("s2", every_ms=30_000, expected_version=now.revision, actor="ops")
+    assert done.params["previous"]["expression"] == "60000"
+    after = await store.row("s2")
+    assert after is not None
+    assert (after.expression, after.paused) == ("30000", True)

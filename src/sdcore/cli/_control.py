@@ -89,7 +89,7 @@ def register(commands: Any) -> None:
             limit_option(command, 20, "at most this many (default 20)")
             command.add_argument("--json", action="store_true", help="one JSON object per line")
         if command_name in ("create", "update"):
-            _definition_options(command, name)
+            _definition_options(command, name, create=command_name == "create")
         if command_name == "prune":
             older_than_option(command, "e.g. 30d")
 
@@ -121,14 +121,25 @@ def _backfill_options(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _definition_options(command: argparse.ArgumentParser, name: Callable[[str], str]) -> None:
-    command.add_argument("--handler", type=name, required=True, help="handler name")
-    which = command.add_mutually_exclusive_group(required=True)
-    which.add_argument("--cron", metavar="EXPR", help="cron expression")
-    which.add_argument("--every-ms", type=int_in(1, 2**31 - 1), metavar="MS", help="interval")
-    command.add_argument("--time-zone", default="UTC", metavar="ZONE", help="IANA zone")
+def _definition_options(
+    command: argparse.ArgumentParser, name: Callable[[str], str], *, create: bool
+) -> None:
+    # update changes only what it is given: nothing is required and nothing has a default.
+    keep = "" if create else " (default: unchanged)"
+    command.add_argument("--handler", type=name, required=create, help="handler name" + keep)
+    which = command.add_mutually_exclusive_group(required=create)
+    which.add_argument("--cron", metavar="EXPR", help="cron expression" + keep)
+    which.add_argument(
+        "--every-ms", type=int_in(1, 2**31 - 1), metavar="MS", help="interval" + keep
+    )
     command.add_argument(
-        "--args", type=json_object, default={}, metavar="JSON", help="handler arguments"
+        "--time-zone", metavar="ZONE", help="IANA zone" + (keep or " (default: UTC)")
+    )
+    command.add_argument(
+        "--args",
+        type=json_object,
+        metavar="JSON",
+        help="handler arguments" + (" (replaces them all; default: unchanged)" if keep else ""),
     )
     command.add_argument(
         "--option",
@@ -136,8 +147,17 @@ def _definition_options(command: argparse.ArgumentParser, name: Callable[[str], 
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a schedule option (retries=2, catch_up=latest, lease_ms=60000…)",
+        help="a schedule option (retries=2, catch_up=latest, lease_ms=60000…)"
+        + (" (the others keep their values)" if keep else ""),
     )
+    if not create:
+        command.add_argument(
+            "--expected-version",
+            type=int_in(0, 2**63 - 1),
+            metavar="N",
+            help="refuse the change if the schedule is no longer at this version "
+            "(VERSION in `sdcore schedules list`)",
+        )
 
 
 def _actor(args: argparse.Namespace) -> str:
@@ -227,11 +247,28 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         out.emit_action(action, emit, as_json=args.json)
     elif command == "backfill":
         _backfill(args, target)
-    elif command in ("create", "update"):
+    elif command == "create":
         options = dict(args.option)
         action = _run(
             target,
-            lambda admin: getattr(admin, command)(
+            lambda admin: admin.create(
+                args.name,
+                handler=args.handler,
+                cron=args.cron,
+                every_ms=args.every_ms,
+                time_zone=args.time_zone or "UTC",
+                args=args.args or {},
+                options=options,
+                actor=_actor(args),
+                reason=args.reason,
+            ),
+        )
+        out.emit_action(action, emit, as_json=args.json)
+    elif command == "update":
+        options = dict(args.option)
+        action = _run(
+            target,
+            lambda admin: admin.update(
                 args.name,
                 handler=args.handler,
                 cron=args.cron,
@@ -239,6 +276,7 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
                 time_zone=args.time_zone,
                 args=args.args,
                 options=options,
+                expected_version=args.expected_version,
                 actor=_actor(args),
                 reason=args.reason,
             ),

@@ -91,6 +91,7 @@ def _schedule_json(s: Any) -> dict[str, Any]:
         "replicas": list(s.replicas),
         "last_seen_at": _plain(s.last_seen_at),
         "versions": s.versions,
+        "version": s.version,
     }
 
 
@@ -109,10 +110,21 @@ def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             when(s.next_fire_at),
             f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
             str(len(s.replicas)) + (f" ({s.versions} versions!)" if s.versions > 1 else ""),
+            str(s.version),
         ]
         for s in states
     ]
-    headers = ["NAME", "ORIGIN", "WHEN", "ZONE", "STATE", "NEXT", "LAST RUN", "REPLICAS"]
+    headers = [
+        "NAME",
+        "ORIGIN",
+        "WHEN",
+        "ZONE",
+        "STATE",
+        "NEXT",
+        "LAST RUN",
+        "REPLICAS",
+        "VERSION",
+    ]
     for line in render_table(headers, rows, {"NAME": 40, "WHEN": 30, "STATE": 30}):
         emit(line)
 

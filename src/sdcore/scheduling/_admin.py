@@ -317,26 +317,73 @@ class ScheduleAdmin:
         self,
         name: str,
         *,
-        handler: str,
+        handler: str | None = None,
         cron: str | None = None,
         every_ms: int | None = None,
-        time_zone: str = "UTC",
+        time_zone: str | None = None,
         args: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
+        expected_version: int | None = None,
         actor: str,
         reason: str | None = None,
     ) -> ControlAction:
-        """Replace a stored schedule's definition; replicas follow within seconds.
+        """Change the given fields of a stored schedule; replicas follow within seconds.
+
+        Fields left ``None`` keep their values: ``cron`` or ``every_ms`` replaces the timing
+        (and the kind), ``args`` replaces the whole arguments object, ``options`` changes the
+        options it names and keeps the others.
+
+        Args:
+            expected_version: The schedule's ``version`` (``list_schedules``) the change was
+                made from: refused when the schedule changed since.
 
         Raises:
-            ScheduleControlError: Not a stored schedule, or no replica registers ``handler``.
+            ScheduleControlError: Not a stored schedule, a stale ``expected_version``, a change
+                meanwhile, or no replica registers the handler.
             InvalidScheduleError: A bad expression, zone or option.
         """
-        definition = _Definition(handler, cron, every_ms, time_zone, args, options)
-        return await self._store(ActionKind.UPDATE, name, definition, actor, reason)
+        if not isinstance(name, str):
+            raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
+        if expected_version is not None and (
+            isinstance(expected_version, bool) or not isinstance(expected_version, int)
+        ):
+            raise ScheduleControlError(name, "expected_version must be an int")
+        if cron is not None and every_ms is not None:
+            raise ScheduleControlError(name, "give at most one of cron or every_ms")
+        row = await self.store.row(name)
+        if row is None or row.removed_at is not None or row.origin != "stored":
+            raise ScheduleControlError(name, "no stored schedule with this name; nothing changed")
+        if expected_version is not None and expected_version != row.revision:
+            raise ScheduleControlError(
+                name,
+                f"version {expected_version} is stale: the schedule is at version "
+                f"{row.revision} (see `sdcore schedules log {name}`); nothing changed",
+            )
+        if cron is None and every_ms is None:
+            if row.kind == ScheduleKind.CRON.value:
+                cron = row.expression
+            else:
+                every_ms = int(row.expression)
+        kept = {k: v for k, v in row.options.items() if k in KNOWN_OPTIONS}
+        definition = _Definition(
+            handler if handler is not None else (row.handler or ""),
+            cron,
+            every_ms,
+            time_zone if time_zone is not None else row.time_zone,
+            args if args is not None else row.args,
+            {**kept, **dict(options or {})},
+        )
+        return await self._store(ActionKind.UPDATE, name, definition, actor, reason, previous=row)
 
     async def _store(
-        self, kind: ActionKind, name: str, definition: _Definition, actor: str, reason: str | None
+        self,
+        kind: ActionKind,
+        name: str,
+        definition: _Definition,
+        actor: str,
+        reason: str | None,
+        *,
+        previous: ScheduleRow | None = None,
     ) -> ControlAction:
         handler, cron, every_ms, time_zone, args, options = definition
         who = _text("actor", actor, MAX_ACTOR, optional=False)
@@ -401,12 +448,24 @@ class ScheduleAdmin:
             ),
         )
         assert who is not None  # noqa: S101
-        params = {
+        params: dict[str, Any] = {
             "handler": handler,
             "kind": schedule_kind,
             "expression": expression,
             "time_zone": time_zone,
+            "args": arguments,
+            "options": recorded,
         }
+        if previous is not None:
+            params["previous"] = {
+                "handler": previous.handler,
+                "kind": previous.kind,
+                "expression": previous.expression,
+                "time_zone": previous.time_zone,
+                "args": dict(previous.args or {}),
+                "options": dict(previous.options),
+                "version": previous.revision,
+            }
         return await self._write(
             Write(
                 name=name,
@@ -417,6 +476,7 @@ class ScheduleAdmin:
                 stored=declared,
                 handler=handler,
                 args=arguments,
+                expected_revision=None if previous is None else previous.revision,
             )
         )
 

@@ -215,7 +215,11 @@ class RunRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleState:
-    """A schedule as ``sdcore schedules list`` shows it."""
+    """A schedule as ``sdcore schedules list`` shows it.
+
+    ``version`` changes with every change of the schedule (pause, resume, update): give it to
+    ``ScheduleAdmin.update(expected_version=...)`` to refuse an edit of what changed since.
+    """
 
     name: str
     origin: str
@@ -235,6 +239,7 @@ class ScheduleState:
     last_status: str | None
     next_fire_at: datetime | None = None
     last_seen_at: datetime | None = None
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,6 +268,7 @@ class Write:
     handler: str | None = None
     args: Mapping[str, Any] | None = None
     request_id: str | None = None
+    expected_revision: int | None = None
 
     @property
     def finished(self) -> bool:

@@ -187,6 +187,9 @@ class InMemoryScheduleStore:
         elif write.stored is not None:
             if row is not None and row.origin != "stored":
                 return None
+            stale = write.expected_revision is not None
+            if stale and (row is None or row.revision != write.expected_revision):
+                return None
             d = write.stored
             kept = row if row is not None and row.removed_at is None else None
             if kept is None:
@@ -342,6 +345,7 @@ class InMemoryScheduleStore:
                     versions=len({fp for _, fp in holders}),
                     last_run_at=runs[0].started_at if runs else None,
                     last_status=runs[0].status if runs else None,
+                    version=row.revision,
                     last_seen_at=max(
                         (
                             self._replicas[rid][1]

@@ -69,7 +69,7 @@ _RUN = (
 )
 _STATE = (
     "name origin kind expression time_zone paused paused_at paused_by paused_reason handler "
-    "args options replicas versions last_run_at last_status last_seen_at"
+    "args options replicas versions last_run_at last_status last_seen_at version"
 )
 
 
@@ -280,6 +280,8 @@ class PostgresScheduleStore:
                     write.handler,
                     json.dumps(dict(write.args or {})),
                     d.fingerprint,
+                    write.expected_revision,
+                    write.expected_revision,
                 ),
             )
             changed = cur.rowcount
@@ -365,6 +367,7 @@ class PostgresScheduleStore:
                 options=_object,
                 replicas=lambda v: tuple(v or ()),
                 versions=int,
+                version=int,
             )
             for r in rows
         ]

@@ -101,7 +101,8 @@ SET paused = false, resumed_at = clock_timestamp(), paused_by = NULL, paused_rea
 WHERE name = %s AND removed_at IS NULL AND paused
 
 -- name: store
--- Create (or re-create after removal) or change a stored schedule; never a code schedule.
+-- Create (or re-create after removal) or change a stored schedule; never a code schedule. An
+-- update gives the revision its definition was merged from: a change since refuses it.
 INSERT INTO {table} AS s
     (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision)
 VALUES (%s, 'stored', %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, nextval({seq_text}::regclass))
@@ -115,7 +116,7 @@ SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED
     paused_reason = CASE WHEN s.removed_at IS NULL THEN s.paused_reason END,
     resumed_at = CASE WHEN s.removed_at IS NULL THEN s.resumed_at END,
     updated_at = clock_timestamp()
-WHERE s.origin = 'stored'
+WHERE s.origin = 'stored' AND (%s::bigint IS NULL OR s.revision = %s::bigint)
 
 -- name: remove
 UPDATE {table}
@@ -199,7 +200,7 @@ SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused,
        CASE WHEN s.paused THEN s.paused_at END, CASE WHEN s.paused THEN s.paused_by END,
        CASE WHEN s.paused THEN s.paused_reason END, s.handler, s.args, s.options,
        coalesce(d.replicas, ARRAY[]::text[]), coalesce(d.versions, 0),
-       lr.started_at, lr.status, d.last_seen
+       lr.started_at, lr.status, d.last_seen, s.revision
 FROM {table} AS s
 LEFT JOIN LATERAL (
     SELECT array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid) AS replicas,
