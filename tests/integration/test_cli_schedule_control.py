@@ -241,3 +241,43 @@ async def test_update_changes_only_what_it_is_given(pg_dsn: str) -> None:
             "schedules", "update", "digest-acme", "--cron", "0 7 * * *", "--every-ms", "1000"
         )
         assert both.code == 2, both
+
+
+async def test_backfill_says_what_already_succeeded_and_can_rerun_it(pg_dsn: str) -> None:
+    from datetime import datetime
+
+    def invoices(scheduler: Scheduler, r: Replica) -> None:
+        async def send(tick: Tick) -> None:
+            r.runs.append((tick.schedule, tick.run_key, None))
+
+        scheduler.add_interval("send-invoices", 1_000, send)
+
+    async with replica(pg_dsn, invoices) as r:
+        # The "spoiled" ticks: they ran with SUCCESS (and sent wrong amounts).
+        await until(lambda: len(r.keys("send-invoices")) >= 4)
+        spoiled = sorted(k for k in r.keys("send-invoices") if k is not None)[:3]
+        await asyncio.sleep(0.5)
+        window = ["--from", spoiled[0], "--to", spoiled[-1]]
+        plain = await r.cli("schedules", "backfill", "send-invoices", *window, "--wait")
+        assert plain.code == 0, plain
+        assert "3 already succeeded (not re-run)" in plain.out
+        assert "finished: SUCCESS" in plain.out
+        assert sorted(k for k in r.keys("send-invoices") if k in spoiled) == spoiled
+        rerun = await r.cli(
+            "schedules", "backfill", "send-invoices", *window, "--rerun-succeeded", "--wait"
+        )
+        assert rerun.code == 0, rerun
+        assert "those that succeeded run again" in rerun.out
+        assert "3 had succeeded (re-run)" in rerun.out
+        actions = await r.admin.actions("send-invoices", limit=1)
+        prefix = f"backfill:{actions[0].id}:"
+        again = sorted(k for k in r.keys("send-invoices") if k and k.startswith(prefix))
+        assert again == [prefix + k for k in spoiled]
+        history = await r.admin.history("send-invoices", limit=100)
+        assert {h.source for h in history if h.run_key.startswith(prefix)} == {"backfill"}
+        assert {h.scheduled_at for h in history if h.run_key.startswith(prefix)} == {
+            datetime.fromisoformat(k.replace("Z", "+00:00")) for k in spoiled
+        }
+        log = await r.cli("schedules", "log", "send-invoices")
+        assert "3 had succeeded (re-run)" in log.out
+        assert "3 already succeeded (not re-run)" in log.out

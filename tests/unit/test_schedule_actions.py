@@ -162,3 +162,37 @@ async def test_a_request_id_records_one_action(two: Cluster) -> None:
             await admin.trigger("beat", actor="ops", request_id=bad)
     log = await admin.actions("beat")
     assert [a.id for a in log] == [backfill.id, other.id, first.id]
+
+
+async def test_rerun_succeeded_runs_each_succeeded_tick_once_more(two: Cluster) -> None:
+    cluster = two
+    await until(lambda: len(cluster.runs) >= 6, timeout=10)
+    done = sorted(k for k, _ in cluster.runs)[:4]
+    parse = [datetime.fromisoformat(k.replace("Z", "+00:00")) for k in done]
+    plain = await cluster.admin.backfill("beat", parse[0], parse[-1], actor="ops")
+    await until(lambda: cluster.store._actions[plain.id].finished_at is not None)
+    assert cluster.store._actions[plain.id].progress == {
+        "total": 4,
+        "succeeded": 4,
+        "failed": 0,
+        "remaining": 0,
+        "already_succeeded": 4,
+    }
+    again = await cluster.admin.backfill(
+        "beat", parse[0], parse[-1], actor="ops", rerun_succeeded=True
+    )
+    assert again.params["rerun_succeeded"] is True
+    await until(lambda: cluster.store._actions[again.id].finished_at is not None)
+    finished = cluster.store._actions[again.id]
+    assert finished.outcome == "SUCCESS"
+    assert finished.progress == {
+        "total": 4,
+        "succeeded": 4,
+        "failed": 0,
+        "remaining": 0,
+        "rerun": 4,
+    }
+    prefix = f"backfill:{again.id}:"
+    assert sorted(k for k, _ in cluster.runs if k.startswith(prefix)) == [prefix + k for k in done]
+    no_duplicates(cluster.runs)
+    assert sorted(k for k, _ in cluster.runs if k in done) == done  # the originals once

@@ -110,6 +110,12 @@ def _backfill_options(command: argparse.ArgumentParser) -> None:
         help="ticks at once when the schedule's overlap is allow (default 1)",
     )
     command.add_argument(
+        "--rerun-succeeded",
+        action="store_true",
+        help="also run again the ticks that had already succeeded (once each, under a run key "
+        "of their own); without it they are counted as already succeeded and not re-run",
+    )
+    command.add_argument(
         "--wait", action="store_true", help="follow the progress until it finishes"
     )
     command.add_argument(
@@ -305,6 +311,7 @@ def _backfill(args: argparse.Namespace, target: Target) -> None:
             reason=args.reason,
             concurrency=args.concurrency,
             request_id=request,
+            rerun_succeeded=args.rerun_succeeded,
         ),
     )
     out.emit_action(action, emit, as_json=args.json)

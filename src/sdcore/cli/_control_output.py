@@ -49,7 +49,11 @@ def describe(action: Any) -> str:
         return base + f" (run key trigger:{action.id}); one replica runs it within ~2 s"
     if what == "backfill":
         ticks = action.params.get("ticks")
-        return base + f" ({ticks} tick(s)); follow it with `sdcore schedules log {action.schedule}`"
+        again = ", those that succeeded run again" if action.params.get("rerun_succeeded") else ""
+        return (
+            base + f" ({ticks} tick(s){again}); follow it with "
+            f"`sdcore schedules log {action.schedule}`"
+        )
     return base + "; every replica applies it within ~2 s"
 
 
@@ -58,12 +62,23 @@ def emit_action(action: Any, emit: Emit, *, as_json: bool) -> None:
     emit(json_line(action_json(action)) if as_json else describe(action))
 
 
+def _before(p: dict[str, Any]) -> str:
+    """What a backfill's progress says of the ticks that had succeeded before it."""
+    if p.get("rerun"):
+        return f"{p['rerun']} had succeeded (re-run)"
+    if p.get("already_succeeded"):
+        return f"{p['already_succeeded']} already succeeded (not re-run)"
+    return ""
+
+
 def progress_line(progress: Any) -> str:
     """A backfill's progress while it is followed."""
     p = dict(progress)
+    before = _before(p)
     return (
         f"progress: {p.get('succeeded', 0)} succeeded, {p.get('failed', 0)} failed, "
         f"{p.get('remaining', '?')} remaining of {p.get('total', '?')}"
+        + (f"; {before}" if before else "")
     )
 
 
@@ -193,6 +208,8 @@ def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             progress = (
                 f"{p.get('succeeded', 0)}/{p.get('total', 0)} ok, {p.get('failed', 0)} failed"
             )
+            if _before(p):
+                progress += f", {_before(p)}"
         age = "-" if a.finished_at is None else compact_age(a.finished_at - a.created_at)
         rows.append(
             [

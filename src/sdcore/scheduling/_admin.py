@@ -225,11 +225,15 @@ class ScheduleAdmin:
         reason: str | None = None,
         concurrency: int = 1,
         request_id: str | None = None,
+        rerun_succeeded: bool = False,
     ) -> ControlAction:
         """Run every expected tick in ``[start, end]`` (both inclusive) without ``SUCCESS``.
 
         One replica coordinates, oldest tick first, at most ``concurrency`` at once (1 unless the
-        schedule's overlap is ``allow``); progress is in the action's ``progress``. A
+        schedule's overlap is ``allow``); progress is in the action's ``progress`` (ticks that
+        had already succeeded are counted as ``already_succeeded``). With ``rerun_succeeded``
+        those ticks run again too, once per backfill, under the run key
+        ``backfill:<action id>:<tick's run key>`` (the tick's own row stays as it is). A
         ``request_id`` makes a retry of the same request return the first one's action (see
         :meth:`trigger`).
 
@@ -280,6 +284,10 @@ class ScheduleAdmin:
             "ticks": len(ticks),
             "concurrency": concurrency,
         }
+        if not isinstance(rerun_succeeded, bool):
+            raise ScheduleControlError(None, "rerun_succeeded must be a bool")
+        if rerun_succeeded:
+            params["rerun_succeeded"] = True
         return await self._write(
             Write(
                 name=row.name,

@@ -12,7 +12,8 @@ Lease keys (every action keeps each tick exactly once through the lease table):
   (tick keys are ISO instants and start with a digit);
 - a backfill is coordinated by one replica holding the lease ``backfill:<action id>``; if that
   replica dies another one takes the lease over after ``lease_ms`` and continues, ticks already
-  done being refused by their own rows.
+  done being refused by their own rows; with ``rerun_succeeded`` a tick that had succeeded before
+  the request runs again under ``backfill:<action id>:<tick's run key>``, once per backfill.
 """
 
 from __future__ import annotations
@@ -161,8 +162,12 @@ class ControlAction:
         action: What was done.
         actor: Who did it.
         reason: Why (free text), if given.
-        params: The action's parameters (a backfill's window and concurrency).
-        progress: A backfill's progress (``total``, ``succeeded``, ``failed``, ``remaining``).
+        params: The action's parameters (a backfill's window, concurrency and
+            ``rerun_succeeded``).
+        progress: A backfill's progress: ``total``, ``succeeded`` (ticks with ``SUCCESS``,
+            those that already had it included), ``failed``, ``remaining``, and
+            ``already_succeeded`` (had succeeded before the request and were not re-run) or,
+            with ``rerun_succeeded``, ``rerun`` (had succeeded and are run again).
         outcome: ``"done"``, ``"SUCCESS"``/``"FAIL"`` (trigger, backfill), ``"CANCELLED"`` (a
             trigger or backfill still open when its stored schedule was removed), ``None`` while
             open.
@@ -353,6 +358,11 @@ class ScheduleStore(Protocol):
 
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         """Reopen ticks whose row is ``FAIL`` since before ``before`` (backfill)."""
+        ...
+
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        """The ticks among ``lock_keys`` whose row was ``SUCCESS`` before ``before`` (backfill:
+        what had succeeded when it was requested)."""
         ...
 
     async def run_started(self, run: RunStart) -> int | None:

@@ -284,6 +284,18 @@ class InMemoryScheduleStore:
             count += 1
         return count
 
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        rows = getattr(self.jobs, "_rows", None)
+        if not isinstance(rows, dict):
+            return set()
+        return {
+            key
+            for key in lock_keys
+            if (row := rows.get(key)) is not None
+            and row.status is JobSchedulerStatus.SUCCESS
+            and row.modified_at < before
+        }
+
     # --- history -----------------------------------------------------------------------------
 
     async def run_started(self, run: RunStart) -> int | None:

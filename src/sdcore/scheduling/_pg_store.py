@@ -332,6 +332,10 @@ class PostgresScheduleStore:
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         return await self._exec("release_failed", (by, list(lock_keys), before))
 
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        rows = await self._all("succeeded_before", (list(lock_keys), before))
+        return {r[0] for r in rows}
+
     async def run_started(self, run: RunStart) -> int | None:
         found = await self._one(
             "run_started",

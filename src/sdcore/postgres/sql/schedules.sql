@@ -180,6 +180,12 @@ SET data = coalesce(data, jsonb_build_object()) || jsonb_build_object('released_
 WHERE lock_key = ANY(%s::text[]) AND status = 'FAIL' AND attempts > 0 AND modified_at < %s
   AND NOT (coalesce(data, jsonb_build_object()) ? 'released_by')
 
+-- name: succeeded_before
+-- What had succeeded when a backfill was requested (by the database clock, as the request's
+-- created_at): stable whoever coordinates, and whenever.
+SELECT lock_key FROM {lease}
+WHERE lock_key = ANY(%s::text[]) AND status = 'SUCCESS' AND modified_at < %s
+
 -- name: run_started
 INSERT INTO {runs} (schedule, run_key, source, scheduled_at, attempt, fencing_token, replica_id,
                     host, pid)
