@@ -241,6 +241,9 @@ async def test_update_changes_only_what_it_is_given(pg_dsn: str) -> None:
             "schedules", "update", "digest-acme", "--cron", "0 7 * * *", "--every-ms", "1000"
         )
         assert both.code == 2, both
+        nothing = await r.cli("schedules", "update", "digest-acme")
+        assert nothing.code == 1, nothing
+        assert "at least one field" in nothing.err
 
 
 async def test_backfill_says_what_already_succeeded_and_can_rerun_it(pg_dsn: str) -> None:

@@ -163,3 +163,37 @@ async def test_a_double_submitted_trigger_form_runs_once(pg_dsn: str) -> None:
             fresh = re.search(r'name="request_id" value="([^"]+)"', page)
             assert fresh is not None
             assert fresh.group(1) != fields["request_id"]
+
+
+async def test_the_dashboard_says_a_lost_commit_reply_may_have_recorded_it(pg_dsn: str) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    async def operator() -> str:
+        return "alice"
+
+    marker = b'INSERT INTO "sdcore_schedules_actions"'
+    async with (
+        replica(pg_dsn, _send_invoices) as r,
+        LoseCommitReply(pg_dsn, marker) as proxy,
+        AsyncConnectionPool(
+            proxy.dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
+        ) as pool,
+    ):
+        await pool.wait()
+        transport = httpx.ASGITransport(app=dashboard_app(pool, operator=operator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            page = (await client.get("/schedule", params={"name": "send-invoices"})).text
+            form = re.search(r'action="/schedule/trigger".*?</form>', page, re.DOTALL)
+            assert form is not None, page
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0)))
+            lost = await client.post("/schedule/trigger", data=fields)
+            assert proxy.tripped
+            assert lost.status_code == 503, lost.text
+            assert "may have been recorded" in lost.text
+            assert "Submitting the same form again records it at most once" in lost.text
+            again = await client.post("/schedule/trigger", data=fields)
+            assert again.status_code == 303, again.text
+            await until(lambda: r.keys("send-invoices"))
+            await asyncio.sleep(1.5)
+            assert len(r.keys("send-invoices")) == 1
+            assert len(await _triggers(r)) == 1

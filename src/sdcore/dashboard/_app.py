@@ -37,7 +37,12 @@ from sdcore.dashboard._format import Refused, instant, page_number
 from sdcore.job_scheduler import JobScheduler
 from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
-from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling import (
+    ControlWriteUncertainError,
+    InvalidScheduleError,
+    PostgresScheduleStore,
+    ScheduleAdmin,
+)
 from sdcore.scheduling import ScheduleControlError as ControlError
 
 MAX_FORM_BYTES = 16_384
@@ -373,6 +378,9 @@ def dashboard_app(
                 raise Refused(404, f"Unknown action {verb!r}.")
         except (ControlError, InvalidScheduleError) as exc:
             raise Refused(409, str(exc)) from None
+        except ControlWriteUncertainError as exc:
+            again = " Submitting the same form again records it at most once." * bool(request_id)
+            raise Refused(503, str(exc) + "." + again) from None
         log.info(
             "dashboard: %s: %s %r (action %s)",
             seen.actor,

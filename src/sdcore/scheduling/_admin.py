@@ -358,6 +358,11 @@ class ScheduleAdmin:
             raise ScheduleControlError(name, "expected_version must be an int")
         if cron is not None and every_ms is not None:
             raise ScheduleControlError(name, "give at most one of cron or every_ms")
+        given = (handler, cron, every_ms, time_zone, args)
+        if all(value is None for value in given) and not options:
+            raise ScheduleControlError(
+                name, "give at least one field to change (handler, timing, zone, args, option)"
+            )
         row = await self.store.row(name)
         if row is None or row.removed_at is not None or row.origin != "stored":
             raise ScheduleControlError(name, "no stored schedule with this name; nothing changed")
