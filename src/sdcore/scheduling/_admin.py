@@ -262,6 +262,8 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 None, f"concurrency must be between 1 and {MAX_BACKFILL_CONCURRENCY}"
             )
+        if not isinstance(rerun_succeeded, bool):
+            raise ScheduleControlError(None, "rerun_succeeded must be a bool")
         if low < EARLIEST:
             raise ScheduleControlError(
                 None,
@@ -284,8 +286,6 @@ class ScheduleAdmin:
             "ticks": len(ticks),
             "concurrency": concurrency,
         }
-        if not isinstance(rerun_succeeded, bool):
-            raise ScheduleControlError(None, "rerun_succeeded must be a bool")
         if rerun_succeeded:
             params["rerun_succeeded"] = True
         return await self._write(
