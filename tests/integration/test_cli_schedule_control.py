@@ -259,7 +259,18 @@ async def test_backfill_says_what_already_succeeded_and_can_rerun_it(pg_dsn: str
         # The "spoiled" ticks: they ran with SUCCESS (and sent wrong amounts).
         await until(lambda: len(r.keys("send-invoices")) >= 4)
         spoiled = sorted(k for k in r.keys("send-invoices") if k is not None)[:3]
-        await asyncio.sleep(0.5)
+
+        async def succeeded() -> bool:
+            async with r.control.store.pool.connection() as conn:  # type: ignore[attr-defined]
+                cur = await conn.execute(
+                    "SELECT count(*) FROM job_scheduler WHERE code = 'send-invoices'"
+                    " AND run_key = ANY(%s) AND status = 'SUCCESS'",
+                    (spoiled,),
+                )
+                found = await cur.fetchone()
+            return found is not None and found[0] == 3
+
+        await until(succeeded)
         window = ["--from", spoiled[0], "--to", spoiled[-1]]
         plain = await r.cli("schedules", "backfill", "send-invoices", *window, "--wait")
         assert plain.code == 0, plain
