@@ -196,3 +196,23 @@ async def test_rerun_succeeded_runs_each_succeeded_tick_once_more(two: Cluster) 
     assert sorted(k for k, _ in cluster.runs if k.startswith(prefix)) == [prefix + k for k in done]
     no_duplicates(cluster.runs)
     assert sorted(k for k, _ in cluster.runs if k in done) == done  # the originals once
+
+
+def test_expected_instants_names_a_year_1_start_instead_of_overflowing() -> None:
+    from sdcore.scheduling._triggers import IntervalTrigger, expected_instants
+
+    first = datetime(1, 1, 1, tzinfo=UTC)
+    with pytest.raises(ValueError, match="out of range"):
+        expected_instants(IntervalTrigger(1_000), first, first + timedelta(hours=1), limit=10)
+    later = first + timedelta(microseconds=1)
+    assert (
+        len(
+            expected_instants(
+                IntervalTrigger(60_000), later, later + timedelta(minutes=5), limit=10
+            )
+        )
+        == 5
+    )
+    last = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    end = datetime.max.replace(tzinfo=UTC)
+    assert expected_instants(IntervalTrigger(60_000), last, end, limit=10) == [last]
