@@ -140,6 +140,16 @@ async def test_an_update_merged_from_an_old_version_is_refused(store: ScheduleSt
         expected_revision=read.revision,
     )
     assert await store.write(stale) is None
+    racing_create = Write(
+        name="s2",
+        action=ActionKind.CREATE,
+        actor="ops",
+        reason=None,
+        stored=declared,
+        handler="digest",
+        args={},
+    )
+    assert await store.write(racing_create) is None  # a create never replaces a live schedule
     with pytest.raises(ScheduleControlError, match="is stale"):
         await admin.update("s2", every_ms=30_000, expected_version=read.revision, actor="ops")
     now = await store.row("s2")

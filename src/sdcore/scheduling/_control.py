@@ -274,6 +274,8 @@ class Write:
     args: Mapping[str, Any] | None = None
     request_id: str | None = None
     expected_revision: int | None = None
+    """An update's condition: the stored row is still at this revision (what it was merged
+    from). A create's condition is that no live row has the name."""
 
     @property
     def finished(self) -> bool:

@@ -187,9 +187,13 @@ class InMemoryScheduleStore:
         elif write.stored is not None:
             if row is not None and row.origin != "stored":
                 return None
-            stale = write.expected_revision is not None
-            if stale and (row is None or row.revision != write.expected_revision):
-                return None
+            live = row is not None and row.removed_at is None
+            if write.action is ActionKind.CREATE and live:
+                return None  # created meanwhile
+            if write.action is not ActionKind.CREATE and (
+                row is None or not live or row.revision != write.expected_revision
+            ):
+                return None  # removed or changed since the update's read
             d = write.stored
             kept = row if row is not None and row.removed_at is None else None
             if kept is None:

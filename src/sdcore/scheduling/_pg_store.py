@@ -280,7 +280,7 @@ class PostgresScheduleStore:
                     write.handler,
                     json.dumps(dict(write.args or {})),
                     d.fingerprint,
-                    write.expected_revision,
+                    write.action is ActionKind.CREATE,
                     write.expected_revision,
                 ),
             )

@@ -101,8 +101,10 @@ SET paused = false, resumed_at = clock_timestamp(), paused_by = NULL, paused_rea
 WHERE name = %s AND removed_at IS NULL AND paused
 
 -- name: store
--- Create (or re-create after removal) or change a stored schedule; never a code schedule. An
--- update gives the revision its definition was merged from: a change since refuses it.
+-- Create (or re-create after removal) or change a stored schedule; never a code schedule. A
+-- create (first parameter of the WHERE) takes over only a removed row, so of two racing creates
+-- one is refused; an update gives the revision its definition was merged from, and a change
+-- since refuses it.
 INSERT INTO {table} AS s
     (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision)
 VALUES (%s, 'stored', %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, nextval({seq_text}::regclass))
@@ -116,7 +118,9 @@ SET kind = EXCLUDED.kind, expression = EXCLUDED.expression, time_zone = EXCLUDED
     paused_reason = CASE WHEN s.removed_at IS NULL THEN s.paused_reason END,
     resumed_at = CASE WHEN s.removed_at IS NULL THEN s.resumed_at END,
     updated_at = clock_timestamp()
-WHERE s.origin = 'stored' AND (%s::bigint IS NULL OR s.revision = %s::bigint)
+WHERE s.origin = 'stored'
+  AND CASE WHEN %s THEN s.removed_at IS NOT NULL
+           ELSE s.removed_at IS NULL AND s.revision = %s::bigint END
 
 -- name: remove
 UPDATE {table}
