@@ -213,7 +213,13 @@ def test_pause_trigger_backfill_resume_across_three_replicas(cluster: Cluster) -
     assert [entry["action"] for entry in log][:4] == ["resume", "backfill", "trigger", "pause"]
     assert log[3]["actor"] == "alice"
     assert log[3]["reason"] == "incident 7"
-    assert log[1]["progress"] == {"total": 10, "succeeded": 10, "failed": 0, "remaining": 0}
+    assert log[1]["progress"] == {
+        "total": 10,
+        "succeeded": 10,
+        "failed": 0,
+        "remaining": 0,
+        "already_succeeded": 0,
+    }
 
     # refusals change nothing
     bad = cluster.cli("pause", "nope", check=False)

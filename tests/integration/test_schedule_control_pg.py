@@ -132,6 +132,7 @@ def test_db_upgrade_schedules(pg_dsn: str) -> None:
     done = sdcore("db", "upgrade", "--schedules")
     assert done.returncode == 0, done.stderr
     assert "applied schedules migration 0001_initial" in done.stdout
+    assert "applied schedules migration 0002_action_requests" in done.stdout
     again = sdcore("db", "upgrade", "--schedules")
     assert "applied schedules" not in again.stdout
     listed = sdcore("schedules", "list", "--json")

@@ -159,6 +159,7 @@ def test_scheduling_surface() -> None:
         "ActionKind",
         "CatchUp",
         "ControlAction",
+        "ControlWriteUncertainError",
         "CronExpression",
         "DayRule",
         "InMemoryScheduleStore",

@@ -36,6 +36,7 @@ def loop_wall_clock() -> Callable[[], datetime]:
     start, t0 = datetime.now(UTC), loop.time()
     return lambda: start + timedelta(seconds=loop.time() - t0)
 
+
 EVERY_MS = 200
 
 
@@ -157,7 +158,13 @@ async def test_backfill_runs_each_missing_tick_once(cluster: Cluster) -> None:
     await until(lambda: cluster.store._actions[action.id].finished_at is not None, timeout=10)
     done = cluster.store._actions[action.id]
     assert done.outcome == "SUCCESS"
-    assert done.progress == {"total": 10, "succeeded": 10, "failed": 0, "remaining": 0}
+    assert done.progress == {
+        "total": 10,
+        "succeeded": 10,
+        "failed": 0,
+        "remaining": 0,
+        "already_succeeded": 0,
+    }
     window = {k for k, _ in cluster.runs if k.startswith(start.strftime("%Y-%m-%dT%H"))}
     assert len(window) == 10
     no_duplicates(cluster.runs)

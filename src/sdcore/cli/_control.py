@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import getpass
 import socket
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from sdcore.cli._format import emit
 from sdcore.cli._options import (
     MAX_CODE_LENGTH,
     MAX_REASON_LENGTH,
+    MAX_REQUEST_ID,
     add_command,
     connection_options,
     int_in,
@@ -73,13 +75,21 @@ def register(commands: Any) -> None:
                 "--actor", type=reason, metavar="WHO", help="who (default: user@host)"
             )
             command.add_argument("--json", action="store_true", help="the action as JSON")
+        if command_name in ("trigger", "backfill"):
+            command.add_argument(
+                "--request-id",
+                type=text("request id", MAX_REQUEST_ID),
+                metavar="ID",
+                help="this request's id (default: a new one per run); a retry with the same id "
+                "returns the first action instead of recording another",
+            )
         if command_name == "backfill":
             _backfill_options(command)
         if command_name in ("history", "log"):
             limit_option(command, 20, "at most this many (default 20)")
             command.add_argument("--json", action="store_true", help="one JSON object per line")
         if command_name in ("create", "update"):
-            _definition_options(command, name)
+            _definition_options(command, name, create=command_name == "create")
         if command_name == "prune":
             older_than_option(command, "e.g. 30d")
 
@@ -100,6 +110,12 @@ def _backfill_options(command: argparse.ArgumentParser) -> None:
         help="ticks at once when the schedule's overlap is allow (default 1)",
     )
     command.add_argument(
+        "--rerun-succeeded",
+        action="store_true",
+        help="also run again the ticks that had already succeeded (once each, under a run key "
+        "of their own); without it they are counted as already succeeded and not re-run",
+    )
+    command.add_argument(
         "--wait", action="store_true", help="follow the progress until it finishes"
     )
     command.add_argument(
@@ -111,14 +127,25 @@ def _backfill_options(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _definition_options(command: argparse.ArgumentParser, name: Callable[[str], str]) -> None:
-    command.add_argument("--handler", type=name, required=True, help="handler name")
-    which = command.add_mutually_exclusive_group(required=True)
-    which.add_argument("--cron", metavar="EXPR", help="cron expression")
-    which.add_argument("--every-ms", type=int_in(1, 2**31 - 1), metavar="MS", help="interval")
-    command.add_argument("--time-zone", default="UTC", metavar="ZONE", help="IANA zone")
+def _definition_options(
+    command: argparse.ArgumentParser, name: Callable[[str], str], *, create: bool
+) -> None:
+    # update changes only what it is given: nothing is required and nothing has a default.
+    keep = "" if create else " (default: unchanged)"
+    command.add_argument("--handler", type=name, required=create, help="handler name" + keep)
+    which = command.add_mutually_exclusive_group(required=create)
+    which.add_argument("--cron", metavar="EXPR", help="cron expression" + keep)
+    which.add_argument(
+        "--every-ms", type=int_in(1, 2**31 - 1), metavar="MS", help="interval" + keep
+    )
     command.add_argument(
-        "--args", type=json_object, default={}, metavar="JSON", help="handler arguments"
+        "--time-zone", metavar="ZONE", help="IANA zone" + (keep or " (default: UTC)")
+    )
+    command.add_argument(
+        "--args",
+        type=json_object,
+        metavar="JSON",
+        help="handler arguments" + (" (replaces them all; default: unchanged)" if keep else ""),
     )
     command.add_argument(
         "--option",
@@ -126,8 +153,17 @@ def _definition_options(command: argparse.ArgumentParser, name: Callable[[str], 
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a schedule option (retries=2, catch_up=latest, lease_ms=60000…)",
+        help="a schedule option (retries=2, catch_up=latest, lease_ms=60000…)"
+        + (" (the others keep their values)" if keep else ""),
     )
+    if not create:
+        command.add_argument(
+            "--expected-version",
+            type=int_in(0, 2**63 - 1),
+            metavar="N",
+            help="refuse the change if the schedule is no longer at this version "
+            "(VERSION in `sdcore schedules list`)",
+        )
 
 
 def _actor(args: argparse.Namespace) -> str:
@@ -140,8 +176,20 @@ def _actor(args: argparse.Namespace) -> str:
     return f"{user}@{socket.gethostname()}"[:200]
 
 
+def _request_id(args: argparse.Namespace) -> str:
+    """The request id of a trigger or backfill: ``--request-id``, else a new one."""
+    if getattr(args, "request_id", None):
+        return str(args.request_id)
+    return uuid.uuid4().hex
+
+
 def _run(target: Target, operation: Callable[[Any], Awaitable[T]]) -> T:
-    from sdcore.scheduling import InvalidScheduleError, ScheduleAdmin, ScheduleControlError
+    from sdcore.scheduling import (
+        ControlWriteUncertainError,
+        InvalidScheduleError,
+        ScheduleAdmin,
+        ScheduleControlError,
+    )
 
     async def go() -> T:
         async with started_runtime(target) as runtime:
@@ -151,7 +199,15 @@ def _run(target: Target, operation: Callable[[Any], Awaitable[T]]) -> T:
         return asyncio.run(go())
     except (ScheduleControlError, InvalidScheduleError) as exc:
         raise CliError(str(exc)) from None
-    except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+    except ControlWriteUncertainError as exc:
+        again = ""
+        if exc.request_id is not None:
+            again = (
+                f"; to retry without recording it twice, run it again with "
+                f"--request-id {exc.request_id}"
+            )
+        raise CliError(str(exc) + again) from None
+    except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.InvalidSchemaName):
         words = "sdcore db upgrade --schedules"
         if target.schema:
             words += f" --schema {target.schema}"
@@ -178,7 +234,16 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     """
     target = target_of(args, environ)
     command = args.command
-    if command in ("pause", "resume", "trigger", "remove"):
+    if command == "trigger":
+        request = _request_id(args)
+        action = _run(
+            target,
+            lambda admin: admin.trigger(
+                args.name, actor=_actor(args), reason=args.reason, request_id=request
+            ),
+        )
+        out.emit_action(action, emit, as_json=args.json)
+    elif command in ("pause", "resume", "remove"):
         action = _run(
             target,
             lambda admin: getattr(admin, command)(
@@ -188,11 +253,28 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         out.emit_action(action, emit, as_json=args.json)
     elif command == "backfill":
         _backfill(args, target)
-    elif command in ("create", "update"):
+    elif command == "create":
         options = dict(args.option)
         action = _run(
             target,
-            lambda admin: getattr(admin, command)(
+            lambda admin: admin.create(
+                args.name,
+                handler=args.handler,
+                cron=args.cron,
+                every_ms=args.every_ms,
+                time_zone=args.time_zone or "UTC",
+                args=args.args or {},
+                options=options,
+                actor=_actor(args),
+                reason=args.reason,
+            ),
+        )
+        out.emit_action(action, emit, as_json=args.json)
+    elif command == "update":
+        options = dict(args.option)
+        action = _run(
+            target,
+            lambda admin: admin.update(
                 args.name,
                 handler=args.handler,
                 cron=args.cron,
@@ -200,6 +282,7 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
                 time_zone=args.time_zone,
                 args=args.args,
                 options=options,
+                expected_version=args.expected_version,
                 actor=_actor(args),
                 reason=args.reason,
             ),
@@ -217,6 +300,7 @@ def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
 
 
 def _backfill(args: argparse.Namespace, target: Target) -> None:
+    request = _request_id(args)
     action = _run(
         target,
         lambda admin: admin.backfill(
@@ -226,6 +310,8 @@ def _backfill(args: argparse.Namespace, target: Target) -> None:
             actor=_actor(args),
             reason=args.reason,
             concurrency=args.concurrency,
+            request_id=request,
+            rerun_succeeded=args.rerun_succeeded,
         ),
     )
     out.emit_action(action, emit, as_json=args.json)
@@ -249,5 +335,7 @@ def _backfill(args: argparse.Namespace, target: Target) -> None:
     if final.finished_at is None:
         raise CliError(f"backfill {action.id} still running after {args.timeout} s")
     emit(f"backfill {action.id} finished: {final.outcome}")
+    if final.outcome == "CANCELLED":
+        raise CliError(f"backfill {action.id} was cancelled: its schedule was removed")
     if final.outcome != "SUCCESS":
         raise CliError(f"backfill {action.id} finished with failed ticks (see history)")

@@ -37,6 +37,7 @@ def action_json(action: Any) -> dict[str, Any]:
         "outcome": action.outcome,
         "created_at": utc_iso(action.created_at, precise=True),
         "finished_at": _precise(action.finished_at),
+        "request_id": action.request_id,
     }
 
 
@@ -48,7 +49,11 @@ def describe(action: Any) -> str:
         return base + f" (run key trigger:{action.id}); one replica runs it within ~2 s"
     if what == "backfill":
         ticks = action.params.get("ticks")
-        return base + f" ({ticks} tick(s)); follow it with `sdcore schedules log {action.schedule}`"
+        again = ", those that succeeded run again" if action.params.get("rerun_succeeded") else ""
+        return (
+            base + f" ({ticks} tick(s){again}); follow it with "
+            f"`sdcore schedules log {action.schedule}`"
+        )
     return base + "; every replica applies it within ~2 s"
 
 
@@ -57,12 +62,23 @@ def emit_action(action: Any, emit: Emit, *, as_json: bool) -> None:
     emit(json_line(action_json(action)) if as_json else describe(action))
 
 
+def _before(p: dict[str, Any]) -> str:
+    """What a backfill's progress says of the ticks that had succeeded before it."""
+    if p.get("rerun"):
+        return f"{p['rerun']} had succeeded (re-run)"
+    if p.get("already_succeeded"):
+        return f"{p['already_succeeded']} already succeeded (not re-run)"
+    return ""
+
+
 def progress_line(progress: Any) -> str:
     """A backfill's progress while it is followed."""
     p = dict(progress)
+    before = _before(p)
     return (
         f"progress: {p.get('succeeded', 0)} succeeded, {p.get('failed', 0)} failed, "
         f"{p.get('remaining', '?')} remaining of {p.get('total', '?')}"
+        + (f"; {before}" if before else "")
     )
 
 
@@ -93,6 +109,7 @@ def _schedule_json(s: Any) -> dict[str, Any]:
         "undeclared": s.undeclared,
         "day_rule": s.day_rule,
         "live_versions": [_version_json(v) for v in s.live_versions],
+        "version": s.version,
     }
 
 
@@ -137,10 +154,21 @@ def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             when(s.next_fire_at),
             f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
             str(len(s.replicas)) + (f" ({s.versions} versions!)" if s.versions > 1 else ""),
+            str(s.version),
         ]
         for s in states
     ]
-    headers = ["NAME", "ORIGIN", "WHEN", "ZONE", "STATE", "NEXT", "LAST RUN", "REPLICAS"]
+    headers = [
+        "NAME",
+        "ORIGIN",
+        "WHEN",
+        "ZONE",
+        "STATE",
+        "NEXT",
+        "LAST RUN",
+        "REPLICAS",
+        "VERSION",
+    ]
     for line in render_table(headers, rows, {"NAME": 40, "WHEN": 30, "STATE": 30}):
         emit(line)
     # The row above shows the definition synced last; during a rolling deploy every live one
@@ -160,7 +188,7 @@ def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             ]
             for v in s.live_versions
         ]
-        version_headers = ["VERSION", "WHEN", "ZONE", "NEXT", "REPLICAS"]
+        version_headers = ["DEFINITION", "WHEN", "ZONE", "NEXT", "REPLICAS"]
         limits = {"WHEN": 30, "REPLICAS": 80}
         for line in render_table(version_headers, version_rows, limits):
             emit("  " + line)
@@ -230,6 +258,8 @@ def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             progress = (
                 f"{p.get('succeeded', 0)}/{p.get('total', 0)} ok, {p.get('failed', 0)} failed"
             )
+            if _before(p):
+                progress += f", {_before(p)}"
         age = "-" if a.finished_at is None else compact_age(a.finished_at - a.created_at)
         rows.append(
             [

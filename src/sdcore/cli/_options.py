@@ -28,6 +28,7 @@ MAX_BATCH_SIZE = 100_000
 MAX_DURATION = timedelta(days=36_500)
 MAX_REASON_LENGTH = 1_000
 MAX_CODE_LENGTH = 64
+MAX_REQUEST_ID = 200
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "WARNING"
 FINISHED_STATUSES = ("SUCCESS", "FAIL")
@@ -135,7 +136,12 @@ def parse_since(text: str) -> datetime:
         ) from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"instant {text!r:.60} needs a zone (e.g. Z or +02:00)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"instant {text!r:.60} is out of range: in UTC it must fall in the years 1 to 9999"
+        ) from None
 
 
 def parse_job_id(text: str) -> str:

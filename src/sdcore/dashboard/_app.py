@@ -46,7 +46,12 @@ from sdcore.dashboard._guard import Guard
 from sdcore.job_scheduler import JobScheduler, JobSchedulerDatabaseError
 from sdcore.outbox import Outbox, OutboxDatabaseError
 from sdcore.runtime import Runtime
-from sdcore.scheduling import InvalidScheduleError, PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling import (
+    ControlWriteUncertainError,
+    InvalidScheduleError,
+    PostgresScheduleStore,
+    ScheduleAdmin,
+)
 from sdcore.scheduling import ScheduleControlError as ControlError
 
 MAX_FORM_BYTES = 16_384
@@ -157,6 +162,9 @@ def dashboard_app(
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(_format.FILTERS)
+    # A fresh id per rendered trigger or backfill form: submitting that form twice (a double
+    # click, a resent POST) records one action, while each new rendering asks anew.
+    env.globals["request_id"] = lambda: secrets.token_urlsafe(16)
     app = FastAPI(
         title=f"{title} dashboard",
         docs_url=None,
@@ -388,6 +396,7 @@ def dashboard_app(
         fields = await form(request, seen)
         name = fields.get("name", "")
         reason = fields.get("reason", "").strip() or None
+        request_id = fields.get("request_id") or None
         actor = f"{seen.actor} (dashboard)"
         try:
             if verb == "pause":
@@ -395,17 +404,26 @@ def dashboard_app(
             elif verb == "resume":
                 done = await admin.resume(name, actor=actor, reason=reason)
             elif verb == "trigger":
-                done = await admin.trigger(name, actor=actor, reason=reason)
+                done = await admin.trigger(name, actor=actor, reason=reason, request_id=request_id)
             elif verb == "backfill":
                 start, end = instant(fields, "from"), instant(fields, "to")
                 concurrency = page_number(fields.get("concurrency", "1") or "1")
                 done = await admin.backfill(
-                    name, start, end, actor=actor, reason=reason, concurrency=concurrency
+                    name,
+                    start,
+                    end,
+                    actor=actor,
+                    reason=reason,
+                    concurrency=concurrency,
+                    request_id=request_id,
                 )
             else:
                 raise Refused(404, f"Unknown action {verb!r}.")
         except (ControlError, InvalidScheduleError) as exc:
             raise Refused(409, str(exc)) from None
+        except ControlWriteUncertainError as exc:
+            again = " Submitting the same form again records it at most once." * bool(request_id)
+            raise Refused(503, str(exc) + "." + again) from None
         log.info(
             "dashboard: %s: %s %r (action %s)",
             seen.actor,

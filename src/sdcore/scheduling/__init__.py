@@ -15,6 +15,7 @@ from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
+    ControlWriteUncertainError,
     LiveVersion,
     RunRecord,
     ScheduleControlError,
@@ -41,6 +42,7 @@ __all__ = [
     "ActionKind",
     "CatchUp",
     "ControlAction",
+    "ControlWriteUncertainError",
     "CronExpression",
     "DayRule",
     "InMemoryScheduleStore",

@@ -140,6 +140,7 @@ class ActionRunner:
         )
         keys = [lock_key(entry.name, entry.trigger, t)[0] for t in instants]
         await self.store.release_failed(keys, action.created_at, f"backfill:{action.id}")
+        already, reruns = await self._reruns(action, entry, instants, keys)
         self._log.info(
             "schedule %r: backfill %d of %d tick(s) coordinated here",
             entry.name,
@@ -152,10 +153,11 @@ class ActionRunner:
             records = await self._records(keys)
             todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
             progress = self._progress(instants, keys, records)
+            progress["rerun" if reruns else "already_succeeded"] = len(reruns or already)
             await self.store.set_progress(action.id, progress)
             if not todo:
                 break
-            started = await self._run_ticks(entry, todo, concurrency)
+            started = await self._run_ticks(entry, todo, concurrency, reruns)
             if not started:
                 await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
         outcome = "SUCCESS" if progress["failed"] == 0 else "FAIL"
@@ -168,6 +170,28 @@ class ActionRunner:
             extra={"action": "backfill_finished", "schedule": entry.name},
         )
         return outcome
+
+    async def _reruns(
+        self, action: ControlAction, entry: Entry, instants: list[datetime], keys: list[str]
+    ) -> tuple[set[str], dict[datetime, str]]:
+        """The ticks that had succeeded when the backfill was requested, and (with
+        ``rerun_succeeded``) the run key each of them runs again under, its lock key replacing
+        the tick's in ``keys``.
+
+        The re-run key (``backfill:<action id>:<tick's run key>``) never equals the tick's, so
+        its own row keeps it to one run per backfill, whoever coordinates.
+        """
+        already = await self.store.succeeded_before(keys, action.created_at)
+        reruns: dict[datetime, str] = {}
+        if not action.params.get("rerun_succeeded"):
+            return already, reruns
+        for index, (instant, key) in enumerate(zip(instants, keys, strict=True)):
+            if key in already:
+                tick_key = lock_key(entry.name, entry.trigger, instant)[1]
+                run_key = f"{BACKFILL_PREFIX}{action.id}:{tick_key}"
+                reruns[instant] = run_key
+                keys[index] = tick_options(entry.name, entry.kind, entry.policy, run_key).lock_key
+        return already, reruns
 
     @staticmethod
     def _progress(
@@ -187,9 +211,15 @@ class ActionRunner:
             "remaining": len(instants) - succeeded - failed,
         }
 
-    async def _run_ticks(self, entry: Entry, todo: list[datetime], concurrency: int) -> int:
+    async def _run_ticks(
+        self,
+        entry: Entry,
+        todo: list[datetime],
+        concurrency: int,
+        reruns: Mapping[datetime, str] | None = None,
+    ) -> int:
         """Offer each tick once, oldest first, at most ``concurrency`` at a time; return how
-        many ran here."""
+        many ran here. A tick in ``reruns`` runs under the run key given there."""
         launched: list[asyncio.Task[TickOutcome]] = []
         for instant in todo:
             while True:
@@ -197,7 +227,17 @@ class ActionRunner:
                     break
                 active = {t for t in launched if not t.done()}
                 if len(active) < concurrency:
-                    task = self.hooks.launch(entry, instant, StartPath.BACKFILL)
+                    rerun = (reruns or {}).get(instant)
+                    tick = None
+                    if rerun is not None:
+                        local = instant.astimezone(entry.zone)
+                        tick = Tick(
+                            schedule=entry.name,
+                            scheduled_at=instant.astimezone(UTC),
+                            local_time=local,
+                            run_key=rerun,
+                        )
+                    task = self.hooks.launch(entry, instant, StartPath.BACKFILL, tick=tick)
                     if task is not None:
                         launched.append(task)
                         break

@@ -36,6 +36,11 @@ from sdcore.scheduling._triggers import ScheduleKind, Trigger, expected_instants
 
 __all__ = ["ScheduleAdmin"]
 
+# The first instant a backfill window may start at: computing ticks looks a little before the
+# window, and Python's datetimes end at 0001-01-01T00:00:00.
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+MAX_REQUEST_ID = 200
+
 
 class _Definition(NamedTuple):
     """What ``create`` and ``update`` are given about a stored schedule."""
@@ -109,6 +114,17 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 write.name, "the schedule changed meanwhile; nothing changed"
             )
+        if write.request_id is not None and (
+            action.action is not write.action or dict(action.params) != dict(write.params)
+        ):
+            # The same request id names the same request: a different one reusing it is a
+            # client's mistake, not a retry.
+            raise ScheduleControlError(
+                write.name,
+                f"request id {write.request_id!r} already recorded action {action.id} (a "
+                f"{action.action.value} with other parameters); use a new request id; "
+                "nothing changed",
+            )
         return action
 
     async def pause(self, name: str, *, actor: str, reason: str | None = None) -> ControlAction:
@@ -144,33 +160,59 @@ class ScheduleAdmin:
             Write(name=row.name, action=ActionKind.RESUME, actor=who, reason=why)
         )
 
-    async def _runnable(self, name: str) -> tuple[ScheduleRow, Trigger]:
+    async def _runnable(self, name: str, done: str) -> tuple[ScheduleRow, Trigger]:
+        """The row and trigger of a schedule that can be ``done`` (triggered, backfilled)."""
         row = await self._known(name, declared=True)
         trigger = row_trigger(row.name, row.kind, row.expression, row.time_zone, row.day_rule)
         if trigger is None:
             raise ScheduleControlError(
-                row.name, f"a {row.kind} schedule cannot be triggered or backfilled"
+                row.name, f"a {row.kind} schedule cannot be {done}; nothing changed"
             )
-        if not row.options.get("exclusive", False):
+        if row.origin != "stored" and not row.options.get("exclusive", False):
             raise ScheduleControlError(
-                row.name, "only exclusive schedules (run on one replica) can be triggered"
+                row.name,
+                f"only exclusive schedules (run on one replica) can be {done}; nothing changed",
             )
         return row, trigger
 
-    async def trigger(self, name: str, *, actor: str, reason: str | None = None) -> ControlAction:
+    async def trigger(
+        self,
+        name: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        request_id: str | None = None,
+    ) -> ControlAction:
         """Run a schedule once now on exactly one replica, even while paused.
 
         Its run key is ``trigger:<action id>``.
 
+        Args:
+            name: The schedule.
+            actor: Who asks (recorded).
+            reason: Why (recorded).
+            request_id: The client's id of this request (1-200 characters): a retry with the
+                same id (after a lost reply, a double submit) returns the action the first one
+                recorded instead of running the schedule again.
+
         Raises:
-            ScheduleControlError: Unknown, undeclared, not exclusive, or not cron/interval.
+            ScheduleControlError: Unknown, undeclared, not exclusive, not cron/interval, or a
+                request id already used for another action.
+            ControlWriteUncertainError: The connection broke while the action was committing.
         """
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
-        row, _ = await self._runnable(name)
+        request = _text("request_id", request_id, MAX_REQUEST_ID, optional=True)
+        row, _ = await self._runnable(name, "triggered")
         assert who is not None  # noqa: S101
         return await self._write(
-            Write(name=row.name, action=ActionKind.TRIGGER, actor=who, reason=why)
+            Write(
+                name=row.name,
+                action=ActionKind.TRIGGER,
+                actor=who,
+                reason=why,
+                request_id=request,
+            )
         )
 
     async def backfill(
@@ -182,18 +224,28 @@ class ScheduleAdmin:
         actor: str,
         reason: str | None = None,
         concurrency: int = 1,
+        request_id: str | None = None,
+        rerun_succeeded: bool = False,
     ) -> ControlAction:
         """Run every expected tick in ``[start, end]`` (both inclusive) without ``SUCCESS``.
 
         One replica coordinates, oldest tick first, at most ``concurrency`` at once (1 unless the
-        schedule's overlap is ``allow``); progress is in the action's ``progress``.
+        schedule's overlap is ``allow``); progress is in the action's ``progress`` (ticks that
+        had already succeeded are counted as ``already_succeeded``). With ``rerun_succeeded``
+        those ticks run again too, once per backfill, under the run key
+        ``backfill:<action id>:<tick's run key>`` (the tick's own row stays as it is). A
+        ``request_id`` makes a retry of the same request return the first one's action (see
+        :meth:`trigger`).
 
         Raises:
             ScheduleControlError: Unknown or undeclared schedule, unaware or reversed bounds, a
-                window in the future, no tick in it, or more than 10,000 ticks.
+                window in the future, no tick in it, more than 10,000 ticks, or a request id
+                already used for another action.
+            ControlWriteUncertainError: The connection broke while the action was committing.
         """
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
+        request = _text("request_id", request_id, MAX_REQUEST_ID, optional=True)
         low = _aware("--from", start)
         high = _aware("--to", end)
         if high < low:
@@ -210,12 +262,20 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 None, f"concurrency must be between 1 and {MAX_BACKFILL_CONCURRENCY}"
             )
-        row, trigger = await self._runnable(name)
+        if not isinstance(rerun_succeeded, bool):
+            raise ScheduleControlError(None, "rerun_succeeded must be a bool")
+        if low < EARLIEST:
+            raise ScheduleControlError(
+                None,
+                f"--from {low.isoformat()} is out of range: the window must start at "
+                f"{EARLIEST:%Y-%m-%dT%H:%M:%SZ} or later",
+            )
+        row, trigger = await self._runnable(name, "backfilled")
         try:
             ticks = expected_instants(
                 trigger, low, high + timedelta(microseconds=1), limit=MAX_RANGE_TICKS
             )
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise ScheduleControlError(row.name, str(exc)) from None
         if not ticks:
             raise ScheduleControlError(row.name, "no tick falls in the window; nothing changed")
@@ -226,8 +286,17 @@ class ScheduleAdmin:
             "ticks": len(ticks),
             "concurrency": concurrency,
         }
+        if rerun_succeeded:
+            params["rerun_succeeded"] = True
         return await self._write(
-            Write(name=row.name, action=ActionKind.BACKFILL, actor=who, reason=why, params=params)
+            Write(
+                name=row.name,
+                action=ActionKind.BACKFILL,
+                actor=who,
+                reason=why,
+                params=params,
+                request_id=request,
+            )
         )
 
     async def create(
@@ -256,26 +325,78 @@ class ScheduleAdmin:
         self,
         name: str,
         *,
-        handler: str,
+        handler: str | None = None,
         cron: str | None = None,
         every_ms: int | None = None,
-        time_zone: str = "UTC",
+        time_zone: str | None = None,
         args: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
+        expected_version: int | None = None,
         actor: str,
         reason: str | None = None,
     ) -> ControlAction:
-        """Replace a stored schedule's definition; replicas follow within seconds.
+        """Change the given fields of a stored schedule; replicas follow within seconds.
+
+        Fields left ``None`` keep their values: ``cron`` or ``every_ms`` replaces the timing
+        (and the kind), ``args`` replaces the whole arguments object, ``options`` changes the
+        options it names and keeps the others.
+
+        Args:
+            expected_version: The schedule's ``version`` (``list_schedules``) the change was
+                made from: refused when the schedule changed since.
 
         Raises:
-            ScheduleControlError: Not a stored schedule, or no replica registers ``handler``.
+            ScheduleControlError: Not a stored schedule, a stale ``expected_version``, a change
+                meanwhile, or no replica registers the handler.
             InvalidScheduleError: A bad expression, zone or option.
         """
-        definition = _Definition(handler, cron, every_ms, time_zone, args, options)
-        return await self._store(ActionKind.UPDATE, name, definition, actor, reason)
+        if not isinstance(name, str):
+            raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
+        if expected_version is not None and (
+            isinstance(expected_version, bool) or not isinstance(expected_version, int)
+        ):
+            raise ScheduleControlError(name, "expected_version must be an int")
+        if cron is not None and every_ms is not None:
+            raise ScheduleControlError(name, "give at most one of cron or every_ms")
+        given = (handler, cron, every_ms, time_zone, args)
+        if all(value is None for value in given) and not options:
+            raise ScheduleControlError(
+                name, "give at least one field to change (handler, timing, zone, args, option)"
+            )
+        row = await self.store.row(name)
+        if row is None or row.removed_at is not None or row.origin != "stored":
+            raise ScheduleControlError(name, "no stored schedule with this name; nothing changed")
+        if expected_version is not None and expected_version != row.revision:
+            raise ScheduleControlError(
+                name,
+                f"version {expected_version} is stale: the schedule is at version "
+                f"{row.revision} (see `sdcore schedules log {name}`); nothing changed",
+            )
+        if cron is None and every_ms is None:
+            if row.kind == ScheduleKind.CRON.value:
+                cron = row.expression
+            else:
+                every_ms = int(row.expression)
+        kept = {k: v for k, v in row.options.items() if k in KNOWN_OPTIONS}
+        definition = _Definition(
+            handler if handler is not None else (row.handler or ""),
+            cron,
+            every_ms,
+            time_zone if time_zone is not None else row.time_zone,
+            args if args is not None else row.args,
+            {**kept, **dict(options or {})},
+        )
+        return await self._store(ActionKind.UPDATE, name, definition, actor, reason, previous=row)
 
     async def _store(
-        self, kind: ActionKind, name: str, definition: _Definition, actor: str, reason: str | None
+        self,
+        kind: ActionKind,
+        name: str,
+        definition: _Definition,
+        actor: str,
+        reason: str | None,
+        *,
+        previous: ScheduleRow | None = None,
     ) -> ControlAction:
         handler, cron, every_ms, time_zone, args, options = definition
         who = _text("actor", actor, MAX_ACTOR, optional=False)
@@ -288,6 +409,14 @@ class ScheduleAdmin:
         unknown = sorted(set(opts) - KNOWN_OPTIONS)
         if unknown:
             raise ScheduleControlError(name, f"unknown option(s): {', '.join(unknown)}")
+        # A stored schedule runs on every replica that registers its handler: only the lease
+        # keeps each tick to one of them, so it cannot be anything but exclusive.
+        if opts.setdefault("exclusive", True) is not True:
+            raise ScheduleControlError(
+                name,
+                f"exclusive={opts['exclusive']!r:.20} is refused: stored schedules are always "
+                "exclusive (each tick runs on one replica); drop the option",
+            )
         policy = build_policy(name, opts, has_jobs=True, default_lease_ms=300_000)
         if cron is not None:
             expression, schedule_kind = cron, ScheduleKind.CRON.value
@@ -338,12 +467,24 @@ class ScheduleAdmin:
             ),
         )
         assert who is not None  # noqa: S101
-        params = {
+        params: dict[str, Any] = {
             "handler": handler,
             "kind": schedule_kind,
             "expression": expression,
             "time_zone": time_zone,
+            "args": arguments,
+            "options": recorded,
         }
+        if previous is not None:
+            params["previous"] = {
+                "handler": previous.handler,
+                "kind": previous.kind,
+                "expression": previous.expression,
+                "time_zone": previous.time_zone,
+                "args": dict(previous.args or {}),
+                "options": dict(previous.options),
+                "version": previous.revision,
+            }
         return await self._write(
             Write(
                 name=name,
@@ -354,6 +495,7 @@ class ScheduleAdmin:
                 stored=declared,
                 handler=handler,
                 args=arguments,
+                expected_revision=None if previous is None else previous.revision,
             )
         )
 
@@ -411,15 +553,18 @@ class ScheduleAdmin:
         return out
 
     async def history(self, name: str, *, limit: int = 50) -> list[RunRecord]:
-        """Runs of one schedule, newest first.
+        """Runs of one schedule, newest first (a removed stored schedule's runs too).
 
         Raises:
             ScheduleControlError: Unknown schedule or a bad limit.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ScheduleControlError(None, "limit must be an int between 1 and 10000")
-        row = await self._known(name, declared=False)
-        return await self.store.history(row.name, limit)
+        if not isinstance(name, str):
+            raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
+        if await self.store.row(name) is None:
+            raise ScheduleControlError(name, "no such schedule (see `sdcore schedules list`)")
+        return await self.store.history(name, limit)
 
     async def actions(self, name: str, *, limit: int = 50) -> list[ControlAction]:
         """The control-action log of one schedule (who/why/when, progress), newest first."""

@@ -12,7 +12,8 @@ Lease keys (every action keeps each tick exactly once through the lease table):
   (tick keys are ISO instants and start with a digit);
 - a backfill is coordinated by one replica holding the lease ``backfill:<action id>``; if that
   replica dies another one takes the lease over after ``lease_ms`` and continues, ticks already
-  done being refused by their own rows.
+  done being refused by their own rows; with ``rerun_succeeded`` a tick that had succeeded before
+  the request runs again under ``backfill:<action id>:<tick's run key>``, once per backfill.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from sdcore.scheduling._triggers import (
 __all__ = [
     "ActionKind",
     "ControlAction",
+    "ControlWriteUncertainError",
     "Declared",
     "LiveVersion",
     "Replica",
@@ -91,6 +93,28 @@ class ScheduleControlError(SchedulingError, ValueError):
         self.problem = problem
         where = f"schedule {schedule!r}: " if schedule is not None else ""
         super().__init__(where + problem)
+
+
+class ControlWriteUncertainError(SchedulingError, ConnectionError):
+    """The connection broke while a control write was committing: it may have been recorded.
+
+    Look at the schedule's action log (``sdcore schedules log NAME``); a trigger or backfill
+    retried with the same ``request_id`` is recorded at most once.
+
+    Attributes:
+        schedule: The schedule written.
+        action: What was being recorded.
+        request_id: The write's request id, if any.
+    """
+
+    def __init__(self, schedule: str, action: ActionKind, request_id: str | None) -> None:
+        self.schedule = schedule
+        self.action = action
+        self.request_id = request_id
+        super().__init__(
+            f"schedule {schedule!r}: the connection broke while the {action.value} was being "
+            f"committed: the action may have been recorded; see `sdcore schedules log {schedule}`"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,11 +181,19 @@ class ControlAction:
         action: What was done.
         actor: Who did it.
         reason: Why (free text), if given.
-        params: The action's parameters (a backfill's window and concurrency).
-        progress: A backfill's progress (``total``, ``succeeded``, ``failed``, ``remaining``).
-        outcome: ``"done"``, ``"SUCCESS"``/``"FAIL"`` (trigger, backfill), ``None`` while open.
+        params: The action's parameters (a backfill's window, concurrency and
+            ``rerun_succeeded``).
+        progress: A backfill's progress: ``total``, ``succeeded`` (ticks with ``SUCCESS``,
+            those that already had it included), ``failed``, ``remaining``, and
+            ``already_succeeded`` (had succeeded before the request and were not re-run) or,
+            with ``rerun_succeeded``, ``rerun`` (had succeeded and are run again).
+        outcome: ``"done"``, ``"SUCCESS"``/``"FAIL"`` (trigger, backfill), ``"CANCELLED"`` (a
+            trigger or backfill still open when its stored schedule was removed), ``None`` while
+            open.
         created_at: When it was requested (database clock).
         finished_at: When it finished (``None``: a trigger or backfill still open).
+        request_id: The client's request id of a trigger or backfill (a retry with the same
+            id gets this action back), or ``None``.
     """
 
     id: int
@@ -174,6 +206,7 @@ class ControlAction:
     outcome: str | None
     created_at: datetime
     finished_at: datetime | None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +284,9 @@ class ScheduleState:
 
     ``live_versions`` holds each definition live replicas declare, with its replicas: more than
     one while a rolling deploy changes the schedule.
+
+    ``version`` changes with every change of the schedule (pause, resume, update): give it to
+    ``ScheduleAdmin.update(expected_version=...)`` to refuse an edit of what changed since.
     """
 
     name: str
@@ -273,6 +309,7 @@ class ScheduleState:
     last_seen_at: datetime | None = None
     day_rule: str = DayRule.VIXIE.value
     live_versions: tuple[LiveVersion, ...] = ()
+    version: int = 0
 
     @property
     def undeclared(self) -> bool:
@@ -305,6 +342,10 @@ class Write:
     stored: Declared | None = None
     handler: str | None = None
     args: Mapping[str, Any] | None = None
+    request_id: str | None = None
+    expected_revision: int | None = None
+    """An update's condition: the stored row is still at this revision (what it was merged
+    from). A create's condition is that no live row has the name."""
 
     @property
     def finished(self) -> bool:
@@ -361,7 +402,14 @@ class ScheduleStore(Protocol):
         ...
 
     async def write(self, write: Write) -> ControlAction | None:
-        """Apply one control write atomically; ``None`` when its row condition failed."""
+        """Apply one control write atomically; ``None`` when its row condition failed.
+
+        A write with a ``request_id`` that an action of the schedule already carries records
+        nothing and returns that action.
+
+        Raises:
+            ControlWriteUncertainError: The connection broke while the write committed.
+        """
         ...
 
     async def open_actions(self, names: Sequence[str]) -> list[ControlAction]:
@@ -388,6 +436,11 @@ class ScheduleStore(Protocol):
 
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         """Reopen ticks whose row is ``FAIL`` since before ``before`` (backfill)."""
+        ...
+
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        """The ticks among ``lock_keys`` whose row was ``SUCCESS`` before ``before`` (backfill:
+        what had succeeded when it was requested)."""
         ...
 
     async def run_started(self, run: RunStart) -> int | None:

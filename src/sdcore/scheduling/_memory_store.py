@@ -180,6 +180,10 @@ class InMemoryScheduleStore:
     async def write(self, write: Write) -> ControlAction | None:
         row = self._rows.get(write.name)
         now = self._clock()
+        if write.request_id is not None:
+            for earlier in self._actions.values():
+                if earlier.schedule == write.name and earlier.request_id == write.request_id:
+                    return earlier
         if write.action is ActionKind.PAUSE:
             if row is None or row.removed_at is not None or row.paused:
                 return None
@@ -193,6 +197,7 @@ class InMemoryScheduleStore:
             self._rows[write.name] = replace(
                 row, paused=False, resumed_at=now, revision=next(self._seq)
             )
+            self._extra.pop(write.name, None)
         elif write.action is ActionKind.REMOVE:
             if row is None or row.removed_at is not None:
                 return None
@@ -200,16 +205,26 @@ class InMemoryScheduleStore:
                 return None
             self._rows[write.name] = replace(row, removed_at=now, revision=next(self._seq))
         elif write.stored is not None:
-            if (
-                row is not None
-                and row.origin != "stored"
-                and row.removed_at is None
-                and await self.live_declarers(write.name)
+            live = row is not None and row.removed_at is None
+            if write.action is ActionKind.CREATE:
+                # A create takes over only a removed row or a code row no live replica declares.
+                if (
+                    row is not None
+                    and live
+                    and (row.origin == "stored" or await self.live_declarers(write.name))
+                ):
+                    return None  # created meanwhile, or a live code schedule
+            elif (
+                row is None
+                or not live
+                or row.origin != "stored"
+                or row.revision != write.expected_revision
             ):
-                return None
-            if row is not None and row.origin != "stored":
-                row = None  # a code row taken over: none of its state carries over
+                return None  # removed or changed since the update's read
             d = write.stored
+            kept = row if live and row is not None and row.origin == "stored" else None
+            if kept is None:  # re-created or taken over: no pause history carries over
+                self._extra.pop(write.name, None)
             self._rows[write.name] = ScheduleRow(
                 name=d.name,
                 origin="stored",
@@ -220,13 +235,17 @@ class InMemoryScheduleStore:
                 handler=write.handler,
                 args=dict(write.args or {}),
                 fingerprint=d.fingerprint,
-                paused=bool(row is not None and row.removed_at is None and row.paused),
-                paused_at=None if row is None else row.paused_at,
-                resumed_at=None if row is None else row.resumed_at,
+                paused=bool(kept is not None and kept.paused),
+                paused_at=None if kept is None else kept.paused_at,
+                resumed_at=None if kept is None else kept.resumed_at,
                 removed_at=None,
                 revision=next(self._seq),
                 day_rule=d.day_rule,
             )
+        if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
+            for old in [a for a in self._actions.values() if a.schedule == write.name]:
+                if old.finished_at is None:
+                    self._actions[old.id] = replace(old, outcome="CANCELLED", finished_at=now)
         action = ControlAction(
             id=next(self._seq),
             schedule=write.name,
@@ -238,6 +257,7 @@ class InMemoryScheduleStore:
             outcome="done" if write.finished else None,
             created_at=now,
             finished_at=now if write.finished else None,
+            request_id=write.request_id,
         )
         self._actions[action.id] = action
         for wake in list(self._listeners):
@@ -295,6 +315,18 @@ class InMemoryScheduleStore:
             rows[key] = replace(row, data=data)
             count += 1
         return count
+
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        rows = getattr(self.jobs, "_rows", None)
+        if not isinstance(rows, dict):
+            return set()
+        return {
+            key
+            for key in lock_keys
+            if (row := rows.get(key)) is not None
+            and row.status is JobSchedulerStatus.SUCCESS
+            and row.modified_at < before
+        }
 
     # --- history -----------------------------------------------------------------------------
 
@@ -363,6 +395,7 @@ class InMemoryScheduleStore:
                     versions=len(by_print),
                     last_run_at=runs[0].started_at if runs else None,
                     last_status=runs[0].status if runs else None,
+                    version=row.revision,
                     last_seen_at=max(
                         (
                             self._replicas[rid][1]

@@ -27,6 +27,7 @@ from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,
     ControlAction,
+    ControlWriteUncertainError,
     Declared,
     LiveVersion,
     Replica,
@@ -63,14 +64,16 @@ _ROW = (
     "name origin kind expression time_zone options handler args fingerprint paused paused_at "
     "resumed_at removed_at revision day_rule"
 )
-_ACTION = "id schedule action actor reason params progress outcome created_at finished_at"
+_ACTION = (
+    "id schedule action actor reason params progress outcome created_at finished_at request_id"
+)
 _RUN = (
     "schedule run_key source scheduled_at started_at finished_at status attempt fencing_token "
     "host pid error"
 )
 _STATE = (
     "name origin kind expression time_zone paused paused_at paused_by paused_reason handler "
-    "args options replicas versions last_run_at last_status last_seen_at day_rule"
+    "args options replicas versions last_run_at last_status last_seen_at day_rule version"
 )
 
 
@@ -257,57 +260,87 @@ class PostgresScheduleStore:
         return {r[0] for r in await self._all("live_handlers", (self.live_ms,))}
 
     async def write(self, write: Write) -> ControlAction | None:
-        async with self.pool.connection() as conn, conn.transaction() as tx:
-            await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
-            changed = 1
-            if write.action is ActionKind.PAUSE:
-                cur = await self._x(
-                    conn, self._sql["pause"], (write.actor, write.reason, write.name)
-                )
-                changed = cur.rowcount
-            elif write.action is ActionKind.RESUME:
-                cur = await self._x(conn, self._sql["resume"], (write.name,))
-                changed = cur.rowcount
-            elif write.action is ActionKind.REMOVE:
-                cur = await self._x(conn, self._sql["remove"], (write.name, self.live_ms))
-                changed = cur.rowcount
-            elif write.stored is not None:
-                d = write.stored
-                cur = await self._x(
-                    conn,
-                    self._sql["store"],
-                    (
-                        d.name,
-                        d.kind,
-                        d.expression,
-                        d.time_zone,
-                        json.dumps(dict(d.options)),
-                        write.handler,
-                        json.dumps(dict(write.args or {})),
-                        d.fingerprint,
-                        d.day_rule,
-                        self.live_ms,
-                    ),
-                )
-                changed = cur.rowcount
-            if changed != 1:
-                tx.force_rollback = True
-                return None
+        committing = False
+        try:
+            async with self.pool.connection() as conn, conn.transaction() as tx:
+                found = await self._write(conn, write)
+                if found is None:
+                    tx.force_rollback = True
+                    return None
+                committing = True
+        except psycopg.OperationalError as exc:
+            # No SQLSTATE: the connection itself broke. During COMMIT the server may have
+            # committed before the reply was lost, so the caller must not read it as refused.
+            if committing and exc.sqlstate is None:
+                raise ControlWriteUncertainError(
+                    write.name, write.action, write.request_id
+                ) from exc
+            raise
+        return found
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection[Any], write: Write
+    ) -> ControlAction | None:
+        """The statements of :meth:`write` in its transaction (``None``: roll back)."""
+        await self._x(conn, self._sql["lock"], (CONTROL_LOCK_ID,))
+        if write.request_id is not None:
+            cur = await self._x(
+                conn, self._sql["action_of_request"], (write.name, write.request_id)
+            )
+            earlier = await cur.fetchone()
+            if earlier is not None:
+                return _action(earlier)
+        changed = 1
+        if write.action is ActionKind.PAUSE:
+            cur = await self._x(conn, self._sql["pause"], (write.actor, write.reason, write.name))
+            changed = cur.rowcount
+        elif write.action is ActionKind.RESUME:
+            cur = await self._x(conn, self._sql["resume"], (write.name,))
+            changed = cur.rowcount
+        elif write.action is ActionKind.REMOVE:
+            cur = await self._x(conn, self._sql["remove"], (write.name, self.live_ms))
+            changed = cur.rowcount
+        elif write.stored is not None:
+            d = write.stored
             cur = await self._x(
                 conn,
-                self._sql["insert_action"],
+                self._sql["store"],
                 (
-                    write.name,
-                    write.action.value,
-                    write.actor,
-                    write.reason,
-                    json.dumps(dict(write.params)),
-                    write.finished,
-                    "done" if write.finished else None,
+                    d.name,
+                    d.kind,
+                    d.expression,
+                    d.time_zone,
+                    json.dumps(dict(d.options)),
+                    write.handler,
+                    json.dumps(dict(write.args or {})),
+                    d.fingerprint,
+                    d.day_rule,
+                    write.action is ActionKind.CREATE,
+                    self.live_ms,
+                    write.expected_revision,
                 ),
             )
-            found = await cur.fetchone()
-            await self._x(conn, self._sql["notify"], (self.channel, write.name))
+            changed = cur.rowcount
+        if changed != 1:
+            return None
+        if write.action in (ActionKind.REMOVE, ActionKind.CREATE):
+            await self._x(conn, self._sql["cancel_open_actions"], (write.name,))
+        cur = await self._x(
+            conn,
+            self._sql["insert_action"],
+            (
+                write.name,
+                write.action.value,
+                write.actor,
+                write.reason,
+                json.dumps(dict(write.params)),
+                write.finished,
+                "done" if write.finished else None,
+                write.request_id,
+            ),
+        )
+        found = await cur.fetchone()
+        await self._x(conn, self._sql["notify"], (self.channel, write.name))
         assert found is not None  # noqa: S101 - INSERT … RETURNING
         return _action(found)
 
@@ -334,6 +367,10 @@ class PostgresScheduleStore:
 
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         return await self._exec("release_failed", (by, list(lock_keys), before))
+
+    async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
+        rows = await self._all("succeeded_before", (list(lock_keys), before))
+        return {r[0] for r in rows}
 
     async def run_started(self, run: RunStart) -> int | None:
         found = await self._one(
@@ -373,6 +410,7 @@ class PostgresScheduleStore:
                 options=_object,
                 replicas=lambda v: tuple(v or ()),
                 versions=int,
+                version=int,
             )
             for r in rows
         ]

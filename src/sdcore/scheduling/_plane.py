@@ -474,6 +474,17 @@ class ScheduleControl:
         args = dict(row.args or {})
         handler = _bind(function, args)
         options: dict[str, Any] = dict(row.options)
+        if options.get("exclusive", True) is not True:
+            # Rows may come from other sdcore versions: a stored schedule runs on every replica
+            # that registers its handler, so only the lease keeps each tick to one of them.
+            self._log.warning(
+                "stored schedule %r: its row says exclusive=%r; run exclusive (stored schedules "
+                "always are)",
+                row.name,
+                options["exclusive"],
+                extra={"action": "stored_forced_exclusive", "schedule": row.name},
+            )
+        options["exclusive"] = True
         try:
             if running_fp is not None:
                 sched.remove(row.name)

@@ -214,13 +214,20 @@ def expected_instants(
             (scans at most 100 times ``limit``).
 
     Raises:
-        ValueError: More than ``limit`` instants (unless ``keep_last``), or an unaware bound.
+        ValueError: More than ``limit`` instants (unless ``keep_last``), an unaware bound, or a
+            start at the very first representable instant (year 1).
     """
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("start and end must be aware datetimes")
     instants: deque[datetime] = deque(maxlen=limit if keep_last else None)
     scanned = 0
-    current = trigger.next_after(start - timedelta(microseconds=1))
+    try:
+        current = trigger.next_after(start - timedelta(microseconds=1))
+    except OverflowError:
+        raise ValueError(
+            f"start {start.isoformat()} is out of range: the earliest instant supported is "
+            "0001-01-01T00:00:00.000001Z"
+        ) from None
     while current is not None and current < end:
         if not keep_last and len(instants) >= limit:
             raise ValueError(f"more than {limit} ticks in the range; narrow it")
@@ -228,5 +235,8 @@ def expected_instants(
         if scanned > 100 * limit:
             raise ValueError(f"more than {100 * limit} ticks in the range; narrow it")
         instants.append(current)
-        current = trigger.next_after(current)
+        try:
+            current = trigger.next_after(current)
+        except OverflowError:
+            break  # no fire instant after the year 9999, hence none before ``end``
     return list(instants)

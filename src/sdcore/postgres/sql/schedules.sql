@@ -124,14 +124,17 @@ SET paused = true, paused_at = clock_timestamp(), paused_by = %s, paused_reason 
 WHERE name = %s AND removed_at IS NULL AND NOT paused
 
 -- name: resume
+-- paused_at stays: replicas catch up the ticks between paused_at and resumed_at.
 UPDATE {table}
-SET paused = false, resumed_at = clock_timestamp(), revision = nextval({seq_text}::regclass),
-    updated_at = clock_timestamp()
+SET paused = false, resumed_at = clock_timestamp(), paused_by = NULL, paused_reason = NULL,
+    revision = nextval({seq_text}::regclass), updated_at = clock_timestamp()
 WHERE name = %s AND removed_at IS NULL AND paused
 
 -- name: store
--- Create (or re-create after removal) or change a stored schedule; never a code schedule that a
--- live replica declares (one no live replica declares is taken over, as a removed row is).
+-- Create (or re-create after removal) or change a stored schedule. A create (first parameter of
+-- the WHERE) takes over only a removed row or a code schedule that no live replica declares, so of
+-- two racing creates one is refused; an update gives the revision its definition was merged from,
+-- and a change since refuses it. A taken-over row keeps no pause history.
 INSERT INTO {table} AS s
     (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision,
      day_rule)
@@ -143,11 +146,17 @@ SET origin = 'stored', kind = EXCLUDED.kind, expression = EXCLUDED.expression,
     args = EXCLUDED.args, fingerprint = EXCLUDED.fingerprint, revision = EXCLUDED.revision,
     day_rule = EXCLUDED.day_rule, removed_at = NULL,
     paused = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.paused ELSE false END,
+    paused_at = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.paused_at END,
+    paused_by = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.paused_by END,
+    paused_reason = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.paused_reason END,
+    resumed_at = CASE WHEN s.removed_at IS NULL AND s.origin = 'stored' THEN s.resumed_at END,
     updated_at = clock_timestamp()
-WHERE s.origin = 'stored' OR s.removed_at IS NOT NULL OR NOT EXISTS (
-    SELECT FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
-    WHERE x.schedule = s.name
-      AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond')
+WHERE CASE WHEN %s
+      THEN s.removed_at IS NOT NULL OR (s.origin <> 'stored' AND NOT EXISTS (
+          SELECT FROM {declarations} AS x JOIN {replicas} AS r USING (replica_id)
+          WHERE x.schedule = s.name
+            AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'))
+      ELSE s.origin = 'stored' AND s.removed_at IS NULL AND s.revision = %s::bigint END
 
 -- name: remove
 -- A stored schedule, or a code schedule no live replica declares (dropped from the code): its
@@ -159,27 +168,45 @@ WHERE name = %s AND removed_at IS NULL AND (origin = 'stored' OR NOT EXISTS (
     WHERE x.schedule = s.name
       AND r.last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'))
 
+-- name: cancel_open_actions
+-- A removed (or re-created) stored schedule's open trigger and backfill actions are closed in
+-- the same transaction: a schedule created later under the name never runs them.
+UPDATE {actions} SET finished_at = clock_timestamp(), outcome = 'CANCELLED'
+WHERE schedule = %s AND finished_at IS NULL
+
 -- name: insert_action
-INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome)
+INSERT INTO {actions} (id, schedule, action, actor, reason, params, finished_at, outcome,
+                       request_id)
 VALUES (nextval({seq_text}::regclass), %s, %s, %s, %s, %s::jsonb,
-        CASE WHEN %s THEN clock_timestamp() END, %s)
-RETURNING id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+        CASE WHEN %s THEN clock_timestamp() END, %s, %s)
+RETURNING id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+          request_id
 
 -- name: notify
 SELECT pg_notify(%s, %s)
 
 -- name: open_actions
 -- Every open trigger/backfill (a few rows, on the partial index); each replica keeps its own.
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions}
 WHERE finished_at IS NULL ORDER BY id
 
+-- name: action_of_request
+-- The action a client's request id already recorded (under the write lock: a retry racing its
+-- first attempt finds it; the unique index is the backstop).
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
+FROM {actions} WHERE schedule = %s AND request_id = %s
+
 -- name: action
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions} WHERE id = %s
 
 -- name: actions_of
-SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at
+SELECT id, schedule, action, actor, reason, params, progress, outcome, created_at, finished_at,
+       request_id
 FROM {actions} WHERE schedule = %s ORDER BY id DESC LIMIT %s
 
 -- name: finish_action
@@ -198,6 +225,12 @@ SET data = coalesce(data, jsonb_build_object()) || jsonb_build_object('released_
 WHERE lock_key = ANY(%s::text[]) AND status = 'FAIL' AND attempts > 0 AND modified_at < %s
   AND NOT (coalesce(data, jsonb_build_object()) ? 'released_by')
 
+-- name: succeeded_before
+-- What had succeeded when a backfill was requested (by the database clock, as the request's
+-- created_at): stable whoever coordinates, and whenever.
+SELECT lock_key FROM {lease}
+WHERE lock_key = ANY(%s::text[]) AND status = 'SUCCESS' AND modified_at < %s
+
 -- name: run_started
 INSERT INTO {runs} (schedule, run_key, source, scheduled_at, attempt, fencing_token, replica_id,
                     host, pid)
@@ -213,10 +246,12 @@ SELECT schedule, run_key, source, scheduled_at, started_at, finished_at, status,
 FROM {runs} WHERE schedule = %s ORDER BY started_at DESC, id DESC LIMIT %s
 
 -- name: list
-SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused, s.paused_at, s.paused_by,
-       s.paused_reason, s.handler, s.args, s.options,
+-- Who paused and why only while paused (the row keeps paused_at for the resume's catch-up).
+SELECT s.name, s.origin, s.kind, s.expression, s.time_zone, s.paused,
+       CASE WHEN s.paused THEN s.paused_at END, CASE WHEN s.paused THEN s.paused_by END,
+       CASE WHEN s.paused THEN s.paused_reason END, s.handler, s.args, s.options,
        coalesce(d.replicas, ARRAY[]::text[]), coalesce(d.versions, 0),
-       lr.started_at, lr.status, d.last_seen, s.day_rule
+       lr.started_at, lr.status, d.last_seen, s.day_rule, s.revision
 FROM {table} AS s
 LEFT JOIN LATERAL (
     SELECT array_agg(r.host || ':' || r.pid ORDER BY r.host, r.pid) AS replicas,

@@ -1,0 +1,199 @@
+"""Trigger requests are idempotent: a CLI retry after the reply to its COMMIT was lost, and a
+double submit of the dashboard's trigger form, each run the schedule once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import httpx
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from sdcore.dashboard import dashboard_app
+from sdcore.scheduling import ActionKind, Scheduler, Tick
+from tests.integration.test_cli_schedule_control import Replica, replica, until
+
+pytestmark = pytest.mark.timeout(180)
+READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+
+
+class LoseCommitReply:
+    """A TCP proxy in front of PostgreSQL that loses the reply to one COMMIT.
+
+    After a client message holding ``marker`` went through, the next client message holding
+    ``COMMIT`` is forwarded; the server's answer up to ReadyForQuery is swallowed and both
+    connections are cut. The server committed; the client never hears it.
+    """
+
+    def __init__(self, target_dsn: str, marker: bytes) -> None:
+        params = conninfo_to_dict(target_dsn)
+        self.host = str(params.get("host") or "127.0.0.1")
+        self.port = int(params.get("port") or 5432)
+        self.target_dsn = target_dsn
+        self.marker = marker
+        self.tripped = False
+        self.port_here = 0
+        self._server: asyncio.Server | None = None
+        self._transports: set[asyncio.WriteTransport] = set()
+
+    @property
+    def dsn(self) -> str:
+        params = {k: str(v) for k, v in conninfo_to_dict(self.target_dsn).items()}
+        params.update(host="127.0.0.1", port=str(self.port_here), sslmode="disable")
+        return make_conninfo(**params)
+
+    async def __aenter__(self) -> LoseCommitReply:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port_here = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for transport in list(self._transports):
+            transport.abort()
+        await self._server.wait_closed()
+
+    async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        self._transports.add(cwriter.transport)
+        sreader, swriter = await asyncio.open_connection(self.host, self.port)
+        self._transports.add(swriter.transport)
+        armed = False
+        cut = asyncio.Event()
+
+        async def upstream() -> None:
+            nonlocal armed
+            while data := await creader.read(65536):
+                if not self.tripped:
+                    if armed and b"COMMIT" in data:
+                        self.tripped = True
+                        cut.set()  # before forwarding: the answer cannot overtake it
+                    elif self.marker in data:
+                        armed = True
+                swriter.write(data)
+                await swriter.drain()
+
+        async def downstream() -> None:
+            swallowed = b""
+            while data := await sreader.read(65536):
+                if cut.is_set():
+                    swallowed += data
+                    if READY_FOR_QUERY in swallowed:
+                        cwriter.transport.abort()
+                        swriter.transport.abort()
+                        return
+                    continue
+                cwriter.write(data)
+                await cwriter.drain()
+
+        try:
+            await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+        finally:
+            cwriter.transport.abort()
+            swriter.transport.abort()
+            self._transports.discard(cwriter.transport)
+            self._transports.discard(swriter.transport)
+
+
+def _send_invoices(scheduler: Scheduler, r: Replica) -> None:
+    async def send(tick: Tick) -> None:
+        r.runs.append((tick.schedule, tick.run_key, None))
+
+    scheduler.add_interval("send-invoices", 3_600_000, send)
+
+
+async def _triggers(r: Replica) -> list[Any]:
+    return [a for a in await r.admin.actions("send-invoices") if a.action is ActionKind.TRIGGER]
+
+
+async def test_a_cli_retry_after_a_lost_commit_reply_runs_once(pg_dsn: str) -> None:
+    marker = b'INSERT INTO "sdcore_schedules_actions"'
+    async with replica(pg_dsn, _send_invoices) as r, LoseCommitReply(pg_dsn, marker) as proxy:
+        first = await r.cli("schedules", "trigger", "send-invoices", dsn=proxy.dsn)
+        assert proxy.tripped
+        assert first.code == 1, first
+        assert "the action may have been recorded" in first.err
+        assert "see `sdcore schedules log send-invoices`" in first.err
+        found = re.search(r"--request-id ([0-9a-f]{32})", first.err)
+        assert found is not None, first.err
+        # The server did commit: the replica runs it.
+        await until(lambda: r.keys("send-invoices"))
+        recorded = await _triggers(r)
+        assert [a.request_id for a in recorded] == [found.group(1)]
+        retry = await r.cli(
+            "schedules", "trigger", "send-invoices", "--request-id", found.group(1), "--json"
+        )
+        assert retry.code == 0, retry
+        assert f'"id":{recorded[0].id},' in retry.out.replace(" ", "")
+        await asyncio.sleep(1.5)  # a second action would be picked up within a poll
+        assert r.keys("send-invoices") == [f"trigger:{recorded[0].id}"]
+        assert len(await _triggers(r)) == 1
+        # Another request (a new id) is another run.
+        again = await r.cli("schedules", "trigger", "send-invoices")
+        assert again.code == 0, again
+        await until(lambda: len(r.keys("send-invoices")) == 2)
+
+
+async def test_a_double_submitted_trigger_form_runs_once(pg_dsn: str) -> None:
+    async def operator() -> str:
+        return "alice"
+
+    async with replica(pg_dsn, _send_invoices) as r:
+        app = dashboard_app(r.control.store.pool, operator=operator)  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            page = (await client.get("/schedule", params={"name": "send-invoices"})).text
+            form = re.search(r'action="/schedule/trigger".*?</form>', page, re.DOTALL)
+            assert form is not None, page
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0)))
+            assert set(fields) == {"csrf", "name", "request_id"}
+            posts = await asyncio.gather(
+                client.post("/schedule/trigger", data=fields),
+                client.post("/schedule/trigger", data=fields),
+            )
+            assert [p.status_code for p in posts] == [303, 303]
+            await until(lambda: r.keys("send-invoices"))
+            await asyncio.sleep(1.5)
+            assert len(r.keys("send-invoices")) == 1
+            assert len(await _triggers(r)) == 1
+            # A new rendering of the page is a new request.
+            page = (await client.get("/schedule", params={"name": "send-invoices"})).text
+            fresh = re.search(r'name="request_id" value="([^"]+)"', page)
+            assert fresh is not None
+            assert fresh.group(1) != fields["request_id"]
+
+
+async def test_the_dashboard_says_a_lost_commit_reply_may_have_recorded_it(pg_dsn: str) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    async def operator() -> str:
+        return "alice"
+
+    marker = b'INSERT INTO "sdcore_schedules_actions"'
+    async with (
+        replica(pg_dsn, _send_invoices) as r,
+        LoseCommitReply(pg_dsn, marker) as proxy,
+        AsyncConnectionPool(
+            proxy.dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
+        ) as pool,
+    ):
+        await pool.wait()
+        transport = httpx.ASGITransport(app=dashboard_app(pool, operator=operator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            page = (await client.get("/schedule", params={"name": "send-invoices"})).text
+            form = re.search(r'action="/schedule/trigger".*?</form>', page, re.DOTALL)
+            assert form is not None, page
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0)))
+            lost = await client.post("/schedule/trigger", data=fields)
+            assert proxy.tripped
+            assert lost.status_code == 503, lost.text
+            assert "may have been recorded" in lost.text
+            assert "Submitting the same form again records it at most once" in lost.text
+            again = await client.post("/schedule/trigger", data=fields)
+            assert again.status_code == 303, again.text
+            await until(lambda: r.keys("send-invoices"))
+            await asyncio.sleep(1.5)
+            assert len(r.keys("send-invoices")) == 1
+            assert len(await _triggers(r)) == 1

@@ -1,0 +1,162 @@
+"""One admin sequence on both stores (PostgreSQL and the in-memory double): what the operator
+reads back agrees, pause fields included, and a removal closes the open actions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin, ScheduleControlError
+from sdcore.scheduling._control import (
+    ActionKind,
+    Declared,
+    Replica,
+    ScheduleStore,
+    Write,
+    fingerprint,
+    policy_options,
+)
+from sdcore.scheduling._policy import build_policy
+from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+
+REPLICA = Replica(replica_id=str(uuid.uuid4()), host="replica", pid=1, handlers=("digest",))
+
+
+def _declared(name: str) -> Declared:
+    options = policy_options(build_policy(name, {}, has_jobs=True, default_lease_ms=300_000))
+    return Declared(
+        name=name,
+        kind="interval",
+        expression="60000",
+        time_zone="UTC",
+        options=options,
+        fingerprint=fingerprint("interval", "60000", "UTC", options),
+    )
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[ScheduleStore]:
+    if request.param == "memory":
+        yield InMemoryScheduleStore(InMemoryJobScheduler())
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    try:
+        jobs = JobSchedulerService(pool, max_connections=1)
+        await jobs.ensure_schema()
+        await jobs.close()
+        pg = PostgresScheduleStore(pool)
+        await pg.ensure_schema()
+        yield pg
+    finally:
+        await pool.close()
+
+
+def _pause_fields(state: Any) -> tuple[Any, ...]:
+    return (state.paused, state.paused_at is not None, state.paused_by, state.paused_reason)
+
+
+async def test_pause_fields_agree_after_resume_and_re_create(store: ScheduleStore) -> None:
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [_declared("beat")])
+    await admin.pause("beat", actor="alice", reason="INC-481")
+    paused = {s.name: _pause_fields(s) for s in await admin.list_schedules()}
+    assert paused["beat"] == (True, True, "alice", "INC-481")
+    await admin.resume("beat", actor="bob")
+    await admin.create("s1", handler="digest", every_ms=60_000, actor="ops")
+    await admin.pause("s1", actor="carol", reason="old customer")
+    await admin.remove("s1", actor="ops")
+    await admin.create("s1", handler="digest", every_ms=60_000, actor="ops")
+    states = {s.name: _pause_fields(s) for s in await admin.list_schedules()}
+    assert states == {
+        "beat": (False, False, None, None),
+        "s1": (False, False, None, None),
+    }
+    row = await store.row("s1")
+    assert row is not None
+    assert (row.paused, row.paused_at, row.resumed_at) == (False, None, None)
+    beat = await store.row("beat")
+    assert beat is not None
+    assert beat.paused_at is not None  # kept: the resume's catch-up starts there
+    assert beat.resumed_at is not None
+
+
+async def test_remove_closes_the_open_actions(store: ScheduleStore) -> None:
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [])
+    await admin.create(
+        "digest-acme", handler="digest", every_ms=60_000, args={"customer": "acme"}, actor="ops"
+    )
+    await store.declare(REPLICA, "digest-acme", "x")
+    trigger = await admin.trigger("digest-acme", actor="ops")
+    now = datetime.now(UTC)
+    backfill = await admin.backfill(
+        "digest-acme", now - timedelta(minutes=5), now - timedelta(minutes=1), actor="ops"
+    )
+    assert [a.id for a in await store.open_actions(["digest-acme"])] == [trigger.id, backfill.id]
+    await admin.remove("digest-acme", actor="ops")
+    assert await store.open_actions(["digest-acme"]) == []
+    for action_id in (trigger.id, backfill.id):
+        closed = await admin.action(action_id)
+        assert closed.outcome == "CANCELLED"
+        assert closed.finished_at is not None
+    await admin.create(
+        "digest-acme", handler="digest", every_ms=60_000, args={"customer": "globex"}, actor="ops"
+    )
+    assert await store.open_actions(["digest-acme"]) == []
+    log = await admin.actions("digest-acme")
+    assert [a.action.value for a in log] == ["create", "remove", "backfill", "trigger", "create"]
+    assert [a.outcome for a in log] == ["done", "done", "CANCELLED", "CANCELLED", "done"]
+
+
+async def test_an_update_merged_from_an_old_version_is_refused(store: ScheduleStore) -> None:
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [])
+    await admin.create("s2", handler="digest", every_ms=60_000, actor="ops")
+    await store.declare(REPLICA, "s2", "x")
+    read = await store.row("s2")
+    assert read is not None
+    states = {s.name: s for s in await admin.list_schedules()}
+    assert states["s2"].version == read.revision
+    await admin.pause("s2", actor="ops")  # a change between the read and the write
+    declared = _declared("s2")
+    stale = Write(
+        name="s2",
+        action=ActionKind.UPDATE,
+        actor="ops",
+        reason=None,
+        stored=declared,
+        handler="digest",
+        args={},
+        expected_revision=read.revision,
+    )
+    assert await store.write(stale) is None
+    racing_create = Write(
+        name="s2",
+        action=ActionKind.CREATE,
+        actor="ops",
+        reason=None,
+        stored=declared,
+        handler="digest",
+        args={},
+    )
+    assert await store.write(racing_create) is None  # a create never replaces a live schedule
+    with pytest.raises(ScheduleControlError, match="is stale"):
+        await admin.update("s2", every_ms=30_000, expected_version=read.revision, actor="ops")
+    now = await store.row("s2")
+    assert now is not None
+    assert now.expression == "60000"
+    done = await admin.update("s2", every_ms=30_000, expected_version=now.revision, actor="ops")
+    assert done.params["previous"]["expression"] == "60000"
+    after = await store.row("s2")
+    assert after is not None
+    assert (after.expression, after.paused) == ("30000", True)
