@@ -55,6 +55,9 @@ class RelayState:
 
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
 DEFAULT_RELAY_BATCH_SIZE = 500
+# Payload bytes per claim: bounds the relay's memory (about 5 times the bytes of each batch in
+# flight) and the size of a Redis pipeline, measured by benchmarks/relay_memory.py.
+DEFAULT_RELAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class OutboxRelay(AsyncStartStop):
@@ -86,6 +89,11 @@ class OutboxRelay(AsyncStartStop):
         batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``;
             a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
             Redis, and only a backlog fills a batch).
+        batch_bytes: Payload bytes per claim (as jsonb text), besides ``batch_size``; a row
+            larger than this is claimed alone. The relay's memory grows with it (about 5 times
+            ``batch_bytes`` per batch in flight, two in flight: ``benchmarks/relay_memory.py``),
+            and so does each Redis pipeline, which must be written within the publisher's
+            socket timeout.
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
             after this long (they are re-published with the same job id).
@@ -119,6 +127,7 @@ class OutboxRelay(AsyncStartStop):
         *,
         outbox: Outbox | None = None,
         batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
+        batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
         poll_interval_ms: int = 1_000,
         claim_ms: int = 30_000,
         retry_base_ms: int = 1_000,
@@ -144,6 +153,11 @@ class OutboxRelay(AsyncStartStop):
             outbox = own if isinstance(own, Outbox) else None
         self.outbox = outbox or Outbox()
         self._batch = at_least("batch_size", batch_size, 1)
+        self._batch_bytes = at_least("batch_bytes", batch_bytes, 1)
+        # Rows per claim after batches the broker refused: half the refused batch each time,
+        # doubling back after each published one. A pipeline too big to be written within the
+        # socket timeout looks like an outage; split this way it gets through.
+        self._cap: int | None = None
         self._poll = at_least("poll_interval_ms", poll_interval_ms, 10) / 1000
         self._claim_ms = at_least("claim_ms", claim_ms, 100)
         self._retry_base = at_least("retry_base_ms", retry_base_ms, 1)
@@ -268,7 +282,9 @@ class OutboxRelay(AsyncStartStop):
                     flights.append(asyncio.ensure_future(self._deliver(messages, token)))
                 if len(flights) >= PIPELINE_DEPTH:
                     await flights.pop(0)
-                if len(messages) < limit or self._stopping:
+                # A claim cut short by its byte budget or by a row claimed alone says nothing
+                # about what is left: only an empty claim ends the drain.
+                if not messages or self._stopping:
                     break
                 if max_rows is not None and total >= max_rows:
                     break
@@ -295,7 +311,12 @@ class OutboxRelay(AsyncStartStop):
 
     async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
         token = uuid.uuid4()
-        return token, await self.store.claim(limit=limit, claim_ms=self._claim_ms, token=token)
+        if self._cap is not None:
+            limit = min(limit, self._cap)
+        claimed = await self.store.claim(
+            limit=limit, claim_ms=self._claim_ms, token=token, max_bytes=self._batch_bytes
+        )
+        return token, claimed
 
     async def _publish(
         self, messages: list[OutboxMessage], token: uuid.UUID
@@ -307,12 +328,15 @@ class OutboxRelay(AsyncStartStop):
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            self._cap = max(1, len(messages) // 2)
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
             published = [exc] * len(valid)
+        if self._cap is not None:
+            self._cap = None if self._cap * 2 >= self._batch else self._cap * 2
         if len(published) != len(valid):
             error = RuntimeError("publisher returned the wrong number of results")
             published = [error] * len(valid)
