@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,3 +85,37 @@ def test_batch_bytes_is_checked_and_has_a_default() -> None:
     assert DEFAULT_RELAY_BATCH_BYTES == 8 * 1024 * 1024
     with pytest.raises(ValueError, match="batch_bytes"):
         OutboxRelay(_store(), RecordingPublisher(), batch_bytes=0)
+
+
+class _Overlap:
+    """Records, for each publish, which other publishes were in flight meanwhile."""
+
+    def __init__(self) -> None:
+        self.active: set[str] = set()
+        self.beside: dict[str, set[str]] = {}
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> Sequence[BaseException | None]:
+        keys = {m.idempotency_key for m in messages}
+        for key in keys:
+            self.beside.setdefault(key, set()).update(self.active)
+        for other in self.active:
+            self.beside[other].update(keys)
+        self.active |= keys
+        await asyncio.sleep(0.01)
+        self.active -= keys
+        return [None] * len(messages)
+
+
+async def test_a_row_whose_claim_was_lost_is_published_with_nothing_else_in_flight() -> None:
+    clock = FakeClock()
+    store = MemoryOutboxStore(outbox=Outbox(namespace="unit"), clock=clock)
+    for key in ("lost", "b", "c", "d", "e"):
+        assert store.enqueue(idempotency_key=key, queue="q", name="n", payload={"k": key})
+    token = uuid.uuid4()
+    await store.claim(limit=1, claim_ms=1_000, token=token)  # "lost": its relay dies
+    clock.advance(ms=2_000)
+    publisher = _Overlap()
+    relay = OutboxRelay(store, publisher, batch_size=1)
+    assert await relay.drain() == 5
+    assert publisher.beside["lost"] == set()
+    assert any(publisher.beside[k] for k in "bcde")  # the others are pipelined as before

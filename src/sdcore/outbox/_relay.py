@@ -278,7 +278,14 @@ class OutboxRelay(AsyncStartStop):
                 limit = self._batch if max_rows is None else min(self._batch, max_rows - total)
                 token, messages = await self._claim(limit)
                 total += len(messages)
-                if messages:
+                if len(messages) == 1 and messages[0].attempts > 1:
+                    # A row claimed alone after an earlier attempt may be one whose claim was
+                    # lost with its relay: it is published with nothing else in flight, so
+                    # that if it kills this process no other batch loses its outcome with it.
+                    while flights:
+                        await flights.pop(0)
+                    await self._deliver(messages, token)
+                elif messages:
                     flights.append(asyncio.ensure_future(self._deliver(messages, token)))
                 if len(flights) >= PIPELINE_DEPTH:
                     await flights.pop(0)
