@@ -73,10 +73,14 @@ class OutboxRelay(AsyncStartStop):
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
     a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
-    outbox's ``max_attempts``; rows behind it keep flowing. When the broker is unreachable the
-    relay backs off (up to ``unavailable_max_ms``) without counting attempts. Published rows
-    older than ``retention_ms`` become tombstones (key kept, payload dropped), deleted once the
-    outbox's ``dedup_window_ms`` has passed since their publication.
+    outbox's ``max_attempts``; rows behind it keep flowing. A row whose claim expired with no
+    outcome (its relay died publishing it) is claimed alone, and marked ``DEAD`` by the claim
+    once a claim of its own was lost too and its attempts are spent. Claims are bounded by
+    ``batch_size`` rows and ``batch_bytes`` of payload. When the broker is unreachable the
+    relay backs off (up to ``unavailable_max_ms``) without counting attempts, and claims half
+    as many rows as the refused batch next time (doubling back after each published batch).
+    Published rows older than ``retention_ms`` become tombstones (key kept, payload dropped),
+    deleted once the outbox's ``dedup_window_ms`` has passed since their publication.
 
     Args:
         pool: Connection pool for the outbox's database, or an :class:`OutboxStore` (e.g.
@@ -251,7 +255,7 @@ class OutboxRelay(AsyncStartStop):
         return len(messages)
 
     async def drain(self, max_rows: int | None = None) -> int:
-        """Relay batch after batch until nothing is due (or ``max_rows`` were claimed).
+        """Relay batch after batch until a claim finds nothing due (or ``max_rows`` were claimed).
 
         The background loop runs this. It is pipelined: each claimed batch is published and
         marked by its own delivery while the next batch is claimed, and up to
@@ -260,7 +264,9 @@ class OutboxRelay(AsyncStartStop):
         claim → publish → mark, so the guarantees are those of :meth:`run_once`: a relay that
         dies leaves its claimed rows to be published again (same job id, deduplicated by
         BullMQ) once the claim expires; a batch that could not be published because the broker
-        is down is given back without counting an attempt.
+        is down is given back without counting an attempt. A one-row claim on its second attempt
+        or later (how a row whose claim was lost comes back) is published with nothing else in
+        flight.
 
         Returns:
             How many rows were claimed.
