@@ -55,8 +55,8 @@ class RelayState:
 
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
 DEFAULT_RELAY_BATCH_SIZE = 500
-# Payload bytes per claim: bounds the relay's memory (about 5 times the bytes of each batch in
-# flight) and the size of a Redis pipeline, measured by benchmarks/relay_memory.py.
+# Payload bytes per claim: bounds the relay's memory (about 4 copies of each batch in flight,
+# two in flight: benchmarks/relay_memory.py) and the size of a Redis pipeline.
 DEFAULT_RELAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
@@ -94,8 +94,8 @@ class OutboxRelay(AsyncStartStop):
             a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
             Redis, and only a backlog fills a batch).
         batch_bytes: Payload bytes per claim (as jsonb text), besides ``batch_size``; a row
-            larger than this is claimed alone. The relay's memory grows with it (about 5 times
-            ``batch_bytes`` per batch in flight, two in flight: ``benchmarks/relay_memory.py``),
+            larger than this is claimed alone. The relay's memory grows with it (about 7.5
+            times ``batch_bytes`` with two batches in flight: ``benchmarks/relay_memory.py``),
             and so does each Redis pipeline, which must be written within the publisher's
             socket timeout.
         poll_interval_ms: Fallback polling period.
