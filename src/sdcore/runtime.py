@@ -30,7 +30,7 @@ from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
-from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxRelay
+from sdcore.outbox import DEFAULT_RELAY_BATCH_BYTES, DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxRelay
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
 from sdcore.probes import (
     DEFAULT_RELAY_STUCK_AFTER_S,
@@ -103,6 +103,8 @@ class Runtime(AsyncStartStop):
         relay_stuck_after_s: Readiness fails when the relay has rows due and completed no
             round for this long (see :mod:`sdcore.probes`).
         relay_batch_size: Outbox rows the relay claims at a time.
+        relay_batch_bytes: Payload bytes the relay claims at a time (``OutboxRelay``'s
+            ``batch_bytes``: its memory follows it).
         lease_table: The job lease table (the scheduler's run records).
         schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
         application_name: Shown in ``pg_stat_activity`` for the pool's connections.
@@ -145,6 +147,7 @@ class Runtime(AsyncStartStop):
         tracing: bool | SdcoreTracing = False,
         relay_stuck_after_s: float = DEFAULT_RELAY_STUCK_AFTER_S,
         relay_batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
+        relay_batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
         lease_table: str = DEFAULT_TABLES["lease"],
         schema: str | None = None,
         application_name: str = "sdcore",
@@ -162,7 +165,11 @@ class Runtime(AsyncStartStop):
             raise ValueError(
                 f"relay_stuck_after_s must be a positive number, got {relay_stuck_after_s!r:.40}"
             )
-        sizes = (("pool_max_size", pool_max_size), ("relay_batch_size", relay_batch_size))
+        sizes = (
+            ("pool_max_size", pool_max_size),
+            ("relay_batch_size", relay_batch_size),
+            ("relay_batch_bytes", relay_batch_bytes),
+        )
         for name, value in sizes:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -215,6 +222,7 @@ class Runtime(AsyncStartStop):
         self._ensure_schema = ensure_schema
         self._prefix = queue_prefix
         self._relay_batch_size = relay_batch_size
+        self._relay_batch_bytes = relay_batch_bytes
         self._grace = grace_period_ms / 1000
         self._log = logging.getLogger(logger_name or self.default_logger_name)
         self._stack: AsyncExitStack | None = None
@@ -401,6 +409,7 @@ class Runtime(AsyncStartStop):
                 publisher,
                 outbox=self.outbox,
                 batch_size=self._relay_batch_size,
+                batch_bytes=self._relay_batch_bytes,
                 transaction_pooling=self.transaction_pooling,
                 listen_dsn=self.relay_listen_url,
             )

@@ -422,7 +422,7 @@ async def test_an_abandoned_claim_is_republished_with_the_same_job_id(
         async with conn.transaction():
             await _enqueue(conn, "crash")
         # A relay claimed the row, published, and died before marking it.
-        await conn.execute(Outbox().sql.claim, (200, uuid.uuid4(), 10))
+        await conn.execute(Outbox().sql.claim, (10, 2**40, 200, uuid.uuid4()))
     publisher = RecordingPublisher()
     relay = OutboxRelay(pool, publisher, claim_ms=200)
     assert await relay.run_once() == 0  # still claimed

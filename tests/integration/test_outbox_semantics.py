@@ -550,7 +550,7 @@ async def test_a_broker_outage_does_not_release_another_relays_claim(
     await asyncio.sleep(0.3)
     # B claims (a long claim) but is still publishing when A's unclaim arrives.
     async with pool.connection() as conn:
-        cur = await conn.execute(outbox.sql.claim, (60_000, uuid.uuid4(), 10))
+        cur = await conn.execute(outbox.sql.claim, (10, 2**40, 60_000, uuid.uuid4()))
         assert len(await cur.fetchall()) == 1
     slow.release.set()
     with pytest.raises(Exception, match="unavailable"):

@@ -206,6 +206,7 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "DEFAULT_CHANNEL",
         "DEFAULT_DEDUP_WINDOW_MS",
         "DEFAULT_KEEP",
+        "DEFAULT_RELAY_BATCH_BYTES",
         "DEFAULT_RELAY_BATCH_SIZE",
         "DuplicateOutboxKeyError",
         "InvalidOutboxMessageError",

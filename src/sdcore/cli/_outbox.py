@@ -25,7 +25,13 @@ from sdcore.cli._options import (
     transaction_pooling,
 )
 from sdcore.cli._target import CliError, Target, connect_async, describe_error, target_of
-from sdcore.outbox import DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxAdmin, OutboxDatabaseError
+from sdcore.outbox import (
+    DEFAULT_RELAY_BATCH_BYTES,
+    DEFAULT_RELAY_BATCH_SIZE,
+    Outbox,
+    OutboxAdmin,
+    OutboxDatabaseError,
+)
 from sdcore.postgres import redact_text
 
 Emit = Callable[[str], None]
@@ -155,6 +161,7 @@ def run_relay(
     redis_url: str,
     prefix: str,
     batch_size: int,
+    batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
     transaction_pooling: bool = False,
 ) -> None:
     """Run an outbox relay until SIGTERM / SIGINT, publishing to BullMQ on ``redis_url``.
@@ -182,6 +189,7 @@ def run_relay(
         queue_prefix=prefix,
         outbox=Outbox(table=target.table, schema=target.schema),
         relay_batch_size=batch_size,
+        relay_batch_bytes=batch_bytes,
         transaction_pooling=transaction_pooling,
         scheduler=False,
         ensure_schema=False,
@@ -254,6 +262,14 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help=f"rows per claim (default: {DEFAULT_RELAY_BATCH_SIZE})",
     )
+    relay.add_argument(
+        "--batch-bytes",
+        type=int_in(1, 2**31 - 1),
+        default=DEFAULT_RELAY_BATCH_BYTES,
+        metavar="BYTES",
+        help="payload bytes per claim, as jsonb text; a larger row is claimed alone"
+        f" (default: {DEFAULT_RELAY_BATCH_BYTES})",
+    )
 
 
 def _outbox_target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
@@ -283,5 +299,6 @@ def _relay(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         redis_url=url,
         prefix=args.prefix,
         batch_size=args.batch_size,
+        batch_bytes=args.batch_bytes,
         transaction_pooling=transaction_pooling(args.transaction_pooling, environ),
     )

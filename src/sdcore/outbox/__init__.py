@@ -25,13 +25,19 @@ from sdcore.outbox._model import (
     check_options,
 )
 from sdcore.outbox._outbox import DEFAULT_CHANNEL, DEFAULT_DEDUP_WINDOW_MS, Outbox, OutboxEntry
-from sdcore.outbox._relay import DEFAULT_RELAY_BATCH_SIZE, OutboxRelay, RelayState
+from sdcore.outbox._relay import (
+    DEFAULT_RELAY_BATCH_BYTES,
+    DEFAULT_RELAY_BATCH_SIZE,
+    OutboxRelay,
+    RelayState,
+)
 from sdcore.outbox._store import OutboxFailure, OutboxStats, OutboxStore, PostgresOutboxStore
 
 __all__ = [
     "DEFAULT_CHANNEL",
     "DEFAULT_DEDUP_WINDOW_MS",
     "DEFAULT_KEEP",
+    "DEFAULT_RELAY_BATCH_BYTES",
     "DEFAULT_RELAY_BATCH_SIZE",
     "DuplicateOutboxKeyError",
     "InvalidOutboxMessageError",

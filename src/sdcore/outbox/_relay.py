@@ -55,6 +55,9 @@ class RelayState:
 
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
 DEFAULT_RELAY_BATCH_SIZE = 500
+# Payload bytes per claim: bounds the relay's memory (about 4 copies of each batch in flight,
+# two in flight: benchmarks/relay_memory.py) and the size of a Redis pipeline.
+DEFAULT_RELAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class OutboxRelay(AsyncStartStop):
@@ -70,10 +73,14 @@ class OutboxRelay(AsyncStartStop):
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
     a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
-    outbox's ``max_attempts``; rows behind it keep flowing. When the broker is unreachable the
-    relay backs off (up to ``unavailable_max_ms``) without counting attempts. Published rows
-    older than ``retention_ms`` become tombstones (key kept, payload dropped), deleted once the
-    outbox's ``dedup_window_ms`` has passed since their publication.
+    outbox's ``max_attempts``; rows behind it keep flowing. A row whose claim expired with no
+    outcome (its relay died publishing it) is claimed alone, and marked ``DEAD`` by the claim
+    once a claim of its own was lost too and its attempts are spent. Claims are bounded by
+    ``batch_size`` rows and ``batch_bytes`` of payload. When the broker is unreachable the
+    relay backs off (up to ``unavailable_max_ms``) without counting attempts, and claims half
+    as many rows as the refused batch next time (doubling back after each published batch).
+    Published rows older than ``retention_ms`` become tombstones (key kept, payload dropped),
+    deleted once the outbox's ``dedup_window_ms`` has passed since their publication.
 
     Args:
         pool: Connection pool for the outbox's database, or an :class:`OutboxStore` (e.g.
@@ -86,6 +93,11 @@ class OutboxRelay(AsyncStartStop):
         batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``;
             a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
             Redis, and only a backlog fills a batch).
+        batch_bytes: Payload bytes per claim (as jsonb text), besides ``batch_size``; a row
+            larger than this is claimed alone. The relay's memory grows with it (about 7.5
+            times ``batch_bytes`` with two batches in flight: ``benchmarks/relay_memory.py``),
+            and so does each Redis pipeline, which must be written within the publisher's
+            socket timeout.
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
             after this long (they are re-published with the same job id).
@@ -119,6 +131,7 @@ class OutboxRelay(AsyncStartStop):
         *,
         outbox: Outbox | None = None,
         batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
+        batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
         poll_interval_ms: int = 1_000,
         claim_ms: int = 30_000,
         retry_base_ms: int = 1_000,
@@ -144,6 +157,11 @@ class OutboxRelay(AsyncStartStop):
             outbox = own if isinstance(own, Outbox) else None
         self.outbox = outbox or Outbox()
         self._batch = at_least("batch_size", batch_size, 1)
+        self._batch_bytes = at_least("batch_bytes", batch_bytes, 1)
+        # Rows per claim after batches the broker refused: half the refused batch each time,
+        # doubling back after each published one. A pipeline too big to be written within the
+        # socket timeout looks like an outage; split this way it gets through.
+        self._cap: int | None = None
         self._poll = at_least("poll_interval_ms", poll_interval_ms, 10) / 1000
         self._claim_ms = at_least("claim_ms", claim_ms, 100)
         self._retry_base = at_least("retry_base_ms", retry_base_ms, 1)
@@ -237,7 +255,7 @@ class OutboxRelay(AsyncStartStop):
         return len(messages)
 
     async def drain(self, max_rows: int | None = None) -> int:
-        """Relay batch after batch until nothing is due (or ``max_rows`` were claimed).
+        """Relay batch after batch until a claim finds nothing due (or ``max_rows`` were claimed).
 
         The background loop runs this. It is pipelined: each claimed batch is published and
         marked by its own delivery while the next batch is claimed, and up to
@@ -246,7 +264,9 @@ class OutboxRelay(AsyncStartStop):
         claim → publish → mark, so the guarantees are those of :meth:`run_once`: a relay that
         dies leaves its claimed rows to be published again (same job id, deduplicated by
         BullMQ) once the claim expires; a batch that could not be published because the broker
-        is down is given back without counting an attempt.
+        is down is given back without counting an attempt. A one-row claim on its second attempt
+        or later (how a row whose claim was lost comes back) is published with nothing else in
+        flight.
 
         Returns:
             How many rows were claimed.
@@ -264,11 +284,20 @@ class OutboxRelay(AsyncStartStop):
                 limit = self._batch if max_rows is None else min(self._batch, max_rows - total)
                 token, messages = await self._claim(limit)
                 total += len(messages)
-                if messages:
+                if len(messages) == 1 and messages[0].attempts > 1:
+                    # A row claimed alone after an earlier attempt may be one whose claim was
+                    # lost with its relay: it is published with nothing else in flight, so
+                    # that if it kills this process no other batch loses its outcome with it.
+                    while flights:
+                        await flights.pop(0)
+                    await self._deliver(messages, token)
+                elif messages:
                     flights.append(asyncio.ensure_future(self._deliver(messages, token)))
                 if len(flights) >= PIPELINE_DEPTH:
                     await flights.pop(0)
-                if len(messages) < limit or self._stopping:
+                # A claim cut short by its byte budget or by a row claimed alone says nothing
+                # about what is left: only an empty claim ends the drain.
+                if not messages or self._stopping:
                     break
                 if max_rows is not None and total >= max_rows:
                     break
@@ -295,7 +324,12 @@ class OutboxRelay(AsyncStartStop):
 
     async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
         token = uuid.uuid4()
-        return token, await self.store.claim(limit=limit, claim_ms=self._claim_ms, token=token)
+        if self._cap is not None:
+            limit = min(limit, self._cap)
+        claimed = await self.store.claim(
+            limit=limit, claim_ms=self._claim_ms, token=token, max_bytes=self._batch_bytes
+        )
+        return token, claimed
 
     async def _publish(
         self, messages: list[OutboxMessage], token: uuid.UUID
@@ -307,12 +341,15 @@ class OutboxRelay(AsyncStartStop):
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            self._cap = max(1, len(messages) // 2)
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
             published = [exc] * len(valid)
+        if self._cap is not None:
+            self._cap = None if self._cap * 2 >= self._batch else self._cap * 2
         if len(published) != len(valid):
             error = RuntimeError("publisher returned the wrong number of results")
             published = [error] * len(valid)

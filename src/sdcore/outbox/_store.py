@@ -34,6 +34,8 @@ from sdcore.outbox._model import (
 from sdcore.outbox._outbox import Outbox
 
 MAX_ERROR_LENGTH = 2000
+NO_BYTE_BOUND = 2**62
+"""The byte budget of a claim given ``max_bytes=None`` (more than any table holds)."""
 """Longest ``last_error`` a store keeps (the relay cuts errors to this length)."""
 
 _decode = json.JSONDecoder().decode  # the claim's jsonb columns, read as text
@@ -104,11 +106,18 @@ class OutboxStore(Protocol):
         """
         ...
 
-    async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
-        """Claim up to ``limit`` due rows for ``claim_ms`` under ``token``, counting an attempt.
+    async def claim(
+        self, *, limit: int, claim_ms: int, token: uuid.UUID, max_bytes: int | None = None
+    ) -> list[OutboxMessage]:
+        """Claim due rows for ``claim_ms`` under ``token``, counting an attempt.
 
         Due: ``PENDING``, ``next_attempt_at`` reached, and not under a live claim; oldest
-        ``next_attempt_at`` first, then by id. The messages carry the attempts after this one.
+        ``next_attempt_at`` first, then by id. A claim takes at most ``limit`` rows and at most
+        ``max_bytes`` of payload (as jsonb text; ``None``: no byte bound), but always the first
+        due row, however large. A row whose last claim expired with no outcome (its relay died
+        while publishing it) is claimed alone, and a batch stops before it; if its attempts are
+        already spent it becomes ``DEAD`` (``last_error`` says how many claims were lost) and
+        is not returned. The messages carry the attempts after this one.
         """
         ...
 
@@ -164,11 +173,18 @@ def database_errors(action: str) -> Iterator[None]:
         raise OutboxDatabaseError(action, None, redact_text(error_text(exc)[:500])) from exc
 
 
-def check_claim(limit: object, claim_ms: object, token: object) -> tuple[int, int, uuid.UUID]:
-    """Validate :meth:`OutboxStore.claim`'s arguments (every store calls this one check)."""
+def check_claim(
+    limit: object, claim_ms: object, token: object, max_bytes: object = None
+) -> tuple[int, int, uuid.UUID, int]:
+    """Validate :meth:`OutboxStore.claim`'s arguments (every store calls this one check).
+
+    Returns:
+        ``(limit, claim_ms, token, max_bytes)``, with :data:`NO_BYTE_BOUND` for ``None``.
+    """
     if not isinstance(token, uuid.UUID):
         raise TypeError(f"token must be a uuid.UUID, got {type(token).__name__}")
-    return at_least("limit", limit, 1), at_least("claim_ms", claim_ms, 1), token
+    budget = NO_BYTE_BOUND if max_bytes is None else at_least("max_bytes", max_bytes, 1)
+    return at_least("limit", limit, 1), at_least("claim_ms", claim_ms, 1), token, budget
 
 
 def check_ids(ids: object) -> list[int]:
@@ -274,13 +290,16 @@ class PostgresOutboxStore:
                 cur = await conn.execute(query, params, prepare=self._prepare)
                 return int(cur.rowcount)
 
-    async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
+    async def claim(
+        self, *, limit: int, claim_ms: int, token: uuid.UUID, max_bytes: int | None = None
+    ) -> list[OutboxMessage]:
         """See :meth:`OutboxStore.claim`."""
-        limit, claim_ms, token = check_claim(limit, claim_ms, token)
+        limit, claim_ms, token, budget = check_claim(limit, claim_ms, token, max_bytes)
+        params = (limit, budget, claim_ms, token)
         with database_errors("claim"):
             async with self.pool.connection() as conn:
                 cur: psycopg.AsyncCursor[OutboxMessage] = conn.cursor(row_factory=self._messages)
-                await cur.execute(self._sql.claim, (claim_ms, token, limit), prepare=self._prepare)
+                await cur.execute(self._sql.claim, params, prepare=self._prepare)
                 return await cur.fetchall()
 
     def _messages(self, cursor: psycopg.AsyncCursor[Any]) -> RowMaker[OutboxMessage]:

@@ -34,6 +34,11 @@ def _canonical(queue: str, name: str, payload: Any, options: Any) -> str:
     return json.dumps([queue, name, payload, options], sort_keys=True, separators=(",", ":"))
 
 
+def _jsonb_text_bytes(value: Any) -> int:
+    # jsonb's text puts a space after ':' and ',' and keeps non-ASCII characters as they are.
+    return len(json.dumps(value, separators=(", ", ": "), ensure_ascii=False).encode())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryOutboxRow:
     """One row of a :class:`MemoryOutboxStore`: the columns of the outbox table."""
@@ -56,6 +61,15 @@ class MemoryOutboxRow:
     published_at: datetime | None = None
     pruned_at: datetime | None = None
     digest: str = field(default="", repr=False)
+    lost_claims: int = 0
+    """Claims of this row that expired with no outcome (``lost_claims`` in PostgreSQL)."""
+    claimed_alone: bool = False
+    """Its last claim was one of its own, after a lost one (``claimed_alone`` in PostgreSQL)."""
+
+    @property
+    def payload_bytes(self) -> int:
+        """The payload's size as jsonb text (``payload_bytes`` in PostgreSQL, near enough)."""
+        return _jsonb_text_bytes(self.payload)
 
 
 class MemoryOutboxStore:
@@ -200,9 +214,11 @@ class MemoryOutboxStore:
         finally:
             self._subscribers.discard(event)
 
-    async def claim(self, *, limit: int, claim_ms: int, token: uuid.UUID) -> list[OutboxMessage]:
+    async def claim(
+        self, *, limit: int, claim_ms: int, token: uuid.UUID, max_bytes: int | None = None
+    ) -> list[OutboxMessage]:
         """See :meth:`sdcore.outbox.OutboxStore.claim`."""
-        limit, claim_ms, token = check_claim(limit, claim_ms, token)
+        limit, claim_ms, token, budget = check_claim(limit, claim_ms, token, max_bytes)
         self._check_up()
         now = self._clock()
         due = sorted(
@@ -215,13 +231,42 @@ class MemoryOutboxStore:
             ),
             key=lambda row: (row.next_attempt_at, row.id),
         )[:limit]
-        messages = []
+        # As PostgreSQL's claim: a row whose last claim expired with no outcome is claimed
+        # alone (a batch stops before it), or marked DEAD once a claim of its own was lost too
+        # and its attempts are spent.
+        chosen: list[MemoryOutboxRow] = []
+        rank = total = 0
+        lost_seen = False
         for row in due:
+            lost = row.claimed_until is not None
+            if lost and row.claimed_alone and row.attempts >= row.max_attempts:
+                self._rows[row.id] = replace(
+                    row,
+                    status=OutboxStatus.DEAD,
+                    claimed_until=None,
+                    claim_token=None,
+                    lost_claims=row.lost_claims + 1,
+                    last_error=(
+                        f"claimed {row.attempts} times, {row.lost_claims + 1} of them with no"
+                        " outcome: the relay died (or lost its database) while publishing it"
+                    ),
+                )
+                continue
+            rank += 1
+            lost_seen = lost_seen or lost
+            total += row.payload_bytes
+            if rank == 1 or (not lost_seen and total <= budget):
+                chosen.append(row)
+        messages = []
+        for row in chosen:
+            lost = row.claimed_until is not None
             claimed = replace(
                 row,
                 claimed_until=now + timedelta(milliseconds=claim_ms),
                 claim_token=token,
                 attempts=row.attempts + 1,
+                lost_claims=row.lost_claims + lost,
+                claimed_alone=lost,
             )
             self._rows[row.id] = claimed
             messages.append(

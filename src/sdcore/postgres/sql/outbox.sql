@@ -73,17 +73,54 @@ FROM {table} WHERE idempotency_key = CAST(%(key)s AS text)
 -- whole table, published history included (17.9 ms instead of 2.7 ms for 250 of 10,000 rows),
 -- and a semi-join may even run a SKIP LOCKED subquery more than once. The JSON columns come
 -- back as text: the store decodes them itself, and a batch's equal options once.
--- Parameters: claim_ms, token, limit.
-UPDATE {table} SET claimed_until = clock_timestamp() + %s * interval '1 millisecond',
-                   claim_token = %s, attempts = attempts + 1
-WHERE id = ANY(ARRAY(
-    SELECT id FROM {table}
-    WHERE status = 'PENDING' AND next_attempt_at <= clock_timestamp()
-      AND (claimed_until IS NULL OR claimed_until < clock_timestamp())
-    ORDER BY next_attempt_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
-))
+--
+-- A claim holds at most max_bytes of payload (payload_bytes, summed in claim order) besides at
+-- most limit rows, and always at least one row: a relay's memory follows the bytes it holds,
+-- and a Redis pipeline must be written within the socket timeout. A due row whose last claim
+-- expired with no outcome (claimed_until still set: every outcome clears it) may be a message
+-- that kills its relay, so it is claimed alone (claimed_alone), and a batch stops before it: a
+-- poison takes no neighbour down twice. Once such a claim of its own expired too and its
+-- attempts are spent, it is marked DEAD here, since the relay that would record its failure
+-- never does (a row lost in a batch thus gets one claim more than max_attempts at most).
+-- Those DEAD rows are picked and updated but not returned. Parameters: limit, max_bytes,
+-- claim_ms, token.
+WITH picked AS MATERIALIZED (
+    SELECT id, spent FROM (
+        SELECT id, spent,
+               row_number() OVER w AS n,
+               bool_or(lost) OVER w AS lost_so_far,
+               sum(payload_bytes) OVER w AS bytes_so_far
+        FROM (
+            SELECT id, next_attempt_at, payload_bytes,
+                   claimed_until IS NOT NULL AS lost,
+                   claimed_until IS NOT NULL AND claimed_alone AND attempts >= max_attempts
+                       AS spent
+            FROM {table}
+            WHERE status = 'PENDING' AND next_attempt_at <= clock_timestamp()
+              AND (claimed_until IS NULL OR claimed_until < clock_timestamp())
+            ORDER BY next_attempt_at, id
+            LIMIT %s
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WINDOW w AS (PARTITION BY spent ORDER BY next_attempt_at, id)
+    ) AS ranked
+    WHERE spent OR n = 1 OR (NOT lost_so_far AND bytes_so_far <= %s)
+),
+buried AS (
+    UPDATE {table}
+    SET status = 'DEAD', claimed_until = NULL, claim_token = NULL,
+        lost_claims = lost_claims + 1,
+        last_error = 'claimed ' || attempts || ' times, ' || (lost_claims + 1)
+                     || ' of them with no outcome: the relay died (or lost its database)'
+                     || ' while publishing it'
+    WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE spent))
+)
+UPDATE {table}
+SET claimed_until = clock_timestamp() + %s * interval '1 millisecond', claim_token = %s,
+    attempts = attempts + 1,
+    lost_claims = lost_claims + CASE WHEN claimed_until IS NULL THEN 0 ELSE 1 END,
+    claimed_alone = claimed_until IS NOT NULL
+WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE NOT spent))
 RETURNING id, idempotency_key, queue, name, job_id, payload::text, options::text, attempts,
           max_attempts, created_at, trace_context::text
 
@@ -151,8 +188,8 @@ FROM {table}
 -- name: retry
 -- An operator's retry (sdcore outbox retry): a DEAD or PENDING row is due now, attempts reset.
 -- Parameter: the id.
-UPDATE {table} SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp(),
-                   claimed_until = NULL, claim_token = NULL
+UPDATE {table} SET status = 'PENDING', attempts = 0, lost_claims = 0,
+                   next_attempt_at = clock_timestamp(), claimed_until = NULL, claim_token = NULL
 WHERE id = %s AND status IN ('DEAD', 'PENDING')
 RETURNING id
 

@@ -1,0 +1,224 @@
+"""Claims that must not stall the outbox: a message that kills its relay, a batch too big to send.
+
+Both with real processes or sockets: a relay process that dies (``os._exit``, as a segfault or the
+OOM killer would end it) inside ``publish()``, and a private redis-server behind a proxy that
+passes the client's bytes slowly, so that a large pipeline cannot be written within the
+publisher's socket timeout (RELIABILITY.md OB-17, OB-18).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.outbox import Outbox, OutboxRelay, PublisherUnavailableError
+from sdcore.queues import BullMQPublisher
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_CRASHING_RELAY = """
+import asyncio, os, sys
+from psycopg_pool import AsyncConnectionPool
+from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.queues import BullMQPublisher
+
+class DiesOnPoison:
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def publish(self, messages):
+        if any(m.payload.get("poison") for m in messages):
+            os._exit(86)  # no outcome recorded: as a segfault or the OOM killer
+        return await self.inner.publish(messages)
+
+async def main(dsn, url, prefix):
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        await pool.open()
+        async with BullMQPublisher.from_url(url, prefix=prefix, check_server=False) as publisher:
+            relay = OutboxRelay(pool, DiesOnPoison(publisher), outbox=Outbox(max_attempts=2),
+                                claim_ms=300)
+            print(await relay.drain(), flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def _rows(dsn: str) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT idempotency_key, status, attempts, lost_claims, last_error FROM outbox"
+            " ORDER BY id"
+        )
+        return await cur.fetchall()
+
+
+async def test_a_message_that_kills_its_relay_ends_dead_and_its_batch_is_published(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        await Outbox().ensure_schema(conn)
+        async with conn.transaction():
+            for key in ("innocent-1", "poison", "innocent-2", "innocent-3"):
+                await Outbox(max_attempts=2).enqueue_once(
+                    conn, idempotency_key=key, queue="crash", name="n",
+                    payload={"poison": key == "poison"},
+                )  # fmt: skip
+    script = tmp_path / "relay.py"
+    script.write_text(_CRASHING_RELAY)
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    url = "redis://127.0.0.1:6379/0"
+    exits: list[int] = []
+    for _ in range(8):  # each relay process drains until nothing is due, or dies
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), pg_dsn, url, prefix,
+            stdout=asyncio.subprocess.DEVNULL, cwd=ROOT,
+        )  # fmt: skip
+        exits.append(await asyncio.wait_for(proc.wait(), 60))
+        if exits[-1] == 0 and all(r[1] != "PENDING" for r in await _rows(pg_dsn)):
+            break
+        await asyncio.sleep(0.4)  # the dead relay's claims expire
+    rows = {r[0]: r[1:] for r in await _rows(pg_dsn)}
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        waiting = await client.llen(f"{prefix}:crash:wait")
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+    # The batch's relay dies, then the poison's own claim's relay: two crashes, then a clean run.
+    assert exits == [86, 86, 0], (exits, rows)
+    assert rows["poison"] == (
+        "DEAD",
+        2,
+        2,
+        "claimed 2 times, 2 of them with no outcome: the relay died (or lost its database)"
+        " while publishing it",
+    )
+    assert {k: v[0] for k, v in rows.items() if k != "poison"} == dict.fromkeys(
+        ("innocent-1", "innocent-2", "innocent-3"), "PUBLISHED"
+    )
+    assert waiting == 3
+
+
+# --- a batch too big for the socket timeout -------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[int]:
+    """A redis-server of this test alone, on a spare port (killed at the end)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)", pytrace=False)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            *(binary, "--port", str(port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no"),
+            *("--dir", str(tmp_path), "--logfile", str(tmp_path / "redis.log")),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail("private redis-server did not start", pytrace=False)
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def _slow_link(upstream: int, bytes_per_s: int) -> AsyncIterator[int]:
+    """A proxy to ``upstream`` passing client→server bytes at ``bytes_per_s`` (a slow link).
+
+    Its sockets have small buffers, so the kernel does not absorb a large write.
+    """
+    chunk = 16 * 1024
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(chunk):
+                writer.write(data)
+                await writer.drain()
+                if slow:
+                    await asyncio.sleep(len(data) / bytes_per_s)
+        writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    listener.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(serve, sock=listener, limit=chunk)
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        server.close()
+
+
+async def test_a_batch_too_big_to_write_within_the_socket_timeout_is_split(
+    pg_dsn: str, private_redis: int
+) -> None:
+    """600 KB rows over a 4 MB/s link with a 0.5 s socket timeout: the whole batch never fits."""
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
+        await pool.open()
+        outbox = Outbox(max_attempts=1)
+        await outbox.ensure_schema(pool)
+        async with pool.connection() as conn, conn.transaction():
+            for i in range(24):
+                await outbox.enqueue_once(
+                    conn, idempotency_key=f"big-{i}", queue="big", name="n",
+                    payload={"i": i, "blob": "x" * 600_000},
+                )  # fmt: skip
+        async with (
+            _slow_link(private_redis, 4_000_000) as port,
+            BullMQPublisher.from_url(
+                f"redis://127.0.0.1:{port}", socket_timeout_s=0.5, check_server=False
+            ) as publisher,
+        ):
+            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            outages = 0
+            for _ in range(12):
+                try:
+                    await relay.run_once()
+                except PublisherUnavailableError:
+                    outages += 1
+                if (await relay.stats()).pending == 0:
+                    break
+            stats = await relay.stats()
+        client = aioredis.Redis(port=private_redis)
+        try:
+            waiting = await client.llen("bull:big:wait")
+        finally:
+            await client.aclose()
+    assert outages >= 1  # the first batch (the byte budget's 8 MiB) did not fit
+    assert (stats.pending, stats.dead, stats.published) == (0, 0, 24), outages
+    assert waiting == 24
