@@ -27,6 +27,7 @@ from sdcore.job_scheduler._core import (
     JobSchedulerDatabaseError,
     _limit,
     identity_params,
+    settle,
     won,
 )
 from sdcore.job_scheduler._model import (
@@ -232,16 +233,20 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         params = (*identity_params(opts, token), opts.lease_ms)
         sent = time.monotonic()
         state = _LeaseState.for_lease(opts.lease_ms, sent)
+        # A cancellation anywhere in the acquire, the recovery of a broken connection included,
+        # resolves the outcome by our token and gives back a row we won: a cancelled acquire
+        # never leaves a RUNNING row with no owner.
         try:
-            row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
-        except psycopg.OperationalError as exc:
-            if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
-                return await self._acquire_again(opts, params, state, exc)
-            raise self._wrap(exc) from exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
+            try:
+                row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
+            except psycopg.OperationalError as exc:
+                if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
+                    return await self._acquire_again(opts, params, state, exc)
+                raise self._wrap(exc) from exc
+            except psycopg.Error as exc:
+                raise self._wrap(exc) from exc
         except asyncio.CancelledError:
-            await self._resolve_cancelled(opts, token, state)
+            await settle(self._resolve_cancelled(opts, token, state))
             raise
         if row is None:
             return NOT_ACQUIRED
