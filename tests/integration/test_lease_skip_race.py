@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,7 +21,7 @@ def _tick(run_key: str = "2026-12-04T18:58:35Z") -> JobAcquireOptions:
     return JobAcquireOptions(code="sync", run_key=run_key, lease_ms=60_000)
 
 
-async def _blocked(conn: psycopg.AsyncConnection[object], skipper: int) -> None:
+async def _blocked(conn: psycopg.AsyncConnection[Any], skipper: int) -> None:
     """Wait until some backend waits for the skipper's transaction (our acquire in flight)."""
     for _ in range(200):
         cur = await conn.execute(
@@ -57,12 +58,11 @@ async def test_a_skip_record_committing_during_an_acquire_loses_to_it(
         assert skipped.rowcount == 1
         skipper = busy.info.backend_pid
         # Replica A, free, fires the same tick: its snapshot has no row, so it inserts.
-        if batch:
-            acquiring = asyncio.ensure_future(
-                jobs.acquire_attempts([(tick, BUDGET), (other, BUDGET)])
-            )
-        else:
-            acquiring = asyncio.ensure_future(jobs.acquire_attempt(tick, BUDGET))
+        acquiring: asyncio.Future[Any] = asyncio.ensure_future(
+            jobs.acquire_attempts([(tick, BUDGET), (other, BUDGET)])
+            if batch
+            else jobs.acquire_attempt(tick, BUDGET)
+        )
         await _blocked(watch, skipper)
         await busy.commit()
         answer = await asyncio.wait_for(acquiring, 30)
