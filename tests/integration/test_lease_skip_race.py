@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -13,6 +15,8 @@ import pytest
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
 from sdcore.job_scheduler._core import identity_params
+from sdcore.scheduling import Scheduler, format_run_key
+from sdcore.scheduling._triggers import IntervalTrigger
 
 BUDGET = AttemptBudget(max_attempts=1, backoff_ms=60_000)  # retries=0: one offer only
 
@@ -89,3 +93,37 @@ async def test_an_acquire_committing_first_keeps_the_tick_from_the_skip_record(
     assert not again.acquired
     record = (await jobs.tick_records([tick.lock_key]))[tick.lock_key]
     assert (record.status.value, record.attempts, record.skipped) == ("RUNNING", 1, None)
+
+
+async def test_a_free_scheduler_runs_the_tick_a_busy_replica_is_recording_as_skipped(
+    jobs: JobSchedulerService, pg_dsn: str
+) -> None:
+    # Replica A is a real Scheduler with retries=0 and no catch-up: one offer per tick. Replica
+    # B, busy with the previous tick, records the next one as skipped just before its instant,
+    # and its commit is slow: A's acquire of that tick is in flight when the skip commits.
+    every_ms = 2000
+    ran: list[str] = []
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval("sync", every_ms, lambda tick: ran.append(str(tick.run_key)))
+    async with scheduler:
+        now = datetime.now(UTC)
+        instant = IntervalTrigger(every_ms).next_after(now + timedelta(seconds=1))
+        assert instant is not None
+        run_key = format_run_key(instant)
+        tick = JobAcquireOptions(code="sync", run_key=run_key)
+        await asyncio.sleep((instant - datetime.now(UTC)).total_seconds() - 0.4)
+        async with (
+            await psycopg.AsyncConnection.connect(pg_dsn) as busy,
+            await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as watch,
+        ):
+            skip = (*identity_params(tick, str(uuid.uuid4())), json.dumps({"skipped": "overlap"}))
+            assert (await busy.execute(jobs._tick_sql.record_skipped, skip)).rowcount == 1
+            await _blocked(watch, busy.info.backend_pid)  # A fired and waits on B's insert
+            await busy.commit()
+        for _ in range(100):
+            if run_key in ran:
+                break
+            await asyncio.sleep(0.05)
+    assert ran.count(run_key) == 1, ran
+    record = (await jobs.tick_records([tick.lock_key]))[tick.lock_key]
+    assert (record.status.value, record.attempts, record.skipped) == ("SUCCESS", 1, None)
