@@ -135,3 +135,17 @@ def test_a_recreated_key_never_gets_a_lower_token_after_the_upgrade(
     _upgrade_to(empty_dsn, None)
     first, created, again = asyncio.run(_recreated_token(empty_dsn))
     assert first < created < again
+
+
+async def test_ensure_schema_warns_when_the_cache_is_raised_again(
+    jobs: JobSchedulerService, pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await jobs.ensure_schema()
+    assert not [r for r in caplog.records if "fencing_sequence_cached" in str(r.__dict__)]
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute("ALTER SEQUENCE job_scheduler_fencing_seq CACHE 20")
+    await jobs.ensure_schema()
+    warned = [r for r in caplog.records if getattr(r, "action", None) == "fencing_sequence_cached"]
+    assert len(warned) == 1
+    assert "CACHE 20" in warned[0].getMessage()
+    assert 'ALTER SEQUENCE "job_scheduler_fencing_seq" CACHE 1' in warned[0].getMessage()

@@ -34,7 +34,7 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._run import SLACK
-from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
+from sdcore.job_scheduler._sql import LeaseStatements, TickStatements, fencing_sequence
 from sdcore.job_scheduler._watchdog import _Abandoned, _Watchdog
 from sdcore.postgres import HeldConnections, redact_text
 
@@ -175,6 +175,7 @@ class _LeaseCore(BaseJobScheduler):
         self._table = table
         self._schema = schema
         self._sql = LeaseStatements.render(qualified(table, schema))
+        self._sequence_sql = fencing_sequence(qualified(table, schema))
         self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
         # Never hold the pool's last connection: a handler using jobs.pool (or the application
