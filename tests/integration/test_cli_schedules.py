@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from sdcore.cli import main
-from sdcore.job_scheduler import JobSchedulerService
+from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
 
 APP = "tests.integration._sched_app:scheduler"
 
@@ -162,8 +162,46 @@ def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -
             "run_key": "2026-07-21T23:00:00Z",
             "scheduled_at": "2026-07-21T23:00:00Z",
             "status": "FAIL",
+            "given_back": None,
         },
-        {"run_key": "2026-07-22T23:00:00Z", "scheduled_at": "2026-07-22T23:00:00Z", "status": None},
+        {
+            "run_key": "2026-07-22T23:00:00Z",
+            "scheduled_at": "2026-07-22T23:00:00Z",
+            "status": None,
+            "given_back": None,
+        },
+    ]
+
+
+def test_missed_tells_a_tick_given_back_unstarted_from_a_failure(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A tick won and given back without running (its acquire answered too late) is no failed
+    # run: it is shown as given back, with the reason, and not as "FAIL, 1 attempt".
+    _seed(pg_dsn)
+
+    async def give_back() -> None:
+        budget = AttemptBudget(max_attempts=1, backoff_ms=1_000)
+        options = JobAcquireOptions(code="mark-overdue-tasks", run_key="2026-07-22T23:00:00Z")
+        async with JobSchedulerService.connect(pg_dsn) as jobs:
+            got, attempt = await jobs.acquire_attempt(options, budget)
+            assert (got.acquired, attempt) == (True, 1)
+            assert got.acquired
+            assert await jobs.give_back(got.lease, "acquire answered too late")
+
+    asyncio.run(give_back())
+    base = ["--database-url", pg_dsn, "schedules", "missed", "mark-overdue-tasks", "--app", APP]
+    window = ["--since", "2026-07-21T00:00:00Z", "--until", "2026-07-23T00:00:00Z"]
+    assert main([*base, *window]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("2026-07-21T23:00:00Z" in line and line.rstrip().endswith("FAIL") for line in lines)
+    returned = next(line for line in lines if "2026-07-22T23:00:00Z" in line)
+    assert "given back, never ran (acquire answered too late)" in returned
+    assert main([*base, *window, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(row["status"], row["given_back"]) for row in rows] == [
+        ("FAIL", None),
+        ("FAIL", "acquire answered too late"),
     ]
 
 

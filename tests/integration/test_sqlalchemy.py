@@ -268,7 +268,7 @@ async def test_create_all_and_autogenerate_build_the_ensure_schema_catalog(
     code = await autogenerate_db(alembic_dsn, table, schema)
 
     expected = catalog(pg_dsn, table, schema)
-    assert len(expected["columns"]) == 15
+    assert len(expected["columns"]) == 17
     assert len(expected["indexes"]) == 5  # pkey, lock_key_key and the three declared indexes
     assert len(expected["constraints"]) == 8  # pkey, unique, six checks
     assert catalog(create_all_dsn, table, schema) == expected
@@ -581,6 +581,8 @@ def test_ready_record_is_on_a_private_metadata() -> None:
         "modified_at",
         "lease_ms",
         "attempts",
+        "released",
+        "given_back",
     ]
 
 

@@ -14,7 +14,7 @@ from sdcore.job_scheduler import (
     JobSchedulerService,
     JobSchedulerStatus,
 )
-from sdcore.job_scheduler._attempts import AttemptBudget, given_back
+from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.scheduling._catch_up import settled
 from sdcore.testing import InMemoryJobScheduler
 
@@ -112,7 +112,7 @@ async def test_a_run_given_back_unstarted_keeps_its_attempt_for_the_next_taker(
     got, attempt = await store.acquire_attempt(_tick(), budget)
     assert (got.acquired, attempt) == (True, 1)
     assert got.acquired
-    assert await store.fail(got.lease, given_back("acquire answered too late"))
+    assert await store.give_back(got.lease, "acquire answered too late")
     record = (await store.tick_records([key]))[key]
     assert (record.status, record.attempts, record.given_back) == (
         JobSchedulerStatus.FAIL,
@@ -148,7 +148,7 @@ async def test_a_takeover_given_back_unstarted_stays_a_takeover(store: BaseJobSc
     taken, attempt = await store.acquire_attempt(options, budget)
     assert (taken.acquired, attempt) == (True, 2)
     assert taken.acquired
-    assert await store.fail(taken.lease, given_back("cancelled"))
+    assert await store.give_back(taken.lease, "cancelled")
     again, attempt = await store.acquire_attempt(options, budget)
     assert (again.acquired, attempt) == (True, 2)
 

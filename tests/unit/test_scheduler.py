@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, JobSchedulerUnavailableError
+from sdcore.job_scheduler import (
+    AttemptBudget,
+    JobAcquireOptions,
+    JobSchedulerStatus,
+    JobSchedulerUnavailableError,
+)
 from sdcore.scheduling import (
     InvalidScheduleError,
     ScheduleKind,
@@ -429,6 +434,28 @@ async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
     # The latest tick of the window succeeded: "latest" has nothing to do (the tick before it is
     # not the "latest" one; before 0.2 it ran, and each sweep walked one tick further back).
     assert ran == []
+
+
+async def test_missed_ticks_tell_a_tick_given_back_from_a_failed_run() -> None:
+    jobs = InMemoryJobScheduler()
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_cron("m", "*/10 * * * *", lambda tick: None)
+    start = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
+    budget = AttemptBudget(max_attempts=1, backoff_ms=1_000)
+    for minute in (0, 10):
+        options = JobAcquireOptions(code="m", run_key=f"2026-07-20T03:{minute:02d}:00Z")
+        got, attempt = await jobs.acquire_attempt(options, budget)
+        assert (got.acquired, attempt) == (True, 1)
+        assert got.acquired
+        if minute:
+            assert await jobs.give_back(got.lease, "acquire answered too late")
+        else:
+            assert await jobs.fail(got.lease, {"error": "boom"})
+    missed = await scheduler.missed_ticks("m", start, start + timedelta(minutes=20))
+    assert [(m.status, m.attempts, m.given_back) for m in missed] == [
+        (JobSchedulerStatus.FAIL, 1, None),  # a run that started and failed
+        (JobSchedulerStatus.FAIL, 0, "acquire answered too late"),  # never ran
+    ]
 
 
 async def test_missed_ticks_query() -> None:

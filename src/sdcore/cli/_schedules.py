@@ -236,15 +236,24 @@ def missed_ticks(
                         "run_key": tick.run_key,
                         "scheduled_at": utc_iso(tick.scheduled_at),
                         "status": None if tick.status is None else tick.status.value,
+                        "given_back": tick.given_back,
                     }
                 )
             )
         return len(found)
-    rows = [[m.run_key, "never started" if m.status is None else m.status.value] for m in found]
+    rows = [[m.run_key, _missed_state(m)] for m in found]
     for line in render_table(["run_key", "state"], rows, {}):
         emit(line)
     emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")
     return len(found)
+
+
+def _missed_state(tick: MissedTick) -> str:
+    if tick.status is None:
+        return "never started"
+    if tick.given_back is not None:
+        return f"given back, never ran ({tick.given_back})"
+    return tick.status.value
 
 
 def register(subparsers: Any) -> None:

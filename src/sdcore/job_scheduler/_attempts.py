@@ -13,16 +13,23 @@ sequence, records the new owner's ``lease_ms``, clears ``data``):
 - no row: insert it, ``attempts = 1``;
 - ``RUNNING`` silent for longer than *its owner's* lease (its owner died): take it,
   ``attempts + 1`` (an abandoned attempt is re-run whatever the budget);
-- ``FAIL`` released by an operator (``data`` has ``released`` or ``released_by``): take it and
-  start a new budget, ``attempts = 1``;
-- ``FAIL`` given back by the acquire that won it (``data`` has ``given_back``: its answer came
-  too late to keep the lease, or its caller was cancelled, so the handler never ran): take it at
-  once, whatever the budget, with the same attempt number (``attempts`` unchanged: that attempt
-  never ran). Catch-up treats such a tick as not settled;
+- ``FAIL`` released (column ``released``: by its owner's ``release()``, an operator, a backfill,
+  or a new process start for a failed initial job): take it and start a new budget,
+  ``attempts = 1``;
+- ``FAIL`` given back by the acquire that won it (column ``given_back``, written by
+  ``give_back()``: its answer came too late to keep the lease, or its caller was cancelled, so
+  the handler never ran): take it at once, whatever the budget, with the same attempt number
+  (``attempts`` unchanged: that attempt never ran). Catch-up treats such a tick as not settled;
 - ``FAIL`` otherwise: take it only while ``attempts < max_attempts`` and once
   ``backoff_ms * 2 ** (attempts - 1)`` (at most 2**31 - 1 ms; 0 for a skipped tick, whose
   ``attempts`` is 0) has passed since the failure by the database clock;
 - ``SUCCESS``: never.
+
+The marks are columns of their own (migration ``lease/0007``), written only by the lease's own
+statements: the ``data`` a caller passes to ``fail``/``complete`` is never read as lease state,
+so no payload can start a new budget or have its tick retaken. A skip record (``FAIL``,
+``attempts = 0``) that a busy replica commits while a free replica's insert of the tick is in
+flight is taken over by that insert: a skip never costs a run another replica would have made.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ GIVEN_BACK = "given_back"  # the data key of a run given back unstarted (see the
 
 
 def given_back(reason: str) -> dict[str, str]:
-    """The ``data`` of a row whose acquire gives the run back without starting it."""
+    """The ``data`` that ``give_back(lease, reason)`` stores for operators to read.
+
+    Passing it to ``fail`` records an ordinary failure: the mark is ``give_back``'s column.
+    """
     return {GIVEN_BACK: reason}
 
 
@@ -73,6 +83,8 @@ class TickRecord:
         given_back: The acquire that won the tick gave it back without running it (it answered
             too late to keep the lease, or its caller was cancelled): any replica may take it
             at once, with the same attempt number.
+        given_back_reason: Why it was given back (``"acquire answered too late"``,
+            ``"cancelled"``), when ``given_back``.
     """
 
     status: JobSchedulerStatus
@@ -81,3 +93,4 @@ class TickRecord:
     released: bool
     age_ms: float = 0.0
     given_back: bool = False
+    given_back_reason: str | None = None

@@ -26,7 +26,7 @@ from sdcore.job_scheduler._run import SLACK, _consume, _Run
 
 T = TypeVar("T")
 
-RELEASED_DATA: Mapping[str, Any] = {"released": True}
+RELEASED_DATA: Mapping[str, Any] = {"released": True}  # release()'s default data (shown only)
 
 
 class BaseJobScheduler(abc.ABC):
@@ -79,7 +79,12 @@ class BaseJobScheduler(abc.ABC):
     async def release(
         self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA
     ) -> bool:
-        """``fail`` with ``{"released": True}`` by default: the next ``acquire`` may take the row.
+        """``fail`` marked *released*: the next ``acquire`` may take the row, and a scheduled
+        tick's next acquire starts a new attempt budget.
+
+        The mark is a column of its own (migration ``lease/0007``): ``data`` is stored as given
+        and never read as lease state, so ``fail(lease, {"released": True})`` is an ordinary
+        failure.
 
         Args:
             lease: The capability returned by ``acquire``.
@@ -88,6 +93,33 @@ class BaseJobScheduler(abc.ABC):
         Returns:
             ``True`` if this owner released the row, ``False`` if ownership was already lost.
         """
+        return await self._reopen(lease, data, released="owner")
+
+    async def give_back(self, lease: JobLease, reason: str) -> bool:
+        """``fail`` marked *given back*: the run was won but never started.
+
+        A scheduled tick's next acquire (any replica's) takes the row at once, with the same
+        attempt number: that attempt never ran. ``missed_ticks`` reports it as given back with
+        ``reason``. ``data`` is ``{"given_back": reason}``, for operators reading the row only.
+
+        Returns:
+            ``True`` if this owner gave the row back, ``False`` if ownership was already lost.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ValueError("give_back needs a non-empty reason (a str)")
+        return await self._reopen(lease, given_back(reason), given_back=reason)
+
+    async def _reopen(
+        self,
+        lease: JobLease,
+        data: Mapping[str, Any] | None,
+        *,
+        released: str | None = None,
+        given_back: str | None = None,
+    ) -> bool:
+        """``fail`` with a reopen mark (``released`` or ``given_back``). A backend without the
+        marks records a plain failure (its tick acquire then follows the attempt budget)."""
+        del released, given_back
         return await self.fail(lease, data)
 
     @overload
@@ -159,7 +191,7 @@ class BaseJobScheduler(abc.ABC):
         return RunExclusiveResult(acquired=True, result=await run.execute(fn))
 
     async def _give_back(self, lease: JobExecutionLease) -> None:
-        task = asyncio.ensure_future(self.fail(lease, given_back("acquire answered too late")))
+        task = asyncio.ensure_future(self.give_back(lease, "acquire answered too late"))
         done, _ = await asyncio.wait({task}, timeout=SLACK)
         if not done:
             task.add_done_callback(_consume)

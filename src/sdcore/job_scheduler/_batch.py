@@ -11,7 +11,14 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from sdcore._internal.identifiers import random_uuids
-from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, _LeaseCore, won
+from sdcore.job_scheduler._core import (
+    LOSER_ERRORS,
+    NOT_ACQUIRED,
+    RUNNING,
+    _LeaseCore,
+    settle,
+    won,
+)
 from sdcore.job_scheduler._model import JobAcquired, JobAcquireResult, JobLease, _LeaseState
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch
 from sdcore.job_scheduler._run import SLACK
@@ -77,22 +84,25 @@ class _BatchOperations(_LeaseCore):
         sent = time.monotonic()
         limit = _LeaseState.for_lease(min(o.lease_ms for o in batch), sent).valid
         hits: dict[str, tuple[tuple[Any, ...], float]] = {}
+        # A cancellation anywhere, the recovery of a broken connection included, gives back
+        # every row our tokens turn out to hold (the recovery re-sends with the same tokens).
         try:
-            rows = await self._fetch_rows(self._sql.acquire_many, params, limit)
-        except LOSER_ERRORS:
-            rows = []
-        except _Abandoned:
-            self._log_abandoned_many(len(batch))
-            rows = []
-        except psycopg.OperationalError as exc:
-            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+            try:
+                rows = await self._fetch_rows(self._sql.acquire_many, params, limit)
+            except LOSER_ERRORS:
+                rows = []
+            except _Abandoned:
+                self._log_abandoned_many(len(batch))
+                rows = []
+            except psycopg.OperationalError as exc:
+                if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                    raise self._wrap(exc) from exc
+                hits = await self._acquire_many_again(ordered, tokens, sent, limit, exc)
+                rows = []
+            except psycopg.Error as exc:
                 raise self._wrap(exc) from exc
-            hits = await self._acquire_many_again(ordered, tokens, sent, limit, exc)
-            rows = []
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
         except asyncio.CancelledError:
-            await self._resolve_cancelled_many(ordered, tokens, sent, limit)
+            await settle(self._resolve_cancelled_many(ordered, tokens, sent, limit))
             raise
         # Rows: (lock_key, id, fencing_token, idempotency_key, created_at, modified_at).
         for row in rows:

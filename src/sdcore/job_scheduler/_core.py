@@ -34,7 +34,7 @@ from sdcore.job_scheduler._model import (
 )
 from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._run import SLACK
-from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
+from sdcore.job_scheduler._sql import LeaseStatements, TickStatements, fencing_sequence
 from sdcore.job_scheduler._watchdog import _Abandoned, _Watchdog
 from sdcore.postgres import HeldConnections, redact_text
 
@@ -57,6 +57,22 @@ class JobSchedulerDatabaseError(JobSchedulerError):
     def __init__(self, message: str, sqlstate: str | None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message)
+
+
+# Clean-ups of cancelled acquires still running after their caller stopped waiting.
+_SETTLING: set[asyncio.Future[None]] = set()
+
+
+async def settle(cleanup: Awaitable[None]) -> None:
+    """Run a cancelled caller's clean-up (bounded by its own limits) to its end.
+
+    It is shielded: a second cancellation of the caller stops the wait, never the clean-up,
+    which then finishes in the background (a won row is still given back).
+    """
+    task = asyncio.ensure_future(cleanup)
+    _SETTLING.add(task)
+    task.add_done_callback(_SETTLING.discard)
+    await asyncio.shield(task)
 
 
 async def _one(cur: psycopg.AsyncCursor[Any]) -> tuple[Any, ...] | None:
@@ -159,6 +175,7 @@ class _LeaseCore(BaseJobScheduler):
         self._table = table
         self._schema = schema
         self._sql = LeaseStatements.render(qualified(table, schema))
+        self._sequence_sql = fencing_sequence(qualified(table, schema))
         self._tick_sql = TickStatements.render(qualified(table, schema))
         self._pool = pool
         # Never hold the pool's last connection: a handler using jobs.pool (or the application
@@ -299,19 +316,20 @@ class _LeaseCore(BaseJobScheduler):
         await self._fail_quietly(won.lease, opts, "acquire answered too late")
         return NOT_ACQUIRED
 
-    async def _fail_quietly(self, lease: JobLease, opts: JobAcquireOptions, reason: str) -> None:
+    async def _fail_quietly(
+        self, lease: JobLease, opts: JobAcquireOptions, reason: str, limit: float = SLACK
+    ) -> None:
         """Give back a row this acquire owns but will not report, within the slack.
 
-        ``FAIL`` with ``data.given_back = reason``: a plain ``acquire`` takes a ``FAIL`` row at
-        once, and a scheduled tick's ``acquire_attempt`` takes a given-back one at once with the
-        same attempt number (the run never started, so it must not use up the tick's budget).
+        ``FAIL`` with ``given_back = reason`` (a column, never the caller's data): a plain
+        ``acquire`` takes a ``FAIL`` row at once, and a scheduled tick's ``acquire_attempt``
+        takes a given-back one at once with the same attempt number (the run never started,
+        so it must not use up the tick's budget).
         """
         try:
             job_id, token = _check_lease(lease)
             data = dump_json_object(given_back(reason))
-            await self._rowcount(
-                self._sql.finalize, (JobSchedulerStatus.FAIL.value, data, job_id, token), SLACK
-            )
+            await self._rowcount(self._sql.reopen, (data, None, reason, job_id, token), limit)
         except (psycopg.Error, _Abandoned) as exc:
             self._warn(
                 opts,
@@ -336,7 +354,11 @@ class _LeaseCore(BaseJobScheduler):
             )
             return
         if row is not None and row[0] == RUNNING:
-            await self._fail_quietly(JobLease(id=row[1], owner_token=token), opts, "cancelled")
+            # As long as the row's lease may still hold it: given back, another replica takes
+            # the run now instead of when the lease passes.
+            limit = max(state.time_left(), 0.0) + SLACK
+            lease = JobLease(id=row[1], owner_token=token)
+            await self._fail_quietly(lease, opts, "cancelled", limit)
 
     def _warn(self, opts: JobAcquireOptions, what: str, action: str, exc: BaseException) -> None:
         self._log.warning(
@@ -402,6 +424,43 @@ class _LeaseCore(BaseJobScheduler):
         if row is None:
             return NOT_ACQUIRED
         return await self._confirmed(opts, won(opts, token, row, state))
+
+    async def _reopen(
+        self,
+        lease: JobLease,
+        data: Mapping[str, Any] | None,
+        *,
+        released: str | None = None,
+        given_back: str | None = None,
+    ) -> bool:
+        """``fail`` with a reopen mark in its own column (``reopen`` in lease.sql), bounded like
+        ``finalize``; an ambiguous commit is resolved by reading the row back."""
+        job_id, token = _check_lease(lease)
+        params = (dump_json_object(data), released, given_back, job_id, token)
+        limit = _limit(lease)
+        until = None if limit is None else time.monotonic() + limit
+        try:
+            return await self._rowcount(self._sql.reopen, params, limit) == 1
+        except _Abandoned as exc:
+            raise outcome_unknown(JobSchedulerStatus.FAIL.value) from exc
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise self._wrap(exc) from exc
+            first: psycopg.Error = exc
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        await self._held.reset_idle()
+        try:
+            left = None if until is None else max(until - time.monotonic(), 0.0)
+            row = await self._fetch(self._sql.read_status, (job_id, token), left)
+            if row is None or row[0] != JobSchedulerStatus.RUNNING.value:
+                return row is not None and row[0] == JobSchedulerStatus.FAIL.value
+            left = None if until is None else max(until - time.monotonic(), 0.0)
+            return await self._rowcount(self._sql.reopen, params, left) == 1
+        except _Abandoned as exc:
+            raise outcome_unknown(JobSchedulerStatus.FAIL.value) from exc
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from first
 
     async def _finalize(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None

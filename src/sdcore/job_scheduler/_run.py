@@ -64,6 +64,19 @@ def _wake(waiter: asyncio.Future[None], _: asyncio.Future[Any]) -> None:
         waiter.set_result(None)
 
 
+async def _within(call: Awaitable[T], left: float) -> T:
+    """``call``'s result if it answers within ``left`` seconds; it is abandoned otherwise (a
+    lease call is bounded by the backend: it ends in the background)."""
+    future = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({future}, timeout=max(left, 0.0))
+    if not done:
+        future.add_done_callback(_consume)
+        raise JobSchedulerUnavailableError(
+            "the database did not answer within the slack after the client deadline"
+        )
+    return future.result()
+
+
 def _consume(task: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned call's outcome, so asyncio does not log it as never retrieved."""
     if not task.cancelled():
@@ -199,9 +212,26 @@ class _Run:
             else "the lease ran out on the client: no heartbeat confirmed it in time"
         )
 
+    def _slack_left(self) -> float | None:
+        """What is left of the slack after the client deadline, once that deadline has passed
+        (``None`` before it).
+
+        The outcome path has one bound: the client deadline plus ``LEASE_SLACK_MS``. A lease
+        call sent before the deadline is bounded there by the backend (its time left plus the
+        slack); one sent after it would get a fresh slack of its own, so the thread wait, the
+        finalize and the read-back share what remains of the first.
+        """
+        now = time.monotonic()
+        deadline = self.state.deadline
+        return None if now < deadline else deadline + SLACK - now
+
     async def _owned_status(self) -> JobSchedulerStatus | None:
+        left = self._slack_left()
+        if left is not None and left <= 0:
+            return None  # no answer can come back in time: the run is not reported as ours
+        call: Awaitable[JobSchedulerStatus | None] = self.service.status_of(self.lease)
         try:
-            status, cancelled = await _settle(self.service.status_of(self.lease))
+            status, cancelled = await _settle(call if left is None else _within(call, left))
         except JobSchedulerUnavailableError:
             return None
         if cancelled:
@@ -228,7 +258,7 @@ class _Run:
             self.cancellable = False
             self.state.mark_lost("run cancelled")
             if self.cancel_requested:
-                limit = max(self.state.time_left(), 0.0) + SLACK
+                limit = max(self.state.deadline + SLACK - time.monotonic(), 0.0)
                 (done, _), _ = await _settle(asyncio.wait({future}, timeout=limit))
                 if not done:
                     future.add_done_callback(_consume)
@@ -300,9 +330,12 @@ class _Run:
         )
         delay = 0.05
         while True:
+            left = self._slack_left()
             try:
+                if left is not None and left <= 0:
+                    raise JobSchedulerUnavailableError("no time left after the client deadline")
                 call = method(self.lease, data) if soon is None else soon(self.lease, status, data)
-                ok, cancelled = await _settle(call)
+                ok, cancelled = await _settle(call if left is None else _within(call, left))
             except JobSchedulerUnavailableError as exc:
                 if time.monotonic() + delay >= self.state.deadline:
                     self.state.mark_lost(

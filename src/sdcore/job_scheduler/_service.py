@@ -27,6 +27,7 @@ from sdcore.job_scheduler._core import (
     JobSchedulerDatabaseError,
     _limit,
     identity_params,
+    settle,
     won,
 )
 from sdcore.job_scheduler._model import (
@@ -182,12 +183,19 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
     async def ensure_schema(self) -> None:
         """Apply the lease table's pending migrations; safe from N replicas at once.
 
-        A table created by sdcore 0.1.0 is upgraded in place, every row kept.
+        A table created by sdcore 0.1.0 is upgraded in place, every row kept. A fencing sequence
+        whose ``CACHE`` was raised after migration ``lease/0007`` pinned it to 1 is reported
+        (a warning): with a cache, a key re-created after a prune may get a lower token.
         """
         # On a held connection: the held ones may be all the pool has (max_connections == max_size).
         conn = await self._held.get()
         try:
             await migrate(conn, "lease", table=self._table, schema=self._schema)
+            cur = await conn.execute(
+                b"SELECT seqcache FROM pg_sequence WHERE seqrelid = "
+                + self._sequence_sql.encode("utf-8")
+            )
+            cached = await cur.fetchone()
         except psycopg.Error as exc:
             await self._held.put(conn, broken=conn.broken)
             raise self._wrap(exc) from exc
@@ -195,6 +203,18 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             await self._held.put(conn, broken=conn.broken)
             raise
         await self._held.put(conn)
+        if cached is not None and int(cached[0]) > 1:
+            # The quoted name inside the regclass literal ('"schema"."name"'::regclass).
+            sequence = self._sequence_sql.removesuffix("::regclass")[1:-1].replace("''", "'")
+            self._log.warning(
+                "the fencing sequence %s has CACHE %d: each session draws from its own block, "
+                "so a key re-created after a prune may get a lower fencing token; run "
+                "ALTER SEQUENCE %s CACHE 1",
+                sequence,
+                int(cached[0]),
+                sequence,
+                extra={"action": "fencing_sequence_cached"},
+            )
 
     async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """Insert a new ``RUNNING`` row, or take over a ``FAIL`` / expired ``RUNNING`` row.
@@ -232,16 +252,20 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         params = (*identity_params(opts, token), opts.lease_ms)
         sent = time.monotonic()
         state = _LeaseState.for_lease(opts.lease_ms, sent)
+        # A cancellation anywhere in the acquire, the recovery of a broken connection included,
+        # resolves the outcome by our token and gives back a row we won: a cancelled acquire
+        # never leaves a RUNNING row with no owner.
         try:
-            row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
-        except psycopg.OperationalError as exc:
-            if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
-                return await self._acquire_again(opts, params, state, exc)
-            raise self._wrap(exc) from exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
+            try:
+                row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
+            except psycopg.OperationalError as exc:
+                if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
+                    return await self._acquire_again(opts, params, state, exc)
+                raise self._wrap(exc) from exc
+            except psycopg.Error as exc:
+                raise self._wrap(exc) from exc
         except asyncio.CancelledError:
-            await self._resolve_cancelled(opts, token, state)
+            await settle(self._resolve_cancelled(opts, token, state))
             raise
         if row is None:
             return NOT_ACQUIRED

@@ -61,6 +61,7 @@ class LeaseStatements(_Rendered):
     read_owned: bytes
     heartbeat: bytes
     finalize: bytes
+    reopen: bytes
     finalize_many: bytes
     read_status: bytes
     statuses: bytes
@@ -77,4 +78,5 @@ class TickStatements(_Rendered):
     acquire_attempt: bytes
     record_skipped: bytes
     tick_records: bytes
+    reopen_initial: bytes
     first_seen: bytes

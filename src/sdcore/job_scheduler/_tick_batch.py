@@ -13,7 +13,11 @@ deadlock. Around it, the same client-side rules as a single acquire:
   the shortest lease of the batch (a row it wrote expires with its lease);
 - a broken connection (an ambiguous commit): the rows that show our tokens are ours, the others
   are reported not acquired (the scheduler's retry offers and catch-up take it from there);
-- a caller cancelled meanwhile gives back (``FAIL``) every row it turned out to own.
+- a key whose insert met a row committed after the statement's snapshot is sent once more in
+  a second statement: that row may be a busy replica's skip record, which this replica takes
+  over and runs (``conflicted`` in ``ticks.sql``);
+- a caller cancelled meanwhile, also during the recovery of a broken connection, gives back
+  (``FAIL``) every row it turned out to own.
 
 The confirmation of late leases and the give-back on cancellation are ``acquire_many``'s own.
 """
@@ -31,7 +35,7 @@ from psycopg import errors as pg_errors
 
 from sdcore._internal.identifiers import qualified, random_uuids
 from sdcore.job_scheduler._attempts import AttemptBudget
-from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, won
+from sdcore.job_scheduler._core import LOSER_ERRORS, NOT_ACQUIRED, RUNNING, settle, won
 from sdcore.job_scheduler._model import JobAcquireResult, _LeaseState
 from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._service import JobSchedulerService
@@ -124,29 +128,41 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
     batch = _check(items)
     if not batch:
         return []
+    await service._restart_initial([o for o, _ in batch])
     ordered = sorted(batch, key=lambda item: item[0].lock_key)
     tokens = random_uuids(len(ordered))
     statements = _statements(service)
     sent = time.monotonic()
     limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in batch), sent).valid
-    try:
-        rows = await service._fetch_rows(
-            statements.acquire_attempt_many, _params(ordered, tokens), limit
-        )
-    except LOSER_ERRORS:
-        rows = []
-    except _Abandoned:
-        _log_abandoned(service, len(batch))
-        rows = []
-    except psycopg.OperationalError as exc:
-        if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
-            raise service._wrap(exc) from exc
-        rows = await _owned(service, statements, ordered, tokens, sent, limit, exc)
-    except psycopg.Error as exc:
-        raise service._wrap(exc) from exc
-    except asyncio.CancelledError:
-        await service._resolve_cancelled_many([o for o, _ in ordered], tokens, sent, limit)
-        raise
+    rows = await _send(service, statements, ordered, tokens, sent, limit)
+    conflicted = {row[0] for row in rows if row[1] is None}
+    sent_at = dict.fromkeys((o.lock_key for o, _ in ordered), sent)
+    if conflicted:
+        # A row of these keys appeared after the statement's snapshot (their inserts met it on
+        # the unique index). If it is a skip record of a busy replica, this replica must run
+        # the tick: one more statement, whose snapshot takes a skip row over without waiting.
+        again = [(item, token) for item, token in zip(ordered, tokens, strict=True)]
+        again = [(item, token) for item, token in again if item[0].lock_key in conflicted]
+        resent = time.monotonic()
+        redo = _LeaseState.for_lease(min(o.lease_ms for (o, _), _ in again), resent).valid
+        rows = [row for row in rows if row[1] is not None]
+        try:
+            retried = await _send(
+                service,
+                statements,
+                [item for item, _ in again],
+                [token for _, token in again],
+                resent,
+                redo,
+            )
+        except asyncio.CancelledError:
+            # The first statement's wins are ours to give back too.
+            every = [o for o, _ in ordered]
+            await settle(service._resolve_cancelled_many(every, tokens, sent, limit))
+            raise
+        rows += [row for row in retried if row[1] is not None]
+        for won_again in retried:
+            sent_at[won_again[0]] = resent
     # Rows: (lock_key, id, fencing_token, idempotency_key, created_at, modified_at, attempts).
     hits = {row[0]: row for row in rows}
     token_of = dict(zip((o.lock_key for o, _ in ordered), tokens, strict=True))
@@ -157,7 +173,7 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
         if row is None:
             results.append((NOT_ACQUIRED, 0))
             continue
-        state = _LeaseState.for_lease(options.lease_ms, sent)
+        state = _LeaseState.for_lease(options.lease_ms, sent_at[options.lock_key])
         result = won(options, token_of[options.lock_key], row[1:6], state)
         if state.time_left() < state.valid / 2:
             late.append(len(results))
@@ -169,6 +185,39 @@ async def acquire_attempts(service: JobSchedulerService, items: Sequence[Item]) 
         for index in late:
             results[index] = (leases[index], results[index][1] if leases[index].acquired else 0)
     return results
+
+
+async def _send(
+    service: JobSchedulerService,
+    statements: TickBatchStatements,
+    ordered: list[Item],
+    tokens: list[str],
+    sent: float,
+    limit: float,
+) -> list[tuple[Any, ...]]:
+    """One ``acquire_attempt_many``: its rows (a conflicted key has id ``None``), or those our
+    tokens show after a broken connection. A caller cancelled at any point of it, the recovery
+    included, gives back every row it turned out to own."""
+    try:
+        try:
+            return await service._fetch_rows(
+                statements.acquire_attempt_many, _params(ordered, tokens), limit
+            )
+        except LOSER_ERRORS:
+            return []
+        except _Abandoned:
+            _log_abandoned(service, len(ordered))
+            return []
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
+                raise service._wrap(exc) from exc
+            return await _owned(service, statements, ordered, tokens, sent, limit, exc)
+        except psycopg.Error as exc:
+            raise service._wrap(exc) from exc
+    except asyncio.CancelledError:
+        options = [o for o, _ in ordered]
+        await settle(service._resolve_cancelled_many(options, tokens, sent, limit))
+        raise
 
 
 async def _owned(

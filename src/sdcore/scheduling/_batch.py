@@ -38,7 +38,6 @@ from sdcore.job_scheduler import (
     JobAcquireOptions,
     JobAcquireResult,
     JobSchedulerError,
-    given_back,
 )
 
 __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
@@ -244,7 +243,7 @@ class TickAcquirer:
     async def _release(self, outcome: JobAcquireResult) -> None:
         assert outcome.acquired  # noqa: S101 - checked by the caller
         try:
-            await self._jobs.fail(outcome.lease, given_back("cancelled"))
+            await self._jobs.give_back(outcome.lease, "cancelled")
         except JobSchedulerError as exc:
             self._log.warning(
                 "could not give back a tick lease won after its run was cancelled (it expires "

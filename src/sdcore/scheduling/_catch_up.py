@@ -39,8 +39,12 @@ class MissedTick:
         scheduled_at: The scheduled instant (UTC).
         run_key: Its run key.
         status: The row's status, ``None`` when it never started (no row).
-        attempts: Runs started for it (``None``: no row; 0: recorded as skipped).
+        attempts: Runs started for it (``None``: no row; 0: recorded as skipped, or given back
+            before its first run).
         skipped: Why it was skipped on purpose (``"overlap"``), or ``None``.
+        given_back: Why the replica that won it gave it back unstarted (``"acquire answered
+            too late"``, ``"cancelled"``), or ``None``. Its ``FAIL`` is no handler's failure:
+            any replica's next acquire, a retry or catch-up, takes it at once.
     """
 
     scheduled_at: datetime
@@ -48,6 +52,7 @@ class MissedTick:
     status: JobSchedulerStatus | None
     attempts: int | None = None
     skipped: str | None = None
+    given_back: str | None = None
 
 
 def latest_instants(trigger: Trigger, start: datetime, end: datetime, count: int) -> list[datetime]:
@@ -95,13 +100,20 @@ async def missed(
         record = records.get(key)
         if record is not None and record.status is JobSchedulerStatus.SUCCESS:
             continue
+        returned = None
+        attempts = None if record is None else record.attempts
+        if record is not None and record.given_back:
+            # The row keeps the number of the attempt it gave back, which never started.
+            returned = record.given_back_reason or "given back"
+            attempts = max(record.attempts - 1, 0)
         result.append(
             MissedTick(
                 scheduled_at=instant,
                 run_key=lock_key(name, trigger, instant)[1],
                 status=None if record is None else record.status,
-                attempts=None if record is None else record.attempts,
+                attempts=attempts,
                 skipped=None if record is None else record.skipped,
+                given_back=returned,
             )
         )
     return result

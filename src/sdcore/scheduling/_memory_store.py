@@ -301,18 +301,17 @@ class InMemoryScheduleStore:
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         rows = getattr(self.jobs, "_rows", None)
         attempts = getattr(self.jobs, "_attempts", {})
-        if not isinstance(rows, dict):
+        released = getattr(self.jobs, "_released", None)
+        if not isinstance(rows, dict) or not isinstance(released, dict):
             return 0
         count = 0
         for key in lock_keys:
             row = rows.get(key)
             if row is None or row.status is not JobSchedulerStatus.FAIL:
                 continue
-            data = dict(row.data or {})
-            if attempts.get(key, 1) == 0 or "released_by" in data or row.modified_at >= before:
+            if attempts.get(key, 1) == 0 or key in released or row.modified_at >= before:
                 continue
-            data["released_by"] = by
-            rows[key] = replace(row, data=data)
+            released[key] = by  # the lease's column released, never the run's data
             count += 1
         return count
 

@@ -102,6 +102,9 @@ def job_scheduler_table(
         Column("lease_ms", BigInteger, nullable=True),
         # Migration lease/0003: the scheduler's attempt budget.
         Column("attempts", Integer, nullable=False, server_default=text("1")),
+        # Migration lease/0007: why a FAIL row may be taken again (never the caller's data).
+        Column("released", Text, nullable=True),
+        Column("given_back", Text, nullable=True),
         PrimaryKeyConstraint("id", name=name("pkey")),
         UniqueConstraint("lock_key", name=name("lock_key_key")),
         CheckConstraint("type IN ('INITIAL', 'SCHEDULE')", name=name("type_check")),
@@ -114,7 +117,10 @@ def job_scheduler_table(
     )
     # The fencing sequence (migration lease/0002): create_all() creates it; Alembic autogenerate
     # does not compare or create sequences (see docs/how-to/sqlalchemy-alembic.md).
-    Sequence(derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1)
+    # CACHE 1 (migration lease/0007): tokens are handed out in the order they are drawn.
+    Sequence(
+        derived_name(table, "fencing_seq"), metadata=metadata, schema=schema, minvalue=1, cache=1
+    )
     Index(name("code_created_at_idx"), result.c.code, result.c.created_at.desc())
     # Migration lease/0004: created_at (never updated) replaced (status, modified_at), so that
     # complete and heartbeat are HOT updates.

@@ -19,7 +19,6 @@ from typing import Any
 
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import (
-    GIVEN_BACK,
     MAX_BACKOFF_MS,
     AttemptBudget,
     TickRecord,
@@ -92,10 +91,6 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _released(data: Mapping[str, Any] | None) -> bool:
-    return data is not None and ("released" in data or "released_by" in data)
-
-
 class InMemoryJobScheduler(BaseJobScheduler):
     """The job scheduler contract in process memory, for unit tests.
 
@@ -117,6 +112,11 @@ class InMemoryJobScheduler(BaseJobScheduler):
         self._fencing = 0  # the table's fencing sequence
         # Scheduler attempt budgets (the ``attempts`` column); rows made by plain acquire count 1.
         self._attempts: dict[str, int] = {}
+        # The reopen marks (columns ``released`` and ``given_back``), by lock key: never read
+        # from a row's data. Every acquire clears them.
+        self._released: dict[str, str] = {}
+        self._given_back: dict[str, str] = {}
+        self._initial_started: set[str] = set()  # initial jobs this "process" acquired
 
     def _next_fencing_token(self) -> int:
         self._fencing += 1
@@ -133,6 +133,8 @@ class InMemoryJobScheduler(BaseJobScheduler):
             return False
         del self._rows[key]
         self._attempts.pop(key, None)
+        self._released.pop(key, None)
+        self._given_back.pop(key, None)
         return True
 
     def rows(self) -> list[JobScheduler]:
@@ -188,6 +190,8 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 lease_ms=opts.lease_ms,
             )
         self._rows[row.lock_key] = row
+        self._released.pop(row.lock_key, None)
+        self._given_back.pop(row.lock_key, None)
         return JobAcquired(
             row=row,
             id=row.id,
@@ -207,10 +211,15 @@ class InMemoryJobScheduler(BaseJobScheduler):
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire_attempt`."""
         key = options.lock_key
         current = self._rows.get(key)
-        attempts = self._attempts.get(key, 1)
-        released = current is not None and _released(current.data)
-        returned = current is not None and GIVEN_BACK in (current.data or {})
         fail = current is not None and current.status is JobSchedulerStatus.FAIL
+        if options.type == JobSchedulerType.INITIAL and key not in self._initial_started:
+            # A new start reopens a failed initial job with a new budget (reopen_initial).
+            self._initial_started.add(key)
+            if fail and key not in self._released and key not in self._given_back:
+                self._released[key] = "restart"
+        attempts = self._attempts.get(key, 1)
+        released = fail and key in self._released
+        returned = fail and key in self._given_back
         if current is not None and fail and not released and not returned:
             waited = self._clock() - current.modified_at
             backoff = (
@@ -256,14 +265,19 @@ class InMemoryJobScheduler(BaseJobScheduler):
             row = self._rows.get(key)
             if row is None:
                 continue
-            skipped = None if row.data is None else row.data.get("skipped")
+            attempts = self._attempts.get(key, 1)
+            # The skip reason only from a skip record (0 attempts, which no finalize writes).
+            skipped = None if row.data is None or attempts else row.data.get("skipped")
+            fail = row.status is JobSchedulerStatus.FAIL
+            reason = self._given_back.get(key) if fail else None
             records[key] = TickRecord(
                 status=row.status,
-                attempts=self._attempts.get(key, 1),
+                attempts=attempts,
                 skipped=None if skipped is None else str(skipped),
-                released=_released(row.data),
+                released=fail and key in self._released,
                 age_ms=(self._clock() - row.modified_at) / timedelta(milliseconds=1),
-                given_back=row.data is not None and GIVEN_BACK in row.data,
+                given_back=reason is not None,
+                given_back_reason=reason,
             )
         return records
 
@@ -306,6 +320,24 @@ class InMemoryJobScheduler(BaseJobScheduler):
     async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.fail`."""
         return self._finish(lease, JobSchedulerStatus.FAIL, data)
+
+    async def _reopen(
+        self,
+        lease: JobLease,
+        data: Mapping[str, Any] | None,
+        *,
+        released: str | None = None,
+        given_back: str | None = None,
+    ) -> bool:
+        """``fail`` with a reopen mark (``reopen`` in lease.sql)."""
+        if not self._finish(lease, JobSchedulerStatus.FAIL, data):
+            return False
+        key = self._by_id[_check_lease(lease)[0]]
+        if released is not None:
+            self._released[key] = released
+        if given_back is not None:
+            self._given_back[key] = given_back
+        return True
 
     def _finish(
         self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None

@@ -20,6 +20,8 @@ LIMIT %(limit)s
 UPDATE {table}
 SET status = 'FAIL',
     data = jsonb_build_object('released_by', 'operator', 'reason', %(reason)s::text),
+    released = 'operator',
+    given_back = NULL,
     modified_at = clock_timestamp()
 WHERE id = %(id)s::uuid AND status NOT IN ('SUCCESS', 'FAIL')  -- RUNNING (see lease.sql heartbeat)
 RETURNING code, type, run_key, fencing_token

@@ -17,11 +17,12 @@
 
 -- name: tick_takeable
 -- A row a scheduled tick's acquire may take over (the rules in sdcore/job_scheduler/_attempts.py):
--- its owner's lease has passed; FAIL released by an operator; FAIL given back unstarted; FAIL
--- with attempts left once the backoff since the failure has passed (0 for a skipped tick).
+-- its owner's lease has passed; FAIL released (column released); FAIL given back unstarted
+-- (column given_back); FAIL with attempts left once the backoff since the failure has passed
+-- (0 for a skipped tick). The caller's `data` is never read here: no payload can reopen a tick.
 ({{owner_expired}}
- OR (j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by'))
- OR (j.status = 'FAIL' AND j.data ? 'given_back')
+ OR (j.status = 'FAIL' AND j.released IS NOT NULL)
+ OR (j.status = 'FAIL' AND j.given_back IS NOT NULL)
  OR (j.status = 'FAIL'
      AND j.attempts < v.max_attempts
      AND clock_timestamp() - j.modified_at >= CASE WHEN j.attempts = 0 THEN interval '0'
@@ -31,20 +32,23 @@
 -- name: takeover_set
 -- The SET list of every takeover: RUNNING for the new owner (its token, its name, its lease),
 -- a fencing token from the table's sequence that is also above the row's own (a row written by a
--- 0.1.0 client), data cleared, modified by the database clock.
+-- 0.1.0 client), data and the reopen marks (released, given_back) cleared, modified by the
+-- database clock.
 status = 'RUNNING',
 owner_token = l.owner_token,
 fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
 name = l.name,
 data = NULL,
+released = NULL,
+given_back = NULL,
 lease_ms = l.lease_ms,
 modified_at = clock_timestamp()
 
 -- name: tick_attempts
 -- A tick takeover's attempt number: a new budget after an operator's release, the same attempt
 -- for a run given back unstarted, else one more (an abandoned attempt counts).
-CASE WHEN j.status = 'FAIL' AND (j.data ? 'released' OR j.data ? 'released_by') THEN 1
-     WHEN j.status = 'FAIL' AND j.data ? 'given_back' THEN j.attempts
+CASE WHEN j.status = 'FAIL' AND j.released IS NOT NULL THEN 1
+     WHEN j.status = 'FAIL' AND j.given_back IS NOT NULL THEN j.attempts
      ELSE j.attempts + 1 END
 
 -- name: insert_columns
@@ -56,3 +60,22 @@ lease_ms, created_at, modified_at
 -- name: insert_values
 v.lock_key, v.idempotency_key, v.code, v.name, v.type, v.run_key, 'RUNNING', v.owner_token,
 nextval({sequence}), NULL, v.lease_ms, clock_timestamp(), clock_timestamp()
+
+-- name: skip_takeover
+-- ON CONFLICT of a tick acquire's insert: a skip record (FAIL, attempts = 0) that another
+-- replica, busy with the schedule's previous tick, committed while this insert was in flight is
+-- taken over as the acquire would have taken it from its snapshot (attempts = 1). The condition
+-- is checked on the newest committed version of the row; any other row (an acquire that won
+-- the key) is left alone and the key is not acquired. `j` is the row, EXCLUDED what we sent.
+DO UPDATE SET
+    status = 'RUNNING',
+    owner_token = EXCLUDED.owner_token,
+    fencing_token = greatest(nextval({sequence}), j.fencing_token + 1),
+    name = EXCLUDED.name,
+    data = NULL,
+    released = NULL,
+    given_back = NULL,
+    lease_ms = EXCLUDED.lease_ms,
+    modified_at = clock_timestamp(),
+    attempts = 1
+WHERE j.status = 'FAIL' AND j.attempts = 0

@@ -80,6 +80,17 @@ WHERE id = %s::uuid AND owner_token = %s::uuid AND status NOT IN ('SUCCESS', 'FA
 UPDATE {table} SET status = %s, data = %s::jsonb, modified_at = clock_timestamp()
 WHERE id = %s::uuid AND owner_token = %s::uuid AND status NOT IN ('SUCCESS', 'FAIL')
 
+-- name: reopen
+-- fail() with a reopen mark, by the owner only (the rules of finalize): released (the owner's
+-- release(): a scheduled tick's next acquire starts a new budget) or given_back (the acquire
+-- that won the run will not start it: the next tick acquire takes it with the same attempt).
+-- The marks are columns of their own (migration lease/0007): `data` stays the caller's.
+-- Parameters: data, released, given_back, id, owner_token.
+UPDATE {table}
+SET status = 'FAIL', data = %s::jsonb, released = %s, given_back = %s,
+    modified_at = clock_timestamp()
+WHERE id = %s::uuid AND owner_token = %s::uuid AND status NOT IN ('SUCCESS', 'FAIL')
+
 -- name: finalize_many
 -- finalize for many leases in one statement (the outcomes of a burst's runs, recorded together;
 -- see sdcore/job_scheduler/_finals.py), each row by the rules of `finalize`. Parameters: one

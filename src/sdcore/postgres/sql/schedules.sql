@@ -220,10 +220,11 @@ UPDATE {actions} SET progress = %s::jsonb WHERE id = %s AND finished_at IS NULL
 -- name: release_failed
 -- Backfill reopens ticks that failed before it was requested (and only those: a tick that fails
 -- during the backfill is not reopened again by a replica that takes the backfill over).
+-- The mark is the lease's column released (migration lease/0007), never the run's data.
 UPDATE {lease}
-SET data = coalesce(data, jsonb_build_object()) || jsonb_build_object('released_by', %s::text)
+SET released = %s::text
 WHERE lock_key = ANY(%s::text[]) AND status = 'FAIL' AND attempts > 0 AND modified_at < %s
-  AND NOT (coalesce(data, jsonb_build_object()) ? 'released_by')
+  AND released IS NULL
 
 -- name: succeeded_before
 -- What had succeeded when a backfill was requested (by the database clock, as the request's

@@ -34,6 +34,13 @@
 -- - `created` inserts the keys that had no row in the statement's snapshot, in lock_key order,
 --   after `taken` (the count is a one-time filter evaluated before its first row); two
 --   transactions inserting one key meet on the unique index and the second does nothing.
+-- - `conflicted` reports those keys (id NULL): a row appeared after the snapshot. It may be a
+--   skip record that a busy replica committed meanwhile, which this replica, free, must run:
+--   the caller sends the statement once more for these keys, and its fresh snapshot takes a
+--   skip row over by the rules above (SKIP LOCKED, no waiting). The skip row is not taken over
+--   here (ON CONFLICT DO UPDATE): that would wait for a row lock held by another replica's
+--   statement, which may itself wait in its own phase 2 for one of our inserts (a deadlock).
+--   A single-key acquire_attempt takes it over in place (lease_ticks.sql).
 WITH k AS (
     SELECT *
     FROM unnest(string_to_array(%s::text, ','), string_to_array(%s::text, ','), %b::text[],
@@ -80,8 +87,14 @@ WITH k AS (
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING j.lock_key, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
               j.modified_at, j.attempts
+), conflicted AS (
+    SELECT v.lock_key, NULL::text, NULL::bigint, NULL::text, NULL::timestamptz,
+           NULL::timestamptz, NULL::int
+    FROM probe AS v
+    WHERE v.row_id IS NULL
+      AND NOT EXISTS (SELECT FROM created AS c WHERE c.lock_key = v.lock_key)
 )
-SELECT * FROM taken UNION ALL SELECT * FROM created
+SELECT * FROM taken UNION ALL SELECT * FROM created UNION ALL SELECT * FROM conflicted
 
 -- name: read_owned_attempts
 -- Resolves an ambiguous acquire_attempt_many: the rows that show our tokens are the ones we
