@@ -19,7 +19,8 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     ├── SchedulingError                         sdcore.scheduling
     │   ├── InvalidScheduleError                (ValueError)
     │   ├── ScheduleNotFoundError               (KeyError)
-    │   └── ScheduleControlError                (ValueError; the control plane)
+    │   ├── ScheduleControlError                (ValueError; the control plane)
+    │   └── ControlWriteUncertainError          (ConnectionError; may have been recorded)
     ├── EventError                              sdcore.events
     │   ├── InvalidEventNameError               (ValueError)
     │   ├── InvalidListenerError                (TypeError)

@@ -9,7 +9,7 @@
 -- key follows the rules of ACQUIRE_ATTEMPT exactly (a new key is inserted RUNNING with
 -- attempts = 1; a RUNNING row silent for longer than its owner's lease is taken, attempts + 1; a
 -- FAIL row released by an operator is taken with a new budget, attempts = 1; a FAIL row given back
--- unstarted (data has given_back) is taken with the same attempts; another FAIL row
+-- unstarted (column given_back) is taken with the same attempts; another FAIL row
 -- only while attempts < max_attempts and once its backoff has passed by the database clock; a
 -- SUCCESS row never). Parameters, for the keys in lock_key order: the lock keys, the idempotency
 -- keys and the owner tokens each as one comma-separated text (they are `v2:` hex keys and UUIDs,
