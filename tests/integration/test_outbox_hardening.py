@@ -1,0 +1,156 @@
+"""The outbox and its BullMQ publisher against real PostgreSQL and Redis: edges of 0.2.
+
+- A reply error is an outage only by its class or error code, never by words in the queue name
+  or the key prefix that redis-py writes in front of a pipeline's error.
+
+Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.queues import BullMQPublisher
+
+REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[aioredis.Redis]:
+    """A client of the shared Redis (``decode_responses=True``)."""
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
+    yield client
+    await client.aclose()
+
+
+async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:
+    keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+    for start in range(0, len(keys), 500):
+        await client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture
+async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A pool on a fresh database with the outbox table."""
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as p:
+        await Outbox().ensure_schema(p)
+        yield p
+
+
+async def _enqueue(
+    pool: AsyncConnectionPool[Any], outbox: Outbox, key: str, queue: str, payload: dict[str, Any]
+) -> str:
+    async with pool.connection() as conn, conn.transaction():
+        assert await outbox.enqueue_once(
+            conn, idempotency_key=key, queue=queue, name="job", payload=payload
+        )
+        cur = await conn.execute("SELECT job_id FROM outbox WHERE idempotency_key = %s", (key,))
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+async def _status(pool: AsyncConnectionPool[Any]) -> dict[str, tuple[str, int, str | None]]:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT idempotency_key, status, attempts, last_error FROM outbox")
+        rows = await cur.fetchall()
+        return {key: (status, attempts, error) for key, status, attempts, error in rows}
+
+
+# --------------------------------------------------------------------------- error codes
+
+
+@pytest.mark.parametrize(
+    ("prefix_word", "queue"),
+    [
+        ("", "DOCK_LOADING"),
+        ("", "BUSY"),
+        ("", "READONLY_EXPORT"),
+        ("NOAUTH-MASTERDOWN-", "dock"),
+    ],
+    ids=["queue-LOADING", "queue-BUSY", "queue-READONLY", "prefix-NOAUTH"],
+)
+async def test_a_marker_word_in_a_queue_or_prefix_name_is_not_an_outage(
+    pool: AsyncConnectionPool[Any], redis: aioredis.Redis, prefix_word: str, queue: str
+) -> None:
+    """A WRONGTYPE poison on a queue named like an outage code is DEAD; its neighbour published."""
+    prefix = f"{prefix_word}sdcore-test-{uuid.uuid4().hex[:12]}"
+    outbox = Outbox(max_attempts=1)
+    try:
+        await _enqueue(pool, outbox, "good", queue, {"n": 1})
+        poison_id = await _enqueue(pool, outbox, "poison", queue, {"n": 2})
+        # BullMQ's add script then fails for this one job with WRONGTYPE, inside the EXEC.
+        await redis.set(f"{prefix}:{queue}:{poison_id}", "not a hash")
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            await relay.run_once()
+        rows = await _status(pool)
+        assert rows["good"][:2] == ("PUBLISHED", 1)
+        assert rows["poison"][:2] == ("DEAD", 1)
+        assert rows["poison"][2] is not None
+        assert "WRONGTYPE" in rows["poison"][2]
+    finally:
+        await _delete_prefix(redis, prefix)
+
+
+async def test_an_outage_code_in_a_pipeline_is_still_unavailable(redis: aioredis.Redis) -> None:
+    """The real code of a pipeline error still decides: -BUSY from a script is an outage."""
+    from redis.exceptions import ResponseError
+
+    from sdcore.queues._redis import error_code, is_unavailable
+
+    key = f"sdcore-test-{uuid.uuid4().hex[:12]}:LOADING"
+    try:
+        await redis.set(key, "x")
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, "f", "v")
+            with pytest.raises(ResponseError) as wrongtype:
+                await pipe.execute()
+        assert error_code(wrongtype.value) == "WRONGTYPE"
+        assert not is_unavailable(wrongtype.value)
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.eval("return redis.error_reply('BUSY Redis is busy running a script')", 0)
+            with pytest.raises(ResponseError) as busy:
+                await pipe.execute()
+        assert error_code(busy.value) == "BUSY"
+        assert is_unavailable(busy.value)
+    finally:
+        await redis.delete(key)
+
+
+def test_error_codes_come_from_the_reply_not_the_text() -> None:
+    """Classification by code: the Redis 6 script frame, BUSYGROUP, and annotated commands."""
+    from redis.exceptions import ResponseError
+
+    from sdcore.queues._redis import error_code, is_unavailable
+
+    wrapped = ResponseError(
+        "Error running script (call to f_8f55ae4a3be429c6d38c5d5db3e80edf89197b64):"
+        " @user_script:41: @user_script: 41: -OOM command not allowed when used memory >"
+        " 'maxmemory'.",
+        status_code="ERR",
+    )
+    assert error_code(wrapped) == "OOM"
+    assert is_unavailable(wrapped)
+    annotated = ResponseError(
+        "Command # 2 (EVALSHA 10f8 9 bull:TRUCK_LOADING:wait BUSY READONLY) of pipeline caused"
+        " error: WRONGTYPE Operation against a key holding the wrong kind of value"
+    )
+    assert error_code(annotated) == "WRONGTYPE"
+    assert not is_unavailable(annotated)
+    assert not is_unavailable(ResponseError("BUSYGROUP Consumer Group name already exists"))
+    assert not is_unavailable(ResponseError("ERR unknown command 'LOADING'"))
+    assert is_unavailable(ResponseError("MISCONF Redis is configured to save RDB snapshots"))
