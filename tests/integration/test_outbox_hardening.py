@@ -2,15 +2,19 @@
 
 - A reply error is an outage only by its class or error code, never by words in the queue name
   or the key prefix that redis-py writes in front of a pipeline's error.
+- One size, one unit: what ``enqueue_once`` accepts, the default publisher publishes.
+- A ``Mapping`` that is not a ``dict`` is a JSON object.
 
 Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -154,3 +158,97 @@ def test_error_codes_come_from_the_reply_not_the_text() -> None:
     assert not is_unavailable(ResponseError("BUSYGROUP Consumer Group name already exists"))
     assert not is_unavailable(ResponseError("ERR unknown command 'LOADING'"))
     assert is_unavailable(ResponseError("MISCONF Redis is configured to save RDB snapshots"))
+
+
+# --------------------------------------------------------------------------- one size, one unit
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # {"text":"…"} is 11 bytes; é is 6 bytes escaped (\u00e9), 😀 12 (two escapes).
+        pytest.param("é" * ((1_048_576 - 11) // 6), id="accented"),
+        pytest.param("😀" * ((1_048_576 - 11) // 12), id="emoji"),
+        pytest.param("e" * (1_048_576 - 11), id="ascii"),
+    ],
+)
+async def test_what_enqueue_once_accepts_the_default_publisher_publishes(
+    pool: AsyncConnectionPool[Any], redis: aioredis.Redis, text: str
+) -> None:
+    """A payload just under the limit is published; one character more is refused at enqueue."""
+    from sdcore._json import MAX_JSON_BYTES, JsonValueError
+
+    outbox = Outbox(max_attempts=1)
+    payload = {"text": text}
+    escaped = len(json.dumps(payload, separators=(",", ":")))
+    assert MAX_JSON_BYTES - 20 < escaped <= MAX_JSON_BYTES
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    try:
+        await _enqueue(pool, outbox, "fits", "q", payload)
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+        assert (await _status(pool))["fits"][:2] == ("PUBLISHED", 1)
+        bigger = {"text": text + text[:4]}
+        async with pool.connection() as conn, conn.transaction():
+            with pytest.raises(JsonValueError, match="as the relay sends it"):
+                await outbox.enqueue_once(
+                    conn, idempotency_key="over", queue="q", name="job", payload=bigger
+                )
+    finally:
+        await _delete_prefix(redis, prefix)
+
+
+async def test_big_floats_are_measured_as_jsonb_returns_them(
+    pool: AsyncConnectionPool[Any], redis: aioredis.Redis
+) -> None:
+    """1e300 comes back from jsonb as 301 digits: measured so, refused at enqueue, never DEAD."""
+    from sdcore._json import JsonValueError
+
+    outbox = Outbox(max_attempts=1)
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    try:
+        fits = {"n": [1e300] * 3400}  # about 1,027,000 bytes once jsonb wrote the digits out
+        await _enqueue(pool, outbox, "fits", "q", fits)
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+        assert (await _status(pool))["fits"][:2] == ("PUBLISHED", 1)
+        async with pool.connection() as conn, conn.transaction():
+            with pytest.raises(JsonValueError, match="as the relay sends it"):
+                await outbox.enqueue_once(
+                    conn,
+                    idempotency_key="over",
+                    queue="q",
+                    name="job",
+                    payload={"n": [1e300] * 3500},
+                )
+    finally:
+        await _delete_prefix(redis, prefix)
+
+
+# --------------------------------------------------------------------------- Mapping payloads
+
+
+async def test_a_mapping_that_is_not_a_dict_is_enqueued_as_an_object(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """MappingProxyType at the top and inside is stored as a JSON object."""
+    outbox = Outbox()
+    payload = MappingProxyType({"user": MappingProxyType({"id": 7}), "tags": ("a", "b")})
+    async with pool.connection() as conn, conn.transaction():
+        assert await outbox.enqueue_once(
+            conn, idempotency_key="m", queue="q", name="job", payload=payload
+        )
+        assert not await outbox.enqueue_once(
+            conn, idempotency_key="m", queue="q", name="job", payload=dict(payload)
+        )
+        cur = await conn.execute("SELECT payload FROM outbox WHERE idempotency_key = 'm'")
+        assert await cur.fetchone() == ({"user": {"id": 7}, "tags": ["a", "b"]},)
+
+
+def test_a_mapping_holding_a_bad_value_names_its_path() -> None:
+    """Inside a Mapping, a value with no JSON form is a JsonTypeError with the path."""
+    from sdcore._json import JsonTypeError, dump_json_object
+
+    with pytest.raises(JsonTypeError) as caught:
+        dump_json_object(MappingProxyType({"user": MappingProxyType({"at": object()})}))
+    assert caught.value.path == "$.user.at"

@@ -187,7 +187,9 @@ class Outbox:
         key, queue_name, job_name = check_identity(idempotency_key, queue, name)
         if payload is None:
             raise InvalidOutboxMessageError("payload", "must be a JSON object, got None")
-        text = dump_json_object(payload, field="payload")  # type: ignore[arg-type]
+        # Measured as the relay sends it, against the publisher's default max_job_bytes (the
+        # same number in the same unit): what is accepted here is published, never DEAD for size.
+        text = dump_json_object(payload, field="payload", published=True)  # type: ignore[arg-type]
         assert text is not None  # noqa: S101 - None was refused above
         if self.exact_numbers:
             check_exact_numbers(payload)

@@ -13,6 +13,7 @@ from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.telemetry import trace_option
+from sdcore._json import MAX_JSON_BYTES
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 from sdcore.queues._bullmq import Queue
 from sdcore.queues._errors import JobRejectedError, JobTooLargeError
@@ -28,7 +29,9 @@ from sdcore.queues._redis import (
 # length in bytes), made once rather than per job as json.dumps would.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 DEFAULT_PREFIX = "bull"
-DEFAULT_MAX_JOB_BYTES = 1024 * 1024
+# Outbox.enqueue_once refuses payloads over this many bytes in the same unit (sdcore._json.
+# published_json_size): with the default, every message it accepted fits.
+DEFAULT_MAX_JOB_BYTES = MAX_JSON_BYTES
 
 
 def check_prefix(prefix: object) -> str:
@@ -61,8 +64,11 @@ class BullMQPublisher(AsyncStartStop):
     Args:
         redis: The client.
         prefix: BullMQ key prefix (must match the workers').
-        max_job_bytes: Largest compact JSON of a job's data; bigger messages fail (and become
-            dead in the outbox) instead of blocking the queue behind them.
+        max_job_bytes: Largest compact JSON of a job's data, in bytes with non-ASCII escaped
+            (``\\uXXXX``, as BullMQ stores it); bigger messages fail (and become dead in the
+            outbox) instead of blocking the queue behind them. The default, 1 MiB, is the
+            outbox's own limit in the same unit, so it refuses nothing ``enqueue_once``
+            accepted.
         check_server: Check the eviction policy and persistence once, on first use.
         logger_name: Logger for warnings.
 
