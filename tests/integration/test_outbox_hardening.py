@@ -4,6 +4,7 @@
   or the key prefix that redis-py writes in front of a pipeline's error.
 - One size, one unit: what ``enqueue_once`` accepts, the default publisher publishes.
 - A ``Mapping`` that is not a ``dict`` is a JSON object.
+- Messages that jsonb's ``=`` equates (``10`` and ``10.0``) are the same message.
 
 Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
 """
@@ -21,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxRelay
 from sdcore.queues import BullMQPublisher
 
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -252,3 +253,87 @@ def test_a_mapping_holding_a_bad_value_names_its_path() -> None:
     with pytest.raises(JsonTypeError) as caught:
         dump_json_object(MappingProxyType({"user": MappingProxyType({"at": object()})}))
     assert caught.value.path == "$.user.at"
+
+
+# --------------------------------------------------------------------------- equal messages
+
+
+async def _tombstone(pool: AsyncConnectionPool[Any], key: str) -> None:
+    """What the relay's pruning does to a published row past its retention."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE outbox SET status = 'PUBLISHED', published_at = clock_timestamp(),"
+            " payload = '{}', options = '{}', pruned_at = clock_timestamp()"
+            " WHERE idempotency_key = %s",
+            (key,),
+        )
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["live", "tombstone"])
+async def test_numbers_equal_by_value_are_the_same_message(
+    pool: AsyncConnectionPool[Any], pruned: bool
+) -> None:
+    """10 and 10.0, 1e2 and 100, key order: the same message, as jsonb's = says; 11 is not."""
+    outbox = Outbox()
+    first = {"amount": 10, "fee": 1e2, "big": 1e16, "items": [{"b": 1, "a": 2.5}]}
+    again = {"items": [{"a": 2.5, "b": 1.0}], "big": 10**16, "fee": 100, "amount": 10.0}
+    async with pool.connection() as conn, conn.transaction():
+        assert await outbox.enqueue_once(
+            conn, idempotency_key="charge:42", queue="q", name="job", payload=first
+        )
+        cur = await conn.execute(
+            "SELECT %s::jsonb = %s::jsonb", (json.dumps(first), json.dumps(again))
+        )
+        assert await cur.fetchone() == (True,)
+    if pruned:
+        await _tombstone(pool, "charge:42")
+    async with pool.connection() as conn, conn.transaction():
+        assert not await outbox.enqueue_once(
+            conn, idempotency_key="charge:42", queue="q", name="job", payload=again
+        )
+        with pytest.raises(OutboxKeyConflictError):
+            await outbox.enqueue_once(
+                conn,
+                idempotency_key="charge:42",
+                queue="q",
+                name="job",
+                payload={**again, "amount": 11},
+            )
+
+
+async def test_a_tombstone_written_before_the_canonical_digest_still_matches(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A tombstone holding the old digest (jsonb's text) still recognises the same message."""
+    outbox = Outbox()
+    payload = {"amount": 10, "who": "é"}
+    async with pool.connection() as conn, conn.transaction():
+        assert await outbox.enqueue_once(
+            conn, idempotency_key="old", queue="q", name="job", payload=payload
+        )
+        await conn.execute(
+            "UPDATE outbox SET message_digest = sha256(convert_to(jsonb_build_array("
+            "queue, name, payload, options)::text, 'UTF8'))"
+        )
+    await _tombstone(pool, "old")
+    async with pool.connection() as conn, conn.transaction():
+        assert not await outbox.enqueue_once(
+            conn, idempotency_key="old", queue="q", name="job", payload=payload
+        )
+        with pytest.raises(OutboxKeyConflictError):
+            await outbox.enqueue_once(
+                conn, idempotency_key="old", queue="q", name="job", payload={"amount": 11}
+            )
+
+
+def test_the_memory_store_equates_numbers_by_value_too() -> None:
+    """MemoryOutboxStore answers as PostgreSQL does."""
+    from sdcore.testing import MemoryOutboxStore
+
+    store = MemoryOutboxStore()
+    assert store.enqueue(idempotency_key="k", queue="q", name="n", payload={"a": 10, "b": [1e2]})
+    assert not store.enqueue(
+        idempotency_key="k", queue="q", name="n", payload={"b": [100], "a": 10.0}
+    )
+    with pytest.raises(OutboxKeyConflictError):
+        store.enqueue(idempotency_key="k", queue="q", name="n", payload={"a": 10.5, "b": [100]})

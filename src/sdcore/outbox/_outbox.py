@@ -27,6 +27,7 @@ from sdcore.outbox._model import (
     check_namespace,
     check_options,
     job_id_v2,
+    message_digest,
 )
 from sdcore.outbox._sql import OutboxStatements
 from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
@@ -55,6 +56,7 @@ class _Prepared:
     name: str
     payload: str
     options: str
+    digest: bytes
 
 
 DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
@@ -193,8 +195,9 @@ class Outbox:
         assert text is not None  # noqa: S101 - None was refused above
         if self.exact_numbers:
             check_exact_numbers(payload)
-        opts = check_options(options)  # type: ignore[arg-type]
-        return _Prepared(key, queue_name, job_name, text, json.dumps(opts))
+        opts = json.dumps(check_options(options))  # type: ignore[arg-type]
+        digest = message_digest(queue_name, job_name, text, opts)
+        return _Prepared(key, queue_name, job_name, text, opts, digest)
 
     def _params(self, row: _Prepared) -> dict[str, Any]:
         return {
@@ -203,6 +206,7 @@ class Outbox:
             "name": row.name,
             "payload": row.payload,
             "options": row.options,
+            "digest": row.digest,
             "max": self.max_attempts,
             "namespace": self.namespace,
             "target": self._target,
@@ -246,7 +250,8 @@ class Outbox:
 
         Returns:
             ``True`` if the row was inserted, ``False`` if this key already holds the same
-            message (queue, name, payload and options equal as jsonb compares them).
+            message (queue, name, payload and options equal as jsonb's ``=`` compares them:
+            key order ignored, numbers by value, so ``10`` equals ``10.0``).
 
         Raises:
             InvalidOutboxMessageError: A bad key, queue, name or option.

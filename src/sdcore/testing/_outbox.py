@@ -29,11 +29,6 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _canonical(queue: str, name: str, payload: Any, options: Any) -> str:
-    """The message's identity for key-reuse checks (``message_digest`` in PostgreSQL)."""
-    return json.dumps([queue, name, payload, options], sort_keys=True, separators=(",", ":"))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryOutboxRow:
     """One row of a :class:`MemoryOutboxStore`: the columns of the outbox table."""
@@ -125,7 +120,7 @@ class MemoryOutboxStore:
         prepared = self.outbox._prepare(idempotency_key, queue, name, payload, options)
         stored_payload = json.loads(prepared.payload)
         stored_options = json.loads(prepared.options)
-        digest = _canonical(prepared.queue, prepared.name, stored_payload, stored_options)
+        digest = prepared.digest.hex()
         existing = self._by_key.get(prepared.key)
         if existing is not None:
             row = self._rows[existing]

@@ -21,9 +21,10 @@
 -- trace_context: the W3C trace context of the enqueuing span (sdcore.tracing), or NULL; not part
 -- of the message (nor of its digest): the same message enqueued from two traces is one message.
 --
--- message_digest = SHA-256 of jsonb's canonical text (keys sorted and deduplicated, whitespace
--- normalized) of [queue, name, payload, options]: equal messages, as jsonb compares them, have
--- equal digests. The migration backfills 0.1.0 rows with the same expression.
+-- message_digest: computed by the caller (sdcore.outbox._model.message_digest), the SHA-256 of a
+-- canonical JSON of [queue, name, payload, options] with keys sorted and numbers written by value,
+-- so that messages jsonb's "=" calls equal (10 and 10.0 included) have equal digests. Rows
+-- written before 0.3 hold the SHA-256 of jsonb's text instead (see existing).
 WITH inserted AS (
     INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts,
                          message_digest, trace_context)
@@ -31,15 +32,12 @@ WITH inserted AS (
            'sd2-' || encode(sha256(convert_to(
                CAST(octet_length(convert_to(m.ns, 'UTF8')) AS text) || ':' || m.ns || m.key,
                'UTF8')), 'hex'),
-           m.payload, m.options, m.max_attempts,
-           sha256(convert_to(CAST(jsonb_build_array(m.queue, m.name, m.payload, m.options)
-                                  AS text), 'UTF8')),
-           m.trace_context
+           m.payload, m.options, m.max_attempts, m.digest, m.trace_context
     FROM (
         SELECT CAST(%(key)s AS text) AS key, CAST(%(queue)s AS text) AS queue,
                CAST(%(name)s AS text) AS name, CAST(%(payload)s AS jsonb) AS payload,
                CAST(%(options)s AS jsonb) AS options, CAST(%(max)s AS integer) AS max_attempts,
-               CAST(%(trace)s AS jsonb) AS trace_context,
+               CAST(%(trace)s AS jsonb) AS trace_context, CAST(%(digest)s AS bytea) AS digest,
                COALESCE(CAST(%(namespace)s AS text), (
                    SELECT quote_ident(current_database()) || '.' || quote_ident(n.nspname)
                           || '.' || quote_ident(c.relname)
@@ -56,10 +54,18 @@ SELECT id, job_id{notify} FROM inserted
 
 -- name: existing
 -- After ON CONFLICT DO NOTHING: is the existing row (or tombstone) the same message? A separate
--- statement, so under READ COMMITTED it sees a row another transaction committed meanwhile.
-SELECT message_digest = sha256(convert_to(CAST(jsonb_build_array(
-           CAST(%(queue)s AS text), CAST(%(name)s AS text), CAST(%(payload)s AS jsonb),
-           CAST(%(options)s AS jsonb)) AS text), 'UTF8')),
+-- statement, so under READ COMMITTED it sees a row another transaction committed meanwhile. A
+-- live row is compared with jsonb's "=" (10 = 10.0, key order ignored), whatever digest it holds;
+-- a tombstone (payload dropped) by its digest: the canonical one, or for a tombstone written
+-- before 0.3 the SHA-256 of jsonb's text (there numbers must be written alike: 10 is not 10.0).
+SELECT CASE WHEN pruned_at IS NULL
+            THEN queue = CAST(%(queue)s AS text) AND name = CAST(%(name)s AS text)
+                 AND payload = CAST(%(payload)s AS jsonb) AND options = CAST(%(options)s AS jsonb)
+            ELSE message_digest = CAST(%(digest)s AS bytea)
+                 OR message_digest = sha256(convert_to(CAST(jsonb_build_array(
+                        CAST(%(queue)s AS text), CAST(%(name)s AS text),
+                        CAST(%(payload)s AS jsonb), CAST(%(options)s AS jsonb)) AS text), 'UTF8'))
+       END,
        queue, name, status, pruned_at IS NOT NULL
 FROM {table} WHERE idempotency_key = CAST(%(key)s AS text)
 
