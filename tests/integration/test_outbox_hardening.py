@@ -5,24 +5,30 @@
 - One size, one unit: what ``enqueue_once`` accepts, the default publisher publishes.
 - A ``Mapping`` that is not a ``dict`` is a JSON object.
 - Messages that jsonb's ``=`` equates (``10`` and ``10.0``) are the same message.
+- The debounced NOTIFY is spent only by an enqueue that inserted a row, and covers the rows after
+  it only once its transaction committed (a long-open or rolled-back notifier holds none back).
 
 Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import MappingProxyType
 from typing import Any
 
+import psycopg
 import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxRelay
+from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxMessage, OutboxRelay
 from sdcore.queues import BullMQPublisher
 
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -337,3 +343,120 @@ def test_the_memory_store_equates_numbers_by_value_too() -> None:
     )
     with pytest.raises(OutboxKeyConflictError):
         store.enqueue(idempotency_key="k", queue="q", name="n", payload={"a": 10.5, "b": [100]})
+
+
+# --------------------------------------------------------------------------- debounced wake-ups
+
+
+class _Recorder:
+    """A publisher that records when each key was published."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> list[BaseException | None]:
+        now = time.monotonic()
+        for message in messages:
+            self.at.setdefault(message.idempotency_key, now)
+        return [None] * len(messages)
+
+
+# The writer debounces for 10 s and the relay polls once a minute: a row that no NOTIFY announces
+# waits for the poll, so "published within 20 s" can only be a NOTIFY's work.
+WRITER_INTERVAL_MS = 10_000
+POLL_MS = 60_000
+WITHIN_S = 20.0
+
+
+async def _until_published(recorder: _Recorder, key: str) -> float:
+    deadline = time.monotonic() + WITHIN_S
+    while key not in recorder.at:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{key!r} was not published within {WITHIN_S} s: no NOTIFY announced it")
+        await asyncio.sleep(0.02)
+    return recorder.at[key]
+
+
+@contextlib.asynccontextmanager
+async def _idle_relay(pool: AsyncConnectionPool[Any]) -> AsyncIterator[_Recorder]:
+    """A listening relay that has found nothing yet (so it does not look again by itself)."""
+    recorder = _Recorder()
+    relay_outbox = Outbox(notify_interval_ms=0)
+    async with OutboxRelay(pool, recorder, outbox=relay_outbox, poll_interval_ms=POLL_MS) as relay:
+        deadline = time.monotonic() + 10
+        while not relay.state.listening:
+            if time.monotonic() > deadline:
+                pytest.fail("the relay did not LISTEN within 10 s")
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # its first (empty) claim is over
+        yield recorder
+
+
+async def test_a_no_op_enqueue_does_not_spend_the_notify(pool: AsyncConnectionPool[Any]) -> None:
+    """enqueue_once of a key that holds the same message sends no NOTIFY, and takes no slot."""
+    async with pool.connection() as conn, conn.transaction():
+        await Outbox(notify=False).enqueue_once(
+            conn, idempotency_key="old", queue="q", name="job", payload={"n": 1}
+        )
+        await conn.execute("UPDATE outbox SET status = 'PUBLISHED', published_at = now()")
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn, conn.transaction():
+            assert not await writer.enqueue_once(
+                conn, idempotency_key="old", queue="q", name="job", payload={"n": 1}
+            )
+        async with pool.connection() as conn, conn.transaction():
+            assert await writer.enqueue_once(
+                conn, idempotency_key="new", queue="q", name="job", payload={"n": 2}
+            )
+        committed = time.monotonic()
+        await _until_published(recorder, "new")
+    assert recorder.at["new"] - committed < WITHIN_S
+
+
+async def test_a_long_open_notifier_does_not_hold_back_rows_committed_meanwhile(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    """A's transaction carries the NOTIFY and stays open; B, committed meanwhile, is announced."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder, pool.connection() as conn_a:
+        async with conn_a.transaction():
+            assert await writer.enqueue_once(
+                conn_a, idempotency_key="A", queue="q", name="job", payload={}
+            )
+            async with pool.connection() as conn_b, conn_b.transaction():
+                assert await writer.enqueue_once(
+                    conn_b, idempotency_key="B", queue="q", name="job", payload={}
+                )
+            await _until_published(recorder, "B")
+            assert "A" not in recorder.at  # still uncommitted
+        await _until_published(recorder, "A")
+        # Rows after A committed are quiet again (the debounce holds): C sends no NOTIFY.
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener:
+            await listener.execute('LISTEN "sdcore_outbox"')
+            async with pool.connection() as conn_c, conn_c.transaction():
+                assert await writer.enqueue_once(
+                    conn_c, idempotency_key="C", queue="q", name="job", payload={}
+                )
+            notes = 0
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    async for _ in listener.notifies():
+                        notes += 1
+        assert notes == 0
+
+
+async def test_a_rolled_back_notifier_hands_the_notify_on(pool: AsyncConnectionPool[Any]) -> None:
+    """A's NOTIFY is rolled back; B, within the interval, notifies itself."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn_a, conn_a.transaction(force_rollback=True):
+            assert await writer.enqueue_once(
+                conn_a, idempotency_key="A", queue="q", name="job", payload={}
+            )
+        async with pool.connection() as conn_b, conn_b.transaction():
+            assert await writer.enqueue_once(
+                conn_b, idempotency_key="B", queue="q", name="job", payload={}
+            )
+        await _until_published(recorder, "B")
+    assert "A" not in recorder.at

@@ -62,9 +62,42 @@ class _Prepared:
 DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
 DEFAULT_NOTIFY_INTERVAL_MS = 20
 
-# When an enqueue last carried a NOTIFY, per (database, table, channel), for this process: shared
-# by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too.
-_last_notify: dict[Hashable, float] = {}
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """One notifying enqueue: its transaction id, once its statement inserted the row."""
+
+    xid: str | None = None
+
+
+@dataclass(slots=True)
+class _Interval:
+    """The NOTIFYs sent in the current debounce interval (for one database, table, channel)."""
+
+    at: float
+    slots: list[_Slot]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one enqueue notifies: ``notify``, ``quiet`` or ``watch`` (the statement decides)."""
+
+    kind: str
+    key: Hashable = None
+    slot: _Slot | None = None  # the NOTIFY slot this enqueue took
+    watched: str | None = None  # for ``watch``: the known notifying transactions
+    may_cover: bool = False
+
+
+# Per interval: the notifying enqueue that opened it, and at most this many more that notified
+# because none of the earlier ones had committed yet.
+MAX_COVERS = 1
+
+# The NOTIFYs of the current interval, per (database, table, channel), for this process: shared
+# by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too. A slot is kept
+# only by an enqueue that inserted a row; the enqueues after it go quiet once one notifying
+# transaction of the interval committed (the watch statement asks the database).
+_intervals: dict[Hashable, _Interval] = {}
 
 
 class Outbox:
@@ -79,11 +112,14 @@ class Outbox:
             by polling only).
         notify_interval_ms: Debounce: at most one enqueue per this many ms (per database, table
             and channel, in this process) carries the ``NOTIFY``; the others commit without
-            one. PostgreSQL serializes the commits of notifying transactions (a server-wide
-            lock held until the commit is flushed), which caps concurrent writers; relays that
-            have just found rows look again every ``notify_interval_ms`` for a second (or 50
-            intervals), so the rows nobody announced wait about one interval. ``0``: every
-            insert notifies. Give the relay's ``Outbox`` the same value.
+            one once its transaction has committed (while it is open one more may notify, and
+            if it rolled back the next one does; an enqueue that inserted nothing takes no
+            slot). PostgreSQL
+            serializes the commits of notifying transactions (a server-wide lock held until the
+            commit is flushed), which caps concurrent writers; relays that have just found rows
+            look again every ``notify_interval_ms`` for a second (or 50 intervals), so the rows
+            nobody announced wait about one interval. ``0``: every insert notifies. Give the
+            relay's ``Outbox`` the same value.
         namespace: Part of every BullMQ job id, so outboxes that share a Redis and queue names
             never collide on a key. ``None`` (default): the outbox's identity, computed by the
             database at insert — ``"<database>"."<schema>"."<table>"`` (quoted as by
@@ -199,7 +235,7 @@ class Outbox:
         digest = message_digest(queue_name, job_name, text, opts)
         return _Prepared(key, queue_name, job_name, text, opts, digest)
 
-    def _params(self, row: _Prepared) -> dict[str, Any]:
+    def _row_params(self, row: _Prepared) -> dict[str, Any]:
         return {
             "key": row.key,
             "queue": row.queue,
@@ -273,35 +309,90 @@ class Outbox:
             return await self._insert(conn, row)
         return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
 
-    def _notifies(self, database: Hashable) -> bool:
-        """Whether this enqueue carries the NOTIFY (see ``notify_interval_ms``)."""
+    def _plan(self, database: Hashable) -> _Plan:
+        """How this enqueue notifies (see ``notify_interval_ms``)."""
         if not self.notify:
-            return False
+            return _Plan("quiet")
         if not self.notify_interval_ms:
-            return True
+            return _Plan("notify")
         key = (database, self._target, self.channel)
         now = time.monotonic()
-        last = _last_notify.get(key)
-        if last is not None and now - last < self.notify_interval_ms / 1000:
-            return False
-        if len(_last_notify) > 1000:  # many databases in one process: forget, notify again
-            _last_notify.clear()
-        _last_notify[key] = now
-        return True
+        current = _intervals.get(key)
+        if current is None or now - current.at >= self.notify_interval_ms / 1000:
+            if len(_intervals) > 1000:  # many databases in one process: forget, notify again
+                _intervals.clear()
+            slot = _Slot()
+            _intervals[key] = _Interval(now, [slot])
+            return _Plan("notify", key, slot)
+        may_cover = len(current.slots) <= MAX_COVERS
+        known = [s.xid for s in current.slots if s.xid is not None]
+        if known:
+            return _Plan("watch", key, watched=",".join(known), may_cover=may_cover)
+        if may_cover:
+            # The notifiers' statements are still running: whether they insert, and when they
+            # commit, is unknown, so this one announces its own row.
+            slot = _Slot()
+            current.slots.append(slot)
+            return _Plan("notify", key, slot)
+        return _Plan("quiet")
+
+    def _query(self, plan: _Plan, *, named: bool) -> Any:
+        sql = self.sql
+        if plan.kind == "notify":
+            return sql.enqueue_named if named else sql.enqueue
+        if plan.kind == "watch":
+            return sql.enqueue_watch_named if named else sql.enqueue_watch
+        return sql.enqueue_quiet_named if named else sql.enqueue_quiet
+
+    @staticmethod
+    def _settle(plan: _Plan, inserted: Sequence[Any] | None) -> None:
+        """Keep or give back the NOTIFY slot, or take one, once the statement ran."""
+        current = _intervals.get(plan.key)
+        if plan.slot is not None:
+            if inserted is not None:
+                plan.slot.xid = str(inserted[2])
+            elif current is not None and plan.slot in current.slots:
+                # Nothing inserted, so nothing was announced: the slot is free again.
+                current.slots.remove(plan.slot)
+                if not current.slots:
+                    del _intervals[plan.key]
+        elif plan.kind == "watch" and inserted is not None:
+            own, committed, still_open = inserted[3], inserted[4], inserted[5]
+            if own or committed or (still_open and not plan.may_cover):
+                return
+            slot = _Slot(str(inserted[2]))
+            if not still_open:
+                # Every NOTIFY of the interval was rolled back (or is unknown): this one, sent
+                # now, opens a new interval.
+                _intervals[plan.key] = _Interval(time.monotonic(), [slot])
+            elif current is not None:
+                current.slots.append(slot)
+
+    def _params(self, row: _Prepared, plan: _Plan) -> dict[str, Any]:
+        params = self._row_params(row)
+        if plan.kind == "watch":
+            params["watch"] = plan.watched
+            params["may_cover"] = plan.may_cover
+        return params
 
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
-        params = self._params(row)
         info = conn.info
-        notifies = self._notifies((info.host, info.port, info.dbname))
-        query = self.sql.enqueue if notifies else self.sql.enqueue_quiet
-        for _ in range(3):
-            cur = await conn.execute(query, params)
-            if await cur.fetchone() is not None:
-                return True
-            cur = await conn.execute(self.sql.existing, params)
-            existing = await cur.fetchone()
-            if existing is not None:
-                return self._same_message(row, existing)
+        plan = self._plan((info.host, info.port, info.dbname))
+        params = self._params(row, plan)
+        query = self._query(plan, named=False)
+        inserted: Sequence[Any] | None = None
+        try:
+            for _ in range(3):
+                cur = await conn.execute(query, params)
+                inserted = await cur.fetchone()
+                if inserted is not None:
+                    return True
+                cur = await conn.execute(self.sql.existing, params)
+                existing = await cur.fetchone()
+                if existing is not None:
+                    return self._same_message(row, existing)
+        finally:
+            self._settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )
@@ -342,17 +433,22 @@ class Outbox:
                 raise OutboxTransactionRequiredError(f"SQLAlchemy {type(conn).__name__}")
         # Through session.execute, never a raw driver connection taken before the session's
         # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
-        params = self._params(row)
         url = bound.engine.url
-        notifies = self._notifies((url.host, url.port, url.database))
-        query = text(self.sql.enqueue_named if notifies else self.sql.enqueue_quiet_named)
-        for _ in range(3):
-            result = await conn.execute(query, params)
-            if result.first() is not None:
-                return True
-            found = (await conn.execute(text(self.sql.existing_named), params)).first()
-            if found is not None:
-                return self._same_message(row, tuple(found))
+        plan = self._plan((url.host, url.port, url.database))
+        params = self._params(row, plan)
+        query = text(self._query(plan, named=True))
+        inserted: Sequence[Any] | None = None
+        try:
+            for _ in range(3):
+                first = (await conn.execute(query, params)).first()
+                if first is not None:
+                    inserted = tuple(first)
+                    return True
+                found = (await conn.execute(text(self.sql.existing_named), params)).first()
+                if found is not None:
+                    return self._same_message(row, tuple(found))
+        finally:
+            self._settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )

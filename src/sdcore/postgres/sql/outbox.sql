@@ -8,8 +8,20 @@
 -- name: enqueue
 -- One statement for psycopg and SQLAlchemy callers: the row and, only if it was inserted and
 -- the statement is rendered with the notify fragment below, a NOTIFY that PostgreSQL delivers
--- at commit (and drops on rollback). Rendered without it for Outbox(notify=False) and for the
--- enqueues that a debounced outbox sends without one (Outbox(notify_interval_ms=…)).
+-- at commit (and drops on rollback). Rendered without it for Outbox(notify=False), and with the
+-- watch fragments for the enqueues a debounced outbox (Outbox(notify_interval_ms=…)) sends
+-- within an interval of the last NOTIFY. It returns the transaction's id (xid8, as text), which
+-- the Outbox keeps for the enqueues that follow a NOTIFY it carried.
+--
+-- The watch fragments (debounced): the NOTIFYs already sent in this interval (by the transactions
+-- in "watch", ids joined by commas) cover this row once one of them committed, since the relay
+-- woken by it looks again every interval for a second. While none has committed this enqueue
+-- notifies too if "may_cover" (the Outbox allows one such covering NOTIFY per interval, so that a
+-- long transaction does not hold back the rows committed beside it, and concurrent writers do not
+-- all notify); if every one rolled back (or its status is gone) it notifies in any case. Within
+-- a watched transaction itself it never does. An id at or beyond the snapshot's xmax has not
+-- completed (it is running: pg_xact_status would raise for it, as "in the future"). The
+-- statement then also returns own, committed, open and the NOTIFY's void (NULL if not sent).
 --
 -- job_id (v2) = "sd2-" + SHA-256 hex of "<namespace byte length>:<namespace><key>" (the length
 -- prefix keeps distinct (namespace, key) pairs apart); only [a-z0-9-], so Node-safe (no ':', not
@@ -47,10 +59,24 @@ WITH inserted AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, job_id
 )
-SELECT id, job_id{notify} FROM inserted
+SELECT id, job_id, CAST(pg_current_xact_id() AS text){notify} FROM inserted{watch}
 
 -- name: notify
 , pg_notify(CAST(%(channel)s AS text), '')
+
+-- name: notify_unless_committed
+, w.own, w.committed, w.open,
+  CASE WHEN w.own OR w.committed OR (w.open AND NOT CAST(%(may_cover)s AS boolean)) THEN NULL
+       ELSE pg_notify(CAST(%(channel)s AS text), '') END
+
+-- name: watch
+, (SELECT coalesce(bool_or(x = pg_current_xact_id()), false) AS own,
+          coalesce(bool_or(s = 'committed'), false) AS committed,
+          coalesce(bool_or(s = 'in progress'), false) AS open
+   FROM (SELECT x, CASE WHEN x < pg_snapshot_xmax(pg_current_snapshot())
+                        THEN pg_xact_status(x) ELSE 'in progress' END AS s
+         FROM unnest(CAST(string_to_array(CAST(%(watch)s AS text), ',') AS xid8[])) AS x) AS v
+  ) AS w
 
 -- name: existing
 -- After ON CONFLICT DO NOTHING: is the existing row (or tombstone) the same message? A separate
