@@ -7,6 +7,7 @@
 - Messages that jsonb's ``=`` equates (``10`` and ``10.0``) are the same message.
 - The debounced NOTIFY is spent only by an enqueue that inserted a row, and covers the rows after
   it only once its transaction committed (a long-open or rolled-back notifier holds none back).
+- The publisher's memory does not grow with the number of distinct queue names.
 
 Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
 """
@@ -29,6 +30,7 @@ import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxMessage, OutboxRelay
+from sdcore.outbox._model import job_id_v2
 from sdcore.queues import BullMQPublisher
 
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -460,3 +462,79 @@ async def test_a_rolled_back_notifier_hands_the_notify_on(pool: AsyncConnectionP
             )
         await _until_published(recorder, "B")
     assert "A" not in recorder.at
+
+
+# --------------------------------------------------------------------------- many queue names
+
+
+def _messages(start: int, stop: int) -> list[OutboxMessage]:
+    from datetime import UTC, datetime
+
+    from sdcore.outbox import check_options
+
+    options = check_options(None)
+    return [
+        OutboxMessage(
+            id=i,
+            idempotency_key=f"k{i}",
+            queue=f"tenant-{i}",
+            name="job",
+            job_id=job_id_v2("test", f"k{i}"),
+            payload={"i": i},
+            options=options,
+            attempts=1,
+            max_attempts=10,
+            created_at=datetime.now(UTC),
+        )
+        for i in range(start, stop)
+    ]
+
+
+async def test_the_publishers_memory_does_not_grow_with_queue_names(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """400 more queue names after the first 100 cost well under 1 MB (283 KB each before)."""
+    import gc
+    import tracemalloc
+
+    from sdcore.queues import _publisher
+
+    monkeypatch.setattr(_publisher, "MAX_CACHED_QUEUES", 64, raising=False)
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    tracemalloc.start()
+    try:
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            assert await publisher.publish(_messages(0, 100)) == [None] * 100
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            for start in range(100, 500, 100):
+                assert await publisher.publish(_messages(start, start + 100)) == [None] * 100
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        assert grown < 1024 * 1024, f"{grown} bytes for 400 more queue names"
+        for i in (0, 99, 250, 499):  # every job is in its own queue, with its own data
+            job = await redis.hgetall(f"{prefix}:tenant-{i}:{job_id_v2('test', f'k{i}')}")
+            assert json.loads(job["data"]) == {"i": i}
+            assert await redis.llen(f"{prefix}:tenant-{i}:wait") == 1
+    finally:
+        tracemalloc.stop()
+        await _delete_prefix(redis, prefix)
+
+
+async def test_a_shared_script_queue_is_the_queue_bullmq_would_build(
+    redis: aioredis.Redis,
+) -> None:
+    """sibling_queue sets every field Queue.__init__ sets, to what it would set."""
+    from sdcore.queues._bullmq import Queue, sibling_queue
+
+    template = Queue("first", {"connection": redis, "prefix": "p"})
+    fresh = Queue("second", {"connection": redis, "prefix": "p"})
+    sibling = sibling_queue(template, "second")
+    assert set(vars(sibling)) == set(vars(fresh))
+    assert sibling.keys == fresh.keys
+    assert sibling.qualifiedName == fresh.qualifiedName == "p:second"
+    assert sibling.name == "second"
+    assert template.name == "first"
+    assert sibling.redisConnection is template.redisConnection
+    assert sibling.scripts.keys == fresh.scripts.keys
+    assert template.keys != fresh.keys
