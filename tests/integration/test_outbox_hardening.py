@@ -8,6 +8,7 @@
 - The debounced NOTIFY is spent only by an enqueue that inserted a row, and covers the rows after
   it only once its transaction committed (a long-open or rolled-back notifier holds none back).
 - The publisher's memory does not grow with the number of distinct queue names.
+- A hand-written row with another key's job id, or options enqueue_once refuses, ends DEAD.
 
 Every test uses its own database (the ``pool`` fixture) and its own Redis key prefix.
 """
@@ -538,3 +539,59 @@ async def test_a_shared_script_queue_is_the_queue_bullmq_would_build(
     assert sibling.redisConnection is template.redisConnection
     assert sibling.scripts.keys == fresh.scripts.keys
     assert template.keys != fresh.keys
+
+
+# --------------------------------------------------------------------------- hand-written rows
+
+
+async def test_hand_written_rows_with_another_keys_id_or_foreign_options_end_dead(
+    pool: AsyncConnectionPool[Any], redis: aioredis.Redis
+) -> None:
+    """The relay checks a row's job id against its key and its options as enqueue_once would."""
+    from sdcore.job_scheduler import bullmq_job_id
+
+    outbox = Outbox(max_attempts=1)
+    victim_id = await _enqueue(pool, outbox, "victim", "q", {"n": 1})
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT job_namespace FROM outbox WHERE idempotency_key = 'victim'"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        namespace = row[0]
+        assert victim_id == job_id_v2(namespace, "victim")
+        keep = json.dumps({"removeOnComplete": {"age": 60}, "removeOnFail": {"age": 60}})
+        forged = [
+            ("stolen-v2", victim_id, namespace, keep),
+            ("stolen-v1", bullmq_job_id("victim"), None, keep),
+            ("repeat", job_id_v2(namespace, "repeat"), namespace, '{"repeat": {"every": 1000}}'),
+            ("lifo", job_id_v2(namespace, "lifo"), namespace, '{"lifo": "yes"}'),
+            ("priority", job_id_v2(namespace, "priority"), namespace, '{"priority": 1073741824}'),
+            ("fine", job_id_v2(namespace, "fine"), namespace, keep),
+        ]
+        for key, job_id, ns, options in forged:
+            await conn.execute(
+                "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options,"
+                " max_attempts, message_digest, job_namespace)"
+                " VALUES (%s, 'q', 'job', %s, '{}', %s, 1, '\\x00', %s)",
+                (key, job_id, options, ns),
+            )
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    try:
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+        rows = await _status(pool)
+        assert rows["victim"][0] == "PUBLISHED"
+        assert rows["fine"][0] == "PUBLISHED"
+        for key in ("stolen-v2", "stolen-v1"):
+            assert rows[key][0] == "DEAD", key
+            assert "not the id of this row's idempotency key" in str(rows[key][2])
+        assert "unsupported job option 'repeat'" in str(rows["repeat"][2])
+        assert "options.lifo" in str(rows["lifo"][2])
+        assert "options.priority" in str(rows["priority"][2])
+        assert {rows[k][0] for k in ("repeat", "lifo", "priority")} == {"DEAD"}
+        data = await redis.hget(f"{prefix}:q:{victim_id}", "data")
+        assert json.loads(str(data)) == {"n": 1}  # the victim's own job, not a forger's
+        assert await redis.exists(f"{prefix}:q:repeat") == 0
+    finally:
+        await _delete_prefix(redis, prefix)

@@ -271,6 +271,8 @@ class OutboxMessage:
     created_at: datetime
     trace_context: dict[str, str] | None = None
     """The enqueuing span's W3C trace context (``traceparent``…), with ``sdcore.tracing``."""
+    job_namespace: str | None = None
+    """The namespace ``job_id`` was derived from (``None`` for rows written before sdcore 0.3)."""
 
 
 class Publisher(Protocol):

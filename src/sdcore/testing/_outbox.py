@@ -231,6 +231,7 @@ class MemoryOutboxStore:
                     attempts=claimed.attempts,
                     max_attempts=claimed.max_attempts,
                     created_at=claimed.created_at,
+                    job_namespace=self._namespace,
                 )
             )
         return messages

@@ -28,7 +28,8 @@
 -- all digits). v1 ("sd-" + sha256(key), 0.1.0) stays on the rows written with it: the relay
 -- publishes the stored id. Without a namespace, the outbox's identity is the namespace: the
 -- database, the table's real schema (resolved through search_path when the Outbox has none) and
--- the table, each quote_ident()-ed so the joined text is unambiguous.
+-- the table, each quote_ident()-ed so the joined text is unambiguous. The namespace is stored
+-- beside the id (job_namespace), so that the relay can check the id against the key.
 --
 -- trace_context: the W3C trace context of the enqueuing span (sdcore.tracing), or NULL; not part
 -- of the message (nor of its digest): the same message enqueued from two traces is one message.
@@ -39,12 +40,12 @@
 -- written before 0.3 hold the SHA-256 of jsonb's text instead (see existing).
 WITH inserted AS (
     INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts,
-                         message_digest, trace_context)
+                         message_digest, trace_context, job_namespace)
     SELECT m.key, m.queue, m.name,
            'sd2-' || encode(sha256(convert_to(
                CAST(octet_length(convert_to(m.ns, 'UTF8')) AS text) || ':' || m.ns || m.key,
                'UTF8')), 'hex'),
-           m.payload, m.options, m.max_attempts, m.digest, m.trace_context
+           m.payload, m.options, m.max_attempts, m.digest, m.trace_context, m.ns
     FROM (
         SELECT CAST(%(key)s AS text) AS key, CAST(%(queue)s AS text) AS queue,
                CAST(%(name)s AS text) AS name, CAST(%(payload)s AS jsonb) AS payload,
@@ -117,7 +118,7 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ))
 RETURNING id, idempotency_key, queue, name, job_id, payload::text, options::text, attempts,
-          max_attempts, created_at, trace_context::text
+          max_attempts, created_at, trace_context::text, job_namespace
 
 -- name: published
 -- A delivery is a fact, whoever's claim it was: any relay that published the job may mark the
