@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from sdcore._internal.identifiers import qualified
 from sdcore._internal.telemetry import NOOP, Telemetry, trace_json
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease
+from sdcore.outbox._debounce import Plan, plan_notify, settle
 from sdcore.outbox._model import (
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
@@ -61,43 +61,6 @@ class _Prepared:
 
 DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
 DEFAULT_NOTIFY_INTERVAL_MS = 20
-
-
-@dataclass(slots=True, eq=False)
-class _Slot:
-    """One notifying enqueue: its transaction id, once its statement inserted the row."""
-
-    xid: str | None = None
-
-
-@dataclass(slots=True)
-class _Interval:
-    """The NOTIFYs sent in the current debounce interval (for one database, table, channel)."""
-
-    at: float
-    slots: list[_Slot]
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """How one enqueue notifies: ``notify``, ``quiet`` or ``watch`` (the statement decides)."""
-
-    kind: str
-    key: Hashable = None
-    slot: _Slot | None = None  # the NOTIFY slot this enqueue took
-    watched: str | None = None  # for ``watch``: the known notifying transactions
-    may_cover: bool = False
-
-
-# Per interval: the notifying enqueue that opened it, and at most this many more that notified
-# because none of the earlier ones had committed yet.
-MAX_COVERS = 1
-
-# The NOTIFYs of the current interval, per (database, table, channel), for this process: shared
-# by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too. A slot is kept
-# only by an enqueue that inserted a row; the enqueues after it go quiet once one notifying
-# transaction of the interval committed (the watch statement asks the database).
-_intervals: dict[Hashable, _Interval] = {}
 
 
 class Outbox:
@@ -309,34 +272,15 @@ class Outbox:
             return await self._insert(conn, row)
         return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
 
-    def _plan(self, database: Hashable) -> _Plan:
+    def _plan(self, database: Hashable) -> Plan:
         """How this enqueue notifies (see ``notify_interval_ms``)."""
         if not self.notify:
-            return _Plan("quiet")
+            return Plan("quiet")
         if not self.notify_interval_ms:
-            return _Plan("notify")
-        key = (database, self._target, self.channel)
-        now = time.monotonic()
-        current = _intervals.get(key)
-        if current is None or now - current.at >= self.notify_interval_ms / 1000:
-            if len(_intervals) > 1000:  # many databases in one process: forget, notify again
-                _intervals.clear()
-            slot = _Slot()
-            _intervals[key] = _Interval(now, [slot])
-            return _Plan("notify", key, slot)
-        may_cover = len(current.slots) <= MAX_COVERS
-        known = [s.xid for s in current.slots if s.xid is not None]
-        if known:
-            return _Plan("watch", key, watched=",".join(known), may_cover=may_cover)
-        if may_cover:
-            # The notifiers' statements are still running: whether they insert, and when they
-            # commit, is unknown, so this one announces its own row.
-            slot = _Slot()
-            current.slots.append(slot)
-            return _Plan("notify", key, slot)
-        return _Plan("quiet")
+            return Plan("notify")
+        return plan_notify((database, self._target, self.channel), self.notify_interval_ms)
 
-    def _query(self, plan: _Plan, *, named: bool) -> Any:
+    def _query(self, plan: Plan, *, named: bool) -> Any:
         sql = self.sql
         if plan.kind == "notify":
             return sql.enqueue_named if named else sql.enqueue
@@ -344,31 +288,7 @@ class Outbox:
             return sql.enqueue_watch_named if named else sql.enqueue_watch
         return sql.enqueue_quiet_named if named else sql.enqueue_quiet
 
-    @staticmethod
-    def _settle(plan: _Plan, inserted: Sequence[Any] | None) -> None:
-        """Keep or give back the NOTIFY slot, or take one, once the statement ran."""
-        current = _intervals.get(plan.key)
-        if plan.slot is not None:
-            if inserted is not None:
-                plan.slot.xid = str(inserted[2])
-            elif current is not None and plan.slot in current.slots:
-                # Nothing inserted, so nothing was announced: the slot is free again.
-                current.slots.remove(plan.slot)
-                if not current.slots:
-                    del _intervals[plan.key]
-        elif plan.kind == "watch" and inserted is not None:
-            own, committed, still_open = inserted[3], inserted[4], inserted[5]
-            if own or committed or (still_open and not plan.may_cover):
-                return
-            slot = _Slot(str(inserted[2]))
-            if not still_open:
-                # Every NOTIFY of the interval was rolled back (or is unknown): this one, sent
-                # now, opens a new interval.
-                _intervals[plan.key] = _Interval(time.monotonic(), [slot])
-            elif current is not None:
-                current.slots.append(slot)
-
-    def _params(self, row: _Prepared, plan: _Plan) -> dict[str, Any]:
+    def _params(self, row: _Prepared, plan: Plan) -> dict[str, Any]:
         params = self._row_params(row)
         if plan.kind == "watch":
             params["watch"] = plan.watched
@@ -392,7 +312,7 @@ class Outbox:
                 if existing is not None:
                     return self._same_message(row, existing)
         finally:
-            self._settle(plan, inserted)
+            settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )
@@ -448,7 +368,7 @@ class Outbox:
                 if found is not None:
                     return self._same_message(row, tuple(found))
         finally:
-            self._settle(plan, inserted)
+            settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )
