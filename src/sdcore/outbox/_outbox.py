@@ -73,11 +73,11 @@ class Outbox:
         max_attempts: Publish attempts before a row becomes ``DEAD``.
         notify: Send ``NOTIFY`` with inserts so relays wake at once (``False``: relays find rows
             by polling only).
-        notify_interval_ms: Debounce: at most one enqueue per this many ms (per database, table
-            and channel, in this process) carries the ``NOTIFY``; the others commit without
-            one once its transaction has committed (while it is open one more may notify, and
-            if it rolled back the next one does; an enqueue that inserted nothing takes no
-            slot). PostgreSQL
+        notify_interval_ms: Debounce: the enqueue that opens an interval of this many ms (per
+            database, table and channel, in this process) carries the ``NOTIFY``; the others
+            commit without one once its transaction has committed (while it is open one more
+            may notify, and if it rolled back the next one does; an enqueue that inserted
+            nothing takes no slot). PostgreSQL
             serializes the commits of notifying transactions (a server-wide lock held until the
             commit is flushed), which caps concurrent writers; relays that have just found rows
             look again every ``notify_interval_ms`` for a second (or 50 intervals), so the rows
