@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from sdcore.exceptions import SdcoreError
@@ -111,17 +112,71 @@ def _walk(field: str, value: object, path: list[str], depth: int, active: set[in
     raise JsonTypeError(field, _where(path), f"{type(value).__name__} is not JSON serializable")
 
 
+def _as_object(value: object) -> dict[str, Any]:
+    """``json.dumps``'s ``default``: a ``Mapping`` that is not a ``dict`` becomes one."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    # _walk refused every other type before serialization.
+    raise JsonTypeError("value", "$", f"{type(value).__name__} is not JSON serializable")
+
+
+def published_json_size(value: Mapping[str, Any], text: str) -> int:
+    """Return the bytes of ``value`` as the outbox relay sends it to BullMQ.
+
+    The unit is the compact JSON with every non-ASCII character escaped (``\\u00e9``; an
+    astral character as two escapes), which is ``json.dumps``'s default and what BullMQ stores
+    and the publisher measures against ``max_job_bytes``, of the payload as it comes back from
+    jsonb: a float of magnitude 1e16 or more comes back as an int written in full (``1e+300``
+    becomes 301 digits).
+
+    Args:
+        value: The payload, already validated.
+        text: Its compact JSON from :func:`dump_json_object` (``ensure_ascii=False``).
+    """
+    if text.isascii() and "\x7f" not in text:
+        size = len(text)
+    else:
+        size = len(json.dumps(value, allow_nan=False, separators=(",", ":"), default=_as_object))
+    if "e+" in text:
+        size += _big_float_growth(value)
+    return size
+
+
+def _big_float_growth(value: object) -> int:
+    """How many bytes the floats ≥ 1e16 in ``value`` grow by on their way through jsonb."""
+    growth = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if abs(item) >= 1e16:
+                written = repr(item)
+                growth += len(str(int(Decimal(written)))) - len(written)
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return growth
+
+
 def dump_json_object(
-    value: Mapping[str, Any] | None, *, field: str = "data", max_bytes: int = MAX_JSON_BYTES
+    value: Mapping[str, Any] | None,
+    *,
+    field: str = "data",
+    max_bytes: int = MAX_JSON_BYTES,
+    published: bool = False,
 ) -> str | None:
     """Validate a JSON object and serialize it for a ``jsonb`` parameter.
 
-    Tuples become arrays. Strings are stored as given (no Unicode normalization).
+    Tuples become arrays, and a ``Mapping`` that is not a ``dict`` (``MappingProxyType``, …)
+    an object. Strings are stored as given (no Unicode normalization).
 
     Args:
         value: A mapping with str keys and JSON values, or ``None``.
         field: The argument's name, used in error messages.
         max_bytes: Largest accepted serialized size in bytes.
+        published: Measure the size as the outbox relay sends it (:func:`published_json_size`)
+            instead of as UTF-8.
 
     Returns:
         The compact JSON text, or ``None`` for ``None``.
@@ -137,7 +192,19 @@ def dump_json_object(
             field, "$", f"must be a JSON object (a mapping) or None, got {type(value).__name__}"
         )
     _walk(field, value, [], 0, set())
-    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(
+        value, allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=_as_object
+    )
+    if published:
+        size = published_json_size(value, text)
+        if size > max_bytes:
+            raise JsonValueError(
+                field,
+                "$",
+                f"{size} bytes as the relay sends it (compact JSON, non-ASCII escaped as"
+                f" \\uXXXX), more than {max_bytes}",
+            )
+        return text
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise JsonValueError(field, "$", f"{size} bytes serialized, more than {max_bytes}")

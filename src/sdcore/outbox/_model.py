@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, NoReturn, Protocol
 
 from sdcore._internal.errors import FieldError
@@ -269,6 +271,8 @@ class OutboxMessage:
     created_at: datetime
     trace_context: dict[str, str] | None = None
     """The enqueuing span's W3C trace context (``traceparent``…), with ``sdcore.tracing``."""
+    job_namespace: str | None = None
+    """The namespace ``job_id`` was derived from (``None`` for rows written before sdcore 0.3)."""
 
 
 class Publisher(Protocol):
@@ -344,6 +348,35 @@ def job_id_v2(namespace: str, idempotency_key: str) -> str:
     ns = namespace.encode("utf-8")
     text = str(len(ns)).encode() + b":" + ns + idempotency_key.encode("utf-8")
     return "sd2-" + hashlib.sha256(text).hexdigest()
+
+
+def _canonical_float(literal: str) -> int | float:
+    # jsonb keeps a number as the decimal its text spells: 10.0 and 1e+16 are the integers 10
+    # and 10000000000000000 to jsonb's "=", so an integral float is written as that int.
+    value = Decimal(literal)
+    if value == value.to_integral_value():
+        return int(value)
+    return float(literal)
+
+
+def message_digest(queue: str, name: str, payload: str, options: str) -> bytes:
+    """Return the SHA-256 identity of a message, equal for messages that jsonb's ``=`` equates.
+
+    The canonical form is the compact JSON of ``[queue, name, payload, options]`` with object
+    keys sorted and every number written by its value (``10``, ``10.0`` and ``1e1`` alike; a
+    non-integral float as its shortest ``repr``). Strings are compared exactly (no Unicode
+    normalization), arrays in order, ``true`` is not ``1``.
+
+    Args:
+        queue: The queue name.
+        name: The job name.
+        payload: The payload's JSON text.
+        options: The options' JSON text.
+    """
+    text = f"[{json.dumps(queue)},{json.dumps(name)},{payload},{options}]"
+    value = json.loads(text, parse_float=_canonical_float)
+    canonical = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).digest()
 
 
 def check_exact_numbers(value: object, path: str = "$") -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from sdcore._internal.identifiers import qualified
 from sdcore._internal.telemetry import NOOP, Telemetry, trace_json
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease
+from sdcore.outbox._debounce import Plan, plan_notify, settle
 from sdcore.outbox._model import (
     DuplicateOutboxKeyError,
     InvalidOutboxMessageError,
@@ -27,6 +27,7 @@ from sdcore.outbox._model import (
     check_namespace,
     check_options,
     job_id_v2,
+    message_digest,
 )
 from sdcore.outbox._sql import OutboxStatements
 from sdcore.postgres import check_identifier, migrate, outbox_schema_sql
@@ -55,14 +56,11 @@ class _Prepared:
     name: str
     payload: str
     options: str
+    digest: bytes
 
 
 DEFAULT_DEDUP_WINDOW_MS = 30 * 24 * 3600 * 1000
 DEFAULT_NOTIFY_INTERVAL_MS = 20
-
-# When an enqueue last carried a NOTIFY, per (database, table, channel), for this process: shared
-# by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too.
-_last_notify: dict[Hashable, float] = {}
 
 
 class Outbox:
@@ -75,13 +73,16 @@ class Outbox:
         max_attempts: Publish attempts before a row becomes ``DEAD``.
         notify: Send ``NOTIFY`` with inserts so relays wake at once (``False``: relays find rows
             by polling only).
-        notify_interval_ms: Debounce: at most one enqueue per this many ms (per database, table
-            and channel, in this process) carries the ``NOTIFY``; the others commit without
-            one. PostgreSQL serializes the commits of notifying transactions (a server-wide
-            lock held until the commit is flushed), which caps concurrent writers; relays that
-            have just found rows look again every ``notify_interval_ms`` for a second (or 50
-            intervals), so the rows nobody announced wait about one interval. ``0``: every
-            insert notifies. Give the relay's ``Outbox`` the same value.
+        notify_interval_ms: Debounce: the enqueue that opens an interval of this many ms (per
+            database, table and channel, in this process) carries the ``NOTIFY``; the others
+            commit without one once its transaction has committed (while it is open one more
+            may notify, and if it rolled back the next one does; an enqueue that inserted
+            nothing takes no slot). PostgreSQL
+            serializes the commits of notifying transactions (a server-wide lock held until the
+            commit is flushed), which caps concurrent writers; relays that have just found rows
+            look again every ``notify_interval_ms`` for a second (or 50 intervals), so the rows
+            nobody announced wait about one interval. ``0``: every insert notifies. Give the
+            relay's ``Outbox`` the same value.
         namespace: Part of every BullMQ job id, so outboxes that share a Redis and queue names
             never collide on a key. ``None`` (default): the outbox's identity, computed by the
             database at insert — ``"<database>"."<schema>"."<table>"`` (quoted as by
@@ -187,20 +188,24 @@ class Outbox:
         key, queue_name, job_name = check_identity(idempotency_key, queue, name)
         if payload is None:
             raise InvalidOutboxMessageError("payload", "must be a JSON object, got None")
-        text = dump_json_object(payload, field="payload")  # type: ignore[arg-type]
+        # Measured as the relay sends it, against the publisher's default max_job_bytes (the
+        # same number in the same unit): what is accepted here is published, never DEAD for size.
+        text = dump_json_object(payload, field="payload", published=True)  # type: ignore[arg-type]
         assert text is not None  # noqa: S101 - None was refused above
         if self.exact_numbers:
             check_exact_numbers(payload)
-        opts = check_options(options)  # type: ignore[arg-type]
-        return _Prepared(key, queue_name, job_name, text, json.dumps(opts))
+        opts = json.dumps(check_options(options))  # type: ignore[arg-type]
+        digest = message_digest(queue_name, job_name, text, opts)
+        return _Prepared(key, queue_name, job_name, text, opts, digest)
 
-    def _params(self, row: _Prepared) -> dict[str, Any]:
+    def _row_params(self, row: _Prepared) -> dict[str, Any]:
         return {
             "key": row.key,
             "queue": row.queue,
             "name": row.name,
             "payload": row.payload,
             "options": row.options,
+            "digest": row.digest,
             "max": self.max_attempts,
             "namespace": self.namespace,
             "target": self._target,
@@ -244,7 +249,8 @@ class Outbox:
 
         Returns:
             ``True`` if the row was inserted, ``False`` if this key already holds the same
-            message (queue, name, payload and options equal as jsonb compares them).
+            message (queue, name, payload and options equal as jsonb's ``=`` compares them:
+            key order ignored, numbers by value, so ``10`` equals ``10.0``).
 
         Raises:
             InvalidOutboxMessageError: A bad key, queue, name or option.
@@ -266,35 +272,47 @@ class Outbox:
             return await self._insert(conn, row)
         return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
 
-    def _notifies(self, database: Hashable) -> bool:
-        """Whether this enqueue carries the NOTIFY (see ``notify_interval_ms``)."""
+    def _plan(self, database: Hashable) -> Plan:
+        """How this enqueue notifies (see ``notify_interval_ms``)."""
         if not self.notify:
-            return False
+            return Plan("quiet")
         if not self.notify_interval_ms:
-            return True
-        key = (database, self._target, self.channel)
-        now = time.monotonic()
-        last = _last_notify.get(key)
-        if last is not None and now - last < self.notify_interval_ms / 1000:
-            return False
-        if len(_last_notify) > 1000:  # many databases in one process: forget, notify again
-            _last_notify.clear()
-        _last_notify[key] = now
-        return True
+            return Plan("notify")
+        return plan_notify((database, self._target, self.channel), self.notify_interval_ms)
+
+    def _query(self, plan: Plan, *, named: bool) -> Any:
+        sql = self.sql
+        if plan.kind == "notify":
+            return sql.enqueue_named if named else sql.enqueue
+        if plan.kind == "watch":
+            return sql.enqueue_watch_named if named else sql.enqueue_watch
+        return sql.enqueue_quiet_named if named else sql.enqueue_quiet
+
+    def _params(self, row: _Prepared, plan: Plan) -> dict[str, Any]:
+        params = self._row_params(row)
+        if plan.kind == "watch":
+            params["watch"] = plan.watched
+            params["may_cover"] = plan.may_cover
+        return params
 
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
-        params = self._params(row)
         info = conn.info
-        notifies = self._notifies((info.host, info.port, info.dbname))
-        query = self.sql.enqueue if notifies else self.sql.enqueue_quiet
-        for _ in range(3):
-            cur = await conn.execute(query, params)
-            if await cur.fetchone() is not None:
-                return True
-            cur = await conn.execute(self.sql.existing, params)
-            existing = await cur.fetchone()
-            if existing is not None:
-                return self._same_message(row, existing)
+        plan = self._plan((info.host, info.port, info.dbname))
+        params = self._params(row, plan)
+        query = self._query(plan, named=False)
+        inserted: Sequence[Any] | None = None
+        try:
+            for _ in range(3):
+                cur = await conn.execute(query, params)
+                inserted = await cur.fetchone()
+                if inserted is not None:
+                    return True
+                cur = await conn.execute(self.sql.existing, params)
+                existing = await cur.fetchone()
+                if existing is not None:
+                    return self._same_message(row, existing)
+        finally:
+            settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )
@@ -335,17 +353,22 @@ class Outbox:
                 raise OutboxTransactionRequiredError(f"SQLAlchemy {type(conn).__name__}")
         # Through session.execute, never a raw driver connection taken before the session's
         # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
-        params = self._params(row)
         url = bound.engine.url
-        notifies = self._notifies((url.host, url.port, url.database))
-        query = text(self.sql.enqueue_named if notifies else self.sql.enqueue_quiet_named)
-        for _ in range(3):
-            result = await conn.execute(query, params)
-            if result.first() is not None:
-                return True
-            found = (await conn.execute(text(self.sql.existing_named), params)).first()
-            if found is not None:
-                return self._same_message(row, tuple(found))
+        plan = self._plan((url.host, url.port, url.database))
+        params = self._params(row, plan)
+        query = text(self._query(plan, named=True))
+        inserted: Sequence[Any] | None = None
+        try:
+            for _ in range(3):
+                first = (await conn.execute(query, params)).first()
+                if first is not None:
+                    inserted = tuple(first)
+                    return True
+                found = (await conn.execute(text(self.sql.existing_named), params)).first()
+                if found is not None:
+                    return self._same_message(row, tuple(found))
+        finally:
+            settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
         )

@@ -30,6 +30,8 @@ class OutboxStatements:
     enqueue_named: str
     enqueue_quiet: bytes
     enqueue_quiet_named: str
+    enqueue_watch: bytes
+    enqueue_watch_named: str
     existing: bytes
     existing_named: str
     claim: bytes
@@ -48,16 +50,28 @@ class OutboxStatements:
         found = queries("outbox")
         quoted = table.as_string(None)
 
-        def one(name: str, notify: str = "") -> str:
-            return found[name].replace("{table}", quoted).replace("{notify}", notify)
+        def one(name: str, notify: str = "", watch: str = "") -> str:
+            return (
+                found[name]
+                .replace("{table}", quoted)
+                .replace("{notify}", notify)
+                .replace("{watch}", watch)
+            )
 
         enqueue = one("enqueue", found["notify"].strip())
         quiet = one("enqueue")
+        watch = one(
+            "enqueue",
+            found["notify_unless_committed"].strip(),
+            "\n" + found["watch"].strip(),
+        )
         return cls(
             enqueue=enqueue.encode(),
             enqueue_named=named(enqueue),
             enqueue_quiet=quiet.encode(),
             enqueue_quiet_named=named(quiet),
+            enqueue_watch=watch.encode(),
+            enqueue_watch_named=named(watch),
             existing=one("existing").encode(),
             existing_named=named(one("existing")),
             claim=one("claim").encode(),

@@ -326,6 +326,7 @@ class PostgresOutboxStore:
                 max_attempts=r[8],
                 created_at=r[9],
                 trace_context=trace,
+                job_namespace=r[11],
             )
 
         return message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,8 +14,9 @@ from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.telemetry import trace_option
+from sdcore._json import MAX_JSON_BYTES
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
-from sdcore.queues._bullmq import Queue
+from sdcore.queues._bullmq import Queue, sibling_queue
 from sdcore.queues._errors import JobRejectedError, JobTooLargeError
 from sdcore.queues._redis import (
     RedisServerInfo,
@@ -28,7 +30,12 @@ from sdcore.queues._redis import (
 # length in bytes), made once rather than per job as json.dumps would.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 DEFAULT_PREFIX = "bull"
-DEFAULT_MAX_JOB_BYTES = 1024 * 1024
+# Outbox.enqueue_once refuses payloads over this many bytes in the same unit (sdcore._json.
+# published_json_size): with the default, every message it accepted fits.
+DEFAULT_MAX_JOB_BYTES = MAX_JSON_BYTES
+# Queues kept between publishes (each a few KB once the scripts are shared); a batch touches at
+# most batch_size of them, and one not kept is rebuilt from the shared connection in microseconds.
+MAX_CACHED_QUEUES = 1024
 
 
 def check_prefix(prefix: object) -> str:
@@ -61,8 +68,11 @@ class BullMQPublisher(AsyncStartStop):
     Args:
         redis: The client.
         prefix: BullMQ key prefix (must match the workers').
-        max_job_bytes: Largest compact JSON of a job's data; bigger messages fail (and become
-            dead in the outbox) instead of blocking the queue behind them.
+        max_job_bytes: Largest compact JSON of a job's data, in bytes with non-ASCII escaped
+            (``\\uXXXX``, as BullMQ stores it); bigger messages fail (and become dead in the
+            outbox) instead of blocking the queue behind them. The default, 1 MiB, is the
+            outbox's own limit in the same unit, so it refuses nothing ``enqueue_once``
+            accepted.
         check_server: Check the eviction policy and persistence once, on first use.
         logger_name: Logger for warnings.
 
@@ -91,7 +101,8 @@ class BullMQPublisher(AsyncStartStop):
         self._logger_name = logger_name
         self._log = logging.getLogger(logger_name)
         self._owns_client = False
-        self._queues: dict[str, Any] = {}
+        self._queues: OrderedDict[str, Any] = OrderedDict()
+        self._template: Any = None
         self._server: RedisServerInfo | None = None
         self._closed = False
 
@@ -164,15 +175,27 @@ class BullMQPublisher(AsyncStartStop):
             return
         self._closed = True
         self._queues.clear()
+        self._template = None
         if self._owns_client:
             await self._redis.aclose()
 
     def _queue(self, name: str) -> Any:
         queue = self._queues.get(name)
-        if queue is None:
-            # Queue.close() would close the shared client, so queues are never closed one by one.
-            queue = Queue(name, {"connection": self._redis, "prefix": self._prefix})
-            self._queues[name] = queue
+        if queue is not None:
+            self._queues.move_to_end(name)
+            return queue
+        # One bullmq Queue registers bullmq's Lua scripts once; every other queue shares its
+        # connection and scripts, and only the most recently used are kept: the publisher's
+        # memory does not grow with the number of queue names it has seen. Queue.close()
+        # would close the shared client, so queues are never closed, only forgotten.
+        if self._template is None:
+            self._template = Queue(name, {"connection": self._redis, "prefix": self._prefix})
+            queue = self._template
+        else:
+            queue = sibling_queue(self._template, name)
+        self._queues[name] = queue
+        if len(self._queues) > MAX_CACHED_QUEUES:
+            self._queues.popitem(last=False)
         return queue
 
     async def _ensure_checked(self) -> None:

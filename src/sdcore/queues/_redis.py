@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,8 +21,10 @@ _SCHEMES = frozenset({"redis", "rediss", "unix"})
 
 # Replies that say "Redis cannot take writes right now", not "this message is bad": out of
 # memory, loading, a failing RDB save, a read-only replica, a busy script, cluster trouble, ACL
-# or auth problems. redis-py maps some to classes; inside a Lua script or a pipeline the code can
-# also arrive in the middle of the message, hence the substrings.
+# or auth problems. redis-py maps some codes to classes; the others are recognised by the reply's
+# error code alone (its first word), never by words elsewhere in the text: redis-py puts the
+# failing command, with its keys (prefix and queue name) and arguments, in front of an error
+# inside a pipeline, and a queue named "TRUCK_LOADING" must not turn a poison into an outage.
 _UNAVAILABLE_CLASSES: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,  # includes AuthenticationError, BusyLoadingError
     redis_errors.TimeoutError,
@@ -33,19 +36,32 @@ _UNAVAILABLE_CLASSES: tuple[type[BaseException], ...] = (
     OSError,  # includes ConnectionRefusedError, socket errors
     TimeoutError,  # asyncio.TimeoutError in 3.11
 )
-_UNAVAILABLE_TEXT = (
-    "command not allowed when used memory",
-    "OOM ",
-    "MISCONF",
-    "LOADING",
-    "READONLY",
-    "MASTERDOWN",
-    "NOREPLICAS",
-    "BUSY",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "NOPERM",
-    "NOAUTH",
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "OOM",
+        "MISCONF",
+        "LOADING",
+        "READONLY",
+        "MASTERDOWN",
+        "NOREPLICAS",
+        "BUSY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "NOPERM",
+        "NOAUTH",
+    }
+)
+_ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+# What redis-py puts in front of the server's message for an error inside a pipeline. The
+# server's message comes last and never holds this text, so the last occurrence is the real one.
+_PIPELINE_ANNOTATION = " of pipeline caused error: "
+_PIPELINE_HEAD = re.compile(r"Command # \d+ \(")
+# Redis 6 and older wrap an error raised by redis.call inside a script (Redis 7 passes its code
+# through): "ERR Error running script (call to f_<sha>): @user_script:41: @user_script: 41:
+# -OOM command not allowed …". Only the code right after that fixed frame counts.
+_SCRIPT_ERROR = re.compile(
+    r"(?:ERR )?Error running script \(call to f_[0-9a-f]+\):(?: @user_script: ?\d+:)+"
+    r" -([A-Z][A-Z0-9_]{0,63})(?: |$)"
 )
 
 
@@ -128,14 +144,51 @@ def check_client(client: object) -> Redis:
     return client
 
 
+def server_message(exc: BaseException) -> str:
+    """Return a Redis reply error's message without redis-py's pipeline annotation.
+
+    redis-py reports an error of a pipeline's n-th command as ``Command # n (<command and
+    arguments>) of pipeline caused error: <server message>``; the server's message is returned.
+    """
+    text = str(exc.args[0]) if exc.args else ""
+    head, found, tail = text.rpartition(_PIPELINE_ANNOTATION)
+    if found and _PIPELINE_HEAD.match(head):
+        return tail
+    return text
+
+
+def error_code(exc: BaseException) -> str | None:
+    """Return the error code of a Redis reply error (``WRONGTYPE``, ``BUSY``, …), if any.
+
+    The code is the first word of the server's reply (redis-py ≥ 8 keeps it as
+    ``status_code``). An error that Redis 6 wrapped inside a script (``ERR Error running
+    script … -OOM …``) gives the wrapped error's code. Words anywhere else in the text (the keys
+    of the failing command, the queue name, the key prefix) are never read as a code.
+    """
+    if not isinstance(exc, redis_errors.ResponseError):
+        return None
+    message = server_message(exc)
+    code = getattr(exc, "status_code", None)
+    if not isinstance(code, str) or not code:
+        first = message.split(" ", 1)[0]
+        code = first if _ERROR_CODE.fullmatch(first) else None
+    if code in (None, "ERR"):
+        wrapped = _SCRIPT_ERROR.match(message)
+        if wrapped is not None:
+            return wrapped.group(1)
+    return code
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """Tell whether an error means Redis cannot take writes now (retry later, not the message)."""
+    """Tell whether an error means Redis cannot take writes now (retry later, not the message).
+
+    Decided by the exception's class (connection errors, timeouts, and the reply codes redis-py
+    maps to classes) and by the reply's error code (:func:`error_code`), never by words
+    elsewhere in the message.
+    """
     if isinstance(exc, _UNAVAILABLE_CLASSES):
         return True
-    if isinstance(exc, redis_errors.ResponseError):
-        text = str(exc)
-        return any(marker in text for marker in _UNAVAILABLE_TEXT)
-    return False
+    return error_code(exc) in _UNAVAILABLE_CODES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,11 +29,6 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _canonical(queue: str, name: str, payload: Any, options: Any) -> str:
-    """The message's identity for key-reuse checks (``message_digest`` in PostgreSQL)."""
-    return json.dumps([queue, name, payload, options], sort_keys=True, separators=(",", ":"))
-
-
 def _jsonb_text_bytes(value: Any) -> int:
     # jsonb's text puts a space after ':' and ',' and keeps non-ASCII characters as they are.
     return len(json.dumps(value, separators=(", ", ": "), ensure_ascii=False).encode())
@@ -139,7 +134,7 @@ class MemoryOutboxStore:
         prepared = self.outbox._prepare(idempotency_key, queue, name, payload, options)
         stored_payload = json.loads(prepared.payload)
         stored_options = json.loads(prepared.options)
-        digest = _canonical(prepared.queue, prepared.name, stored_payload, stored_options)
+        digest = prepared.digest.hex()
         existing = self._by_key.get(prepared.key)
         if existing is not None:
             row = self._rows[existing]
@@ -281,6 +276,7 @@ class MemoryOutboxStore:
                     attempts=claimed.attempts,
                     max_attempts=claimed.max_attempts,
                     created_at=claimed.created_at,
+                    job_namespace=self._namespace,
                 )
             )
         return messages

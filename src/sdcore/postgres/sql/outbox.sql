@@ -8,38 +8,49 @@
 -- name: enqueue
 -- One statement for psycopg and SQLAlchemy callers: the row and, only if it was inserted and
 -- the statement is rendered with the notify fragment below, a NOTIFY that PostgreSQL delivers
--- at commit (and drops on rollback). Rendered without it for Outbox(notify=False) and for the
--- enqueues that a debounced outbox sends without one (Outbox(notify_interval_ms=…)).
+-- at commit (and drops on rollback). Rendered without it for Outbox(notify=False), and with the
+-- watch fragments for the enqueues a debounced outbox (Outbox(notify_interval_ms=…)) sends
+-- within an interval of the last NOTIFY. It returns the transaction's id (xid8, as text), which
+-- the Outbox keeps for the enqueues that follow a NOTIFY it carried.
+--
+-- The watch fragments (debounced): the NOTIFYs already sent in this interval (by the transactions
+-- in "watch", ids joined by commas) cover this row once one of them committed, since the relay
+-- woken by it looks again every interval for a second. While none has committed this enqueue
+-- notifies too if "may_cover" (the Outbox allows one such covering NOTIFY per interval, so that a
+-- long transaction does not hold back the rows committed beside it, and concurrent writers do not
+-- all notify); if every one rolled back (or its status is gone) it notifies in any case. Within
+-- a watched transaction itself it never does. An id at or beyond the snapshot's xmax has not
+-- completed (it is running: pg_xact_status would raise for it, as "in the future"). The
+-- statement then also returns own, committed, open and the NOTIFY's void (NULL if not sent).
 --
 -- job_id (v2) = "sd2-" + SHA-256 hex of "<namespace byte length>:<namespace><key>" (the length
 -- prefix keeps distinct (namespace, key) pairs apart); only [a-z0-9-], so Node-safe (no ':', not
 -- all digits). v1 ("sd-" + sha256(key), 0.1.0) stays on the rows written with it: the relay
 -- publishes the stored id. Without a namespace, the outbox's identity is the namespace: the
 -- database, the table's real schema (resolved through search_path when the Outbox has none) and
--- the table, each quote_ident()-ed so the joined text is unambiguous.
+-- the table, each quote_ident()-ed so the joined text is unambiguous. The namespace is stored
+-- beside the id (job_namespace), so that the relay can check the id against the key.
 --
 -- trace_context: the W3C trace context of the enqueuing span (sdcore.tracing), or NULL; not part
 -- of the message (nor of its digest): the same message enqueued from two traces is one message.
 --
--- message_digest = SHA-256 of jsonb's canonical text (keys sorted and deduplicated, whitespace
--- normalized) of [queue, name, payload, options]: equal messages, as jsonb compares them, have
--- equal digests. The migration backfills 0.1.0 rows with the same expression.
+-- message_digest: computed by the caller (sdcore.outbox._model.message_digest), the SHA-256 of a
+-- canonical JSON of [queue, name, payload, options] with keys sorted and numbers written by value,
+-- so that messages jsonb's "=" calls equal (10 and 10.0 included) have equal digests. Rows
+-- written before 0.3 hold the SHA-256 of jsonb's text instead (see existing).
 WITH inserted AS (
     INSERT INTO {table} (idempotency_key, queue, name, job_id, payload, options, max_attempts,
-                         message_digest, trace_context)
+                         message_digest, trace_context, job_namespace)
     SELECT m.key, m.queue, m.name,
            'sd2-' || encode(sha256(convert_to(
                CAST(octet_length(convert_to(m.ns, 'UTF8')) AS text) || ':' || m.ns || m.key,
                'UTF8')), 'hex'),
-           m.payload, m.options, m.max_attempts,
-           sha256(convert_to(CAST(jsonb_build_array(m.queue, m.name, m.payload, m.options)
-                                  AS text), 'UTF8')),
-           m.trace_context
+           m.payload, m.options, m.max_attempts, m.digest, m.trace_context, m.ns
     FROM (
         SELECT CAST(%(key)s AS text) AS key, CAST(%(queue)s AS text) AS queue,
                CAST(%(name)s AS text) AS name, CAST(%(payload)s AS jsonb) AS payload,
                CAST(%(options)s AS jsonb) AS options, CAST(%(max)s AS integer) AS max_attempts,
-               CAST(%(trace)s AS jsonb) AS trace_context,
+               CAST(%(trace)s AS jsonb) AS trace_context, CAST(%(digest)s AS bytea) AS digest,
                COALESCE(CAST(%(namespace)s AS text), (
                    SELECT quote_ident(current_database()) || '.' || quote_ident(n.nspname)
                           || '.' || quote_ident(c.relname)
@@ -49,17 +60,39 @@ WITH inserted AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, job_id
 )
-SELECT id, job_id{notify} FROM inserted
+SELECT id, job_id, CAST(pg_current_xact_id() AS text){notify} FROM inserted{watch}
 
 -- name: notify
 , pg_notify(CAST(%(channel)s AS text), '')
 
+-- name: notify_unless_committed
+, w.own, w.committed, w.open,
+  CASE WHEN w.own OR w.committed OR (w.open AND NOT CAST(%(may_cover)s AS boolean)) THEN NULL
+       ELSE pg_notify(CAST(%(channel)s AS text), '') END
+
+-- name: watch
+, (SELECT coalesce(bool_or(x = pg_current_xact_id()), false) AS own,
+          coalesce(bool_or(s = 'committed'), false) AS committed,
+          coalesce(bool_or(s = 'in progress'), false) AS open
+   FROM (SELECT x, CASE WHEN x < pg_snapshot_xmax(pg_current_snapshot())
+                        THEN pg_xact_status(x) ELSE 'in progress' END AS s
+         FROM unnest(CAST(string_to_array(CAST(%(watch)s AS text), ',') AS xid8[])) AS x) AS v
+  ) AS w
+
 -- name: existing
 -- After ON CONFLICT DO NOTHING: is the existing row (or tombstone) the same message? A separate
--- statement, so under READ COMMITTED it sees a row another transaction committed meanwhile.
-SELECT message_digest = sha256(convert_to(CAST(jsonb_build_array(
-           CAST(%(queue)s AS text), CAST(%(name)s AS text), CAST(%(payload)s AS jsonb),
-           CAST(%(options)s AS jsonb)) AS text), 'UTF8')),
+-- statement, so under READ COMMITTED it sees a row another transaction committed meanwhile. A
+-- live row is compared with jsonb's "=" (10 = 10.0, key order ignored), whatever digest it holds;
+-- a tombstone (payload dropped) by its digest: the canonical one, or for a tombstone written
+-- before 0.3 the SHA-256 of jsonb's text (there numbers must be written alike: 10 is not 10.0).
+SELECT CASE WHEN pruned_at IS NULL
+            THEN queue = CAST(%(queue)s AS text) AND name = CAST(%(name)s AS text)
+                 AND payload = CAST(%(payload)s AS jsonb) AND options = CAST(%(options)s AS jsonb)
+            ELSE message_digest = CAST(%(digest)s AS bytea)
+                 OR message_digest = sha256(convert_to(CAST(jsonb_build_array(
+                        CAST(%(queue)s AS text), CAST(%(name)s AS text),
+                        CAST(%(payload)s AS jsonb), CAST(%(options)s AS jsonb)) AS text), 'UTF8'))
+       END,
        queue, name, status, pruned_at IS NOT NULL
 FROM {table} WHERE idempotency_key = CAST(%(key)s AS text)
 
@@ -122,7 +155,7 @@ SET claimed_until = clock_timestamp() + %s * interval '1 millisecond', claim_tok
     claimed_alone = claimed_until IS NOT NULL
 WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE NOT spent))
 RETURNING id, idempotency_key, queue, name, job_id, payload::text, options::text, attempts,
-          max_attempts, created_at, trace_context::text
+          max_attempts, created_at, trace_context::text, job_namespace
 
 -- name: published
 -- A delivery is a fact, whoever's claim it was: any relay that published the job may mark the
