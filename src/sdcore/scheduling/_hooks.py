@@ -63,10 +63,27 @@ class SchedulerHooks:
                 self._originals[entry.name] = entry.handler
                 entry.handler = wrap(entry.name, entry.handler)
 
-    def uninstall(self) -> None:
-        """Remove the gate and the wrapper; the schedules get their own handlers back."""
+    def uninstall(self, *, paused: Callable[[str], bool] | None = None) -> None:
+        """Remove the wrapper and the live gate; the schedules get their own handlers back.
+
+        Args:
+            paused: The paused state to keep while the scheduler goes on running: its timer
+                fires until the scheduler itself stops, and a paused schedule must not start a
+                tick in that window. That frozen gate lapses once this run of the scheduler ends
+                (a later start has no gate).
+        """
         scheduler = self.scheduler
-        scheduler._sup.gate = None
+        run = scheduler._started_at
+        if paused is None or run is None:
+            scheduler._sup.gate = None
+        else:
+
+            def frozen(name: str) -> str | None:
+                if scheduler._started_at is not run or not paused(name):
+                    return None
+                return "paused"
+
+            scheduler._sup.gate = frozen
         scheduler._wrap = None
         for name, handler in self._originals.items():
             entry = scheduler._entries.get(name)

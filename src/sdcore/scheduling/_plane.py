@@ -215,7 +215,10 @@ class ScheduleControl:
         self._loop_task = self._listen_task = None
         self._tasks.clear()
         self._busy.clear()
-        self._hooks.uninstall()
+        # The paused set cannot change any more (nothing polls): frozen, it gates the scheduler's
+        # remaining fires until the scheduler stops, which happens after this returns.
+        frozen = {name for name, paused in self._paused.items() if paused}
+        self._hooks.uninstall(paused=frozen.__contains__)
         for name in list(self._stored):
             if self._hooks.entry(name) is not None:
                 self.scheduler.remove(name)
