@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -17,6 +18,8 @@ from sdcore.job_scheduler import JobSchedulerService
 from sdcore.scheduling import (
     PostgresScheduleStore,
     ScheduleAdmin,
+    ScheduleControl,
+    Scheduler,
     Tick,
 )
 
@@ -77,3 +80,70 @@ async def test_a_stopping_replica_keeps_a_paused_schedule_paused(pg_dsn: str) ->
         finally:
             release.cancel()
     assert runs[before:] == [], f"{len(runs) - before} run(s) of the paused schedule in the stop"
+
+
+async def _ticks_run(pool: AsyncConnectionPool[Any], name: str) -> set[str]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT run_key FROM sdcore_schedules_runs WHERE schedule = %s AND status = 'SUCCESS'",
+            (name,),
+        )
+        return {row[0] for row in await cur.fetchall()}
+
+
+@pytest.mark.parametrize("change", ["update", "remove"])
+async def test_a_backfill_follows_its_stored_schedule_being_changed(
+    pool: AsyncConnectionPool[Any], change: str
+) -> None:
+    """Updating the args keeps the backfill going to the end; removing the schedule ends it as
+    ``CANCELLED``. Neither leaves the coordinator looping with the action open."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    seen: list[tuple[str | None, str]] = []
+
+    @scheduler.handler("digest")
+    async def digest(tick: Tick, args: dict[str, Any]) -> None:
+        seen.append((tick.run_key, args["customer"]))
+        await asyncio.sleep(0.3)
+
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    async with ScheduleControl(scheduler, store, poll_interval_ms=100), scheduler:
+        await admin.create(
+            "digest", handler="digest", every_ms=1_000, args={"customer": "acme"}, actor="ops"
+        )
+        now = datetime.now(UTC).replace(microsecond=0)
+        action = await admin.backfill(
+            "digest", now - timedelta(seconds=60), now - timedelta(seconds=45), actor="ops"
+        )
+        assert action.params["ticks"] == 16
+
+        async def three_ran() -> bool:
+            return len([k for k, _ in seen if k is not None and k < now.isoformat()]) >= 3
+
+        await _until(three_ran)
+        if change == "update":
+            await admin.update(
+                "digest",
+                handler="digest",
+                every_ms=1_000,
+                args={"customer": "acme-2"},
+                actor="ops",
+            )
+        else:
+            await admin.remove("digest", actor="ops")
+
+        async def finished() -> bool:
+            return (await admin.action(action.id)).finished_at is not None
+
+        await _until(finished, timeout=30.0)
+        final = await admin.action(action.id)
+    window = {(now - timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(45, 61)}
+    if change == "update":
+        assert final.outcome == "SUCCESS", final
+        assert window <= await _ticks_run(pool, "digest")
+        assert {c for k, c in seen if k in window} == {"acme", "acme-2"}
+    else:
+        assert final.outcome == "CANCELLED", final
+        assert final.progress is not None
+        assert 3 <= final.progress["succeeded"] < 16

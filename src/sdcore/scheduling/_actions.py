@@ -28,7 +28,11 @@ from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import TickOutcome, tick_options
 from sdcore.scheduling._triggers import Tick, expected_instants
 
-__all__ = ["ActionRunner"]
+__all__ = ["CANCELLED", "ActionRunner"]
+
+# The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
+# other ticks) or that cannot run where it is coordinated.
+CANCELLED = "CANCELLED"
 
 
 def _done(record: TickRecord | None) -> bool:
@@ -148,6 +152,7 @@ class ActionRunner:
             extra={"action": "backfill_started", "schedule": entry.name},
         )
         pause_s = min(1.0, entry.policy.lease_ms / 3000)
+        cancelled: str | None = None
         while True:
             records = await self._records(keys)
             todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
@@ -155,9 +160,26 @@ class ActionRunner:
             await self.store.set_progress(action.id, progress)
             if not todo:
                 break
+            # An update replaces the registry entry and a remove drops it: the coordinator
+            # follows the schedule as it is now, and ends the action once the ticks it was asked
+            # for no longer exist, instead of offering them to an entry that refuses them.
+            entry, cancelled = self._current(action, entry, instants, keys)
+            if cancelled is not None:
+                break
             started = await self._run_ticks(entry, todo, concurrency)
             if not started:
                 await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
+        if cancelled is not None:
+            await self.store.finish_action(action.id, CANCELLED, progress)
+            self._log.warning(
+                "schedule %r: backfill %d cancelled (%s): %s",
+                action.schedule,
+                action.id,
+                cancelled,
+                progress,
+                extra={"action": "backfill_cancelled", "schedule": action.schedule},
+            )
+            return CANCELLED
         outcome = "SUCCESS" if progress["failed"] == 0 else "FAIL"
         await self.store.finish_action(action.id, outcome, progress)
         self._log.info(
@@ -168,6 +190,21 @@ class ActionRunner:
             extra={"action": "backfill_finished", "schedule": entry.name},
         )
         return outcome
+
+    def _current(
+        self, action: ControlAction, entry: Entry, instants: list[datetime], keys: list[str]
+    ) -> tuple[Entry, str | None]:
+        """The schedule's entry now, or why the backfill cannot go on (``(entry, reason)``)."""
+        current = self.hooks.entry(action.schedule)
+        if current is None or current.removed:
+            return entry, "the schedule was removed"
+        if current is not entry:
+            fresh = [lock_key(current.name, current.trigger, t)[0] for t in instants]
+            if fresh != keys:
+                return entry, "the schedule's ticks changed"
+        if not current.active:
+            return entry, "the schedule is stopped on the coordinating replica"
+        return current, None
 
     @staticmethod
     def _progress(
