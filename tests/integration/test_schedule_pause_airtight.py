@@ -147,3 +147,51 @@ async def test_a_backfill_follows_its_stored_schedule_being_changed(
         assert final.outcome == "CANCELLED", final
         assert final.progress is not None
         assert 3 <= final.progress["succeeded"] < 16
+
+
+class _PollClock(PostgresScheduleStore):
+    """The PostgreSQL store, noting when the replica's poll read the changes."""
+
+    polled: asyncio.Event
+
+    async def rows(self, since: int | None) -> Any:
+        rows = await super().rows(since)
+        self.polled.set()
+        return rows
+
+
+async def test_ticks_between_the_resume_and_its_poll_are_caught_up(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """Poll-only replica (PgBouncer set-up): ticks that fall after the resume's commit but
+    before the replica's next poll are caught up under ``catch_up="all"``."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval("beat", 200, lambda tick: None, catch_up="all")
+    store = _PollClock(pool)
+    store.polled = asyncio.Event()
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    control = ScheduleControl(scheduler, store, poll_interval_ms=1_500, listen=False)
+    async with control, scheduler:
+        await asyncio.sleep(0.5)
+        await admin.pause("beat", actor="ops")
+
+        async def held() -> bool:
+            return control.paused("beat")
+
+        await _until(held)
+        await asyncio.sleep(1.0)
+        store.polled.clear()
+        await store.polled.wait()  # resume just after a poll: the next one is 1.5 s away
+        resumed = await admin.resume("beat", actor="ops")
+
+        async def applied() -> bool:
+            return not control.paused("beat")
+
+        await _until(applied)
+        applied_at = datetime.now(UTC)
+        gap = (applied_at - resumed.created_at).total_seconds()
+        assert gap > 0.6, f"the replica applied the resume after only {gap:.2f} s"
+        await asyncio.sleep(2.0)  # the catch-up runs
+        missed = await scheduler.missed_ticks("beat", resumed.created_at, applied_at)
+    assert missed == [], f"{len(missed)} tick(s) of the resume gap never ran: {missed[:3]}"

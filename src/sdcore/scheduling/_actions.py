@@ -255,12 +255,19 @@ class ActionRunner:
     async def resume_catch_up(
         self, entry: Entry, paused_at: datetime, resumed_at: datetime
     ) -> None:
-        """On resume: the schedule's catch-up policy over the ticks the pause skipped."""
+        """On resume: the schedule's catch-up policy over the ticks the pause skipped.
+
+        The range ends when this replica applied the resume (now), not at ``resumed_at``: until
+        it applied it, its gate still skipped ticks as paused, and those ticks are the pause's
+        as much as the ones before the resume's commit. Ticks another replica ran meanwhile
+        have rows (not chosen); a tick in flight here is refused by the start path.
+        """
         now = datetime.now(UTC)
         start = max(paused_at, now - timedelta(milliseconds=entry.policy.catch_up_window_ms))
-        if resumed_at <= start:
+        end = max(now, resumed_at)
+        if end <= start:
             return
-        instants = latest_instants(entry.trigger, start, resumed_at, MAX_CATCH_UP)
+        instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
         keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in instants}
         records = await self._records(list(keys))
         chosen = []
