@@ -195,3 +195,48 @@ async def test_ticks_between_the_resume_and_its_poll_are_caught_up(
         await asyncio.sleep(2.0)  # the catch-up runs
         missed = await scheduler.missed_ticks("beat", resumed.created_at, applied_at)
     assert missed == [], f"{len(missed)} tick(s) of the resume gap never ran: {missed[:3]}"
+
+
+async def test_a_pause_holds_back_the_retries_of_a_failed_tick(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """Attempt 1 fails, the operator pauses: no attempt starts once the replica holds the pause.
+    On resume, ``catch_up="all"`` gives the tick the attempts it has left."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    attempts: list[tuple[str | None, int, bool]] = []
+    control: ScheduleControl | None = None
+    first_failed = asyncio.Event()
+
+    async def invoices(tick: Tick) -> None:
+        assert control is not None
+        attempts.append((tick.run_key, tick.attempt, control.paused("invoices")))
+        if not first_failed.is_set():
+            first_failed.set()
+            raise RuntimeError("wrong amounts")
+
+    scheduler.add_interval(
+        "invoices", 4_000, invoices, retries=2, retry_backoff_ms=1_500, catch_up="all"
+    )
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    async with control, scheduler:
+        await asyncio.wait_for(first_failed.wait(), 10)
+        failed_key = attempts[0][0]
+        await admin.pause("invoices", actor="ops", reason="wrong amounts")
+
+        async def held() -> bool:
+            return control.paused("invoices")
+
+        await _until(held)
+        await asyncio.sleep(3.0)  # the retry's backoff ends meanwhile
+        during = [a for a in attempts if a[2]]
+        assert during == [], f"attempts started while the pause was held: {during}"
+        await admin.resume("invoices", actor="ops")
+
+        async def retried() -> bool:
+            return any(k == failed_key and n == 2 for k, n, _ in attempts)
+
+        await _until(retried)
+    assert [n for k, n, _ in attempts if k == failed_key] == [1, 2]

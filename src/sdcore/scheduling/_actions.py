@@ -263,17 +263,31 @@ class ActionRunner:
         have rows (not chosen); a tick in flight here is refused by the start path.
         """
         now = datetime.now(UTC)
-        start = max(paused_at, now - timedelta(milliseconds=entry.policy.catch_up_window_ms))
+        window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+        start = max(paused_at, window_start)
         end = max(now, resumed_at)
         if end <= start:
             return
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
-        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in instants}
+        # The last tick before the pause may have failed with its retries held back by it.
+        before = latest_instants(entry.trigger, window_start, start, 1)
+        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
         records = await self._records(list(keys))
         chosen = []
+        budget = entry.policy.retries + 1
         for key, instant in keys.items():
             record = records.get(key)
-            if (
+            if record is not None and (
+                record.status is JobSchedulerStatus.FAIL
+                and 0 < record.attempts < budget
+                and record.skipped is None
+                and not record.released
+                and not record.given_back
+            ):
+                chosen.append(instant)  # a failed tick whose retries the pause held back
+            elif instant in before:
+                continue  # before the pause: the schedule's own policies had it
+            elif (
                 record is None
                 or record.released
                 or record.given_back

@@ -81,6 +81,9 @@ class TickRunner:
     """
 
     telemetry: Telemetry = NOOP  # observers of ticks (sdcore.metrics, sdcore.tracing)
+    # Why the tick running in this task must not start another attempt now ("paused"), or None;
+    # set by the supervisor (the control plane's gate, for the paths the gate applies to).
+    held: Callable[[str], str | None] | None = None
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
@@ -196,6 +199,13 @@ class TickRunner:
         """:meth:`run` after the jitter, behind the cluster overlap guard if ``guarded``."""
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            # Admitted before the jitter: a pause applied during it holds this tick too.
+            reason = None if self.held is None else self.held(name)
+            if reason is not None:
+                self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
+                if record_skip:
+                    await self.record_skipped(name, kind, policy, tick, reason)
+                return TickOutcome(ran=False, succeeded=False, attempts=0)
 
         if guarded:
 
@@ -286,7 +296,23 @@ class TickRunner:
                 )
                 break
             await asyncio.sleep(wait)
+            # Each retry is a new start: a pause applied since the last attempt ends the tick
+            # here (its row keeps the attempts left; resume's catch-up decides about it).
+            reason = None if self.held is None else self.held(name)
+            if reason is not None:
+                self._log_held("no retry", name, tick, reason, "retry_held")
+                break
         return TickOutcome(ran=ran, succeeded=False, attempts=attempt)
+
+    def _log_held(self, what: str, name: str, tick: Tick, reason: str, action: str) -> None:
+        self.log.info(
+            "schedule %r run %r: %s, the schedule is %s",
+            name,
+            tick.run_key,
+            what,
+            reason,
+            extra={"action": action, "schedule": name, "run_key": tick.run_key, "reason": reason},
+        )
 
     async def _retry_wait(
         self,

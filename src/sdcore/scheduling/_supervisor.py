@@ -97,6 +97,15 @@ class Supervisor:
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
+        runner.held = self._held
+
+    def _held(self, name: str) -> str | None:
+        """The gate for a tick already running in this task (before a retry, after a jitter):
+        trigger and backfill ticks pass it, as at admission."""
+        gate = self.gate
+        if gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return None
+        return gate(name)
 
     @property
     def runner(self) -> TickRunner:
