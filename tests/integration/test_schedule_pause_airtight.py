@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -240,3 +240,47 @@ async def test_a_pause_holds_back_the_retries_of_a_failed_tick(
 
         await _until(retried)
     assert [n for k, n, _ in attempts if k == failed_key] == [1, 2]
+
+
+@pytest.mark.parametrize("catch_up", ["off", "all"])
+async def test_a_backfill_does_not_make_the_live_schedule_skip_its_ticks(
+    pool: AsyncConnectionPool[Any], catch_up: Literal["off", "all"]
+) -> None:
+    """One replica, overlap ``skip``: while it coordinates a backfill, the schedule's own ticks
+    wait for the backfill's run in the way instead of being recorded as overlap skips."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    running = 0
+    overlapped = 0
+
+    async def sync(tick: Tick) -> None:
+        nonlocal running, overlapped
+        running += 1
+        overlapped += running > 1
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            running -= 1
+
+    scheduler.add_interval("sync", 1_000, sync, catch_up=catch_up, lease_ms=2_000)
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    async with ScheduleControl(scheduler, store, poll_interval_ms=100), scheduler:
+        await asyncio.sleep(1.5)
+        now = datetime.now(UTC).replace(microsecond=0)
+        action = await admin.backfill(
+            "sync", now - timedelta(seconds=40), now - timedelta(seconds=29), actor="ops"
+        )
+        started = datetime.now(UTC)
+
+        async def finished() -> bool:
+            return (await admin.action(action.id)).finished_at is not None
+
+        await _until(finished, timeout=30.0)
+        ended = datetime.now(UTC)
+        await asyncio.sleep(2.0)  # a live tick that waited for the last backfill run starts
+        final = await admin.action(action.id)
+        missed = await scheduler.missed_ticks("sync", started, ended)
+    assert final.outcome == "SUCCESS", final
+    assert missed == [], f"live ticks during the backfill never ran: {missed}"
+    assert overlapped == 0, "a live tick ran beside a backfill run (overlap is skip)"

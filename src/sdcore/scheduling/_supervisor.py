@@ -98,6 +98,11 @@ class Supervisor:
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
         runner.held = self._held
+        # Ticks the control plane started for past instants (backfill, catch-up): they do not
+        # make a live fire of the same schedule an overlap skip (see _admit).
+        self._background: set[asyncio.Task[Any]] = set()
+        # Live fires that waited for such a run to end, by schedule, oldest first.
+        self._deferred: dict[Entry, list[datetime]] = {}
 
     def _held(self, name: str) -> str | None:
         """The gate for a tick already running in this task (before a retry, after a jitter):
@@ -139,6 +144,7 @@ class Supervisor:
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
         tick = self._tasks.pop(task, None)
         if tick is not None:
             self._ended(tick[0], tick[1], task)
@@ -279,6 +285,12 @@ class Supervisor:
                 )
             return None
         if entry.running and entry.policy.overlap is not Overlap.ALLOW:
+            if path is StartPath.FIRE and entry.running <= self._background:
+                # Only backfill or catch-up runs are in the way: the live tick is not an overlap
+                # of the schedule with itself, and skipping it would lose it for good (a skip
+                # row is settled). It starts, one after the other, when they end (_ended).
+                self._defer(entry, due, tick)
+                return None
             self._log.log(
                 logging.INFO if path is StartPath.FIRE else logging.DEBUG,
                 "schedule %r run %r: skipped, the previous run is still running here (%s)",
@@ -337,6 +349,8 @@ class Supervisor:
         task: asyncio.Task[TickOutcome] = self._own(
             coro, f"sdcore-tick:{entry.name}", context, (entry, due)
         )
+        if path in (StartPath.BACKFILL, StartPath.CATCH_UP):
+            self._background.add(task)
         entry.running.add(task)
         entry.in_flight.add(due)
         return task
@@ -346,6 +360,10 @@ class Supervisor:
         if task is not None:
             entry.running.discard(task)
         entry.in_flight.discard(due)
+        if entry in self._deferred and not entry.running:
+            # Before the pending catch-up ticks' drain below: the live schedule goes first.
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                asyncio.get_running_loop().call_soon(self._start_deferred, entry)
         if entry.pending and not entry.running and not entry.removed:
             # Catch-up under overlap "skip": the next missed tick starts when this one ends.
             with contextlib.suppress(RuntimeError):  # the loop is closing
@@ -487,6 +505,30 @@ class Supervisor:
                 )
 
         self._own(record(), f"sdcore-paused:{entry.name}")
+
+    def _defer(self, entry: Entry, due: datetime, tick: Tick) -> None:
+        queue = self._deferred.setdefault(entry, [])
+        if due not in queue:
+            queue.append(due)
+        self._log.info(
+            "schedule %r run %r: waits for a backfill or catch-up run of it to end here",
+            entry.name,
+            tick.run_key,
+            extra={"action": "tick_deferred", "schedule": entry.name, "run_key": tick.run_key},
+        )
+
+    def _start_deferred(self, entry: Entry) -> None:
+        """Start the oldest live fire of ``entry`` that waited for a backfill or catch-up run."""
+        queue = self._deferred.get(entry)
+        if entry.removed or not entry.active or not queue:
+            self._deferred.pop(entry, None)
+            return
+        if entry.running:
+            return  # something started first; its end calls this again
+        due = queue.pop(0)
+        if not queue:
+            del self._deferred[entry]
+        self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
 
     def _drain(self, entry: Entry) -> None:
         if entry.removed or not entry.active or entry.running:
