@@ -284,3 +284,58 @@ async def test_a_backfill_does_not_make_the_live_schedule_skip_its_ticks(
     assert final.outcome == "SUCCESS", final
     assert missed == [], f"live ticks during the backfill never ran: {missed}"
     assert overlapped == 0, "a live tick ran beside a backfill run (overlap is skip)"
+
+
+async def test_history_closes_the_attempt_a_takeover_superseded(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A replica died mid-tick (its lease and its RUNNING history row stay); a live replica's
+    catch-up takes the tick over under a new fencing token. History then shows the dead attempt
+    closed as abandoned, not RUNNING forever."""
+    from sdcore.job_scheduler import JobAcquireOptions
+    from sdcore.scheduling._control import Replica, RunStart
+
+    jobs = JobSchedulerService(pool, max_connections=2)
+    store = PostgresScheduleStore(pool)
+    now = datetime.now(UTC)
+    instant = now.replace(second=0, microsecond=0)
+    run_key = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+    dead = await jobs.acquire(JobAcquireOptions(code="report", run_key=run_key, lease_ms=500))
+    assert dead.acquired
+    dead_replica = Replica(replica_id="00000000-0000-0000-0000-000000000001", host="gone", pid=1)
+    await store.run_started(
+        RunStart(
+            schedule="report",
+            run_key=run_key,
+            source="tick",
+            scheduled_at=instant,
+            attempt=1,
+            fencing_token=dead.fencing_token,
+            replica=dead_replica,
+        )
+    )
+    await asyncio.sleep(0.8)  # the dead replica's lease expires
+    scheduler = Scheduler(jobs=jobs)
+    ran: list[int | None] = []
+
+    async def report(tick: Tick) -> None:
+        ran.append(None if tick.lease is None else tick.lease.fencing_token)
+
+    scheduler.add_interval("report", 60_000, report, catch_up="latest", lease_ms=2_000)
+    admin = ScheduleAdmin(store)
+    async with ScheduleControl(scheduler, store, poll_interval_ms=100), scheduler:
+
+        async def taken_over() -> bool:
+            runs = await admin.history("report")
+            return any(r.status == "SUCCESS" and r.run_key == run_key for r in runs)
+
+        await _until(taken_over)
+        runs = {r.fencing_token: r for r in await admin.history("report") if r.run_key == run_key}
+    assert ran
+    assert ran[0] is not None
+    assert ran[0] > dead.fencing_token
+    old = runs[dead.fencing_token]
+    assert old.status == "FAIL", old
+    assert old.finished_at is not None
+    assert old.error == f"abandoned: the tick was taken over (fencing token {ran[0]})"
+    assert runs[ran[0]].status == "SUCCESS"
