@@ -339,3 +339,33 @@ async def test_history_closes_the_attempt_a_takeover_superseded(
     assert old.finished_at is not None
     assert old.error == f"abandoned: the tick was taken over (fencing token {ran[0]})"
     assert runs[ran[0]].status == "SUCCESS"
+
+
+async def test_a_pause_reaches_a_replica_whose_application_pool_is_exhausted(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    """The application holds every connection of ``runtime.pool`` (the load an operator pauses):
+    the replica's control plane still reads the pause, on connections of its own."""
+    from psycopg_pool import PoolTimeout
+
+    runtime = Runtime(database_url=pg_dsn, pool_max_size=4)
+    runtime.scheduler.add_interval("export", 250, lambda tick: None, overlap="allow")
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))  # the operator's own connections
+    async with runtime:
+        held = []
+        try:
+            while True:
+                try:
+                    held.append(await runtime.pool.getconn(timeout=0.5))
+                except PoolTimeout:
+                    break
+            assert held, "the application pool had no connection to take"
+            await admin.pause("export", actor="ops", reason="pool saturated")
+
+            async def applied() -> bool:
+                return runtime.control.paused("export")
+
+            await _until(applied, timeout=8.0)
+        finally:
+            for conn in held:
+                await runtime.pool.putconn(conn)

@@ -89,6 +89,10 @@ class ScheduleControl:
         host: Host name recorded in the run history (default: ``socket.gethostname()``).
         pid: Process id recorded (default: ``os.getpid()``).
         logger_name: Logger.
+        history_store: Where the run history is written (default: ``store``). The ``Runtime``
+            keeps ``store`` on a small pool of the control plane's own, so that polls never
+            queue behind the application's work, and writes the history (one write per run)
+            through the application's pool.
 
     Raises:
         ValueError: An interval out of range.
@@ -105,6 +109,7 @@ class ScheduleControl:
         host: str | None = None,
         pid: int | None = None,
         logger_name: str = "sdcore.scheduling.control",
+        history_store: ScheduleStore | None = None,
     ) -> None:
         for label, value in (
             ("poll_interval_ms", poll_interval_ms),
@@ -126,7 +131,9 @@ class ScheduleControl:
         self._log = logging.getLogger(logger_name)
         self.replica = Replica(replica_id=str(uuid.uuid4()), host=self._host, pid=self._pid)
         self._hooks = SchedulerHooks(scheduler)
-        self._history = RunHistory(store, self.replica, self._log)
+        self._history = RunHistory(
+            store if history_store is None else history_store, self.replica, self._log
+        )
         self._actions = ActionRunner(self._hooks, store, self._log)
         self._paused: dict[str, bool] = {}
         self._resumed: dict[str, datetime] = {}
