@@ -369,3 +369,28 @@ async def test_a_pause_reaches_a_replica_whose_application_pool_is_exhausted(
         finally:
             for conn in held:
                 await runtime.pool.putconn(conn)
+
+
+async def test_a_tick_due_on_a_stale_view_waits_for_the_reread_and_then_runs(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A replica whose paused state is older than the propagation bound starts the due tick
+    only after re-reading it (here: not paused, so it runs; nothing is skipped or lost)."""
+    import time
+
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    ran: list[str | None] = []
+    scheduler.add_interval("beat", 200, lambda tick: ran.append(tick.run_key))
+    store = _PollClock(pool)
+    store.polled = asyncio.Event()
+    control = ScheduleControl(scheduler, store, poll_interval_ms=60_000, listen=False)
+    async with control, scheduler:
+        await asyncio.sleep(0.5)
+        store.polled.clear()
+        control._fresh_at = time.monotonic() - 120.0  # as after a long SIGSTOP
+        began = datetime.now(UTC)
+        await asyncio.wait_for(store.polled.wait(), 10)  # the gate asked for a poll
+        await asyncio.sleep(1.0)
+        missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=0.8))
+    assert missed == [], missed

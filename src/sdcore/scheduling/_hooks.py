@@ -91,6 +91,10 @@ class SchedulerHooks:
                 entry.handler = handler
         self._originals.clear()
 
+    def release_unknown(self) -> None:
+        """The gate knows the paused state again: offer the fires that waited for it."""
+        self.scheduler._sup.release_unknown()
+
     def launch(
         self, entry: Entry, at: datetime, path: StartPath, *, tick: Tick | None = None
     ) -> asyncio.Task[TickOutcome] | None:

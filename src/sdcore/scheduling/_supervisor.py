@@ -38,6 +38,9 @@ from sdcore.scheduling._runner import (
 from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
+# The gate's answer when this process cannot tell whether the schedule is paused (its view of the
+# control plane is older than the propagation bound): no tick starts on it (see _admit).
+GATE_UNKNOWN = "unknown"
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
@@ -103,14 +106,26 @@ class Supervisor:
         self._background: set[asyncio.Task[Any]] = set()
         # Live fires that waited for such a run to end, by schedule, oldest first.
         self._deferred: dict[Entry, list[datetime]] = {}
+        # The latest fire of each schedule that came while the gate could not tell whether it
+        # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
+        self._unknown: dict[Entry, datetime] = {}
 
     def _held(self, name: str) -> str | None:
         """The gate for a tick already running in this task (before a retry, after a jitter):
-        trigger and backfill ticks pass it, as at admission."""
+        trigger and backfill ticks pass it, as at admission. An unknown state does not end a
+        running tick (its retries' own row decides)."""
         gate = self.gate
         if gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
             return None
-        return gate(name)
+        reason = gate(name)
+        return None if reason == GATE_UNKNOWN else reason
+
+    def release_unknown(self) -> None:
+        """The gate knows again: offer the fires that waited for it (pause, overlap and the
+        lease decide as for any fire)."""
+        waiting, self._unknown = self._unknown, {}
+        for entry, due in waiting.items():
+            self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
 
     @property
     def runner(self) -> TickRunner:
@@ -266,6 +281,23 @@ class Supervisor:
             tick = make_tick(entry.name, entry.trigger, entry.zone, due)
         reason = None if self.gate is None else self.gate(entry.name)
         if reason is not None and path not in (StartPath.TRIGGER, StartPath.BACKFILL):
+            if reason == GATE_UNKNOWN:
+                # A process that slept (SIGSTOP, a VM pause) or lost the database must not start
+                # a tick on a pause state it has not re-read. Only the latest fire waits; earlier
+                # ones are missed ticks, which the catch-up policy decides about.
+                if path is StartPath.FIRE:
+                    self._unknown[entry] = due
+                    self._log.info(
+                        "schedule %r run %r: waits until the paused state is read again",
+                        entry.name,
+                        tick.run_key,
+                        extra={
+                            "action": "tick_gate_unknown",
+                            "schedule": entry.name,
+                            "run_key": tick.run_key,
+                        },
+                    )
+                return None
             if path is StartPath.FIRE:
                 self._runner.telemetry.tick_skipped(entry.name, SKIPPED_PAUSE)
                 self._log.info(
@@ -519,16 +551,19 @@ class Supervisor:
 
     def _start_deferred(self, entry: Entry) -> None:
         """Start the oldest live fire of ``entry`` that waited for a backfill or catch-up run."""
-        queue = self._deferred.get(entry)
-        if entry.removed or not entry.active or not queue:
-            self._deferred.pop(entry, None)
-            return
-        if entry.running:
-            return  # something started first; its end calls this again
-        due = queue.pop(0)
-        if not queue:
-            del self._deferred[entry]
-        self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
+        while True:
+            queue = self._deferred.get(entry)
+            if entry.removed or not entry.active or not queue:
+                self._deferred.pop(entry, None)
+                return
+            if entry.running:
+                return  # something started first; its end calls this again
+            due = queue.pop(0)
+            if not queue:
+                del self._deferred[entry]
+            if self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at) is not None:
+                return
+            # Not started (paused: a skip is recorded; or already in flight): the next one.
 
     def _drain(self, entry: Entry) -> None:
         if entry.removed or not entry.active or entry.running:
