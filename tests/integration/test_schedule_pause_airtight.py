@@ -394,3 +394,44 @@ async def test_a_tick_due_on_a_stale_view_waits_for_the_reread_and_then_runs(
         await asyncio.sleep(1.0)
         missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=0.8))
     assert missed == [], missed
+
+
+async def test_ticks_behind_a_completion_stuck_on_the_database_follow_catch_up(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    """Overlap ``skip`` (the default), ``catch_up="all"``: a run whose completion waits on the
+    database (here a row lock; in production an outage or a stalled synchronous standby) is not
+    an overlap. The ticks that fall meanwhile are not recorded as overlap skips, and catch-up
+    runs them once the database answers."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    locker = await psycopg.AsyncConnection.connect(pg_dsn)
+    stuck: list[str] = []
+
+    async def beat(tick: Tick) -> None:
+        if not stuck:
+            assert tick.run_key is not None
+            stuck.append(tick.run_key)
+            # The completion of this tick (an UPDATE of its row) now waits for this lock.
+            await locker.execute(
+                "SELECT 1 FROM job_scheduler WHERE code = 'beat' AND run_key = %s FOR UPDATE",
+                (tick.run_key,),
+            )
+
+    scheduler.add_interval("beat", 1_000, beat, catch_up="all", lease_ms=3_000)
+    try:
+        async with scheduler:
+
+            async def locked() -> bool:
+                return bool(stuck)
+
+            await _until(locked)
+            began = datetime.now(UTC)
+            await asyncio.sleep(2.2)  # one or two ticks fall while the completion waits
+            ended = datetime.now(UTC)
+            await locker.rollback()
+            await asyncio.sleep(7.0)  # the sweep (every 3 s) runs what was missed
+            missed = await scheduler.missed_ticks("beat", began, ended)
+    finally:
+        await locker.close()
+    assert missed == [], f"ticks lost behind a stuck completion: {missed}"

@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import logging
 import random
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -89,6 +90,9 @@ class TickRunner:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
+        # Exclusive ticks whose handler is executing now, by schedule (the overlap policy tells
+        # a run in its handler from one waiting on the database).
+        self.in_handler = HandlerCount()
 
     def acquires_first(self, policy: RunPolicy) -> bool:
         """Whether a regular fire of a schedule with ``policy`` may be acquired before its task
@@ -379,7 +383,7 @@ class TickRunner:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
         options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
-        bound = _Bound(handler, tick, run, self.telemetry)
+        bound = _Bound(handler, tick, run, self.telemetry, self.in_handler)
         call = bound.run_async if inspect.iscoroutinefunction(handler) else bound.run_sync
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
@@ -442,18 +446,50 @@ class TickRunner:
         )
 
 
+class HandlerCount:
+    """How many handlers of each schedule execute now; updated from the loop and from worker
+    threads (sync handlers), read from the loop."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+
+    def leave(self, name: str) -> None:
+        with self._lock:
+            left = self._counts.get(name, 1) - 1
+            if left:
+                self._counts[name] = left
+            else:
+                self._counts.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._counts
+
+
 class _Bound:
     """A tick's handler, called with the tick bound to the lease and attempt it runs under."""
 
-    __slots__ = ("attempt", "handler", "run", "telemetry", "tick")
+    __slots__ = ("attempt", "busy", "handler", "run", "telemetry", "tick")
 
     def __init__(
-        self, handler: Handler, tick: Tick, run: RunScope | None, telemetry: Telemetry
+        self,
+        handler: Handler,
+        tick: Tick,
+        run: RunScope | None,
+        telemetry: Telemetry,
+        busy: HandlerCount,
     ) -> None:
         self.handler = handler
         self.tick = tick
         self.run = run
         self.telemetry = telemetry
+        self.busy = busy
         self.attempt = 0  # the attempt number, once the lease is won
 
     def _bind(self, lease: JobExecutionLease, attempt: int) -> Tick:
@@ -471,12 +507,22 @@ class _Bound:
         return bound
 
     async def run_async(self, lease: JobExecutionLease, attempt: int) -> Any:
-        return await self.handler(self._bind(lease, attempt))
+        name = self.tick.schedule
+        self.busy.enter(name)
+        try:
+            return await self.handler(self._bind(lease, attempt))
+        finally:
+            self.busy.leave(name)
 
     def run_sync(self, lease: JobExecutionLease, attempt: int) -> Any:
         # Run in a worker thread by run_acquired_attempt, which, if the lease is lost, waits for
         # the thread (it cannot be stopped) before releasing the row.
-        return self.handler(self._bind(lease, attempt))
+        name = self.tick.schedule
+        self.busy.enter(name)
+        try:
+            return self.handler(self._bind(lease, attempt))
+        finally:
+            self.busy.leave(name)
 
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)

@@ -323,6 +323,27 @@ class Supervisor:
                 # row is settled). It starts, one after the other, when they end (_ended).
                 self._defer(entry, due, tick)
                 return None
+            if (
+                path is StartPath.FIRE
+                and self._jobs is not None
+                and entry.policy.exclusive
+                and entry.name not in self._runner.in_handler
+            ):
+                # The run in the way is not in its handler: it waits on the database (its
+                # acquire, or its completion's commit during an outage or a failover). That is
+                # not an overlap, and a skip row would settle this tick for good; left without
+                # a row, it is a missed tick that the catch-up policy decides about.
+                self._log.info(
+                    "schedule %r run %r: not started, the previous run waits on the database",
+                    entry.name,
+                    tick.run_key,
+                    extra={
+                        "action": "tick_waits_on_database",
+                        "schedule": entry.name,
+                        "run_key": tick.run_key,
+                    },
+                )
+                return None
             self._log.log(
                 logging.INFO if path is StartPath.FIRE else logging.DEBUG,
                 "schedule %r run %r: skipped, the previous run is still running here (%s)",
