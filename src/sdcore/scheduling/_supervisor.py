@@ -607,6 +607,9 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """Let every owned task finish within the grace period, then cancel and await it."""
+        # Fires that were waiting belong to this run of the scheduler: none starts after it.
+        self._unknown.clear()
+        self._deferred.clear()
         await self._shutdown_ticks()
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()
