@@ -13,13 +13,20 @@
     LISTEN/NOTIFY and poll-only (``listen=False``, poll every 1 s: PgBouncer transaction
     pooling).
 
+``saturated``
+    One default ``Runtime`` (pool 10, LISTEN) runs ``export`` every 250 ms with ``overlap="allow"``;
+    each run holds one of ``runtime.pool``'s connections for 8 s, so the application's pool stays
+    exhausted (the load an operator pauses). Pause/resume alternately, ``--rounds`` times, from
+    the operator's own pool: the delay from the action's commit to the replica holding it, and
+    the ticks that started more than 2 s after a pause's commit.
+
 Prints figures only; exits 0 whatever they are. Targets: sync of 10,000 "well under a second";
-propagation within 2 s.
+propagation within 2 s (also under a saturated pool).
 
 Usage::
 
     python benchmarks/control.py [--database-url URL] [--schedules 10000] [--replicas 3]
-        [--rounds 20]
+        [--rounds 20] [--only sync|propagation|saturated]
 """
 
 from __future__ import annotations
@@ -149,17 +156,70 @@ async def bench_propagation(dsn: str, replicas: int, rounds: int, *, listen: boo
             await pool.close()
 
 
+async def bench_saturated(dsn: str, rounds: int) -> tuple[list[float], int]:
+    """Pause/resume propagation to a ``Runtime`` whose application pool is exhausted."""
+    from sdcore import Runtime
+
+    admin_pool = await _pool(dsn, 2)
+    runtime = Runtime(database_url=dsn)
+    paused_at: list[float] = []  # commit instants of pauses still held
+    late = 0
+
+    async def export(tick: Tick) -> None:
+        nonlocal late
+        if paused_at and time.perf_counter() - paused_at[-1] > 2.0:
+            late += 1
+        async with runtime.pool.connection():
+            await asyncio.sleep(8.0)
+
+    runtime.scheduler.add_interval("export", 250, export, overlap="allow")
+    delays: list[float] = []
+    try:
+        async with runtime:
+            admin = ScheduleAdmin(PostgresScheduleStore(admin_pool))
+            await asyncio.sleep(4.0)  # the handlers hold every free connection by now
+            for round_ in range(rounds):
+                pausing = round_ % 2 == 0
+                if pausing:
+                    await admin.pause("export", actor="bench")
+                    paused_at.append(time.perf_counter())
+                else:
+                    await admin.resume("export", actor="bench")
+                    paused_at.clear()
+                committed = time.perf_counter()
+                while runtime.control.paused("export") != pausing:
+                    if time.perf_counter() - committed > 30:
+                        raise RuntimeError("an action did not reach the replica within 30 s")
+                    await asyncio.sleep(0.001)
+                delays.append(time.perf_counter() - committed)
+                await asyncio.sleep(random.uniform(1.0, 2.0))
+            paused_at.clear()
+    finally:
+        await admin_pool.close()
+    return delays, late
+
+
 async def main() -> None:
     parser = base_parser(__doc__.splitlines()[0] if __doc__ else "control plane")
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--only", choices=("sync", "propagation", "saturated"), default=None)
     args = parser.parse_args()
     with scratch_database(args.database_url, "sdcore_bench_control") as dsn:
         with psycopg.connect(dsn) as conn:
             print(machine(conn))
-        await bench_sync(dsn, args.schedules, max(3, args.rounds // 4))
-        for listen in (True, False):
+        if args.only in (None, "sync"):
+            await bench_sync(dsn, args.schedules, max(3, args.rounds // 4))
+        if args.only in (None, "saturated"):
+            delays, late = await bench_saturated(dsn, args.rounds)
+            s = summary([d * 1000 for d in delays])
+            print(
+                f"propagation of pause/resume to a Runtime with its pool exhausted: "
+                f"p50 {s['p50']:.1f} ms  p99 {s['p99']:.1f} ms  max {s['max']:.1f} ms "
+                f"(n={int(s['n'])}); ticks started > 2 s after a pause: {late}"
+            )
+        for listen in (True, False) if args.only in (None, "propagation") else ():
             delays = await bench_propagation(dsn, args.replicas, args.rounds, listen=listen)
             mode = "LISTEN/NOTIFY" if listen else "poll-only (1 s)"
             ms = [d * 1000 for d in delays]

@@ -17,6 +17,7 @@ Needs the ``sdcore[scheduling]`` extra; Redis (``sdcore[bullmq]``) only with ``r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
     from sdcore.tracing import SdcoreTracing
 
 __all__ = ["ComponentHealth", "Runtime", "RuntimeStateError"]
+
+# Connections of the control plane's own pool: one for the poller and heartbeat, one for an
+# action's writes or a run-history write at the same moment (LISTEN has its own, outside it).
+CONTROL_POOL_SIZE = 2
 
 
 class RuntimeStateError(SdcoreError, RuntimeError):
@@ -208,7 +213,25 @@ class Runtime(AsyncStartStop):
         self.schedule_store = PostgresScheduleStore(
             self.pool, schema=schema, lease_table=lease_table, transaction_pooling=poll_only
         )
-        self.control = ScheduleControl(self.scheduler, self.schedule_store, listen=not poll_only)
+        # The control plane's polls and writes run on a pool of their own: a pause must reach
+        # this replica while the application's handlers hold every connection of self.pool
+        # (that load is often why an operator pauses).
+        self.control_pool: AsyncConnectionPool[Any] = create_pool(
+            database_url,
+            dataclasses.replace(settings, min_size=1, max_size=CONTROL_POOL_SIZE),
+        )
+        self._control_store = PostgresScheduleStore(
+            self.control_pool,
+            schema=schema,
+            lease_table=lease_table,
+            transaction_pooling=poll_only,
+        )
+        self.control = ScheduleControl(
+            self.scheduler,
+            self._control_store,
+            listen=not poll_only,
+            history_store=self.schedule_store,
+        )
         self.events = EventBus()
         self.outbox = outbox or Outbox()
         self.processors = list(processors)
@@ -302,7 +325,11 @@ class Runtime(AsyncStartStop):
             if self.run_scheduler:
                 # The control plane first (a paused schedule must not fire at start-up), and
                 # stopped first (no trigger or backfill starts a tick into a closing scheduler).
-                control = self.run_schedule_control and await self._start_control()
+                control = False
+                if self.run_schedule_control:
+                    await self.control_pool.open(wait=True, timeout=30)
+                    stack.push_async_callback(self._step, "control pool", self.control_pool.close)
+                    control = await self._start_control()
                 try:
                     await self.scheduler.start_all()
                 except BaseException:

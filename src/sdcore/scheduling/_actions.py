@@ -28,7 +28,11 @@ from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import TickOutcome, tick_options
 from sdcore.scheduling._triggers import Tick, expected_instants
 
-__all__ = ["ActionRunner"]
+__all__ = ["CANCELLED", "ActionRunner"]
+
+# The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
+# other ticks) or that cannot run where it is coordinated.
+CANCELLED = "CANCELLED"
 
 
 def _done(record: TickRecord | None) -> bool:
@@ -139,6 +143,7 @@ class ActionRunner:
             entry.trigger, start, end + timedelta(microseconds=1), limit=MAX_RANGE_TICKS
         )
         keys = [lock_key(entry.name, entry.trigger, t)[0] for t in instants]
+        tick_keys = list(keys)  # the ticks' own keys; ``keys`` holds each re-run's instead
         await self.store.release_failed(keys, action.created_at, f"backfill:{action.id}")
         already, reruns = await self._reruns(action, entry, instants, keys)
         self._log.info(
@@ -149,6 +154,7 @@ class ActionRunner:
             extra={"action": "backfill_started", "schedule": entry.name},
         )
         pause_s = min(1.0, entry.policy.lease_ms / 3000)
+        cancelled: str | None = None
         while True:
             records = await self._records(keys)
             todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
@@ -157,9 +163,26 @@ class ActionRunner:
             await self.store.set_progress(action.id, progress)
             if not todo:
                 break
+            # An update replaces the registry entry and a remove drops it: the coordinator
+            # follows the schedule as it is now, and ends the action once the ticks it was asked
+            # for no longer exist, instead of offering them to an entry that refuses them.
+            entry, cancelled = self._current(action, entry, instants, tick_keys)
+            if cancelled is not None:
+                break
             started = await self._run_ticks(entry, todo, concurrency, reruns)
             if not started:
                 await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
+        if cancelled is not None:
+            await self.store.finish_action(action.id, CANCELLED, progress)
+            self._log.warning(
+                "schedule %r: backfill %d cancelled (%s): %s",
+                action.schedule,
+                action.id,
+                cancelled,
+                progress,
+                extra={"action": "backfill_cancelled", "schedule": action.schedule},
+            )
+            return CANCELLED
         outcome = "SUCCESS" if progress["failed"] == 0 else "FAIL"
         await self.store.finish_action(action.id, outcome, progress)
         self._log.info(
@@ -192,6 +215,21 @@ class ActionRunner:
                 reruns[instant] = run_key
                 keys[index] = tick_options(entry.name, entry.kind, entry.policy, run_key).lock_key
         return already, reruns
+
+    def _current(
+        self, action: ControlAction, entry: Entry, instants: list[datetime], tick_keys: list[str]
+    ) -> tuple[Entry, str | None]:
+        """The schedule's entry now, or why the backfill cannot go on (``(entry, reason)``)."""
+        current = self.hooks.entry(action.schedule)
+        if current is None or current.removed:
+            return entry, "the schedule was removed"
+        if current is not entry:
+            fresh = [lock_key(current.name, current.trigger, t)[0] for t in instants]
+            if fresh != tick_keys:
+                return entry, "the schedule's ticks changed"
+        if not current.active:
+            return entry, "the schedule is stopped on the coordinating replica"
+        return current, None
 
     @staticmethod
     def _progress(
@@ -258,18 +296,39 @@ class ActionRunner:
     async def resume_catch_up(
         self, entry: Entry, paused_at: datetime, resumed_at: datetime
     ) -> None:
-        """On resume: the schedule's catch-up policy over the ticks the pause skipped."""
+        """On resume: the schedule's catch-up policy over the ticks the pause skipped.
+
+        The range ends when this replica applied the resume (now), not at ``resumed_at``: until
+        it applied it, its gate still skipped ticks as paused, and those ticks are the pause's
+        as much as the ones before the resume's commit. Ticks another replica ran meanwhile
+        have rows (not chosen); a tick in flight here is refused by the start path.
+        """
         now = datetime.now(UTC)
-        start = max(paused_at, now - timedelta(milliseconds=entry.policy.catch_up_window_ms))
-        if resumed_at <= start:
+        window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+        start = max(paused_at, window_start)
+        end = max(now, resumed_at)
+        if end <= start:
             return
-        instants = latest_instants(entry.trigger, start, resumed_at, MAX_CATCH_UP)
-        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in instants}
+        instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
+        # The last tick before the pause may have failed with its retries held back by it.
+        before = latest_instants(entry.trigger, window_start, start, 1)
+        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
         records = await self._records(list(keys))
         chosen = []
+        budget = entry.policy.retries + 1
         for key, instant in keys.items():
             record = records.get(key)
-            if (
+            if record is not None and (
+                record.status is JobSchedulerStatus.FAIL
+                and 0 < record.attempts < budget
+                and record.skipped is None
+                and not record.released
+                and not record.given_back
+            ):
+                chosen.append(instant)  # a failed tick whose retries the pause held back
+            elif instant in before:
+                continue  # before the pause: the schedule's own policies had it
+            elif (
                 record is None
                 or record.released
                 or record.given_back

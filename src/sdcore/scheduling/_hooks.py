@@ -82,17 +82,38 @@ class SchedulerHooks:
         every = check_ms(name, "every_ms", every_ms, minimum=1, maximum=MAX_PERIOD_MS)
         self.scheduler._add(name, IntervalTrigger(every), handler, zone, options)
 
-    def uninstall(self) -> None:
-        """Remove the gate, the wrapper and the watch; the schedules get their own handlers back."""
+    def uninstall(self, *, paused: Callable[[str], bool] | None = None) -> None:
+        """Remove the wrapper, the watch and the live gate (handlers are the schedules' own again).
+
+        Args:
+            paused: The paused state to keep while the scheduler goes on running: its timer
+                fires until the scheduler itself stops, and a paused schedule must not start a
+                tick in that window. That frozen gate lapses once this run of the scheduler ends
+                (a later start has no gate).
+        """
         scheduler = self.scheduler
         scheduler._on_change = None
-        scheduler._sup.gate = None
+        run = scheduler._started_at
+        if paused is None or run is None:
+            scheduler._sup.gate = None
+        else:
+
+            def frozen(name: str) -> str | None:
+                if scheduler._started_at is not run or not paused(name):
+                    return None
+                return "paused"
+
+            scheduler._sup.gate = frozen
         scheduler._wrap = None
         for name, handler in self._originals.items():
             entry = scheduler._entries.get(name)
             if entry is not None:
                 entry.handler = handler
         self._originals.clear()
+
+    def release_unknown(self) -> None:
+        """The gate knows the paused state again: offer the fires that waited for it."""
+        self.scheduler._sup.release_unknown()
 
     def launch(
         self, entry: Entry, at: datetime, path: StartPath, *, tick: Tick | None = None

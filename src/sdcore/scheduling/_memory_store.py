@@ -330,6 +330,22 @@ class InMemoryScheduleStore:
     # --- history -----------------------------------------------------------------------------
 
     async def run_started(self, run: RunStart) -> int | None:
+        token = run.fencing_token
+        if token is not None:
+            for old_id, old in list(self._runs.items()):
+                if (
+                    old.schedule == run.schedule
+                    and old.run_key == run.run_key
+                    and old.status == "RUNNING"
+                    and old.fencing_token is not None
+                    and old.fencing_token < token
+                ):
+                    self._runs[old_id] = replace(
+                        old,
+                        status="FAIL",
+                        finished_at=self._clock(),
+                        error=f"abandoned: the tick was taken over (fencing token {token})",
+                    )
         run_id = next(self._run_ids)
         self._runs[run_id] = RunRecord(
             schedule=run.schedule,

@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -37,6 +38,7 @@ from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
 from sdcore.scheduling._runner import Handler
 from sdcore.scheduling._scheduler import Scheduler
+from sdcore.scheduling._supervisor import GATE_UNKNOWN
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,
@@ -45,6 +47,10 @@ from sdcore.scheduling._triggers import (
 )
 
 __all__ = ["ScheduleControl"]
+
+# The propagation bound: a replica whose paused state was read longer ago than this (or than one
+# poll interval and a second, if that is longer) starts no tick until it has read it again.
+STALE_AFTER_S = 2.0
 
 # How long a stopping replica tries to remove its row. Its heartbeat ends either way, and a row
 # not seen for 30 s stops counting as declaring anything, so a give-up costs nothing lasting.
@@ -107,6 +113,10 @@ class ScheduleControl:
         host: Host name recorded in the run history (default: ``socket.gethostname()``).
         pid: Process id recorded (default: ``os.getpid()``).
         logger_name: Logger.
+        history_store: Where the run history is written (default: ``store``). The ``Runtime``
+            keeps ``store`` on a small pool of the control plane's own, so that polls never
+            queue behind the application's work, and writes the history (one write per run)
+            through the application's pool.
 
     Raises:
         ValueError: An interval out of range.
@@ -123,6 +133,7 @@ class ScheduleControl:
         host: str | None = None,
         pid: int | None = None,
         logger_name: str = "sdcore.scheduling.control",
+        history_store: ScheduleStore | None = None,
     ) -> None:
         for label, value in (
             ("poll_interval_ms", poll_interval_ms),
@@ -144,7 +155,9 @@ class ScheduleControl:
         self._log = logging.getLogger(logger_name)
         self.replica = Replica(replica_id=str(uuid.uuid4()), host=self._host, pid=self._pid)
         self._hooks = SchedulerHooks(scheduler)
-        self._history = RunHistory(store, self.replica, self._log)
+        self._history = RunHistory(
+            store if history_store is None else history_store, self.replica, self._log
+        )
         self._actions = ActionRunner(self._hooks, store, self._log)
         self._paused: dict[str, bool] = {}
         self._resumed: dict[str, datetime] = {}
@@ -165,6 +178,10 @@ class ScheduleControl:
         self._closing = False
         self._joined = False
         self._since = datetime.now(UTC)
+        # When the paused state held here was last read (monotonic): a view older than
+        # _stale_s gates every tick as unknown until the next successful poll.
+        self._fresh_at: float | None = None
+        self._stale_s = max(STALE_AFTER_S, self._poll_s + 1.0)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -212,8 +229,10 @@ class ScheduleControl:
             await self._sync()
             self._joined = True
             self._revision = await self.store.revision()
+            began = time.monotonic()
             for row in await self.store.rows(None):
                 self._apply(row, initial=True)
+            self._fresh_at = began
             self._loop_task = sup.spawn("poll", self._run)
             if self._listen and hasattr(self.store, "listen"):
                 self._listen_task = sup.spawn("listen", self._listener, cancel_on_close=True)
@@ -238,7 +257,10 @@ class ScheduleControl:
         self._loop_task = self._listen_task = None
         self._tasks.clear()
         self._busy.clear()
-        self._hooks.uninstall()
+        # The paused set cannot change any more (nothing polls): frozen, it gates the scheduler's
+        # remaining fires until the scheduler stops, which happens after this returns.
+        frozen = {name for name, paused in self._paused.items() if paused}
+        self._hooks.uninstall(paused=frozen.__contains__)
         for name in list(self._stored):
             if self._hooks.entry(name) is not None:
                 self.scheduler.remove(name)
@@ -317,6 +339,12 @@ class ScheduleControl:
     # --- hooks -----------------------------------------------------------------------------
 
     def _gate(self, name: str) -> str | None:
+        fresh = self._fresh_at
+        if fresh is not None and time.monotonic() - fresh > self._stale_s:
+            # This process slept (SIGSTOP, a paused VM, a blocked loop) or cannot reach the
+            # database: a pause may have been committed meanwhile. Ask again before any start.
+            self._wake.set()
+            return GATE_UNKNOWN
         return "paused" if self._paused.get(name, False) else None
 
     # --- the loop --------------------------------------------------------------------------
@@ -363,9 +391,12 @@ class ScheduleControl:
 
     async def poll(self) -> None:
         """Apply every change since the last poll and start the open actions this replica can."""
+        began = time.monotonic()
         for row in await self.store.rows(self._revision):
             self._revision = max(self._revision, row.revision)
             self._apply(row, initial=False)
+        self._fresh_at = began
+        self._hooks.release_unknown()
         names = sorted(self._local_names())
         if not names or not self.scheduler.running:
             return

@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import logging
 import random
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -81,11 +82,17 @@ class TickRunner:
     """
 
     telemetry: Telemetry = NOOP  # observers of ticks (sdcore.metrics, sdcore.tracing)
+    # Why the tick running in this task must not start another attempt now ("paused"), or None;
+    # set by the supervisor (the control plane's gate, for the paths the gate applies to).
+    held: Callable[[str], str | None] | None = None
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
+        # Exclusive ticks whose handler is executing now, by schedule (the overlap policy tells
+        # a run in its handler from one waiting on the database).
+        self.in_handler = HandlerCount()
 
     def acquires_first(self, policy: RunPolicy) -> bool:
         """Whether a regular fire of a schedule with ``policy`` may be acquired before its task
@@ -196,6 +203,13 @@ class TickRunner:
         """:meth:`run` after the jitter, behind the cluster overlap guard if ``guarded``."""
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            # Admitted before the jitter: a pause applied during it holds this tick too.
+            reason = None if self.held is None else self.held(name)
+            if reason is not None:
+                self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
+                if record_skip:
+                    await self.record_skipped(name, kind, policy, tick, reason)
+                return TickOutcome(ran=False, succeeded=False, attempts=0)
 
         if guarded:
 
@@ -286,7 +300,23 @@ class TickRunner:
                 )
                 break
             await asyncio.sleep(wait)
+            # Each retry is a new start: a pause applied since the last attempt ends the tick
+            # here (its row keeps the attempts left; resume's catch-up decides about it).
+            reason = None if self.held is None else self.held(name)
+            if reason is not None:
+                self._log_held("no retry", name, tick, reason, "retry_held")
+                break
         return TickOutcome(ran=ran, succeeded=False, attempts=attempt)
+
+    def _log_held(self, what: str, name: str, tick: Tick, reason: str, action: str) -> None:
+        self.log.info(
+            "schedule %r run %r: %s, the schedule is %s",
+            name,
+            tick.run_key,
+            what,
+            reason,
+            extra={"action": action, "schedule": name, "run_key": tick.run_key, "reason": reason},
+        )
 
     async def _retry_wait(
         self,
@@ -353,7 +383,7 @@ class TickRunner:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
         options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
-        bound = _Bound(handler, tick, run, self.telemetry)
+        bound = _Bound(handler, tick, run, self.telemetry, self.in_handler)
         call = bound.run_async if inspect.iscoroutinefunction(handler) else bound.run_sync
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
@@ -416,18 +446,50 @@ class TickRunner:
         )
 
 
+class HandlerCount:
+    """How many handlers of each schedule execute now; updated from the loop and from worker
+    threads (sync handlers), read from the loop."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+
+    def leave(self, name: str) -> None:
+        with self._lock:
+            left = self._counts.get(name, 1) - 1
+            if left:
+                self._counts[name] = left
+            else:
+                self._counts.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._counts
+
+
 class _Bound:
     """A tick's handler, called with the tick bound to the lease and attempt it runs under."""
 
-    __slots__ = ("attempt", "handler", "run", "telemetry", "tick")
+    __slots__ = ("attempt", "busy", "handler", "run", "telemetry", "tick")
 
     def __init__(
-        self, handler: Handler, tick: Tick, run: RunScope | None, telemetry: Telemetry
+        self,
+        handler: Handler,
+        tick: Tick,
+        run: RunScope | None,
+        telemetry: Telemetry,
+        busy: HandlerCount,
     ) -> None:
         self.handler = handler
         self.tick = tick
         self.run = run
         self.telemetry = telemetry
+        self.busy = busy
         self.attempt = 0  # the attempt number, once the lease is won
 
     def _bind(self, lease: JobExecutionLease, attempt: int) -> Tick:
@@ -445,12 +507,22 @@ class _Bound:
         return bound
 
     async def run_async(self, lease: JobExecutionLease, attempt: int) -> Any:
-        return await self.handler(self._bind(lease, attempt))
+        name = self.tick.schedule
+        self.busy.enter(name)
+        try:
+            return await self.handler(self._bind(lease, attempt))
+        finally:
+            self.busy.leave(name)
 
     def run_sync(self, lease: JobExecutionLease, attempt: int) -> Any:
         # Run in a worker thread by run_acquired_attempt, which, if the lease is lost, waits for
         # the thread (it cannot be stopped) before releasing the row.
-        return self.handler(self._bind(lease, attempt))
+        name = self.tick.schedule
+        self.busy.enter(name)
+        try:
+            return self.handler(self._bind(lease, attempt))
+        finally:
+            self.busy.leave(name)
 
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)

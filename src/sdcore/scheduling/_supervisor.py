@@ -38,6 +38,9 @@ from sdcore.scheduling._runner import (
 from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
+# The gate's answer when this process cannot tell whether the schedule is paused (its view of the
+# control plane is older than the propagation bound): no tick starts on it (see _admit).
+GATE_UNKNOWN = "unknown"
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
@@ -97,6 +100,32 @@ class Supervisor:
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
+        runner.held = self._held
+        # Ticks the control plane started for past instants (backfill, catch-up): they do not
+        # make a live fire of the same schedule an overlap skip (see _admit).
+        self._background: set[asyncio.Task[Any]] = set()
+        # Live fires that waited for such a run to end, by schedule, oldest first.
+        self._deferred: dict[Entry, list[datetime]] = {}
+        # The latest fire of each schedule that came while the gate could not tell whether it
+        # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
+        self._unknown: dict[Entry, datetime] = {}
+
+    def _held(self, name: str) -> str | None:
+        """The gate for a tick already running in this task (before a retry, after a jitter):
+        trigger and backfill ticks pass it, as at admission. An unknown state does not end a
+        running tick (its retries' own row decides)."""
+        gate = self.gate
+        if gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return None
+        reason = gate(name)
+        return None if reason == GATE_UNKNOWN else reason
+
+    def release_unknown(self) -> None:
+        """The gate knows again: offer the fires that waited for it (pause, overlap and the
+        lease decide as for any fire)."""
+        waiting, self._unknown = self._unknown, {}
+        for entry, due in waiting.items():
+            self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
 
     @property
     def runner(self) -> TickRunner:
@@ -130,6 +159,7 @@ class Supervisor:
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
         tick = self._tasks.pop(task, None)
         if tick is not None:
             self._ended(tick[0], tick[1], task)
@@ -251,6 +281,23 @@ class Supervisor:
             tick = make_tick(entry.name, entry.trigger, entry.zone, due)
         reason = None if self.gate is None else self.gate(entry.name)
         if reason is not None and path not in (StartPath.TRIGGER, StartPath.BACKFILL):
+            if reason == GATE_UNKNOWN:
+                # A process that slept (SIGSTOP, a VM pause) or lost the database must not start
+                # a tick on a pause state it has not re-read. Only the latest fire waits; earlier
+                # ones are missed ticks, which the catch-up policy decides about.
+                if path is StartPath.FIRE:
+                    self._unknown[entry] = due
+                    self._log.info(
+                        "schedule %r run %r: waits until the paused state is read again",
+                        entry.name,
+                        tick.run_key,
+                        extra={
+                            "action": "tick_gate_unknown",
+                            "schedule": entry.name,
+                            "run_key": tick.run_key,
+                        },
+                    )
+                return None
             if path is StartPath.FIRE:
                 self._runner.telemetry.tick_skipped(entry.name, SKIPPED_PAUSE)
                 self._log.info(
@@ -270,6 +317,33 @@ class Supervisor:
                 )
             return None
         if entry.running and entry.policy.overlap is not Overlap.ALLOW:
+            if path is StartPath.FIRE and entry.running <= self._background:
+                # Only backfill or catch-up runs are in the way: the live tick is not an overlap
+                # of the schedule with itself, and skipping it would lose it for good (a skip
+                # row is settled). It starts, one after the other, when they end (_ended).
+                self._defer(entry, due, tick)
+                return None
+            if (
+                path is StartPath.FIRE
+                and self._jobs is not None
+                and entry.policy.exclusive
+                and entry.name not in self._runner.in_handler
+            ):
+                # The run in the way is not in its handler: it waits on the database (its
+                # acquire, or its completion's commit during an outage or a failover). That is
+                # not an overlap, and a skip row would settle this tick for good; left without
+                # a row, it is a missed tick that the catch-up policy decides about.
+                self._log.info(
+                    "schedule %r run %r: not started, the previous run waits on the database",
+                    entry.name,
+                    tick.run_key,
+                    extra={
+                        "action": "tick_waits_on_database",
+                        "schedule": entry.name,
+                        "run_key": tick.run_key,
+                    },
+                )
+                return None
             self._log.log(
                 logging.INFO if path is StartPath.FIRE else logging.DEBUG,
                 "schedule %r run %r: skipped, the previous run is still running here (%s)",
@@ -328,6 +402,8 @@ class Supervisor:
         task: asyncio.Task[TickOutcome] = self._own(
             coro, f"sdcore-tick:{entry.name}", context, (entry, due)
         )
+        if path in (StartPath.BACKFILL, StartPath.CATCH_UP):
+            self._background.add(task)
         entry.running.add(task)
         entry.in_flight.add(due)
         return task
@@ -337,6 +413,10 @@ class Supervisor:
         if task is not None:
             entry.running.discard(task)
         entry.in_flight.discard(due)
+        if entry in self._deferred and not entry.running:
+            # Before the pending catch-up ticks' drain below: the live schedule goes first.
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                asyncio.get_running_loop().call_soon(self._start_deferred, entry)
         if entry.pending and not entry.running and not entry.removed:
             # Catch-up under overlap "skip": the next missed tick starts when this one ends.
             with contextlib.suppress(RuntimeError):  # the loop is closing
@@ -479,6 +559,33 @@ class Supervisor:
 
         self._own(record(), f"sdcore-paused:{entry.name}")
 
+    def _defer(self, entry: Entry, due: datetime, tick: Tick) -> None:
+        queue = self._deferred.setdefault(entry, [])
+        if due not in queue:
+            queue.append(due)
+        self._log.info(
+            "schedule %r run %r: waits for a backfill or catch-up run of it to end here",
+            entry.name,
+            tick.run_key,
+            extra={"action": "tick_deferred", "schedule": entry.name, "run_key": tick.run_key},
+        )
+
+    def _start_deferred(self, entry: Entry) -> None:
+        """Start the oldest live fire of ``entry`` that waited for a backfill or catch-up run."""
+        while True:
+            queue = self._deferred.get(entry)
+            if entry.removed or not entry.active or not queue:
+                self._deferred.pop(entry, None)
+                return
+            if entry.running:
+                return  # something started first; its end calls this again
+            due = queue.pop(0)
+            if not queue:
+                del self._deferred[entry]
+            if self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at) is not None:
+                return
+            # Not started (paused: a skip is recorded; or already in flight): the next one.
+
     def _drain(self, entry: Entry) -> None:
         if entry.removed or not entry.active or entry.running:
             return
@@ -500,6 +607,9 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """Let every owned task finish within the grace period, then cancel and await it."""
+        # Fires that were waiting belong to this run of the scheduler: none starts after it.
+        self._unknown.clear()
+        self._deferred.clear()
         await self._shutdown_ticks()
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()

@@ -233,10 +233,22 @@ SELECT lock_key FROM {lease}
 WHERE lock_key = ANY(%s::text[]) AND status = 'SUCCESS' AND modified_at < %s
 
 -- name: run_started
-INSERT INTO {runs} (schedule, run_key, source, scheduled_at, attempt, fencing_token, replica_id,
-                    host, pid)
-VALUES (%s, %s, %s, %s, %s, %s, %s::uuid, %s, %s)
-RETURNING id
+-- A run under a newer fencing token means the tick was taken over: its earlier attempts still
+-- RUNNING will never finish (their replica died or lost the lease), so they are closed here.
+WITH started AS (
+    INSERT INTO {runs} (schedule, run_key, source, scheduled_at, attempt, fencing_token,
+                        replica_id, host, pid)
+    VALUES (%s, %s, %s, %s, %s, %s, %s::uuid, %s, %s)
+    RETURNING id, schedule, run_key, fencing_token
+), abandoned AS (
+    UPDATE {runs} AS r
+    SET status = 'FAIL', finished_at = clock_timestamp(),
+        error = 'abandoned: the tick was taken over (fencing token ' || s.fencing_token || ')'
+    FROM started AS s
+    WHERE r.schedule = s.schedule AND r.run_key = s.run_key AND r.status = 'RUNNING'
+      AND r.fencing_token < s.fencing_token
+)
+SELECT id FROM started
 
 -- name: run_finished
 UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s WHERE id = %s
