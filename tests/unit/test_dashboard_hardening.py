@@ -114,12 +114,44 @@ def test_predictable_tokens_are_refused(token: str) -> None:
         check_token(token)
 
 
+@pytest.mark.parametrize(
+    "token",
+    [
+        "password" * 5,
+        "changeme" * 4,
+        "passw0rd!" * 3,
+        "\U0001f600" * 16,
+        "".join(chr(0x1F600 + n) for n in range(16)),
+        "abcdefghijklmnopqrstuvwxyz",
+        "0123456789abcdefghij",
+        "zyxwvutsrqponmlkjihgfedcba9876543210",
+    ],
+    ids=[
+        "password-x5",
+        "changeme-x4",
+        "passw0rd!-x3",
+        "one-emoji",
+        "emoji-run",
+        "alphabet",
+        "digits-letters",
+        "backwards",
+    ],
+)
+def test_long_repeats_runs_and_multibyte_characters_are_predictable(token: str) -> None:
+    assert token_bits(token) < 40
+    with pytest.raises(DashboardError, match="too predictable"):
+        check_token(token)
+
+
 def test_random_tokens_pass() -> None:
     import secrets
 
     for _ in range(200):
-        assert check_token(secrets.token_urlsafe(16)) is not None
+        assert check_token(secrets.token_urlsafe(32)) is not None
         assert check_token(secrets.token_hex(16)) is not None
+    # Fixed draws of token_urlsafe(16), including ones with chance repeats of 3 characters.
+    for token in ("Zq8v3XkP0aLmTT9wq1rXXb", "gAvXhxq6lqALmq6lgqh-6A", "xnkONjTC6kONfjrJXXkfNg"):
+        assert check_token(token) == token
     assert token_bits("a" * 40) == 0
 
 
