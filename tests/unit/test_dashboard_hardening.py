@@ -1,12 +1,15 @@
 """The dashboard's guards on a fake clock: the sign-in throttle's window and budgets, the bound of
-the revoked sessions, the queue list's lifetime and SCAN budget, token entropy, Host parsing."""
+the revoked sessions, the queue list's lifetime and SCAN budget, token entropy, Host parsing,
+and the warning about a password on ``sdcore dashboard``'s command line."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
+from sdcore.cli._dashboard import _warn_secrets_in_argv
 from sdcore.dashboard import DashboardError
 from sdcore.dashboard._auth import (
     LoginThrottle,
@@ -169,3 +172,35 @@ def test_random_tokens_pass() -> None:
 )
 def test_host_names(header: str, name: str) -> None:
     assert host_name(header) == name
+
+
+@pytest.mark.parametrize(
+    ("option", "url"),
+    [
+        ("--redis-url", "redis://127.0.0.1:6379/0?password=S3cret-redis"),
+        ("--redis-url", "rediss://cache.internal:6380?ssl_cert_reqs=none&password=S3cret-redis"),
+        ("--redis-url", "unix:///run/redis.sock?db=1&password=S3cret-redis"),
+        ("--redis-url", "redis://:S3cret-redis@127.0.0.1:6379"),
+        ("--database-url", "postgresql://127.0.0.1/app?password=S3cret-pg"),
+        ("--database-url", "host=127.0.0.1 dbname=app password=S3cret-pg"),
+    ],
+)
+def test_a_password_anywhere_in_a_url_argument_is_warned_about(
+    option: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(database_url=None, redis_url=None)
+    setattr(args, option.removeprefix("--").replace("-", "_"), url)
+    _warn_secrets_in_argv(args)
+    err = capsys.readouterr().err
+    assert f"warning: {option} holds a password" in err
+    assert "S3cret" not in err
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?db=2&password=", "redis://x@h"]
+)
+def test_a_redis_url_without_a_password_is_not_warned_about(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _warn_secrets_in_argv(argparse.Namespace(database_url=None, redis_url=url))
+    assert capsys.readouterr().err == ""

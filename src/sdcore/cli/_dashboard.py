@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from psycopg import Error as PsycopgError
 from psycopg.conninfo import conninfo_to_dict
@@ -218,6 +218,19 @@ def _read_url_file(path: str | None, option: str) -> str | None:
     return lines[0].strip()
 
 
+def _redis_url_has_password(url: str) -> bool:
+    """Whether a Redis URL carries a password: in its userinfo or as ``?password=`` (redis-py
+    reads both, for ``redis://``, ``rediss://`` and ``unix://``)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            return True
+        query = parse_qs(parts.query, keep_blank_values=True)
+    except ValueError:
+        return False
+    return any(name.strip().lower() == "password" and any(values) for name, values in query.items())
+
+
 def _warn_secrets_in_argv(args: argparse.Namespace) -> None:
     """Warn (stderr) when ``--database-url`` or ``--redis-url`` carries a password: every local
     user can read a command line (``ps``), not the environment or a file."""
@@ -228,12 +241,8 @@ def _warn_secrets_in_argv(args: argparse.Namespace) -> None:
                 leaks.append("--database-url")
         except PsycopgError:
             pass  # reported by the target's own check
-    if args.redis_url:
-        try:
-            if urlsplit(args.redis_url).password:
-                leaks.append("--redis-url")
-        except ValueError:
-            pass
+    if args.redis_url and _redis_url_has_password(args.redis_url):
+        leaks.append("--redis-url")
     for option in leaks:
         name = "DATABASE_URL" if option == "--database-url" else "REDIS_URL"
         print(
