@@ -305,6 +305,23 @@ async def test_sign_out_ends_the_session_on_the_server(pool: AsyncConnectionPool
         assert r.status_code == 401
 
 
+async def test_signing_in_again_ends_the_session_it_replaces(pool: AsyncConnectionPool) -> None:
+    app = dashboard_app(pool, token=TOKEN)
+    async with _client(app) as alice:
+        assert (await _sign_in(alice)).status_code == 303
+        copied = alice.cookies["sdcore_dashboard"]
+        assert (await _sign_in(alice)).status_code == 303  # e.g. to change the name shown
+        assert alice.cookies["sdcore_dashboard"] != copied
+        page = await alice.get("/outbox")
+        csrf = CSRF.search(page.text)
+        assert csrf
+        assert (await alice.post("/logout", data={"csrf": csrf[1]})).status_code == 303
+    async with _client(app) as thief:
+        thief.cookies.set("sdcore_dashboard", copied)
+        page = await thief.get("/outbox")
+        assert "operator:" not in page.text, "the session replaced at sign-in still acts"
+
+
 @pytest.mark.parametrize(
     "token",
     ["a" * 16, "password12345678", "changemechangeme", "0" * 16, "abababababababababab"],

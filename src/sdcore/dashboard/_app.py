@@ -370,6 +370,8 @@ def dashboard_app(
         log.info(
             "dashboard: %s signed in", actor, extra={"action": "dashboard_login", "actor": actor}
         )
+        if seen.session.actor is not None:
+            revoked.revoke(seen.session)  # signing out later only revokes the new session
         response = back(seen, "/", notice="login")
         cookie(response, request, seen, signer.new_session(actor))
         return response

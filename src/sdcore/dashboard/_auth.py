@@ -9,8 +9,10 @@
 - The CSRF token of a session is ``HMAC(key, "csrf:" + session id)``: nothing to store, checked
   with :func:`hmac.compare_digest`, like the operator token.
 - Signing out revokes the session id in this process (:class:`Revocations`) until it expires; a
-  copy of the cookie no longer acts here. Other processes serving the same dashboard do not
-  know it: rotating the token (or ``secret``) ends every session everywhere.
+  copy of the cookie no longer acts here. Signing in again revokes the signed-in session it
+  replaces, which the browser no longer holds and a later sign-out could not name. Other
+  processes serving the same dashboard do not know it: rotating the token (or ``secret``)
+  ends every session everywhere.
 - Wrong sign-ins are rationed per client address and in all (:class:`LoginThrottle`), so a
   token cannot be guessed online at the server's speed.
 """
