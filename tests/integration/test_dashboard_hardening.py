@@ -322,6 +322,23 @@ async def test_signing_in_again_ends_the_session_it_replaces(pool: AsyncConnecti
         assert "operator:" not in page.text, "the session replaced at sign-in still acts"
 
 
+async def test_rotating_the_token_ends_sessions_when_a_secret_is_given_too(
+    pool: AsyncConnectionPool,
+) -> None:
+    secret = b"replicas-share-this-key-0123456789"
+    before = dashboard_app(pool, token=TOKEN, secret=secret)
+    async with _client(before) as alice:
+        assert (await _sign_in(alice)).status_code == 303
+        cookie = alice.cookies["sdcore_dashboard"]
+    again = dashboard_app(pool, token=TOKEN, secret=secret)  # another replica, same settings
+    rotated = dashboard_app(pool, token="rotated-token-Vb7nQ2xLw9Rk", secret=secret)
+    for app, acts in ((again, True), (rotated, False)):
+        async with _client(app) as thief:
+            thief.cookies.set("sdcore_dashboard", cookie)
+            page = await thief.get("/outbox")
+            assert ("operator: <strong>alice</strong>" in page.text) is acts, acts
+
+
 @pytest.mark.parametrize(
     "token",
     ["a" * 16, "password12345678", "changemechangeme", "0" * 16, "abababababababababab"],

@@ -104,7 +104,8 @@ def dashboard_app(
         operator: The host application's dependency naming the operator.
         secret: Key that signs session cookies (at least 16 bytes). Default: derived from
             ``token``; with ``operator`` alone, random per process (give one when several
-            replicas serve the dashboard behind one address).
+            replicas serve the dashboard behind one address). With ``token`` too, the key is
+            derived from both, so rotating either ends every session.
         redis_url: Show BullMQ queues from this Redis (default: the runtime's).
         queue_prefix: BullMQ key prefix.
         lease_table: The lease table (pool only).
@@ -144,10 +145,10 @@ def dashboard_app(
         )
     data = DashboardData(pool, store=store, lease_table=lease_table, schema=schema, outbox=outbox)
     admin = ScheduleAdmin(store)
-    if secret is not None:
+    if token is not None:
+        signer = Signer.for_token(token, secret)
+    elif secret is not None:
         signer = Signer(secret)
-    elif token is not None:
-        signer = Signer.for_token(token)
     else:
         signer = Signer(secrets.token_bytes(32))
     log = logging.getLogger("sdcore.dashboard")

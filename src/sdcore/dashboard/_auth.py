@@ -2,8 +2,8 @@
 
 - The session is a cookie ``<payload>.<HMAC-SHA256>`` (HttpOnly, SameSite=Strict, Secure over
   HTTPS): a random session id, the operator's name once logged in, and an expiry. The key is
-  derived from the operator token (every replica with the same token accepts the same cookie)
-  or given as ``secret``.
+  derived from the operator token (every replica with the same token accepts the same cookie),
+  from ``secret`` and the token when both are given, or is ``secret`` alone.
 - Every visitor gets a session (anonymous until login), so even the login form carries a CSRF
   token; logging in issues a new session id (no session fixation).
 - The CSRF token of a session is ``HMAC(key, "csrf:" + session id)``: nothing to store, checked
@@ -71,8 +71,14 @@ class Signer:
         self._key = key
 
     @classmethod
-    def for_token(cls, token: str) -> Signer:
-        """The signer of a token-protected dashboard (same token → same key on every replica)."""
+    def for_token(cls, token: str, secret: bytes | None = None) -> Signer:
+        """The signer of a token-protected dashboard (same token and secret → same key on every
+        replica). The key depends on the token even when ``secret`` is given: rotating a leaked
+        token must end the sessions signed in with it."""
+        if secret is not None:
+            Signer(secret)  # the same length check as a secret used alone
+            data = b"sdcore-dashboard-session-v1:" + token.encode("utf-8")
+            return cls(hmac.new(secret, data, hashlib.sha256).digest())
         digest = hmac.new(token.encode("utf-8"), b"sdcore-dashboard-session-v1", hashlib.sha256)
         return cls(digest.digest())
 
