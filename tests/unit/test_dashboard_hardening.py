@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sdcore.cli._dashboard import _warn_secrets_in_argv
+from sdcore.cli._main import main
 from sdcore.dashboard import DashboardError
 from sdcore.dashboard._auth import (
     LoginThrottle,
@@ -204,3 +205,23 @@ def test_a_redis_url_without_a_password_is_not_warned_about(
 ) -> None:
     _warn_secrets_in_argv(argparse.Namespace(database_url=None, redis_url=url))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--allowed-host", ""], "--allowed-host"),
+        (["--allowed-host", "dash example"], "--allowed-host"),
+        (["--allowed-host", "http://dash.example.com/"], "--allowed-host"),
+        (["--queue-prefix", ""], "--queue-prefix"),
+    ],
+)
+def test_bad_dashboard_options_are_usage_errors_naming_the_option(
+    args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No database is reached: the options are refused while parsing.
+    status = main(["dashboard", "--database-url", "postgresql://127.0.0.1:1/x", *args])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert named in err
+    assert "SDCORE_DASHBOARD_TOKEN" not in err

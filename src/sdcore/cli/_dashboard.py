@@ -85,7 +85,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--redis-url-file", metavar="PATH", help="read the Redis URL from this file instead"
     )
-    parser.add_argument("--queue-prefix", default="bull", help="BullMQ key prefix (default: bull)")
+    parser.add_argument(
+        "--queue-prefix",
+        type=_queue_prefix,
+        default="bull",
+        help="BullMQ key prefix (default: bull)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
         "--port",
@@ -107,6 +112,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--allowed-host",
         action="append",
+        type=_host_name,
         default=[],
         metavar="NAME",
         help=(
@@ -122,6 +128,23 @@ def register(subparsers: Any) -> None:
             "any): behind a TLS proxy the session cookie is then Secure"
         ),
     )
+
+
+def _host_name(text: str) -> str:
+    """An ``--allowed-host`` value: a host name or address, optionally with a port, or ``*``."""
+    name = text.strip()
+    if not name or len(name) > 255 or any(c.isspace() or c in "/@\x00" for c in name):
+        raise argparse.ArgumentTypeError(
+            f"invalid host name {text[:60]!r}: expected e.g. dash.example.com, 10.0.0.7 or '*'"
+        )
+    return name
+
+
+def _queue_prefix(text: str) -> str:
+    """A ``--queue-prefix`` value: BullMQ's key prefix, non-empty and without NUL."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"invalid prefix {text[:60]!r}: expected e.g. bull")
+    return text
 
 
 def _dashboard_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
