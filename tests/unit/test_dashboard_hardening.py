@@ -5,6 +5,7 @@ and the warning about a password on ``sdcore dashboard``'s command line."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from sdcore.dashboard._auth import (
     check_token,
     token_bits,
 )
-from sdcore.dashboard._data import QueueNames
+from sdcore.dashboard._data import QueueNames, QueueRow, QueueView
 from sdcore.dashboard._guard import host_name
 
 
@@ -225,3 +226,36 @@ def test_bad_dashboard_options_are_usage_errors_naming_the_option(
     assert status == 2, err
     assert named in err
     assert "SDCORE_DASHBOARD_TOKEN" not in err
+
+
+async def test_queue_rows_and_errors_are_shared_for_their_lifetime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sdcore.dashboard._data as data
+
+    reads: list[str] = []
+    outcome: list[object] = [ConnectionError("Redis is down")]
+
+    async def counts(url: str, prefix: str, *, names: QueueNames) -> list[QueueRow]:
+        reads.append(url)
+        await asyncio.sleep(0.01)  # the other views queue up meanwhile
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return [QueueRow(name="mails", counts={})]
+
+    monkeypatch.setattr(data, "queue_counts", counts)
+    clock = Clock()
+    view = QueueView(QueueNames(), ttl_s=2.0, clock=clock)
+    failed = await asyncio.gather(
+        *(view.get("redis://x", "bull") for _ in range(20)), return_exceptions=True
+    )
+    assert all(isinstance(f, ConnectionError) for f in failed)
+    assert len(reads) == 1, "a Redis that is down is tried once, not once per waiting view"
+    outcome[0] = "up"
+    clock.now += 1.9
+    with pytest.raises(ConnectionError):
+        await view.get("redis://x", "bull")
+    clock.now += 0.2
+    rows = await asyncio.gather(*(view.get("redis://x", "bull") for _ in range(20)))
+    assert [r[0].name for r in rows] == ["mails"] * 20
+    assert len(reads) == 2

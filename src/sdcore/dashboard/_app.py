@@ -39,7 +39,7 @@ from sdcore.dashboard._data import (
     MISSING_TABLE,
     DashboardData,
     QueueNames,
-    queue_counts,
+    QueueView,
 )
 from sdcore.dashboard._format import Refused, instant, page_number
 from sdcore.dashboard._guard import Guard
@@ -169,7 +169,7 @@ def dashboard_app(
     app.add_middleware(Guard, max_body=MAX_FORM_BYTES, allowed_hosts=allowed_hosts, log=log)
     revoked = Revocations()
     throttle = LoginThrottle()
-    queue_names = QueueNames()
+    queue_view = QueueView(QueueNames())
 
     async def no_operator() -> str | None:
         return None
@@ -322,7 +322,7 @@ def dashboard_app(
         if redis_url is None:
             return render(request, seen, "queues.html", rows=None, error=None)
         try:
-            rows = await queue_counts(redis_url, queue_prefix, names=queue_names)
+            rows = await queue_view.get(redis_url, queue_prefix)
         except Exception as exc:  # noqa: BLE001 - Redis down is shown, not a 500
             detail = _format.one_line(exc)
             log.warning(
@@ -332,7 +332,7 @@ def dashboard_app(
             error = detail if seen.actor is not None else "Redis cannot be reached (see the log)."
             return render(request, seen, "queues.html", rows=None, error=error)
         return render(
-            request, seen, "queues.html", rows=rows, error=None, partial=queue_names.partial
+            request, seen, "queues.html", rows=rows, error=None, partial=queue_view.names.partial
         )
 
     @app.get("/login", response_class=HTMLResponse)
