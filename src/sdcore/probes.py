@@ -191,6 +191,7 @@ async def _relay(runtime: Runtime) -> ProbeCheck:
 # --- a tiny HTTP server for processes without a web framework (``sdcore run --metrics-port``) --
 
 _log = logging.getLogger("sdcore.probes")
+_MAX_HEADERS = 100  # a probe or scrape sends a handful; more gets a 431
 _REASONS = {
     200: "OK",
     404: "Not Found",
@@ -209,7 +210,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int) -> asyn
 
     It binds the loopback address unless ``host`` says otherwise: the endpoints have no
     authentication, so reaching them from the kubelet or Prometheus (``host="0.0.0.0"``) is
-    a deliberate choice. A request line or header over 64 KiB gets a 431, logged at DEBUG only.
+    a deliberate choice. A request line or header over 64 KiB, or more than 100 header lines,
+    gets a 431, logged at DEBUG only.
 
     Raises:
         OSError: The port cannot be bound.
@@ -220,11 +222,14 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int) -> asyn
             async with asyncio.timeout(10):
                 try:
                     request = await reader.readline()
+                    lines = 0
                     while (await reader.readline()).strip():
-                        pass  # headers: nothing in them matters here
-                except ValueError:  # a line over the reader's limit: the client's fault
-                    _log.debug("probe server: request line or header too long")
-                    status, kind, body = 431, "text/plain", b"request line or header too long\n"
+                        lines += 1  # headers: nothing in them matters here, but their number
+                        if lines > _MAX_HEADERS:  # bounds the loop's work for one client
+                            raise ValueError("too many header lines")
+                except ValueError:  # a line over the reader's limit, or too many: the client's
+                    _log.debug("probe server: request line or headers too long")
+                    status, kind, body = 431, "text/plain", b"request line or headers too long\n"
                 else:
                     status, kind, body = await _answer(runtime, request)
             head = (

@@ -4,6 +4,7 @@ queues page's cost in Redis (a Redis of our own), and where the secrets come fro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -305,6 +306,40 @@ async def test_sign_out_ends_the_session_on_the_server(pool: AsyncConnectionPool
         assert r.status_code == 401
 
 
+async def test_signing_in_again_ends_the_session_it_replaces(pool: AsyncConnectionPool) -> None:
+    app = dashboard_app(pool, token=TOKEN)
+    async with _client(app) as alice:
+        assert (await _sign_in(alice)).status_code == 303
+        copied = alice.cookies["sdcore_dashboard"]
+        assert (await _sign_in(alice)).status_code == 303  # e.g. to change the name shown
+        assert alice.cookies["sdcore_dashboard"] != copied
+        page = await alice.get("/outbox")
+        csrf = CSRF.search(page.text)
+        assert csrf
+        assert (await alice.post("/logout", data={"csrf": csrf[1]})).status_code == 303
+    async with _client(app) as thief:
+        thief.cookies.set("sdcore_dashboard", copied)
+        page = await thief.get("/outbox")
+        assert "operator:" not in page.text, "the session replaced at sign-in still acts"
+
+
+async def test_rotating_the_token_ends_sessions_when_a_secret_is_given_too(
+    pool: AsyncConnectionPool,
+) -> None:
+    secret = b"replicas-share-this-key-0123456789"
+    before = dashboard_app(pool, token=TOKEN, secret=secret)
+    async with _client(before) as alice:
+        assert (await _sign_in(alice)).status_code == 303
+        cookie = alice.cookies["sdcore_dashboard"]
+    again = dashboard_app(pool, token=TOKEN, secret=secret)  # another replica, same settings
+    rotated = dashboard_app(pool, token="rotated-token-Vb7nQ2xLw9Rk", secret=secret)
+    for app, acts in ((again, True), (rotated, False)):
+        async with _client(app) as thief:
+            thief.cookies.set("sdcore_dashboard", cookie)
+            page = await thief.get("/outbox")
+            assert ("operator: <strong>alice</strong>" in page.text) is acts, acts
+
+
 @pytest.mark.parametrize(
     "token",
     ["a" * 16, "password12345678", "changemechangeme", "0" * 16, "abababababababababab"],
@@ -428,6 +463,35 @@ async def test_queue_views_do_not_scan_the_keyspace_each_time(
     assert ">2<" in pages[-1], "the wait list's length"
     # One walk of 30,000 keys at COUNT 1000 is about 30 calls; five per view were 600.
     assert used <= 45, f"{used} SCAN calls for 4 views"
+
+
+async def test_a_burst_of_queue_views_shares_one_redis_connection(
+    pool: AsyncConnectionPool, own_redis: str
+) -> None:
+    from redis.asyncio import Redis
+
+    async with Redis.from_url(own_redis) as redis:
+        async with redis.pipeline(transaction=False) as pipe:
+            for n in range(20):
+                pipe.hset(f"bull:q{n}:meta", "version", "x")
+                pipe.rpush(f"bull:q{n}:wait", "1")
+            await pipe.execute()
+
+        async def stats() -> tuple[int, int]:
+            info = await redis.info("stats")
+            return int(info["total_connections_received"]), int(info["total_commands_processed"])
+
+        app = dashboard_app(pool, redis_url=own_redis)
+        async with _client(app) as client:
+            assert "q19" in (await client.get("/queues")).text  # the names are walked once
+            connections, commands = await stats()
+            pages = await asyncio.gather(*(client.get("/queues") for _ in range(50)))
+            after = await stats()
+    assert all(page.status_code == 200 and "q19" in page.text for page in pages)
+    # Each anonymous view opened its own connection and sent 7 commands per queue (50 and
+    # about 7,000 here); now the burst shares one read, or two if it spans the 2 s lifetime.
+    assert after[0] - connections <= 3, f"{after[0] - connections} Redis connections"
+    assert after[1] - commands <= 3 * (7 * 20 + 10), f"{after[1] - commands} commands"
 
 
 async def test_a_missing_lease_table_is_a_notice_not_a_500(pool: AsyncConnectionPool) -> None:

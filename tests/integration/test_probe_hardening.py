@@ -1,6 +1,7 @@
-"""The monitoring port under hostile input and its default address: oversized requests get a 431
-without an ERROR record, and ``serve()`` / ``sdcore run --metrics-port`` bind the loopback
-address unless told otherwise (read from the kernel's socket table of a real process)."""
+"""The monitoring port under hostile input and its default address: oversized requests (a long
+line, or a flood of short header lines) get a 431 without an ERROR record, and ``serve()`` /
+``sdcore run --metrics-port`` bind the loopback address unless told otherwise (read from the
+kernel's socket table of a real process)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ async def test_oversized_requests_get_431_and_no_error_record(
             await _exchange(port, b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n"),
             await _exchange(port, b"GET /livez HTTP/1.1\r\nX-Big: " + b"b" * 70_000 + b"\r\n\r\n"),
             await _exchange(port, b"GET /readyz HTTP/1.1\r\n" + b"c" * 100_000),
+            # Many short header lines: each under the limit, their number not.
+            await _exchange(port, b"GET /livez HTTP/1.1\r\n" + b"a: b\r\n" * 5_000 + b"\r\n"),
         ]
         live = await _exchange(port, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
     finally:

@@ -1,12 +1,17 @@
 """The dashboard's guards on a fake clock: the sign-in throttle's window and budgets, the bound of
-the revoked sessions, the queue list's lifetime and SCAN budget, token entropy, Host parsing."""
+the revoked sessions, the queue list's lifetime and SCAN budget, token entropy, Host parsing,
+and the warning about a password on ``sdcore dashboard``'s command line."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from typing import Any
 
 import pytest
 
+from sdcore.cli._dashboard import _warn_secrets_in_argv
+from sdcore.cli._main import main
 from sdcore.dashboard import DashboardError
 from sdcore.dashboard._auth import (
     LoginThrottle,
@@ -15,7 +20,7 @@ from sdcore.dashboard._auth import (
     check_token,
     token_bits,
 )
-from sdcore.dashboard._data import QueueNames
+from sdcore.dashboard._data import QueueNames, QueueRow, QueueView
 from sdcore.dashboard._guard import host_name
 
 
@@ -114,12 +119,44 @@ def test_predictable_tokens_are_refused(token: str) -> None:
         check_token(token)
 
 
+@pytest.mark.parametrize(
+    "token",
+    [
+        "password" * 5,
+        "changeme" * 4,
+        "passw0rd!" * 3,
+        "\U0001f600" * 16,
+        "".join(chr(0x1F600 + n) for n in range(16)),
+        "abcdefghijklmnopqrstuvwxyz",
+        "0123456789abcdefghij",
+        "zyxwvutsrqponmlkjihgfedcba9876543210",
+    ],
+    ids=[
+        "password-x5",
+        "changeme-x4",
+        "passw0rd!-x3",
+        "one-emoji",
+        "emoji-run",
+        "alphabet",
+        "digits-letters",
+        "backwards",
+    ],
+)
+def test_long_repeats_runs_and_multibyte_characters_are_predictable(token: str) -> None:
+    assert token_bits(token) < 40
+    with pytest.raises(DashboardError, match="too predictable"):
+        check_token(token)
+
+
 def test_random_tokens_pass() -> None:
     import secrets
 
     for _ in range(200):
-        assert check_token(secrets.token_urlsafe(16)) is not None
+        assert check_token(secrets.token_urlsafe(32)) is not None
         assert check_token(secrets.token_hex(16)) is not None
+    # Fixed draws of token_urlsafe(16), including ones with chance repeats of 3 characters.
+    for token in ("Zq8v3XkP0aLmTT9wq1rXXb", "gAvXhxq6lqALmq6lgqh-6A", "xnkONjTC6kONfjrJXXkfNg"):
+        assert check_token(token) == token
     assert token_bits("a" * 40) == 0
 
 
@@ -137,3 +174,88 @@ def test_random_tokens_pass() -> None:
 )
 def test_host_names(header: str, name: str) -> None:
     assert host_name(header) == name
+
+
+@pytest.mark.parametrize(
+    ("option", "url"),
+    [
+        ("--redis-url", "redis://127.0.0.1:6379/0?password=S3cret-redis"),
+        ("--redis-url", "rediss://cache.internal:6380?ssl_cert_reqs=none&password=S3cret-redis"),
+        ("--redis-url", "unix:///run/redis.sock?db=1&password=S3cret-redis"),
+        ("--redis-url", "redis://:S3cret-redis@127.0.0.1:6379"),
+        ("--database-url", "postgresql://127.0.0.1/app?password=S3cret-pg"),
+        ("--database-url", "host=127.0.0.1 dbname=app password=S3cret-pg"),
+    ],
+)
+def test_a_password_anywhere_in_a_url_argument_is_warned_about(
+    option: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(database_url=None, redis_url=None)
+    setattr(args, option.removeprefix("--").replace("-", "_"), url)
+    _warn_secrets_in_argv(args)
+    err = capsys.readouterr().err
+    assert f"warning: {option} holds a password" in err
+    assert "S3cret" not in err
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?db=2&password=", "redis://x@h"]
+)
+def test_a_redis_url_without_a_password_is_not_warned_about(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _warn_secrets_in_argv(argparse.Namespace(database_url=None, redis_url=url))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--allowed-host", ""], "--allowed-host"),
+        (["--allowed-host", "dash example"], "--allowed-host"),
+        (["--allowed-host", "http://dash.example.com/"], "--allowed-host"),
+        (["--queue-prefix", ""], "--queue-prefix"),
+    ],
+)
+def test_bad_dashboard_options_are_usage_errors_naming_the_option(
+    args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No database is reached: the options are refused while parsing.
+    status = main(["dashboard", "--database-url", "postgresql://127.0.0.1:1/x", *args])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert named in err
+    assert "SDCORE_DASHBOARD_TOKEN" not in err
+
+
+async def test_queue_rows_and_errors_are_shared_for_their_lifetime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sdcore.dashboard._data as data
+
+    reads: list[str] = []
+    outcome: list[object] = [ConnectionError("Redis is down")]
+
+    async def counts(url: str, prefix: str, *, names: QueueNames) -> list[QueueRow]:
+        reads.append(url)
+        await asyncio.sleep(0.01)  # the other views queue up meanwhile
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return [QueueRow(name="mails", counts={})]
+
+    monkeypatch.setattr(data, "queue_counts", counts)
+    clock = Clock()
+    view = QueueView(QueueNames(), ttl_s=2.0, clock=clock)
+    failed = await asyncio.gather(
+        *(view.get("redis://x", "bull") for _ in range(20)), return_exceptions=True
+    )
+    assert all(isinstance(f, ConnectionError) for f in failed)
+    assert len(reads) == 1, "a Redis that is down is tried once, not once per waiting view"
+    outcome[0] = "up"
+    clock.now += 1.9
+    with pytest.raises(ConnectionError):
+        await view.get("redis://x", "bull")
+    clock.now += 0.2
+    rows = await asyncio.gather(*(view.get("redis://x", "bull") for _ in range(20)))
+    assert [r[0].name for r in rows] == ["mails"] * 20
+    assert len(reads) == 2

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from psycopg import Error as PsycopgError
 from psycopg.conninfo import conninfo_to_dict
@@ -85,7 +85,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--redis-url-file", metavar="PATH", help="read the Redis URL from this file instead"
     )
-    parser.add_argument("--queue-prefix", default="bull", help="BullMQ key prefix (default: bull)")
+    parser.add_argument(
+        "--queue-prefix",
+        type=_queue_prefix,
+        default="bull",
+        help="BullMQ key prefix (default: bull)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
         "--port",
@@ -107,6 +112,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--allowed-host",
         action="append",
+        type=_host_name,
         default=[],
         metavar="NAME",
         help=(
@@ -122,6 +128,23 @@ def register(subparsers: Any) -> None:
             "any): behind a TLS proxy the session cookie is then Secure"
         ),
     )
+
+
+def _host_name(text: str) -> str:
+    """An ``--allowed-host`` value: a host name or address, optionally with a port, or ``*``."""
+    name = text.strip()
+    if not name or len(name) > 255 or any(c.isspace() or c in "/@\x00" for c in name):
+        raise argparse.ArgumentTypeError(
+            f"invalid host name {text[:60]!r}: expected e.g. dash.example.com, 10.0.0.7 or '*'"
+        )
+    return name
+
+
+def _queue_prefix(text: str) -> str:
+    """A ``--queue-prefix`` value: BullMQ's key prefix, non-empty and without NUL."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"invalid prefix {text[:60]!r}: expected e.g. bull")
+    return text
 
 
 def _dashboard_command(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
@@ -218,6 +241,19 @@ def _read_url_file(path: str | None, option: str) -> str | None:
     return lines[0].strip()
 
 
+def _redis_url_has_password(url: str) -> bool:
+    """Whether a Redis URL carries a password: in its userinfo or as ``?password=`` (redis-py
+    reads both, for ``redis://``, ``rediss://`` and ``unix://``)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            return True
+        query = parse_qs(parts.query, keep_blank_values=True)
+    except ValueError:
+        return False
+    return any(name.strip().lower() == "password" and any(values) for name, values in query.items())
+
+
 def _warn_secrets_in_argv(args: argparse.Namespace) -> None:
     """Warn (stderr) when ``--database-url`` or ``--redis-url`` carries a password: every local
     user can read a command line (``ps``), not the environment or a file."""
@@ -228,12 +264,8 @@ def _warn_secrets_in_argv(args: argparse.Namespace) -> None:
                 leaks.append("--database-url")
         except PsycopgError:
             pass  # reported by the target's own check
-    if args.redis_url:
-        try:
-            if urlsplit(args.redis_url).password:
-                leaks.append("--redis-url")
-        except ValueError:
-            pass
+    if args.redis_url and _redis_url_has_password(args.redis_url):
+        leaks.append("--redis-url")
     for option in leaks:
         name = "DATABASE_URL" if option == "--database-url" else "REDIS_URL"
         print(

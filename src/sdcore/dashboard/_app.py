@@ -39,7 +39,7 @@ from sdcore.dashboard._data import (
     MISSING_TABLE,
     DashboardData,
     QueueNames,
-    queue_counts,
+    QueueView,
 )
 from sdcore.dashboard._format import Refused, instant, page_number
 from sdcore.dashboard._guard import Guard
@@ -109,7 +109,8 @@ def dashboard_app(
         operator: The host application's dependency naming the operator.
         secret: Key that signs session cookies (at least 16 bytes). Default: derived from
             ``token``; with ``operator`` alone, random per process (give one when several
-            replicas serve the dashboard behind one address).
+            replicas serve the dashboard behind one address). With ``token`` too, the key is
+            derived from both, so rotating either ends every session.
         redis_url: Show BullMQ queues from this Redis (default: the runtime's).
         queue_prefix: BullMQ key prefix.
         lease_table: The lease table (pool only).
@@ -149,10 +150,10 @@ def dashboard_app(
         )
     data = DashboardData(pool, store=store, lease_table=lease_table, schema=schema, outbox=outbox)
     admin = ScheduleAdmin(store)
-    if secret is not None:
+    if token is not None:
+        signer = Signer.for_token(token, secret)
+    elif secret is not None:
         signer = Signer(secret)
-    elif token is not None:
-        signer = Signer.for_token(token)
     else:
         signer = Signer(secrets.token_bytes(32))
     log = logging.getLogger("sdcore.dashboard")
@@ -176,7 +177,7 @@ def dashboard_app(
     app.add_middleware(Guard, max_body=MAX_FORM_BYTES, allowed_hosts=allowed_hosts, log=log)
     revoked = Revocations()
     throttle = LoginThrottle()
-    queue_names = QueueNames()
+    queue_view = QueueView(QueueNames())
 
     async def no_operator() -> str | None:
         return None
@@ -329,7 +330,7 @@ def dashboard_app(
         if redis_url is None:
             return render(request, seen, "queues.html", rows=None, error=None)
         try:
-            rows = await queue_counts(redis_url, queue_prefix, names=queue_names)
+            rows = await queue_view.get(redis_url, queue_prefix)
         except Exception as exc:  # noqa: BLE001 - Redis down is shown, not a 500
             detail = _format.one_line(exc)
             log.warning(
@@ -339,7 +340,7 @@ def dashboard_app(
             error = detail if seen.actor is not None else "Redis cannot be reached (see the log)."
             return render(request, seen, "queues.html", rows=None, error=error)
         return render(
-            request, seen, "queues.html", rows=rows, error=None, partial=queue_names.partial
+            request, seen, "queues.html", rows=rows, error=None, partial=queue_view.names.partial
         )
 
     @app.get("/login", response_class=HTMLResponse)
@@ -378,6 +379,8 @@ def dashboard_app(
         log.info(
             "dashboard: %s signed in", actor, extra={"action": "dashboard_login", "actor": actor}
         )
+        if seen.session.actor is not None:
+            revoked.revoke(seen.session)  # signing out later only revokes the new session
         response = back(seen, "/", notice="login")
         cookie(response, request, seen, signer.new_session(actor))
         return response

@@ -2,15 +2,17 @@
 
 - The session is a cookie ``<payload>.<HMAC-SHA256>`` (HttpOnly, SameSite=Strict, Secure over
   HTTPS): a random session id, the operator's name once logged in, and an expiry. The key is
-  derived from the operator token (every replica with the same token accepts the same cookie)
-  or given as ``secret``.
+  derived from the operator token (every replica with the same token accepts the same cookie),
+  from ``secret`` and the token when both are given, or is ``secret`` alone.
 - Every visitor gets a session (anonymous until login), so even the login form carries a CSRF
   token; logging in issues a new session id (no session fixation).
 - The CSRF token of a session is ``HMAC(key, "csrf:" + session id)``: nothing to store, checked
   with :func:`hmac.compare_digest`, like the operator token.
 - Signing out revokes the session id in this process (:class:`Revocations`) until it expires; a
-  copy of the cookie no longer acts here. Other processes serving the same dashboard do not
-  know it: rotating the token (or ``secret``) ends every session everywhere.
+  copy of the cookie no longer acts here. Signing in again revokes the signed-in session it
+  replaces, which the browser no longer holds and a later sign-out could not name. Other
+  processes serving the same dashboard do not know it: rotating the token (or ``secret``)
+  ends every session everywhere.
 - Wrong sign-ins are rationed per client address and in all (:class:`LoginThrottle`), so a
   token cannot be guessed online at the server's speed.
 """
@@ -34,10 +36,12 @@ COOKIE = "sdcore_dashboard"
 SESSION_TTL_S = 12 * 3600
 MAX_ACTOR = 100
 MIN_TOKEN_CHARS = 16
-# Estimated as Shannon entropy of the token's bytes times its length: "a"*16 is 0 bits,
-# "password12345678" 62; secrets.token_urlsafe(16) scores 92 at the median and above 73 in
-# 200,000 draws, token_hex(16) above 89, token_urlsafe(32) about 230.
+# Estimated by token_bits: "a"*16 and "\U0001f600"*16 are 0 bits, "password"*5 is 22,
+# "abcdefghijklmnopqrstuvwxyz" 9, "password12345678" 39; secrets.token_urlsafe(16) scores 92 at
+# the median and under 70 in about 1 of 200,000 draws (runs like "cccc"), token_hex(16) above
+# 78 in 400,000 draws, token_urlsafe(32) above 170.
 MIN_TOKEN_BITS = 70
+MIN_COPY_CHARS = 4  # shorter repeats occur by chance in random tokens
 _GENERATE = "generate one: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
@@ -67,8 +71,14 @@ class Signer:
         self._key = key
 
     @classmethod
-    def for_token(cls, token: str) -> Signer:
-        """The signer of a token-protected dashboard (same token → same key on every replica)."""
+    def for_token(cls, token: str, secret: bytes | None = None) -> Signer:
+        """The signer of a token-protected dashboard (same token and secret → same key on every
+        replica). The key depends on the token even when ``secret`` is given: rotating a leaked
+        token must end the sessions signed in with it."""
+        if secret is not None:
+            Signer(secret)  # the same length check as a secret used alone
+            data = b"sdcore-dashboard-session-v1:" + token.encode("utf-8")
+            return cls(hmac.new(secret, data, hashlib.sha256).digest())
         digest = hmac.new(token.encode("utf-8"), b"sdcore-dashboard-session-v1", hashlib.sha256)
         return cls(digest.digest())
 
@@ -126,21 +136,40 @@ def token_matches(expected: str | None, given: str | None) -> bool:
 
 
 def token_bits(token: str) -> float:
-    """Estimate the entropy of ``token`` in bits: Shannon entropy of its bytes × its length.
+    """Estimate the entropy of ``token`` in bits: the Shannon entropy of its characters times
+    the number of characters that add something.
 
-    An overestimate for structured text, but it catches what length alone accepts: repeated
-    characters (``"a"*16``: 0) and few distinct ones (``"changemechangeme"``: 44).
+    A character adds nothing when it starts a copy of 4 or more characters seen earlier in the
+    token (``"password" * 5`` counts as one ``"password"``) or continues a run of 3 with a step
+    of -1, 0 or +1 (``"abcdef"``, ``"4321"``, ``"aaa"``). Characters, not bytes: a repeated
+    emoji's four UTF-8 bytes are one character. An overestimate for structured text, but it
+    catches what length alone accepts.
     """
-    data = token.encode("utf-8")
-    if not data:
+    total = len(token)
+    if not total:
         return 0.0
-    total = len(data)
-    per_byte = -sum(n / total * math.log2(n / total) for n in Counter(data).values())
-    return abs(per_byte * total)  # abs: one distinct byte gives -0.0
+    per_char = -sum(n / total * math.log2(n / total) for n in Counter(token).values())
+    adding, at = 0, 0
+    while at < total:
+        copied = 0  # the longest earlier copy (it may overlap) of the text starting here
+        while at + copied < total and token.find(token[at : at + copied + 1], 0, at + copied) >= 0:
+            copied += 1
+        if copied >= MIN_COPY_CHARS:
+            at += copied
+            continue
+        if at >= 2:
+            step = ord(token[at]) - ord(token[at - 1])
+            if abs(step) <= 1 and step == ord(token[at - 1]) - ord(token[at - 2]):
+                at += 1
+                continue
+        adding += 1
+        at += 1
+    return abs(per_char * adding)  # abs: one distinct character gives -0.0
 
 
 def check_token(token: object) -> str | None:
-    """Validate an operator token: ``None``, or at least 16 characters and about 70 bits.
+    """Validate an operator token: ``None``, or at least 16 characters and about 70 bits
+    (:func:`token_bits`).
 
     Raises:
         DashboardError: Too short, too predictable, or not a str.
@@ -156,7 +185,7 @@ def check_token(token: object) -> str | None:
     if bits < MIN_TOKEN_BITS:
         raise DashboardError(
             f"the dashboard token is too predictable (about {bits:.0f} bits of entropy, at least "
-            f"{MIN_TOKEN_BITS} needed: repeated or few distinct characters; {_GENERATE})"
+            f"{MIN_TOKEN_BITS} needed: repeats, sequences or few distinct characters; {_GENERATE})"
         )
     return token
 

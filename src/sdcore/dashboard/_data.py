@@ -458,6 +458,55 @@ async def queue_counts(
         ]
 
 
+class QueueView:
+    """The ``/queues`` rows, read from Redis by one view at a time and kept for ``ttl_s``.
+
+    Every view of the page (anonymous ones included) would otherwise open its own Redis
+    connection and send seven commands per queue: a burst of views would be as many
+    connections to the Redis that BullMQ's workers need. Here concurrent views wait for one
+    read and share its rows, or its error (a Redis that is down is tried once per ``ttl_s``,
+    not once per waiting view), so the dashboard holds at most one Redis connection for it.
+    """
+
+    def __init__(
+        self,
+        names: QueueNames,
+        *,
+        ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.names = names
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._rows: list[QueueRow] | None = None
+        self._error: Exception | None = None
+        self._read_at = 0.0
+
+    async def get(self, redis_url: str, prefix: str) -> list[QueueRow]:
+        """The rows of at most ``ttl_s`` ago (read again after), or the error of that read.
+
+        Raises:
+            ImportError: The ``redis`` package is missing.
+            redis.RedisError: Redis could not be read (kept, like rows, for ``ttl_s``).
+        """
+        async with self._lock:
+            if self._clock() - self._read_at >= self._ttl_s or (
+                self._rows is None and self._error is None
+            ):
+                try:
+                    rows = await queue_counts(redis_url, prefix, names=self.names)
+                except Exception as exc:  # noqa: BLE001 - kept for the waiting views, raised below
+                    self._rows, self._error = None, exc
+                else:
+                    self._rows, self._error = rows, None
+                self._read_at = self._clock()
+            if self._error is not None:
+                raise self._error.with_traceback(None)
+            assert self._rows is not None  # noqa: S101 - set with the error cleared
+            return self._rows
+
+
 def _glob(text: str) -> str:
     """Escape Redis glob characters in a literal prefix."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
@@ -469,6 +518,7 @@ __all__ = [
     "LeaseRow",
     "QueueNames",
     "QueueRow",
+    "QueueView",
     "SchedulePage",
     "ScheduleRow",
     "queue_counts",
