@@ -1,0 +1,81 @@
+"""What a new user meets in the first hour: the dashboard's missed ticks, the CLI's messages."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore.dashboard._data import DashboardData
+from sdcore.scheduling import PostgresScheduleStore
+
+RUNS = (
+    "INSERT INTO sdcore_schedules_runs (schedule, run_key, source, scheduled_at, attempt,"
+    " fencing_token, replica_id, host, pid, started_at, finished_at, status)"
+    " VALUES (%s, %s, %s, %s, 1, 1, %s, 'replica-a', 4242, %s, %s, 'SUCCESS')"
+)
+
+
+async def _timeline_missed(dsn: str, name: str) -> int:
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        data = DashboardData(pool, store=PostgresScheduleStore(pool))
+        row = await data.schedule(name)
+    assert row is not None
+    return row.missed
+
+
+@pytest.mark.parametrize(
+    ("kind", "expression", "step_s", "stale_step_s"),
+    [
+        pytest.param("interval", "2000", 2, 1, id="interval"),
+        pytest.param("cron", "*/2 * * * * *", 2, 1, id="cron"),
+    ],
+)
+async def test_the_timeline_counts_ticks_paused_as_missed_beside_backfills_and_fresh_ticks(
+    schema_dsn: str, kind: str, expression: str, step_s: int, stale_step_s: int
+) -> None:
+    """N ticks skipped by a pause are N missed ticks, whatever else ran in the same hours.
+
+    Every other tick of the last 90 minutes succeeded, including those of the last minute (not
+    yet judged), ticks backfilled from before the schedule existed, and ticks of an earlier
+    expression that fired on every second: none of them is an expected tick, so none may cancel
+    a miss.
+    """
+    name = f"every-{kind}"
+    now = datetime.now(UTC).replace(microsecond=0)
+    created = now - timedelta(minutes=90)
+    created -= timedelta(seconds=created.second % step_s)
+    paused_from = now - timedelta(minutes=45)
+    paused_from -= timedelta(seconds=paused_from.second % step_s)
+    paused = 22
+    skipped = {paused_from + timedelta(seconds=step_s * i) for i in range(paused)}
+    rows: list[tuple[object, ...]] = []
+
+    def ran(at: datetime, source: str) -> None:
+        key = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        rows.append((name, key, source, at, uuid.uuid4(), at, at + timedelta(milliseconds=5)))
+
+    at = created
+    while at < now:
+        if at not in skipped:
+            ran(at, "tick")
+        at += timedelta(seconds=step_s)
+    for i in range(1, 120):  # backfilled ticks from before the schedule existed
+        ran(created - timedelta(seconds=step_s * i), "backfill")
+    at = created + timedelta(seconds=stale_step_s)
+    while at < now:  # the odd seconds of an earlier, every-second definition
+        if (at - created).total_seconds() % step_s:
+            ran(at, "tick")
+        at += timedelta(seconds=stale_step_s)
+    async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO sdcore_schedules (name, kind, expression, fingerprint, created_at)"
+            " VALUES (%s, %s, %s, 'f', %s)",
+            (name, kind, expression, created),
+        )
+        async with conn.cursor() as cur:
+            await cur.executemany(RUNS, rows)
+    assert await _timeline_missed(schema_dsn, name) == paused
