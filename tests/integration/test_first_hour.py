@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore import Runtime
 from sdcore.dashboard._data import DashboardData
-from sdcore.scheduling import PostgresScheduleStore
+from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin
 
 RUNS = (
     "INSERT INTO sdcore_schedules_runs (schedule, run_key, source, scheduled_at, attempt,"
@@ -79,3 +82,58 @@ async def test_the_timeline_counts_ticks_paused_as_missed_beside_backfills_and_f
         async with conn.cursor() as cur:
             await cur.executemany(RUNS, rows)
     assert await _timeline_missed(schema_dsn, name) == paused
+
+
+async def _skip_rows(dsn: str, name: str) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM job_scheduler WHERE code = %s AND data ? 'skipped'", (name,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_paused_tick_is_counted_once_across_the_replicas(schema_dsn: str) -> None:
+    """Two replicas fire every paused tick; the summed ``skipped_pause`` counter counts it once.
+
+    The monitoring how-to sums per-replica counters, so each skipped tick must be counted by
+    one replica only: the one whose skip row was written.
+    """
+    name = "every-second-paused"
+    replicas = [
+        Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False, metrics=True)
+        for _ in range(2)
+    ]
+    for runtime in replicas:
+        runtime.scheduler.add_interval(name, 1_000, lambda tick: None)
+    async with replicas[0], replicas[1]:
+        admin = ScheduleAdmin(PostgresScheduleStore(replicas[0].pool))
+        await _eventually(lambda: _declared_by(admin, name, 2))
+        await admin.pause(name, actor="ops", reason="first-hour test")
+
+        async def enough() -> bool:
+            return await _skip_rows(schema_dsn, name) >= 4
+
+        await _eventually(enough)
+    skipped = await _skip_rows(schema_dsn, name)
+    counted = []
+    for runtime in replicas:
+        assert runtime.metrics is not None
+        sample = runtime.metrics.registry.get_sample_value(
+            "sdcore_schedule_runs_total", {"schedule": name, "outcome": "skipped_pause"}
+        )
+        counted.append(int(sample or 0))
+    assert sum(counted) == skipped, f"per replica {counted}, skip rows {skipped}"
+
+
+async def _declared_by(admin: ScheduleAdmin, name: str, replicas: int) -> bool:
+    found = {s.name: s for s in await admin.list_schedules()}.get(name)
+    return found is not None and len(found.replicas) >= replicas
+
+
+async def _eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.1)

@@ -252,7 +252,6 @@ class Supervisor:
         reason = None if self.gate is None else self.gate(entry.name)
         if reason is not None and path not in (StartPath.TRIGGER, StartPath.BACKFILL):
             if path is StartPath.FIRE:
-                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_PAUSE)
                 self._log.info(
                     "schedule %r run %r: skipped, the schedule is %s",
                     entry.name,
@@ -265,7 +264,9 @@ class Supervisor:
                     },
                 )
                 self._own(
-                    self._runner.record_skipped(entry.name, entry.kind, entry.policy, tick, reason),
+                    self._runner.record_skipped(
+                        entry.name, entry.kind, entry.policy, tick, reason, outcome=SKIPPED_PAUSE
+                    ),
                     f"sdcore-skip:{entry.name}",
                 )
             return None
@@ -284,10 +285,14 @@ class Supervisor:
                 },
             )
             if path is StartPath.FIRE:
-                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_OVERLAP)
                 self._own(
                     self._runner.record_skipped(
-                        entry.name, entry.kind, entry.policy, tick, "overlap"
+                        entry.name,
+                        entry.kind,
+                        entry.policy,
+                        tick,
+                        "overlap",
+                        outcome=SKIPPED_OVERLAP,
                     ),
                     f"sdcore-skip:{entry.name}",
                 )
