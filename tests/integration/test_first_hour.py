@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -84,10 +89,11 @@ async def test_the_timeline_counts_ticks_paused_as_missed_beside_backfills_and_f
     assert await _timeline_missed(schema_dsn, name) == paused
 
 
-async def _skip_rows(dsn: str, name: str) -> int:
+async def _skip_rows(dsn: str, name: str, where: str = "data ? 'skipped'") -> int:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT count(*) FROM job_scheduler WHERE code = %s AND data ? 'skipped'", (name,)
+            f"SELECT count(*) FROM job_scheduler WHERE code = %s AND {where}",
+            (name,),
         )
         row = await cur.fetchone()
     assert row is not None
@@ -137,3 +143,120 @@ async def _eventually(predicate: Callable[[], Awaitable[bool]], timeout: float =
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.1)
+
+
+NIGHTLY = """
+import asyncio
+import os
+import pathlib
+
+from sdcore import Runtime
+
+runtime = Runtime(database_url=os.environ["FIRST_HOUR_DSN"], relay=False)
+
+
+@runtime.scheduler.interval(1_000, name="nightly-report")
+async def nightly(tick):
+    return None
+
+
+async def main():
+    pathlib.Path("started").write_text("the program ran")
+    async with runtime:
+        await asyncio.sleep(3600)
+"""
+
+
+def _cli(cwd: Path, dsn: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FIRST_HOUR_DSN": dsn, "DATABASE_URL": dsn}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "sdcore.cli", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"`sdcore {' '.join(args)}` still ran after {timeout} s: {exc.stdout!r}")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(("schedules", "list", "--app", "nightly:runtime"), id="schedules-list"),
+        pytest.param(("run", "nightly:runtime"), id="run"),
+    ],
+)
+def test_app_refuses_a_module_that_starts_its_program_when_imported(
+    schema_dsn: str, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """A script with a top-level ``asyncio.run(main())`` is refused before anything starts."""
+    (tmp_path / "nightly.py").write_text(NIGHTLY + "\nasyncio.run(main())\n")
+    done = _cli(tmp_path, schema_dsn, *command, timeout=30)
+    assert done.returncode == 1, done
+    assert "importing nightly starts its program (asyncio.run() at nightly.py:" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr
+    assert not (tmp_path / "started").exists(), "the program ran inside the CLI"
+    assert "never awaited" not in done.stderr
+
+
+def test_app_takes_a_runtime_and_a_guarded_script(schema_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "nightly.py").write_text(
+        NIGHTLY + '\nif __name__ == "__main__":\n    asyncio.run(main())\n'
+    )
+    done = _cli(tmp_path, schema_dsn, "schedules", "list", "--app", "nightly:runtime", "--json")
+    assert done.returncode == 0, done
+    assert [json.loads(line)["name"] for line in done.stdout.splitlines()] == ["nightly-report"]
+    assert not (tmp_path / "started").exists()
+
+
+async def test_missed_works_from_the_database_and_says_why(schema_dsn: str, tmp_path: Path) -> None:
+    """``missed NAME`` reads the stored definition (no --app, no --since) and names the pause."""
+    name = "every-second-missed"
+    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+    runtime.scheduler.add_interval(name, 1_000, lambda tick: None)
+    async with runtime:
+        admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))
+        await _eventually(lambda: _declared_by(admin, name, 1))
+
+        async def ran() -> bool:  # the default window starts at the first recorded run
+            return await _skip_rows(schema_dsn, name, "status = 'SUCCESS'") >= 1
+
+        await _eventually(ran)
+        await admin.pause(name, actor="ops", reason="first-hour test")
+
+        async def enough() -> bool:
+            return await _skip_rows(schema_dsn, name) >= 3
+
+        await _eventually(enough)
+    skipped = await _skip_rows(schema_dsn, name)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return _cli(tmp_path, schema_dsn, "schedules", "missed", *args)
+
+    done = await asyncio.to_thread(cli, name, "--json")
+    assert done.returncode == 0, done
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    paused = [row for row in rows if row["skipped"] is not None]
+    assert len(paused) == skipped, rows
+    for row in paused:
+        assert row["skipped"] == "paused"
+        assert row["reason"] == "skipped (paused)"
+        assert row["attempts"] == 0
+    done = await asyncio.to_thread(cli, name)
+    assert done.returncode == 0, done
+    assert done.stdout.count("skipped (paused)") == skipped, done.stdout
+    assert f"({skipped} skipped on purpose)" in done.stdout
+    done = await asyncio.to_thread(cli, "every-second-mised")
+    assert done.returncode == 1
+    assert "did you mean 'every-second-missed'?" in done.stderr
+
+
+def test_run_names_a_factory_that_returned_none(schema_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text("def main():\n    return None\n")
+    done = _cli(tmp_path, schema_dsn, "run", "factory:main")
+    assert done.returncode == 1, done
+    assert "factory:main() returned None: name a sdcore Runtime" in done.stderr
