@@ -19,6 +19,8 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore import Runtime
 from sdcore.dashboard._data import DashboardData
 from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin
+from tests import conftest
+from tests._servers import own_postgres
 
 RUNS = (
     "INSERT INTO sdcore_schedules_runs (schedule, run_key, source, scheduled_at, attempt,"
@@ -260,3 +262,20 @@ def test_run_names_a_factory_that_returned_none(schema_dsn: str, tmp_path: Path)
     done = _cli(tmp_path, schema_dsn, "run", "factory:main")
     assert done.returncode == 1, done
     assert "factory:main() returned None: name a sdcore Runtime" in done.stderr
+
+
+def test_a_full_server_is_not_reported_as_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server with every connection slot taken is up: the suite's message says so."""
+    with own_postgres({"max_connections": "3", "superuser_reserved_connections": "0"}) as server:
+        held = [psycopg.connect(server.dsn, autocommit=True) for _ in range(3)]
+        try:
+            monkeypatch.setattr(conftest, "ADMIN_DSN", server.dsn)
+            with pytest.raises(pytest.fail.Exception) as failed:
+                conftest._admin()
+        finally:
+            for conn in held:
+                conn.close()
+    message = str(failed.value)
+    assert "up but out of connection slots (SQLSTATE 53300" in message
+    assert "not reachable" not in message
+    assert "dedicated server" in message
