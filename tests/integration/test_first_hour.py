@@ -279,3 +279,52 @@ def test_a_full_server_is_not_reported_as_unreachable(monkeypatch: pytest.Monkey
     assert "up but out of connection slots (SQLSTATE 53300" in message
     assert "not reachable" not in message
     assert "dedicated server" in message
+
+
+WITHOUT_CRONSIM = (
+    "import sys; sys.modules['cronsim'] = None\n"
+    "from sdcore.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_schedules_without_the_scheduling_extra_names_the_extra(schema_dsn: str) -> None:
+    """A base install (no cronsim) gets the extra named, not an 'unexpected … bug' report."""
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CRONSIM, "--database-url", schema_dsn, "schedules", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done
+    assert "`sdcore schedules` needs its extra" in done.stderr
+    assert "this is a bug" not in done.stderr
+
+
+def test_the_control_plane_says_why_it_is_empty_and_suggests_names(
+    schema_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sdcore.cli import main
+
+    assert main(["--database-url", schema_dsn, "schedules", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "no replica has joined the control plane; a bare Scheduler does not" in out
+    assert main(["--database-url", schema_dsn, "schedules", "pause", "nightly"]) == 1
+    assert "a bare Scheduler does not" in capsys.readouterr().err
+
+    async def declare() -> None:
+        runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+        runtime.scheduler.add_interval("mark-overdue-tasks", 60_000, lambda tick: None)
+        async with runtime:
+            admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))
+            await _eventually(lambda: _declared_by(admin, "mark-overdue-tasks", 1))
+            code = await asyncio.to_thread(
+                main, ["--database-url", schema_dsn, "schedules", "pause", "mark-overdue-task"]
+            )
+            assert code == 1
+
+    asyncio.run(declare())
+    err = capsys.readouterr().err
+    assert "no such schedule" in err
+    assert "(did you mean 'mark-overdue-tasks'?)" in err
