@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,9 +20,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore import Runtime
 from sdcore.dashboard._data import DashboardData
+from sdcore.queues import Job, Processor
 from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin
 from tests import conftest
 from tests._servers import own_postgres
+from tests.integration._redis_prefix import REDIS_URL, redis_prefix
 
 RUNS = (
     "INSERT INTO sdcore_schedules_runs (schedule, run_key, source, scheduled_at, attempt,"
@@ -328,3 +332,31 @@ def test_the_control_plane_says_why_it_is_empty_and_suggests_names(
     err = capsys.readouterr().err
     assert "no such schedule" in err
     assert "(did you mean 'mark-overdue-tasks'?)" in err
+
+
+class _Echo(Processor):
+    queue = "first-hour"
+
+    async def process(self, job: Job) -> Any:
+        return None
+
+
+async def test_a_weak_redis_is_reported_once_per_process(
+    schema_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shared test Redis runs without AOF: one process says so once, not per component."""
+    caplog.set_level(logging.WARNING, logger="sdcore")
+    async with redis_prefix() as prefix:
+        runtime = Runtime(
+            database_url=schema_dsn,
+            redis_url=REDIS_URL,
+            queue_prefix=prefix,
+            processors=[_Echo()],
+            relay=False,
+            scheduler=False,
+        )
+        async with runtime:
+            assert runtime.workers is not None
+            await asyncio.wait_for(runtime.workers.wait_ready(), 60)  # past the workers' check
+    weak = [r for r in caplog.records if getattr(r, "action", None) == "redis_persistence"]
+    assert len(weak) == 1, [r.getMessage() for r in weak]
