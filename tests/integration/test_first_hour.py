@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -360,3 +361,57 @@ async def test_a_weak_redis_is_reported_once_per_process(
             await asyncio.wait_for(runtime.workers.wait_ready(), 60)  # past the workers' check
     weak = [r for r in caplog.records if getattr(r, "action", None) == "redis_persistence"]
     assert len(weak) == 1, [r.getMessage() for r in weak]
+
+
+async def test_the_dashboard_answers_head_and_the_browsers_icon_request(schema_dsn: str) -> None:
+    from sdcore.dashboard import dashboard_app
+
+    runtime = Runtime(database_url=schema_dsn, relay=False, scheduler=False)
+    async with runtime:
+        transport = httpx.ASGITransport(app=dashboard_app(runtime))
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            head = await client.head("/")
+            icon = await client.get("/favicon.ico")
+            page = await client.get("/")
+    assert head.status_code == 200, head.text
+    assert head.content == b""
+    assert icon.status_code == 204
+    assert page.status_code == 200
+
+
+def test_the_ready_line_says_where_the_probes_listen() -> None:
+    from sdcore.cli._run import RunOptions, describe
+
+    plain = describe(object(), RunOptions(spec="app:scheduler"))
+    assert plain == "ready: app:scheduler (scheduler); SIGTERM stops"
+    line = describe(object(), RunOptions(spec="app:scheduler", metrics_port=9464))
+    assert "; /livez /readyz /metrics on http://0.0.0.0:9464; SIGTERM stops" in line
+    v6 = describe(object(), RunOptions(spec="a:s", metrics_port=9464, metrics_host="::1"))
+    assert "http://[::1]:9464" in v6
+
+
+CREATED = """
+import sys
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from sdcore.cli._metrics import prepare
+
+if sys.argv[1] == "prepare":
+    prepare(object(), 9464)
+registry = CollectorRegistry()
+Counter("sdcore_demo_total", "demo", ["outcome"], registry=registry).labels("ok").inc()
+print(generate_latest(registry).decode())
+"""
+
+
+def test_sdcore_run_metrics_carry_no_created_series() -> None:
+    def scrape(mode: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", CREATED, mode], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "sdcore_demo_created" in scrape("library")  # prometheus-client's default, untouched
+    served = scrape("prepare")
+    assert 'sdcore_demo_total{outcome="ok"} 1.0' in served
+    assert "_created" not in served

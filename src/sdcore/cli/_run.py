@@ -104,8 +104,13 @@ def describe(target: Any, options: RunOptions) -> str:
     """The one-line readiness report."""
     from sdcore.runtime import Runtime
 
+    probes = ""
+    if options.metrics_port is not None:
+        host = options.metrics_host
+        shown_host = f"[{host}]" if ":" in host else host
+        probes = f"; /livez /readyz /metrics on http://{shown_host}:{options.metrics_port}"
     if not isinstance(target, Runtime):
-        return f"ready: {escape(options.spec)} (scheduler); SIGTERM stops"
+        return f"ready: {escape(options.spec)} (scheduler){probes}; SIGTERM stops"
     parts = [f"scheduler {'on' if target.run_scheduler else 'off'}"]
     if target.queues_enabled:
         parts.append(f"relay {'on' if target.run_relay else 'off'}")
@@ -113,7 +118,7 @@ def describe(target: Any, options: RunOptions) -> str:
         parts.append(f"processors {shown}")
     else:
         parts.append("queues off (no redis_url)")
-    return f"ready: {escape(options.spec)} ({', '.join(parts)}); SIGTERM stops"
+    return f"ready: {escape(options.spec)} ({', '.join(parts)}){probes}; SIGTERM stops"
 
 
 def run_app(options: RunOptions, emit: Callable[[str], None]) -> None:
