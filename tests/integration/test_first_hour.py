@@ -415,3 +415,18 @@ def test_sdcore_run_metrics_carry_no_created_series() -> None:
     served = scrape("prepare")
     assert 'sdcore_demo_total{outcome="ok"} 1.0' in served
     assert "_created" not in served
+
+
+def test_help_presents_the_control_plane_and_tells_runs_from_history(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sdcore.cli import main
+
+    assert main(["--help"]) == 0
+    top = " ".join(capsys.readouterr().out.split())
+    assert "schedules list, pause/resume, trigger, backfill and create schedules" in top
+    assert main(["schedules", "--help"]) == 0
+    group = " ".join(capsys.readouterr().out.split())
+    assert "runs an application's lease rows of one schedule (--app; `history`" in group
+    assert main(["db", "status", "--help"]) == 0
+    assert "JSON Lines" in capsys.readouterr().out

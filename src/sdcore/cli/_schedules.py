@@ -170,11 +170,20 @@ def schedule_runs(
 
 def register(subparsers: Any) -> None:
     """Add ``sdcore schedules list|runs|missed`` and the control-plane commands."""
-    commands = add_group(subparsers, "schedules", "inspect the schedules of an application")
+    commands = add_group(
+        subparsers,
+        "schedules",
+        "list, pause/resume, trigger, backfill and create schedules across the replicas",
+    )
     for name, handler, about in (
         ("list", _list, "schedules with their next fire time (UTC and local)"),
-        ("runs", _runs, "recent runs of one schedule"),
-        ("missed", _missed, "expected ticks of one schedule without a SUCCESS row"),
+        (
+            "runs",
+            _runs,
+            "an application's lease rows of one schedule (--app; `history` has the control "
+            "plane's run history, with lag, replica and error)",
+        ),
+        ("missed", _missed, "expected ticks of one schedule without a SUCCESS row, and why"),
     ):
         command = add_command(commands, name, handler, help=about)
         connection_options(command)
