@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -430,3 +431,24 @@ def test_help_presents_the_control_plane_and_tells_runs_from_history(
     assert "runs an application's lease rows of one schedule (--app; `history`" in group
     assert main(["db", "status", "--help"]) == 0
     assert "JSON Lines" in capsys.readouterr().out
+
+
+def _documented_keys(command: str) -> list[str]:
+    """The keys docs/cli.md lists for ``command`` in its JSON table."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if line.startswith(f"| `{command}"):
+            return re.findall(r"`([a-z_]+)`", line.split("|")[2])
+    raise AssertionError(f"docs/cli.md documents no JSON keys for {command}")
+
+
+async def test_the_cluster_listing_json_keys_are_the_documented_ones(schema_dsn: str) -> None:
+    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+    runtime.scheduler.add_interval("documented", 60_000, lambda tick: None)
+    async with runtime:
+        admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))
+        await _eventually(lambda: _declared_by(admin, "documented", 1))
+        done = await asyncio.to_thread(_cli, Path.cwd(), schema_dsn, "schedules", "list", "--json")
+    assert done.returncode == 0, done
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert list(row) == _documented_keys("schedules list` (the cluster)")
