@@ -378,6 +378,7 @@ async def test_the_dashboard_answers_head_and_the_browsers_icon_request(schema_d
     assert head.content == b""
     assert icon.status_code == 204
     assert page.status_code == 200
+    assert "a bare Scheduler does not" in page.text  # no schedule yet: the page says why
 
 
 def test_the_ready_line_says_where_the_probes_listen() -> None:
