@@ -164,6 +164,7 @@ def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -
             "status": "FAIL",
             "attempts": 1,
             "skipped": None,
+            "given_back": None,
             "reason": None,
         },
         {
@@ -172,6 +173,7 @@ def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -
             "status": None,
             "attempts": None,
             "skipped": None,
+            "given_back": None,
             "reason": None,
         },
     ]

@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -453,3 +454,36 @@ async def test_the_cluster_listing_json_keys_are_the_documented_ones(schema_dsn:
     assert done.returncode == 0, done
     (row,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert list(row) == _documented_keys("schedules list` (the cluster)")
+
+
+@pytest.mark.parametrize(
+    ("skipped", "given_back", "status", "state", "reason"),
+    [
+        pytest.param("paused", None, "FAIL", "skipped (paused)", "skipped (paused)", id="paused"),
+        pytest.param(
+            None,
+            "acquire answered too late",
+            "FAIL",
+            "given back, never ran (acquire answered too late)",
+            "given back, never ran (acquire answered too late)",
+            id="given-back",
+        ),
+        pytest.param(None, None, "FAIL", "FAIL", None, id="failed"),
+        pytest.param(None, None, None, "never started", None, id="never-started"),
+    ],
+)
+def test_a_missed_tick_shows_why_it_did_not_run(
+    skipped: str | None, given_back: str | None, status: str | None, state: str, reason: str | None
+) -> None:
+    """The reason the scheduling layer reports is shown as it is worded there."""
+    from sdcore.cli._missed import reason_of, state_of
+    from sdcore.job_scheduler import JobSchedulerStatus
+    from sdcore.scheduling import MissedTick
+
+    tick = SimpleNamespace(
+        skipped=skipped,
+        given_back=given_back,
+        status=None if status is None else JobSchedulerStatus(status),
+    )
+    assert state_of(cast(MissedTick, tick)) == state
+    assert reason_of(cast(MissedTick, tick)) == reason

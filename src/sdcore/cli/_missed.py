@@ -27,18 +27,34 @@ if TYPE_CHECKING:
 
 Emit = Callable[[str], None]
 DEFAULT_SPAN = timedelta(hours=24)
-MISSED_KEYS = ("run_key", "scheduled_at", "status", "attempts", "skipped", "reason")
+MISSED_KEYS = (
+    "run_key",
+    "scheduled_at",
+    "status",
+    "attempts",
+    "skipped",
+    "given_back",
+    "reason",
+)
+
+
+def given_back_of(tick: MissedTick) -> str | None:
+    """Why the replica that won ``tick`` gave it back unstarted, when the lease says so.
+
+    Read by name: the scheduling layer reports it (``MissedTick.given_back``) only where the
+    lease records given-back ticks; its wording is shown as it is.
+    """
+    value = getattr(tick, "given_back", None)
+    return value if isinstance(value, str) and value else None
 
 
 def reason_of(tick: MissedTick) -> str | None:
     """Why ``tick`` did not run, as recorded (``None``: no reason was recorded)."""
     if tick.skipped is not None:
         return f"skipped ({tick.skipped})"
-    # A reason the scheduling layer reports beside ``skipped`` is shown as it is worded there.
-    for name in ("reason", "given_back"):
-        value = getattr(tick, name, None)
-        if isinstance(value, str) and value:
-            return value
+    given_back = given_back_of(tick)
+    if given_back is not None:
+        return f"given back, never ran ({given_back})"
     return None
 
 
@@ -205,6 +221,7 @@ def missed_ticks(
                         "status": None if tick.status is None else tick.status.value,
                         "attempts": tick.attempts,
                         "skipped": tick.skipped,
+                        "given_back": given_back_of(tick),
                         "reason": reason_of(tick),
                     }
                 )
