@@ -487,3 +487,25 @@ def test_a_missed_tick_shows_why_it_did_not_run(
     )
     assert state_of(cast(MissedTick, tick)) == state
     assert reason_of(cast(MissedTick, tick)) == reason
+
+
+def test_importing_an_app_refuses_loops_only_while_it_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name imported from asyncio during the import still works afterwards, unrefused."""
+    from sdcore.cli._app_import import ProgramStartedError, import_app_module
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept_run.py").write_text(
+        "from asyncio import run\n\n\nasync def answer():\n    return 42\n"
+    )
+    (tmp_path / "starts_at_import.py").write_text("import asyncio\nasyncio.run(asyncio.sleep(0))\n")
+    original = asyncio.run
+    module = import_app_module("kept_run")
+    assert module.run(module.answer()) == 42
+    with pytest.raises(ProgramStartedError) as refused:
+        import_app_module("starts_at_import")
+    assert refused.value.where == "starts_at_import.py:2"
+    assert "starts_at_import" not in sys.modules
+    assert asyncio.run is original
+    monkeypatch.delitem(sys.modules, "kept_run")

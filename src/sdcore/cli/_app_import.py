@@ -54,15 +54,21 @@ def _caller(depth: int = 2) -> str:
 @contextlib.contextmanager
 def _event_loops_refused() -> Iterator[None]:
     loop_class = asyncio.BaseEventLoop
-    saved: dict[tuple[Any, str], Any] = {
-        (asyncio, "run"): asyncio.run,
-        (asyncio.Runner, "run"): asyncio.Runner.run,
-        (loop_class, "run_forever"): loop_class.run_forever,
-        (loop_class, "run_until_complete"): loop_class.run_until_complete,
+    targets: dict[tuple[Any, str], str] = {
+        (asyncio, "run"): "asyncio.run()",
+        (asyncio.Runner, "run"): "asyncio.Runner.run()",
+        (loop_class, "run_forever"): "loop.run_forever()",
+        (loop_class, "run_until_complete"): "loop.run_until_complete()",
     }
+    importing = threading.get_ident()
+    window = {"open": True}
 
-    def refuse(how: str) -> Any:
+    def refuse(how: str, original: Any) -> Any:
+        # A module may keep the function it imported (`from asyncio import run`): outside the
+        # import, or on another thread, it is the original, so nothing is refused later.
         def refused(*args: Any, **kwargs: Any) -> Any:
+            if not window["open"] or threading.get_ident() != importing:
+                return original(*args, **kwargs)
             for value in (*args, *kwargs.values()):
                 if inspect.iscoroutine(value):
                     value.close()  # never awaited on purpose: no "never awaited" warning
@@ -71,15 +77,13 @@ def _event_loops_refused() -> Iterator[None]:
         return refused
 
     with _lock:
-        asyncio.run = refuse("asyncio.run()")
-        asyncio.Runner.run = refuse("asyncio.Runner.run()")  # type: ignore[method-assign]
-        loop_class.run_forever = refuse("loop.run_forever()")  # type: ignore[method-assign]
-        loop_class.run_until_complete = refuse(  # type: ignore[method-assign]
-            "loop.run_until_complete()"
-        )
+        saved = {key: getattr(key[0], key[1]) for key in targets}
+        for (owner, name), how in targets.items():
+            setattr(owner, name, refuse(how, saved[(owner, name)]))
         try:
             yield
         finally:
+            window["open"] = False
             for (owner, name), original in saved.items():
                 setattr(owner, name, original)
 
