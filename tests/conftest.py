@@ -178,15 +178,48 @@ def unique_name(tag: str = "") -> str:
     return f"{PREFIX}{RUN_ID}_{tag}{next(_counter)}"
 
 
-def _admin() -> psycopg.Connection[tuple[object, ...]]:
+TOO_MANY_CONNECTIONS = "53300"
+
+
+def admin_connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection to ``dsn``, or a test failure that says what is wrong.
+
+    A server that is up but out of connection slots (SQLSTATE 53300: other workloads hold its
+    ``max_connections``) is not an unreachable one: the advice differs.
+    """
     try:
-        return psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
+        if exc.sqlstate == TOO_MANY_CONNECTIONS or "too many clients" in str(exc):
+            pytest.fail(
+                "PostgreSQL is up but out of connection slots (SQLSTATE 53300, "
+                f"{_slots(dsn)}): other clients hold them. The suite needs about 70 "
+                "connections at its peak; run it against a dedicated server (see .ci/run) or "
+                "point SDCORE_TEST_DATABASE_URL at one.",
+                pytrace=False,
+            )
         pytest.fail(
             f"PostgreSQL is not reachable ({exc}). Start it (see .ci/run) or set "
             "SDCORE_TEST_DATABASE_URL.",
             pytrace=False,
         )
+
+
+def _slots(dsn: str) -> str:
+    """``max_connections=N, M in use``, read over a superuser's reserved slot when one is free."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute(
+                "SELECT current_setting('max_connections'), count(*) FROM pg_stat_activity"
+                " WHERE backend_type = 'client backend'"
+            ).fetchone()
+    except psycopg.Error:
+        return "every slot taken"
+    return "every slot taken" if row is None else f"max_connections={row[0]}, {row[1]} in use"
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    return admin_connect(ADMIN_DSN)
 
 
 def _pid_namespace() -> str:

@@ -445,7 +445,14 @@ class Runtime(AsyncStartStop):
             self.relay = relay
             stack.push_async_callback(self._step, "relay", lambda: relay.stop(self._grace))
         if self.processors and self.run_processors:
-            workers = Workers(self.processors, redis_url=redis_url, prefix=self._prefix)
+            # The publisher checked this Redis at start (eviction policy, persistence); the
+            # workers check it only when that could not be done, so each warning is logged once.
+            workers = Workers(
+                self.processors,
+                redis_url=redis_url,
+                prefix=self._prefix,
+                check_server=publisher.server is None,
+            )
             workers.telemetry = self.telemetry
             await workers.start()
             self.workers = workers

@@ -69,7 +69,15 @@ def _alive(pid: int) -> bool:
 class _Demo:
     """``sdcore demo`` as a child process, its output collected line by line."""
 
-    def __init__(self, *args: str, env: dict[str, str], new_session: bool = False) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str],
+        new_session: bool = False,
+        sigint: signal.Handlers = signal.SIG_DFL,
+    ) -> None:
+        # The demo's SIGINT disposition is set here, never inherited from whatever started pytest
+        # (`nohup pytest &` hands it over ignored).
         self.process = subprocess.Popen(
             [sys.executable, "-m", "sdcore.cli", "demo", *args],
             env={**env, "PYTHONUNBUFFERED": "1"},
@@ -77,6 +85,7 @@ class _Demo:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=new_session,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
         )
         self.lines: list[str] = []
         self.err = ""
@@ -225,7 +234,15 @@ def test_demo_shows_a_takeover_with_fencing_token_2_and_keeps_the_password_off_a
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("leftovers")
-def test_ctrl_c_gives_a_partial_verdict(pg_dsn: str) -> None:
+@pytest.mark.parametrize(
+    "sigint",
+    [
+        pytest.param(signal.SIG_DFL, id="sigint-default"),
+        pytest.param(signal.SIG_IGN, id="sigint-ignored-by-the-parent"),
+    ],
+)
+def test_ctrl_c_gives_a_partial_verdict(pg_dsn: str, sigint: signal.Handlers) -> None:
+    """Ctrl-C works whatever SIGINT disposition the demo inherits (``nohup … &`` ignores it)."""
     demo = _Demo(
         "--duration",
         "60",
@@ -234,6 +251,7 @@ def test_ctrl_c_gives_a_partial_verdict(pg_dsn: str) -> None:
         "--no-kill",
         env={**os.environ, "DATABASE_URL": pg_dsn},
         new_session=True,
+        sigint=sigint,
     )
     demo.wait_for("all replicas ready")
     deadline = time.monotonic() + 30

@@ -4,7 +4,9 @@ The blocks marked ``<!-- tutorial: install -->`` and ``<!-- tutorial: run -->`` 
 docs/tutorial/taskflow.md are extracted and run with bash, literally: a fresh venv, sdcore installed
 from this checkout (``SDCORE``), the package copied in, then ``taskflow.replicas`` with no
 ``DATABASE_URL`` (the embedded PostgreSQL), watched until two ticks of the nightly job ran, and
-stopped with Ctrl-C (SIGINT to the process group, as a terminal sends it).
+stopped with Ctrl-C (SIGINT to the process group, as a terminal sends it). Meanwhile the block
+``<!-- tutorial: curl -->`` runs in a second shell, as a second terminal would, and one replica
+must mark its task due yesterday.
 """
 
 from __future__ import annotations
@@ -91,6 +93,27 @@ def test_the_tutorial_from_an_empty_folder(tmp_path: Path) -> None:
             ticks += bool(TICK.search(line))
         assert ticks >= 2, "".join(seen)[-3000:]
         assert any("3 replica(s) ready; Ctrl-C stops them" in line for line in seen)
+        # The second terminal: a task due yesterday, created with the tutorial's curl block.
+        curl = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block("curl")],
+            cwd=service,
+            env={k: v for k, v in env.items() if k != "TASKFLOW_JWT_SECRET"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert curl.returncode == 0, curl.stdout[-3000:] + curl.stderr[-3000:]
+        marked = False
+        deadline = time.monotonic() + 60
+        while not marked and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            marked = "1 task(s) marked OVERDUE" in line
+        assert marked, "".join(seen)[-3000:]
         os.killpg(run.pid, signal.SIGINT)  # Ctrl-C
         assert run.wait(60) == 0, "".join(seen)[-3000:]
     finally:

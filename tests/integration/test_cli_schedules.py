@@ -162,13 +162,19 @@ def test_runs_and_missed_json(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -
             "run_key": "2026-07-21T23:00:00Z",
             "scheduled_at": "2026-07-21T23:00:00Z",
             "status": "FAIL",
+            "attempts": 1,
+            "skipped": None,
             "given_back": None,
+            "reason": None,
         },
         {
             "run_key": "2026-07-22T23:00:00Z",
             "scheduled_at": "2026-07-22T23:00:00Z",
             "status": None,
+            "attempts": None,
+            "skipped": None,
             "given_back": None,
+            "reason": None,
         },
     ]
 

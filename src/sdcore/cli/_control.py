@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import socket
 import uuid
@@ -20,7 +21,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from sdcore.cli import _control_output as out
-from sdcore.cli._format import emit
+from sdcore.cli._format import emit, escape
 from sdcore.cli._options import (
     MAX_CODE_LENGTH,
     MAX_REASON_LENGTH,
@@ -184,16 +185,26 @@ def _request_id(args: argparse.Namespace) -> str:
 
 
 def _run(target: Target, operation: Callable[[Any], Awaitable[T]]) -> T:
-    from sdcore.scheduling import (
-        ControlWriteUncertainError,
-        InvalidScheduleError,
-        ScheduleAdmin,
-        ScheduleControlError,
-    )
+    try:
+        from sdcore.scheduling import (
+            ControlWriteUncertainError,
+            InvalidScheduleError,
+            ScheduleAdmin,
+            ScheduleControlError,
+        )
+    except ImportError as exc:
+        raise CliError(f"`sdcore schedules` needs its extra: {exc}") from None
 
     async def go() -> T:
         async with started_runtime(target) as runtime:
-            return await operation(ScheduleAdmin(runtime.schedule_store))
+            admin = ScheduleAdmin(runtime.schedule_store)
+            try:
+                return await operation(admin)
+            except ScheduleControlError as exc:
+                if exc.schedule is None or not exc.problem.startswith("no such schedule"):
+                    raise
+                names = [state.name for state in await admin.list_schedules()]
+                raise CliError(f"{exc}{_missing_hint(exc.schedule, names)}") from None
 
     try:
         return asyncio.run(go())
@@ -224,6 +235,22 @@ def list_cluster(target: Target, emit: Emit, *, as_json: bool) -> None:
     """
     states = _run(target, lambda admin: admin.list_schedules())
     out.emit_schedules(states, emit, as_json=as_json)
+    if not states and not as_json:
+        emit(NO_REPLICA)
+
+
+NO_REPLICA = (
+    "(no schedules: no replica has joined the control plane; a bare Scheduler does not, use a "
+    "Runtime or a ScheduleControl — or name the application with --app)"
+)
+
+
+def _missing_hint(name: str, known: list[str]) -> str:
+    """What to try instead of a schedule name the control plane does not know."""
+    if not known:
+        return f"; {NO_REPLICA[1:-1]}"
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {escape(close[0])!r}?)" if close else ""
 
 
 def _control(args: argparse.Namespace, environ: Mapping[str, str]) -> None:

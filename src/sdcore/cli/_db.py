@@ -183,7 +183,11 @@ def register(subparsers: Any) -> None:
         help="show applied and pending migrations (changes nothing)",
     )
     connection_options(status)
-    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per table and line (JSON Lines) on stdout",
+    )
     sql_cmd.add_argument(
         "--migrations",
         action="store_true",

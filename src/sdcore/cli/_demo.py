@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +44,10 @@ def _demo(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         from sdcore.demo import DemoOptions, EmbeddedUnavailableError, run_demo
     except ImportError as exc:
         raise CliError(f"the demo needs its extra: pip install 'sdcore[demo]' ({exc})") from None
+    if threading.current_thread() is threading.main_thread():
+        # The banner promises Ctrl-C; a shell that starts jobs in the background (`nohup … &`,
+        # CI wrappers) hands SIGINT over ignored, and Python then installs no KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     url = args.database_url or environ.get("DATABASE_URL") or None
     options = DemoOptions(
         replicas=args.replicas, duration_s=args.duration, database_url=url, kill=not args.no_kill

@@ -50,7 +50,15 @@ def prepare(target: Any, port: int | None) -> None:
     """Before start: turn the Runtime's metrics on when they are off and can be."""
     from sdcore.runtime import Runtime
 
-    if port is None or not isinstance(target, Runtime):
+    if port is None:
+        return
+    if importlib.util.find_spec("prometheus_client") is not None:
+        import prometheus_client
+
+        # This process is the CLI's: its scrape carries no `*_created` series (one per counter
+        # and histogram child, which dashboards never read). A library leaves that to its host.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    if not isinstance(target, Runtime):
         return
     if target.metrics is None and importlib.util.find_spec("prometheus_client") is not None:
         target.instrument(metrics=True)

@@ -66,8 +66,8 @@ def build_parser(version: str = "") -> argparse.ArgumentParser:
     parser = Parser(
         prog="sdcore",
         description=(
-            "Operate sdcore: the job lease table, the schedules of an application, the "
-            "transactional outbox and its relay."
+            "Operate sdcore: the job lease table, the schedules control plane (list, pause, "
+            "trigger, backfill, create), the transactional outbox and its relay."
         ),
         epilog="Errors: exit 1; usage errors: exit 2. Passwords are never printed.",
     )

@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import inspect
 import os
 import signal
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sdcore.cli import _metrics
+from sdcore.cli._app_import import ProgramStartedError, import_app_module, program_started_message
 from sdcore.cli._format import emit, escape, one_line
 from sdcore.cli._options import add_command, logging_options
 from sdcore.cli._target import CliError
@@ -55,10 +54,10 @@ def load(spec: str) -> object:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"{escape(spec)!s}: expected MODULE:ATTR, e.g. myapp.worker:runtime")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        target: object = importlib.import_module(module_name)
+        target: object = import_app_module(module_name)
+    except ProgramStartedError as exc:
+        raise CliError(program_started_message(module_name, exc)) from None
     except ImportError as exc:
         raise CliError(f"cannot import {escape(module_name)}: {one_line(str(exc))}") from None
     except Exception as exc:  # noqa: BLE001 - the application's import-time error, one line
@@ -76,6 +75,7 @@ async def _resolve(obj: object, spec: str) -> Any:
     from sdcore.runtime import Runtime
     from sdcore.scheduling import Scheduler
 
+    called = False
     for _ in range(MAX_FACTORY_DEPTH):
         state = getattr(obj, "state", None)
         installed = getattr(state, "sdcore", None) if state is not None else None
@@ -85,6 +85,7 @@ async def _resolve(obj: object, spec: str) -> Any:
             return obj
         if not callable(obj):
             break
+        called = True
         try:
             obj = obj()
             if inspect.isawaitable(obj):
@@ -92,8 +93,9 @@ async def _resolve(obj: object, spec: str) -> Any:
         except Exception as exc:  # noqa: BLE001 - the application's factory failed
             detail = one_line(redact_text(f"{type(exc).__name__}: {exc}"))
             raise CliError(f"{escape(spec)}() failed: {detail}") from None
+    what = "returned None" if obj is None and called else f"is a {type(obj).__name__}"
     raise CliError(
-        f"{escape(spec)} is a {type(obj).__name__}: name a sdcore Runtime, a Scheduler, an app "
+        f"{escape(spec)}{'()' * called} {what}: name a sdcore Runtime, a Scheduler, an app "
         "that sdcore.fastapi.install() was called on, or a factory returning one"
     )
 
@@ -102,8 +104,13 @@ def describe(target: Any, options: RunOptions) -> str:
     """The one-line readiness report."""
     from sdcore.runtime import Runtime
 
+    probes = ""
+    if options.metrics_port is not None:
+        host = options.metrics_host
+        shown_host = f"[{host}]" if ":" in host else host
+        probes = f"; /livez /readyz /metrics on http://{shown_host}:{options.metrics_port}"
     if not isinstance(target, Runtime):
-        return f"ready: {escape(options.spec)} (scheduler); SIGTERM stops"
+        return f"ready: {escape(options.spec)} (scheduler){probes}; SIGTERM stops"
     parts = [f"scheduler {'on' if target.run_scheduler else 'off'}"]
     if target.queues_enabled:
         parts.append(f"relay {'on' if target.run_relay else 'off'}")
@@ -111,7 +118,7 @@ def describe(target: Any, options: RunOptions) -> str:
         parts.append(f"processors {shown}")
     else:
         parts.append("queues off (no redis_url)")
-    return f"ready: {escape(options.spec)} ({', '.join(parts)}); SIGTERM stops"
+    return f"ready: {escape(options.spec)} ({', '.join(parts)}){probes}; SIGTERM stops"
 
 
 def run_app(options: RunOptions, emit: Callable[[str], None]) -> None:

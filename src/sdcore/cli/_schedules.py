@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
-import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from sdcore.cli import _control
+from sdcore.cli import _missed as _missed_cli
+from sdcore.cli._app_import import ProgramStartedError, import_app_module, program_started_message
 from sdcore.cli._format import emit, escape, json_line, render_table, utc_iso
 from sdcore.cli._jobs import Emit, list_jobs
 from sdcore.cli._options import (
@@ -29,14 +27,11 @@ from sdcore.cli._target import (
     CliError,
     MissedTicksError,
     Target,
-    run_admin,
-    started_runtime,
     target_of,
 )
-from sdcore.job_scheduler import LeaseAdmin
 
 if TYPE_CHECKING:
-    from sdcore.scheduling import MissedTick, Scheduler
+    from sdcore.scheduling import Scheduler
 
 SCHEDULE_KEYS = (
     "name",
@@ -67,15 +62,15 @@ def load_scheduler(spec: str) -> Scheduler:
             attribute missing or not a Scheduler.
     """
     scheduler_class = _scheduling().Scheduler
+    from sdcore.runtime import Runtime
 
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise CliError(f"--app must look like module:attribute, got {escape(spec)!s:.80}")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        module = import_app_module(module_name)
+    except ProgramStartedError as exc:
+        raise CliError(program_started_message(module_name, exc)) from None
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
         raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
     found: object = module
@@ -83,10 +78,12 @@ def load_scheduler(spec: str) -> Scheduler:
         if not hasattr(found, part):
             raise CliError(f"{module_name!r} has no attribute {attribute!r}")
         found = getattr(found, part)
-    if callable(found) and not isinstance(found, scheduler_class):
+    if callable(found) and not isinstance(found, scheduler_class | Runtime):
         found = found()  # a factory, e.g. create_scheduler
+    if isinstance(found, Runtime):
+        found = found.scheduler  # the Runtime's schedules, as `sdcore run` takes them
     if not isinstance(found, scheduler_class):
-        raise CliError(f"{spec!r} is a {type(found).__name__}, not a sdcore Scheduler")
+        raise CliError(f"{spec!r} is a {type(found).__name__}, not a sdcore Scheduler or Runtime")
     return cast("Scheduler", found)
 
 
@@ -171,107 +168,35 @@ def schedule_runs(
     list_jobs(target, emit, code=name, status=None, limit=limit, as_json=as_json)
 
 
-def missed_ticks(
-    target: Target,
-    spec: str,
-    name: str,
-    since: datetime,
-    until: datetime | None,
-    emit: Emit,
-    *,
-    as_json: bool = False,
-) -> int:
-    """Print the expected ticks of ``name`` in ``[since, until)`` that have no SUCCESS row.
-
-    Returns:
-        How many ticks are missed.
-
-    A schedule with no lease row at all is refused rather than listed tick by tick: a
-    non-exclusive schedule (a Scheduler without ``jobs=``, or ``exclusive=False``) never writes
-    one, so its ticks cannot be told apart from ticks that never ran.
-
-    Raises:
-        CliError: Unknown schedule, bad range, no recorded run at all, database failure.
-    """
-    from sdcore.job_scheduler import JobSchedulerError
-
-    scheduling = _scheduling()
-    scheduler = load_scheduler(spec)
-    end = until or datetime.now(UTC)
-    if since >= end:
-        raise CliError("--since must be before --until")
-    try:
-        info = scheduler.get(name)
-    except scheduling.ScheduleNotFoundError:
-        raise CliError(f"no schedule named {escape(name)!r} in {spec}") from None
-
-    async def recorded(admin: LeaseAdmin, conn: Any) -> bool:
-        return await admin.has_schedule_runs(conn, name)
-
-    if not run_admin(target, recorded):
-        how = (
-            "it is not exclusive in this Scheduler (no jobs= or exclusive=False)"
-            if not info.exclusive
-            else "it never ran against this table"
-        )
-        raise CliError(
-            f"no run of {escape(name)!r} is recorded in {target.shown}; {how}. Non-exclusive "
-            "schedules write no lease rows, so their missed ticks cannot be checked "
-            "(check --table/--schema if it does run exclusively)"
-        )
-
-    async def query() -> list[MissedTick]:
-        async with started_runtime(target) as runtime:
-            return await scheduler.missed_ticks(name, since, end, jobs=runtime.jobs)
-
-    try:
-        found = asyncio.run(query())
-    except (scheduling.InvalidScheduleError, JobSchedulerError, ValueError) as exc:
-        raise CliError(str(exc)) from None
-    if as_json:
-        for tick in found:
-            emit(
-                json_line(
-                    {
-                        "run_key": tick.run_key,
-                        "scheduled_at": utc_iso(tick.scheduled_at),
-                        "status": None if tick.status is None else tick.status.value,
-                        "given_back": tick.given_back,
-                    }
-                )
-            )
-        return len(found)
-    rows = [[m.run_key, _missed_state(m)] for m in found]
-    for line in render_table(["run_key", "state"], rows, {}):
-        emit(line)
-    emit(f"{len(found)} missed tick(s) of {escape(name)!r} in [{_when(since)}, {_when(end)})")
-    return len(found)
-
-
-def _missed_state(tick: MissedTick) -> str:
-    if tick.status is None:
-        return "never started"
-    if tick.given_back is not None:
-        return f"given back, never ran ({tick.given_back})"
-    return tick.status.value
-
-
 def register(subparsers: Any) -> None:
     """Add ``sdcore schedules list|runs|missed`` and the control-plane commands."""
-    commands = add_group(subparsers, "schedules", "inspect the schedules of an application")
+    commands = add_group(
+        subparsers,
+        "schedules",
+        "list, pause/resume, trigger, backfill and create schedules across the replicas",
+    )
     for name, handler, about in (
         ("list", _list, "schedules with their next fire time (UTC and local)"),
-        ("runs", _runs, "recent runs of one schedule"),
-        ("missed", _missed, "expected ticks of one schedule without a SUCCESS row"),
+        (
+            "runs",
+            _runs,
+            "an application's lease rows of one schedule (--app; `history` has the control "
+            "plane's run history, with lag, replica and error)",
+        ),
+        ("missed", _missed, "expected ticks of one schedule without a SUCCESS row, and why"),
     ):
         command = add_command(commands, name, handler, help=about)
         connection_options(command)
         command.add_argument(
             "--app",
-            required=name != "list",
+            required=name == "runs",
             metavar="MODULE:ATTRIBUTE",
-            help="where the Scheduler is, e.g. myapp.tasks:scheduler"
-            + (" (list: without it, the cluster's schedules from the database)" * (name == "list")),
+            help="where the Scheduler (or Runtime) is, e.g. myapp.tasks:runtime"
+            + {
+                "list": " (without it: the cluster's schedules, from the database)",
+                "missed": " (without it: the definition stored by the control plane)",
+                "runs": "",
+            }[name],
         )
         json_option(command)
         if name != "list":
@@ -282,9 +207,9 @@ def register(subparsers: Any) -> None:
             command.add_argument(
                 "--since",
                 type=parse_since,
-                required=True,
                 metavar="WHEN",
-                help="ISO instant with a zone (2026-07-01T00:00:00Z) or a duration ago (24h)",
+                help="ISO instant with a zone (2026-07-01T00:00:00Z) or a duration ago "
+                "(default: the first recorded run, at most 24h ago)",
             )
             command.add_argument(
                 "--until",
@@ -314,8 +239,22 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
 
 def _missed(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     target = target_of(args, environ)
-    missed = missed_ticks(
-        target, args.app, args.name, args.since, args.until, emit, as_json=args.json
+    end = args.until or datetime.now(UTC)
+    if args.app:
+        scheduler, where, stored = load_scheduler(args.app), args.app, False
+    else:
+        scheduler = _missed_cli.stored_scheduler(target, args.name)
+        where, stored = "the control plane", True
+    missed = _missed_cli.missed_ticks(
+        target,
+        scheduler,
+        args.name,
+        args.since,
+        end,
+        emit,
+        as_json=args.json,
+        where=where,
+        stored=stored,
     )
     if args.check and missed:
         raise MissedTicksError(f"{missed} missed tick(s) of {args.name!r}")

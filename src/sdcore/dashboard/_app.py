@@ -279,7 +279,13 @@ def dashboard_app(
 
     # --- pages -------------------------------------------------------------------------------
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        # No icon of its own: an empty answer, so browsers log no 404 on every first visit.
+        return Response(status_code=204, headers={"Cache-Control": "public, max-age=86400"})
+
+    # HEAD too: uptime checkers probe the front page with it.
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def schedules(request: Request, seen: Seen, q: str = "", state: str = "") -> Response:
         page = page_number(request.query_params.get("page", "1"))
         paused = {"paused": True, "active": False}.get(state)

@@ -137,6 +137,27 @@ class Calendar:
             return len(instants)
         return bisect_left(instants, high.timestamp()) - bisect_left(instants, low.timestamp())
 
+    def expects(
+        self,
+        kind: str,
+        expression: str,
+        zone: str,
+        bucket: datetime,
+        instant: datetime,
+        day_rule: str = VIXIE,
+    ) -> bool:
+        """Whether ``instant`` (in the hour starting at ``bucket``) is one of its ticks."""
+        if kind == "interval":
+            every = _every_ms(expression)
+            ms = (instant - EPOCH) / timedelta(milliseconds=1)
+            return every is not None and ms == int(ms) and int(ms) % every == 0
+        if kind != "cron":
+            return False
+        instants = self._hour(expression, zone, bucket, day_rule)
+        at = instant.timestamp()
+        found = bisect_left(instants, at)
+        return found < len(instants) and instants[found] == at
+
 
 def _noop(_: object) -> None:
     return None

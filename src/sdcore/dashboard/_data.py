@@ -231,7 +231,10 @@ class DashboardData:
         now = datetime.now(UTC)
         starts = _bucket_starts(now)
         labels = [start.strftime("%H:%M") for start in starts]
-        since, until = starts[0], now
+        # Ticks are counted over the instants the timeline expects, never as an hourly total: a
+        # tick of the last GRACE, or a backfilled one from before the schedule existed, would
+        # otherwise cancel a real miss of the same hour.
+        since, until = starts[0], now - GRACE
         ran: dict[tuple[str, int], tuple[int, int, int]] = {}
         names = [r[0] for r in found if r[2] in ("cron", "interval")]
         if names:
@@ -244,7 +247,7 @@ class DashboardData:
             for name, index, ok, running, failed in await self._all("tick_buckets", params):
                 ran[(name, int(index))] = (int(ok), int(running), int(failed))
         # Every bucket ends an hour after it starts, but the current one ends GRACE before now.
-        highs = [min(start + BUCKET, now - GRACE) for start in starts]
+        highs = [min(start + BUCKET, until) for start in starts]
         none = (0, 0, 0)
         rows = []
         for r in found:
@@ -258,10 +261,14 @@ class DashboardData:
                     low = start if created <= start else created
                     ok, running, failed = ran.get((name, index), none)
                     expected = expected_in(kind, expression, zone, start, low, highs[index], rule)
+                    if ok + running + failed > expected:
+                        ok, running, failed = await self._on_calendar(
+                            name, kind, expression, zone, start, low, highs[index], rule
+                        )
                     buckets.append(
                         Bucket(
                             start=start,
-                            expected=max(expected, ok + running + failed),
+                            expected=expected,
                             ok=ok,
                             running=running,
                             failed=failed,
@@ -295,6 +302,31 @@ class DashboardData:
                 )
             )
         return rows
+
+    async def _on_calendar(
+        self,
+        name: str,
+        kind: str,
+        expression: str,
+        zone: str,
+        bucket: datetime,
+        low: datetime,
+        high: datetime,
+        day_rule: str,
+    ) -> tuple[int, int, int]:
+        """Succeeded, running and failed ticks of ``[low, high)`` that the calendar expects."""
+        params = {"name": name, "low": low, "high": high}
+        ok = running = failed = 0
+        for at, succeeded, is_running in await self._all("tick_instants", params):
+            if not self.calendar.expects(kind, expression, zone, bucket, at, day_rule):
+                continue
+            if succeeded:
+                ok += 1
+            elif is_running:
+                running += 1
+            else:
+                failed += 1
+        return ok, running, failed
 
     async def runs(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
         """A schedule's runs, newest first."""

@@ -66,8 +66,9 @@ async def run_guarded(
             extra={"action": "tick_overlap_skipped", "schedule": name, "run_key": tick.run_key},
         )
         if record_skip:
-            runner.telemetry.tick_skipped(name, SKIPPED_OVERLAP)
-            await runner.record_skipped(name, kind, policy, tick, "overlap")
+            await runner.record_skipped(
+                name, kind, policy, tick, "overlap", outcome=SKIPPED_OVERLAP
+            )
         return TickOutcome(ran=False, succeeded=False, attempts=0)
     lease = guard.lease
     work = asyncio.ensure_future(body())

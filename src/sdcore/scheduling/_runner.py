@@ -220,15 +220,35 @@ class TickRunner:
         return await self._attempts(name, kind, handler, policy, tick, deadline, clock)
 
     async def record_skipped(
-        self, name: str, kind: ScheduleKind, policy: RunPolicy, tick: Tick, reason: str
+        self,
+        name: str,
+        kind: ScheduleKind,
+        policy: RunPolicy,
+        tick: Tick,
+        reason: str,
+        *,
+        outcome: str | None = None,
     ) -> None:
-        """Record an exclusive tick as skipped on purpose, unless it already has a row."""
+        """Record an exclusive tick as skipped on purpose, unless it already has a row.
+
+        ``outcome`` (a ``skipped_*`` telemetry outcome) counts the skip: an exclusive tick's skip
+        only on the replica whose row was written, so the per-replica counters add up to the
+        cluster's skips (every replica fires a paused tick; a tick another replica runs is no
+        skip). A tick that is not exclusive fires on every replica: each counts its own skip.
+        """
         if self.jobs is None or not policy.exclusive or kind is ScheduleKind.INITIAL:
+            if outcome is not None:
+                self.telemetry.tick_skipped(name, outcome)
             return
         try:
-            await self.jobs.record_skipped(tick_options(name, kind, policy, tick.run_key), reason)
+            written = await self.jobs.record_skipped(
+                tick_options(name, kind, policy, tick.run_key), reason
+            )
         except JobSchedulerError as exc:
             self._log_error("could not record the skip", name, tick, exc, "skip_not_recorded")
+            written = True  # unknown whether another replica recorded it: counted, not lost
+        if written and outcome is not None:
+            self.telemetry.tick_skipped(name, outcome)
 
     async def _attempts(
         self,

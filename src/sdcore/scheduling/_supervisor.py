@@ -299,7 +299,6 @@ class Supervisor:
                     )
                 return None
             if path is StartPath.FIRE:
-                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_PAUSE)
                 self._log.info(
                     "schedule %r run %r: skipped, the schedule is %s",
                     entry.name,
@@ -312,7 +311,9 @@ class Supervisor:
                     },
                 )
                 self._own(
-                    self._runner.record_skipped(entry.name, entry.kind, entry.policy, tick, reason),
+                    self._runner.record_skipped(
+                        entry.name, entry.kind, entry.policy, tick, reason, outcome=SKIPPED_PAUSE
+                    ),
                     f"sdcore-skip:{entry.name}",
                 )
             return None
@@ -358,10 +359,14 @@ class Supervisor:
                 },
             )
             if path is StartPath.FIRE:
-                self._runner.telemetry.tick_skipped(entry.name, SKIPPED_OVERLAP)
                 self._own(
                     self._runner.record_skipped(
-                        entry.name, entry.kind, entry.policy, tick, "overlap"
+                        entry.name,
+                        entry.kind,
+                        entry.policy,
+                        tick,
+                        "overlap",
+                        outcome=SKIPPED_OVERLAP,
                     ),
                     f"sdcore-skip:{entry.name}",
                 )

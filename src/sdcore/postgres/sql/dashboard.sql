@@ -69,26 +69,45 @@ LIMIT %(limit)s
 -- name: tick_buckets
 -- Ticks of these schedules that ran in the window, per hour bucket: distinct scheduled instants
 -- that succeeded (in any attempt), are still running, or only failed. Runs started by `trigger`
--- are not ticks and are left out; a backfilled tick counts (it is no longer missed). The
--- started_at bound keeps the scan on the (schedule, started_at DESC) index: a tick starts after
--- it was due.
+-- are not ticks and are left out; a backfilled tick counts (it is no longer missed). Only the
+-- instants the timeline expects are counted: from the schedule's creation (a backfill may reach
+-- further back) to %(until)s (the grace before now), and for an interval schedule on its grid;
+-- a count above the calendar's is resolved against it by tick_instants. The started_at bound
+-- keeps the scan on the (schedule, started_at DESC) index: a tick starts after it was due.
 SELECT schedule, b,
        count(*) FILTER (WHERE ok),
        count(*) FILTER (WHERE NOT ok AND running),
        count(*) FILTER (WHERE NOT ok AND NOT running)
 FROM (
-    SELECT schedule, scheduled_at,
-           floor(extract(epoch FROM scheduled_at - %(since)s::timestamptz) / %(bucket_s)s)::int
+    SELECT r.schedule, r.scheduled_at,
+           floor(extract(epoch FROM r.scheduled_at - %(since)s::timestamptz) / %(bucket_s)s)::int
                AS b,
-           bool_or(status = 'SUCCESS') AS ok, bool_or(status = 'RUNNING') AS running
-    FROM {runs}
-    WHERE schedule = ANY(%(names)s::text[])
-      AND started_at >= %(since)s::timestamptz
-      AND scheduled_at >= %(since)s::timestamptz AND scheduled_at < %(until)s::timestamptz
-      AND source <> 'trigger'
-    GROUP BY schedule, scheduled_at
+           bool_or(r.status = 'SUCCESS') AS ok, bool_or(r.status = 'RUNNING') AS running
+    FROM {runs} AS r
+    JOIN {schedules} AS s ON s.name = r.schedule
+    WHERE r.schedule = ANY(%(names)s::text[])
+      AND r.started_at >= %(since)s::timestamptz
+      AND r.scheduled_at >= %(since)s::timestamptz AND r.scheduled_at < %(until)s::timestamptz
+      AND r.scheduled_at >= s.created_at
+      AND r.source <> 'trigger'
+      AND CASE WHEN s.kind = 'interval' AND s.expression ~ '^[1-9][0-9]{{0,17}}$'
+               THEN mod((extract(epoch FROM r.scheduled_at) * 1000)::numeric,
+                        s.expression::numeric) = 0
+               ELSE true END
+    GROUP BY r.schedule, r.scheduled_at
 ) AS ticks
 GROUP BY schedule, b
+
+-- name: tick_instants
+-- One schedule's distinct ticks in [low, high) with their outcome, for an hour whose count in
+-- tick_buckets exceeds the calendar's (ticks of an earlier expression or zone): the caller keeps
+-- the instants its calendar expects.
+SELECT scheduled_at, bool_or(status = 'SUCCESS'), bool_or(status = 'RUNNING')
+FROM {runs}
+WHERE schedule = %(name)s AND started_at >= %(low)s::timestamptz
+  AND scheduled_at >= %(low)s::timestamptz AND scheduled_at < %(high)s::timestamptz
+  AND source <> 'trigger'
+GROUP BY scheduled_at
 
 -- name: runs_of
 SELECT run_key, source, scheduled_at, started_at, finished_at, status, attempt, fencing_token,
