@@ -388,7 +388,7 @@ def test_the_ready_line_says_where_the_probes_listen() -> None:
     plain = describe(object(), RunOptions(spec="app:scheduler"))
     assert plain == "ready: app:scheduler (scheduler); SIGTERM stops"
     line = describe(object(), RunOptions(spec="app:scheduler", metrics_port=9464))
-    assert "; /livez /readyz /metrics on http://0.0.0.0:9464; SIGTERM stops" in line
+    assert "; /livez /readyz /metrics on http://127.0.0.1:9464; SIGTERM stops" in line
     v6 = describe(object(), RunOptions(spec="a:s", metrics_port=9464, metrics_host="::1"))
     assert "http://[::1]:9464" in v6
 
