@@ -97,6 +97,10 @@ class Supervisor:
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
+        # Set from the start of shutdown until the scheduler starts again: no pending catch-up
+        # tick starts any more (the end of a cancelled tick would otherwise start the next
+        # one, a task that shutdown no longer waits for and that outlives aclose()).
+        self.closed = False
 
     @property
     def runner(self) -> TickRunner:
@@ -480,7 +484,7 @@ class Supervisor:
         self._own(record(), f"sdcore-paused:{entry.name}")
 
     def _drain(self, entry: Entry) -> None:
-        if entry.removed or not entry.active or entry.running:
+        if self.closed or entry.removed or not entry.active or entry.running:
             return
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
             offered = entry.offered
@@ -500,6 +504,7 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """Let every owned task finish within the grace period, then cancel and await it."""
+        self.closed = True
         await self._shutdown_ticks()
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()
