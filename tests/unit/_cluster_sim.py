@@ -35,7 +35,7 @@ import time
 import types
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -92,8 +92,9 @@ HOLES = {
     "(created with exclusive=false)",
     "unexpected_task_error": "a scheduler task ended with an error nothing foresaw",
     "tick_after_close": "a scheduler still owned (or started) a tick after its aclose() returned",
-    "missed_report": "missed_ticks disagrees with the lease rows, or reports a tick given back "
-    "unstarted as attempted",
+    "update_patch": "an update that names some fields changed the others",
+    "missed_report": "missed_ticks disagrees with the lease rows",
+    "given_back_reporting": "missed_ticks reports a tick given back unstarted as attempted",
 }
 
 BASE = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
@@ -116,6 +117,7 @@ class Def:
     overlap: str = "skip"
     exclusive: bool = True
     window_ms: int = 8_000
+    lease_ms: int = LEASE_MS
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {
@@ -124,7 +126,7 @@ class Def:
             "catch_up": self.catch_up,
             "overlap": self.overlap,
             "catch_up_window_ms": self.window_ms,
-            "lease_ms": LEASE_MS,
+            "lease_ms": self.lease_ms,
         }
         if not self.exclusive:
             opts["exclusive"] = False
@@ -194,7 +196,7 @@ def draw_steps(seed: int, count: int) -> list[Step]:
     ]
     population = [k for k, _ in kinds]
     weights = [w for _, w in kinds]
-    steps = []
+    steps: list[Step] = []
     rid = 0
     for _ in range(count):
         kind = rng.choices(population, weights)[0]
@@ -218,7 +220,9 @@ def draw_steps(seed: int, count: int) -> list[Step]:
                 overlap=rng.choice(("skip", "skip", "allow")),
                 exclusive=exclusive,
             )
-            args = (rng.choice(STORED_NAMES), definition)
+            # Drawn apart, so that the other draws of a seed stay as they were.
+            partial = random.Random(f"partial:{seed}:{len(steps)}").random() < 0.3
+            args = (rng.choice(STORED_NAMES), definition, kind == "update" and partial)
         elif kind in ("crash", "stop", "start"):
             args = (rng.randrange(5),)
         elif kind == "partition":
@@ -436,6 +440,7 @@ class Sim:
         self.definition_events: dict[str, list[float]] = defaultdict(list)
         self.up_log: list[tuple[float, int]] = [(-math.inf, 0)]
         self.actions: dict[int, OpenAction] = {}
+        self.done_actions: list[tuple[float, OpenAction]] = []  # (seen finished at, action)
         self.trigger_requests: dict[int, str] = {}  # action id -> request id
         self.request_runs: dict[str, set[int]] = defaultdict(set)
         self.checked_until: dict[str, float] = {}
@@ -445,6 +450,7 @@ class Sim:
         self.runs_started = 0
         self.capture = _Capture()
         self.later: list[tuple[str, str]] = []  # found by background tasks, raised by check()
+        self.driver: asyncio.Task[Any] | None = None  # the task that runs the walk
 
     # --- clocks ------------------------------------------------------------------------------
 
@@ -465,6 +471,11 @@ class Sim:
         if hole in self.holes:
             self.gated[hole] += 1
             self.first_gated.setdefault(hole, f"step {self.step_no}: {detail}")
+            return
+        if asyncio.current_task() is not self.driver:
+            # Found inside a handler or a replica's task: raised here it would only fail that
+            # tick; the driver raises it after the step.
+            self.later.append((hole, f"t={self.loop.time():.3f}s: {detail}"))
             return
         raise Violation(
             hole, f"step {self.step_no}, t={self.loop.time():.3f}s: {detail}", self.step_no
@@ -501,7 +512,7 @@ class Sim:
         )
         replica.scheduler, replica.control = scheduler, control
         self._set_state(replica, "up")
-        self.disturbed.append(self.loop.time())
+        bisect.insort(self.disturbed, self.loop.time())
         try:
             await control.start()
             await scheduler.start_all()
@@ -532,7 +543,7 @@ class Sim:
         assert control is not None
         link.dead = True
         now = self.loop.time()
-        self.disturbed.append(now)
+        bisect.insort(self.disturbed, now)
         for run_id in list(replica.live):
             self._end(self.live_runs[run_id], "crashed")
         self._set_state(replica, "down")
@@ -555,7 +566,7 @@ class Sim:
         assert control is not None
         self._set_state(replica, "stopping")
         link.leave_delay_s = slow_leave_s
-        self.disturbed.append(self.loop.time())
+        bisect.insort(self.disturbed, self.loop.time())
 
         async def graceful() -> None:
             try:
@@ -574,7 +585,7 @@ class Sim:
             finally:
                 link.dead = True  # the process has exited
                 self._set_state(replica, "down")
-                self.disturbed.append(self.loop.time())
+                bisect.insort(self.disturbed, self.loop.time())
 
         replica.teardown = asyncio.create_task(graceful())
 
@@ -587,9 +598,8 @@ class Sim:
             return
         now = self.loop.time()
         replica.link.cut_until = max(replica.link.cut_until, now + ms / 1000)
-        self.disturbed.append(now)
-        self.disturbed.append(now + ms / 1000)
-        self.disturbed.sort()
+        bisect.insort(self.disturbed, now)
+        bisect.insort(self.disturbed, now + ms / 1000)
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -666,7 +676,11 @@ class Sim:
         live = [r for r in previous if r.end is None]
         if live:
             hole = "concurrent_run"
-            if definition is not None and not definition.exclusive:
+            # A replica may still run a definition the store replaced a moment ago.
+            recent = [d for at, d in self.defs_seen[name] if at >= run.start - 3.0] + [
+                self._definition_at(name, run.start - 3.0)
+            ]
+            if any(d is not None and not d.exclusive for d in recent):
                 hole = "stored_nonexclusive"
             self.violate(
                 hole,
@@ -753,7 +767,7 @@ class Sim:
             elif kind == "backfill":
                 await self._backfill(*args)
             elif kind in ("create", "update"):
-                await self._store(kind, args[0], args[1])
+                await self._store(kind, args[0], args[1], partial=args[2] if args[2:] else False)
             elif kind == "remove":
                 await self.admin.remove(args[0], actor="sim")
                 self._defined(args[0], None)
@@ -783,7 +797,9 @@ class Sim:
             if action.id not in self.actions:
                 definition = self.defs_seen[name][-1][1]
                 retries = definition.retries if definition else 0
+                lease_s = (definition.lease_ms if definition else LEASE_MS) / 1000
                 bound = (retries + 1) * (SLOW_MAX_S + 1.5) + self.config.poll_ms / 1000 + 3
+                bound += lease_s  # a crashed owner's lease runs out first
                 self.actions[action.id] = OpenAction(
                     action.id,
                     "trigger",
@@ -804,8 +820,9 @@ class Sim:
         )
         definition = self.defs_seen[name][-1][1]
         retries = definition.retries if definition else 0
+        lease_s = (definition.lease_ms if definition else LEASE_MS) / 1000
         ticks = int(action.params.get("ticks", 1))
-        bound = ticks * (retries + 1) * (SLOW_MAX_S + 1.5) + 3 * LEASE_MS / 1000 + 5
+        bound = ticks * (retries + 1) * (SLOW_MAX_S + 1.5) + 3 * lease_s + 5
         self.actions[action.id] = OpenAction(
             action.id, "backfill", name, self._generation(name), self.loop.time(), bound
         )
@@ -814,18 +831,44 @@ class Sim:
         stored = self.stored.get(name)
         return 0 if stored is None else stored.generation
 
-    async def _store(self, kind: str, name: str, definition: Def) -> None:
-        call = self.admin.create if kind == "create" else self.admin.update
-        await call(
-            name,
-            handler=STORED_HANDLER,
-            every_ms=definition.every_ms,
-            options=definition.options(),
-            actor="sim",
-        )
+    async def _store(self, kind: str, name: str, definition: Def, *, partial: bool) -> None:
+        before = self.stored[name].definition
+        if partial:
+            # Only the interval: every other field keeps its value.
+            await self.admin.update(
+                name, handler=STORED_HANDLER, every_ms=definition.every_ms, actor="sim"
+            )
+        else:
+            call = self.admin.create if kind == "create" else self.admin.update
+            await call(
+                name,
+                handler=STORED_HANDLER,
+                every_ms=definition.every_ms,
+                options=definition.options(),
+                actor="sim",
+            )
         if kind == "create":
             self.stored[name].generation += 1
-        self._defined(name, definition)
+        row = self.store._rows[name]
+        options = row.options
+        actual = Def(
+            int(row.expression),
+            retries=options["retries"],
+            backoff_ms=options["retry_backoff_ms"],
+            catch_up=options["catch_up"],
+            overlap=options["overlap"],
+            exclusive=options["exclusive"],
+            window_ms=options["catch_up_window_ms"],
+            lease_ms=options["lease_ms"],
+        )
+        self._defined(name, actual)
+        expected = replace(before, every_ms=definition.every_ms) if before else None
+        if partial and expected is not None and actual != expected:
+            self.violate(
+                "update_patch",
+                f"update of {name} naming only every_ms={definition.every_ms}: "
+                f"{expected} became {actual}",
+            )
 
     def _defined(self, name: str, definition: Def | None) -> None:
         now = self.loop.time()
@@ -939,20 +982,33 @@ class Sim:
         return f"{t - max(ends):.3f}s after the resume" if ends else "outside any pause"
 
     def _check_actions(self, now: float) -> None:
-        for action_id, open_action in list(self.actions.items()):
+        for action_id in list(self.actions):
             stored = self.store._actions.get(action_id)
             if stored is None or stored.finished_at is not None:
-                del self.actions[action_id]
-                continue
+                self.done_actions.append((now, self.actions.pop(action_id)))
+        for action_id, open_action in sorted(self.actions.items()):
+            stored = self.store._actions[action_id]
             name = open_action.schedule
             calm_since = max(
                 open_action.requested,
                 self._last(self.disturbed, now),
                 self._last(self.schedule_events[name], now),
             )
+            # A schedule's actions run one after the other (overlap): each may wait for those
+            # before it that were still open when the cluster became calm.
+            bound = open_action.bound_s + sum(
+                other.bound_s
+                for ended, other in self.done_actions
+                if other.schedule == name and other.action_id < action_id and ended >= calm_since
+            )
+            bound += sum(
+                other.bound_s
+                for other_id, other in self.actions.items()
+                if other.schedule == name and other_id < action_id
+            )
             changed = not self._quiet(self.definition_events[name], open_action.requested, now)
             generation_now = self._generation(name)
-            if changed and now - open_action.requested > open_action.bound_s:
+            if changed and now - open_action.requested > bound:
                 current = self.stored[name].definition if name in self.stored else None
                 gone = current is None or generation_now != open_action.generation
                 hole = "backfill_stall" if open_action.kind == "backfill" else None
@@ -968,7 +1024,7 @@ class Sim:
                     )
                     del self.actions[action_id]
                 continue
-            if not changed and now - calm_since > open_action.bound_s and self._up_at(now):
+            if not changed and now - calm_since > bound and self._up_at(now):
                 self.violate(
                     "action_never_finishes",
                     f"{open_action.kind} {action_id} of {name} open for "
@@ -1010,7 +1066,7 @@ class Sim:
                 given_back = row is not None and GIVEN_BACK in (row.data or {})
                 if missed is not None and (missed.attempts or 0) > 0 and ran == 0 and given_back:
                     self.violate(
-                        "missed_report",
+                        "given_back_reporting",
                         f"{name} {run_key}: missed_ticks reports {missed.attempts} attempt(s) "
                         f"({missed.status}), but its handler never ran",
                     )
@@ -1019,6 +1075,7 @@ class Sim:
     # --- the episode ---------------------------------------------------------------------------
 
     async def run(self, steps: Sequence[Step], drain_s: float = 15.0) -> None:
+        self.driver = asyncio.current_task()
         for replica in self.replicas:
             await self.start_replica(replica)
         try:

@@ -31,10 +31,11 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
     JobSchedulerType,
     LostJobLeaseError,
+    given_back,
 )
 from sdcore.scheduling._batch import TickAcquirer
 from sdcore.scheduling._guard import TickOutcome, run_guarded
-from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy
+from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, StartPath
 from sdcore.scheduling._triggers import ScheduleKind, Tick
 
 __all__ = [
@@ -86,6 +87,9 @@ class TickRunner:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
+        # The control plane's pause gate (see Supervisor.gate): asked again once a tick's lease
+        # is won, because a pause can be applied while its acquire is in flight.
+        self.gate: Callable[[str], str | None] | None = None
 
     def acquires_first(self, policy: RunPolicy) -> bool:
         """Whether a regular fire of a schedule with ``policy`` may be acquired before its task
@@ -241,6 +245,8 @@ class TickRunner:
             except asyncio.CancelledError:
                 self.telemetry.tick_finished(run, FAILURE)
                 raise
+            except _Gated:
+                break  # given back unstarted; the resume's catch-up policy decides about it
             except LostJobLeaseError as exc:
                 self.telemetry.tick_finished(run, LOST_LEASE)
                 # Another replica may own the tick now; whatever it does is the tick's outcome.
@@ -367,6 +373,8 @@ class TickRunner:
             raise first[1].with_traceback(None)
         else:
             acquired = first[1]
+        if self.gate is not None and acquired[0].acquired:
+            await self._unless_gated(name, tick, acquired[0].lease)
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
@@ -378,6 +386,37 @@ class TickRunner:
                 self._log_not_ours(name, tick)
             return 0, False
         return bound.attempt, True
+
+    async def _unless_gated(self, name: str, tick: Tick, lease: JobExecutionLease) -> None:
+        """Give the won lease back unstarted if the schedule's gate now says no (a pause applied
+        since the tick was admitted, or a retry of a paused schedule); triggers and backfills
+        pass, as at admission.
+
+        Raises:
+            _Gated: Given back; the tick makes no further offer here.
+        """
+        # Imported here: the supervisor imports this module.
+        from sdcore.scheduling._supervisor import current_path
+
+        assert self.gate is not None  # noqa: S101 - checked by the caller
+        if current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return
+        reason = self.gate(name)
+        if reason is None:
+            return
+        self.log.info(
+            "schedule %r run %r: given back unstarted, the schedule is %s",
+            name,
+            tick.run_key,
+            reason,
+            extra={"action": "tick_paused_given_back", "schedule": name, "run_key": tick.run_key},
+        )
+        assert self.jobs is not None  # noqa: S101 - a lease was won
+        try:
+            await self.jobs.fail(lease, given_back(f"the schedule is {reason}"))
+        except JobSchedulerError as exc:  # the lease expires by itself
+            self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
+        raise _Gated
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(
@@ -455,6 +494,10 @@ class _Bound:
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)
 _FAILED_ONCE = TickOutcome(ran=True, succeeded=False, attempts=1)
+
+
+class _Gated(Exception):
+    """The tick's lease was given back unstarted: its schedule's gate said no."""
 
 
 class _HandlerFailed(Exception):

@@ -94,13 +94,21 @@ class Supervisor:
         self._batch: list[_Deferred] | None = None  # the fires of this loop turn (start_tick)
         self._batch_task: asyncio.Task[Any] | None = None
         self._batch_go: asyncio.Future[None] | None = None  # closes the open batch
-        # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
-        # must not start now ("paused"), or None. Trigger and backfill starts pass it.
-        self.gate: Callable[[str], str | None] | None = None
         # Set from the start of shutdown until the scheduler starts again: no pending catch-up
         # tick starts any more (the end of a cancelled tick would otherwise start the next
         # one, a task that shutdown no longer waits for and that outlives aclose()).
         self.closed = False
+
+    @property
+    def gate(self) -> Callable[[str], str | None] | None:
+        """Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
+        must not start now ("paused"), or None. Trigger and backfill starts pass it. Asked at
+        admission and again by the runner once the tick's lease is won."""
+        return self._runner.gate
+
+    @gate.setter
+    def gate(self, gate: Callable[[str], str | None] | None) -> None:
+        self._runner.gate = gate
 
     @property
     def runner(self) -> TickRunner:
