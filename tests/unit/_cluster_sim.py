@@ -675,13 +675,7 @@ class Sim:
         definition = self.defs_seen[name][-1][1]
         live = [r for r in previous if r.end is None]
         if live:
-            hole = "concurrent_run"
-            # A replica may still run a definition the store replaced a moment ago.
-            recent = [d for at, d in self.defs_seen[name] if at >= run.start - 3.0] + [
-                self._definition_at(name, run.start - 3.0)
-            ]
-            if any(d is not None and not d.exclusive for d in recent):
-                hole = "stored_nonexclusive"
+            hole = "stored_nonexclusive" if self._unleased(name, run.start) else "concurrent_run"
             self.violate(
                 hole,
                 f"{name} {key} started on r{run.replica} ({run.source}, attempt {run.attempt}) "
@@ -692,7 +686,7 @@ class Sim:
             allowed = (self.retries_seen[name] + 1) * (1 + self.releases[(name, key)]) + abandoned
             if len(previous) + 1 > allowed:
                 self.violate(
-                    "too_many_runs",
+                    "stored_nonexclusive" if self._unleased(name, run.start) else "too_many_runs",
                     f"{name} {key}: run {len(previous) + 1} on r{run.replica} ({run.source}); "
                     f"allowed {allowed} (retries {self.retries_seen[name]}, "
                     f"{self.releases[(name, key)]} release(s), {abandoned} abandoned)",
@@ -732,6 +726,14 @@ class Sim:
                         "trigger_idempotency",
                         f"request {request} of {name} ran as triggers {sorted(ran)}",
                     )
+
+    def _unleased(self, name: str, t: float) -> bool:
+        """Whether some replica may run ``name`` without its lease at ``t``: a non-exclusive
+        definition now, or one the store replaced less than a propagation ago."""
+        since = t - self.config.poll_ms / 1000 - 2.0
+        recent = [d for at, d in self.defs_seen[name] if at >= since]
+        recent.append(self._definition_at(name, since))
+        return any(d is not None and not d.exclusive for d in recent)
 
     def note_release(self, lock_keys: Sequence[str]) -> None:
         """A backfill is about to reopen these ticks' FAIL rows (a new attempt budget each)."""

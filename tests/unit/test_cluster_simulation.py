@@ -26,7 +26,6 @@ from tests.unit._looptime import in_loop_time
 # this set once those fixes are merged (each entry is a name in _cluster_sim.HOLES).
 KNOWN_HOLES = frozenset(
     {
-        "pause_retries",  # a retry offer does not consult the pause gate
         "stop_ungates_paused",  # the control plane removes the gate before the scheduler stops
         "resume_gap",  # ticks skipped as paused after the resume are never caught up
         "backfill_starves_live",  # backfill runs make the live tick an overlap skip
@@ -240,6 +239,43 @@ async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
         assert started_while_paused == []
         record = await jobs.tick_records([JobAcquireOptions(code="beat", run_key=KEY).lock_key])
         assert [r.given_back for r in record.values()] == [True]  # resumed catch-up may run it
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "every-replica"])
+@in_loop_time
+async def test_no_retry_starts_once_the_pause_is_applied(exclusive: bool) -> None:
+    # A failed tick's retry offers never asked the pause gate: attempts 2 and 3 started on a
+    # replica that held the schedule paused.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    attempts: list[tuple[int, bool]] = []
+
+    async def flaky(tick: Tick) -> None:
+        attempts.append((tick.attempt, control.paused("report")))
+        raise RuntimeError("fails")
+
+    scheduler.add_interval(
+        "report", 10_000, flaky, retries=2, retry_backoff_ms=1_000, exclusive=exclusive
+    )
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(10.2 - loop.time())  # attempt 1 of the tick at 10 s has failed
+        assert attempts == [(1, False)]
+        await ScheduleAdmin(store, clock=now).pause("report", actor="ops")
+        await asyncio.sleep(5.0)
+        assert control.paused("report")
+        assert attempts == [(1, False)]
     finally:
         await control.aclose()
         await scheduler.aclose()

@@ -349,6 +349,8 @@ class TickRunner:
             _HandlerFailed: The handler raised (the row is ``FAIL``).
         """
         if self.jobs is None or not policy.exclusive:
+            if self.gate is not None:
+                await self._unless_gated(name, tick, None)
             self.telemetry.tick_started(run, tick)
             try:
                 if inspect.iscoroutinefunction(handler):
@@ -387,13 +389,13 @@ class TickRunner:
             return 0, False
         return bound.attempt, True
 
-    async def _unless_gated(self, name: str, tick: Tick, lease: JobExecutionLease) -> None:
-        """Give the won lease back unstarted if the schedule's gate now says no (a pause applied
-        since the tick was admitted, or a retry of a paused schedule); triggers and backfills
-        pass, as at admission.
+    async def _unless_gated(self, name: str, tick: Tick, lease: JobExecutionLease | None) -> None:
+        """Do not start the attempt if the schedule's gate now says no (a pause applied since the
+        tick was admitted, or a retry of a paused schedule): give back its won ``lease``
+        unstarted, if it has one. Triggers and backfills pass, as at admission.
 
         Raises:
-            _Gated: Given back; the tick makes no further offer here.
+            _Gated: Not started; the tick makes no further offer here.
         """
         # Imported here: the supervisor imports this module.
         from sdcore.scheduling._supervisor import current_path
@@ -405,17 +407,17 @@ class TickRunner:
         if reason is None:
             return
         self.log.info(
-            "schedule %r run %r: given back unstarted, the schedule is %s",
+            "schedule %r run %r: not started (given back if won), the schedule is %s",
             name,
             tick.run_key,
             reason,
             extra={"action": "tick_paused_given_back", "schedule": name, "run_key": tick.run_key},
         )
-        assert self.jobs is not None  # noqa: S101 - a lease was won
-        try:
-            await self.jobs.fail(lease, given_back(f"the schedule is {reason}"))
-        except JobSchedulerError as exc:  # the lease expires by itself
-            self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
+        if lease is not None and self.jobs is not None:
+            try:
+                await self.jobs.fail(lease, given_back(f"the schedule is {reason}"))
+            except JobSchedulerError as exc:  # the lease expires by itself
+                self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
         raise _Gated
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
