@@ -360,6 +360,7 @@ class Run:
     start: float
     end: float | None = None
     outcome: str | None = None  # ok, fail, cancelled, crashed
+    unleased: bool = False  # maybe run under a non-exclusive definition (no lease, no budget)
 
     @property
     def abandoned(self) -> bool:
@@ -673,20 +674,23 @@ class Sim:
     def _on_start(self, run: Run, replica: Replica, previous: list[Run]) -> None:
         name, key = run.schedule, run.run_key
         definition = self.defs_seen[name][-1][1]
+        run.unleased = self._unleased(name, run.start)
         live = [r for r in previous if r.end is None]
         if live:
-            hole = "stored_nonexclusive" if self._unleased(name, run.start) else "concurrent_run"
+            unleased = run.unleased or any(r.unleased for r in live)
+            hole = "stored_nonexclusive" if unleased else "concurrent_run"
             self.violate(
                 hole,
                 f"{name} {key} started on r{run.replica} ({run.source}, attempt {run.attempt}) "
                 f"while r{live[0].replica} ({live[0].source}) still runs it",
             )
-        if definition is not None and definition.exclusive:
+        if definition is not None and definition.exclusive and not run.unleased:
+            previous = [r for r in previous if not r.unleased]
             abandoned = sum(1 for r in previous if r.abandoned)
             allowed = (self.retries_seen[name] + 1) * (1 + self.releases[(name, key)]) + abandoned
             if len(previous) + 1 > allowed:
                 self.violate(
-                    "stored_nonexclusive" if self._unleased(name, run.start) else "too_many_runs",
+                    "too_many_runs",
                     f"{name} {key}: run {len(previous) + 1} on r{run.replica} ({run.source}); "
                     f"allowed {allowed} (retries {self.retries_seen[name]}, "
                     f"{self.releases[(name, key)]} release(s), {abandoned} abandoned)",

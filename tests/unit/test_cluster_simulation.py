@@ -19,7 +19,7 @@ import pytest
 from sdcore.job_scheduler import JobAcquireOptions
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
-from tests.unit._cluster_sim import BASE, HOLES, draw_steps, run_episode, shrink
+from tests.unit._cluster_sim import BASE, HOLES, Def, Step, draw_steps, run_episode, shrink
 from tests.unit._looptime import in_loop_time
 
 # Holes whose fix is being made elsewhere: their checks count and print instead of failing. Empty
@@ -45,6 +45,59 @@ EPISODE_STEPS = int(os.environ.get("SDCORE_SIM_EPISODE_STEPS", "300"))
 FIRST_SEED = int(os.environ.get("SDCORE_SIM_SEED", "1"))
 STRICT = os.environ.get("SDCORE_SIM_STRICT", "") == "1"
 SHRINK_S = float(os.environ.get("SDCORE_SIM_SHRINK_S", "60"))
+
+
+# The shortest walk found for each check that a hole makes fail: (seed, steps). While the hole is
+# in KNOWN_HOLES the walk must still find it (a fix merged: take the entry out); once out, the
+# walk must pass.
+MINIMAL_WALKS: dict[str, tuple[int, list[Step]]] = {
+    "trigger_idempotency": (1, [Step("trigger", ("report", "req-1", True), 3_000)]),
+    "stored_nonexclusive": (4, [Step("create", ("s1", Def(300, exclusive=False)), 3_000)]),
+    "update_patch": (
+        1,
+        [
+            Step("create", ("s1", Def(600, retries=2, catch_up="all")), 1_000),
+            Step("update", ("s1", Def(300), True), 1_000),
+        ],
+    ),
+    "remove_open_actions": (
+        48,
+        [
+            Step("create", ("s1", Def(600)), 2_000),
+            Step("trigger", ("s1", "req-1", False), 0),
+            Step("remove", ("s1",), 0),
+            Step("create", ("s1", Def(600)), 3_000),
+        ],
+    ),
+    "backfill_stall": (
+        3,
+        [
+            Step("create", ("s1", Def(600)), 500),
+            Step("pause", ("s1",), 4_000),
+            Step("backfill", ("s1", 3_500, 500, 1), 100),
+            Step("update", ("s1", Def(600, retries=1)), 60_000),
+        ],
+    ),
+    "backfill_starves_live": (3, [Step("backfill", ("beat", 2_625, 728, 1), 50)]),
+    # The pause at a tick's instant makes the replica give that tick back unstarted.
+    "given_back_reporting": (1, [Step("wait", (), 1_000), Step("pause", ("sync",), 8_000)]),
+    "stop_ungates_paused": (1, [Step("pause", ("beat",), 500), Step("stop", (0,), 800)]),
+    "resume_gap": (
+        35,
+        [Step("pause", ("sync",), 2_000), Step("wait", (), 300), Step("resume", ("sync",), 5_000)],
+    ),
+}
+
+
+@pytest.mark.parametrize("hole", sorted(MINIMAL_WALKS))
+def test_minimal_walk(hole: str) -> None:
+    seed, walk = MINIMAL_WALKS[hole]
+    violation = run_episode(seed, walk, KNOWN_HOLES - {hole}).violation
+    if hole in KNOWN_HOLES:
+        assert violation is not None, f"{hole} no longer reproduces: take it out of KNOWN_HOLES"
+        assert violation.hole == hole, violation
+    else:
+        assert violation is None, violation
 
 
 def test_known_holes_are_named_checks() -> None:
