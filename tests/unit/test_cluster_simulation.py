@@ -144,9 +144,9 @@ def test_cluster_simulation() -> None:
 
 @in_loop_time
 async def test_trigger_of_a_busy_schedule_starts_when_its_run_ends() -> None:
-    # Found by the simulation (seed 104): one replica polling every second, a schedule due every
-    # second whose runs take 0.6 s. Every poll landed in a run, so the trigger was refused for
-    # overlap at each poll and never ran.
+    # One replica polling every second, a schedule due every second whose runs take 0.6 s: the
+    # polls keep their phase against the grid, so every poll lands in a run. A trigger refused
+    # for overlap must still start, once the run in its way ends.
     loop = asyncio.get_running_loop()
 
     def now() -> datetime:
@@ -183,10 +183,10 @@ async def test_trigger_of_a_busy_schedule_starts_when_its_run_ends() -> None:
 
 @in_loop_time
 async def test_trigger_requested_at_a_tick_instant_leaves_that_tick_alone() -> None:
-    # Found by the simulation: a trigger requested at the very instant of a tick (by the database
-    # clock), on a replica whose clock is 50 ms slow, took that instant as its identity among the
-    # replica's runs; the regular fire 50 ms later was refused as "already running here", with
-    # no skip record, and the tick never ran.
+    # A trigger requested at the very instant of a tick (by the database clock), on a replica
+    # whose clock is 50 ms slow, starts before that tick fires there: the trigger's identity
+    # among the replica's runs must not be the tick's, or the fire 50 ms later is refused as
+    # "already running here" (no skip record) and the tick never runs.
     loop = asyncio.get_running_loop()
 
     def db_now() -> datetime:
@@ -223,9 +223,9 @@ async def test_trigger_requested_at_a_tick_instant_leaves_that_tick_alone() -> N
 
 @in_loop_time
 async def test_no_pending_catch_up_tick_starts_once_aclose_began() -> None:
-    # Found by the simulation: under overlap "skip" catch-up starts missed ticks one after the
-    # other, each from the end of the previous one. The end of a tick cancelled by aclose()
-    # started the next, a task aclose() did not wait for: it ran after aclose() returned.
+    # Under overlap "skip" catch-up starts missed ticks one after the other, each from the end of
+    # the previous one. The end of a tick cancelled by aclose() must not start the next: that
+    # task would be one aclose() does not wait for, running after aclose() returned.
     loop = asyncio.get_running_loop()
 
     def now() -> datetime:
@@ -264,8 +264,8 @@ async def test_no_pending_catch_up_tick_starts_once_aclose_began() -> None:
 
 @in_loop_time
 async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before() -> None:
-    # Found by the simulation: a pause applied while an admitted tick's lease acquire was in
-    # flight (the operator paused at the tick's instant) did not stop its handler.
+    # The operator pauses at a tick's instant: the replica admitted the tick (gate open) and
+    # applies the pause while the tick's lease acquire is in flight. Its handler must not start.
     loop = asyncio.get_running_loop()
 
     def now() -> datetime:
@@ -300,8 +300,8 @@ async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
 @pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "every-replica"])
 @in_loop_time
 async def test_no_retry_starts_once_the_pause_is_applied(exclusive: bool) -> None:
-    # A failed tick's retry offers never asked the pause gate: attempts 2 and 3 started on a
-    # replica that held the schedule paused.
+    # A failed tick's retries are new attempts: none may start on a replica that holds the
+    # schedule paused.
     loop = asyncio.get_running_loop()
 
     def now() -> datetime:
