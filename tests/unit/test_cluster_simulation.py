@@ -262,8 +262,11 @@ async def test_no_pending_catch_up_tick_starts_once_aclose_began() -> None:
     assert started_after_close == []
 
 
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "every-replica"])
 @in_loop_time
-async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before() -> None:
+async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
+    exclusive: bool,
+) -> None:
     # The operator pauses at a tick's instant: the replica admitted the tick (gate open) and
     # applies the pause while the tick's lease acquire is in flight. Its handler must not start.
     loop = asyncio.get_running_loop()
@@ -281,7 +284,7 @@ async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
         if control.paused("beat"):
             started_while_paused.append(tick.run_key or "")
 
-    scheduler.add_interval("beat", 200, beat)
+    scheduler.add_interval("beat", 200, beat, exclusive=exclusive)
     await control.start()
     await scheduler.start_all()
     try:
@@ -290,8 +293,10 @@ async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
         await asyncio.sleep(1.0)
         assert control.paused("beat")
         assert started_while_paused == []
-        record = await jobs.tick_records([JobAcquireOptions(code="beat", run_key=KEY).lock_key])
-        assert [r.given_back for r in record.values()] == [True]  # resumed catch-up may run it
+        if exclusive:
+            key = JobAcquireOptions(code="beat", run_key=KEY).lock_key
+            record = await jobs.tick_records([key])
+            assert [r.given_back for r in record.values()] == [True]  # catch-up may run it
     finally:
         await control.aclose()
         await scheduler.aclose()

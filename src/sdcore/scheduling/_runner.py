@@ -114,6 +114,8 @@ class TickRunner:
 
         Never raises except ``CancelledError``.
         """
+        if self.gate is not None and self._gate_reason(name) is not None:
+            return _NOT_STARTED  # paused since it was admitted
         if tick.attempt != 1:
             tick = replace(tick, attempt=1)
         telemetry = self.telemetry
@@ -397,13 +399,7 @@ class TickRunner:
         Raises:
             _Gated: Not started; the tick makes no further offer here.
         """
-        # Imported here: the supervisor imports this module.
-        from sdcore.scheduling._supervisor import current_path
-
-        assert self.gate is not None  # noqa: S101 - checked by the caller
-        if current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
-            return
-        reason = self.gate(name)
+        reason = self._gate_reason(name)
         if reason is None:
             return
         self.log.info(
@@ -419,6 +415,15 @@ class TickRunner:
             except JobSchedulerError as exc:  # the lease expires by itself
                 self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
         raise _Gated
+
+    def _gate_reason(self, name: str) -> str | None:
+        """Why the gate says no to this tick now (``None``: it may start)."""
+        # Imported here: the supervisor imports this module.
+        from sdcore.scheduling._supervisor import current_path
+
+        if self.gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return None
+        return self.gate(name)
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(
@@ -496,6 +501,7 @@ class _Bound:
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)
 _FAILED_ONCE = TickOutcome(ran=True, succeeded=False, attempts=1)
+_NOT_STARTED = TickOutcome(ran=False, succeeded=False, attempts=0)
 
 
 class _Gated(Exception):
