@@ -674,7 +674,11 @@ class Sim:
     def _on_start(self, run: Run, replica: Replica, previous: list[Run]) -> None:
         name, key = run.schedule, run.run_key
         definition = self.defs_seen[name][-1][1]
-        run.unleased = self._unleased(name, run.start)
+        # A retry continues its first attempt's task: unleased if that one was.
+        run.unleased = self._unleased(name, run.start) or any(
+            r.unleased and (r.replica, r.incarnation) == (run.replica, run.incarnation)
+            for r in previous
+        )
         live = [r for r in previous if r.end is None]
         if live:
             unleased = run.unleased or any(r.unleased for r in live)
