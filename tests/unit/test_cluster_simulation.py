@@ -40,7 +40,7 @@ KNOWN_HOLES = frozenset(
 
 KEY = "2026-07-20T03:00:01.000Z"  # the tick at the pause's instant
 
-STEPS = int(os.environ.get("SDCORE_SIM_STEPS", "3600"))
+STEPS = int(os.environ.get("SDCORE_SIM_STEPS", "2400"))
 EPISODE_STEPS = int(os.environ.get("SDCORE_SIM_EPISODE_STEPS", "300"))
 FIRST_SEED = int(os.environ.get("SDCORE_SIM_SEED", "1"))
 STRICT = os.environ.get("SDCORE_SIM_STRICT", "") == "1"
