@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from sdcore.scheduling._control import (
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._hooks import SchedulerHooks
 from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
-from sdcore.scheduling._runner import TickOutcome, tick_options
+from sdcore.scheduling._runner import TickOutcome, tick_options, utcnow
 from sdcore.scheduling._triggers import Tick, expected_instants
 
 __all__ = ["CANCELLED", "ActionRunner"]
@@ -56,12 +56,21 @@ class ActionRunner:
         hooks: The scheduler, as the control plane sees it.
         store: The control plane's store.
         logger: The control plane's logger.
+        clock: The replica's wall clock (aware UTC).
     """
 
-    def __init__(self, hooks: SchedulerHooks, store: ScheduleStore, logger: logging.Logger) -> None:
+    def __init__(
+        self,
+        hooks: SchedulerHooks,
+        store: ScheduleStore,
+        logger: logging.Logger,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.hooks = hooks
         self.store = store
         self._log = logger
+        self._clock = clock
 
     async def _records(self, keys: list[str]) -> dict[str, TickRecord]:
         jobs = self.hooks.jobs
@@ -82,7 +91,17 @@ class ActionRunner:
             local_time=at.astimezone(entry.zone),
             run_key=run_key,
         )
-        task = self.hooks.launch(entry, at, StartPath.TRIGGER, tick=tick)
+        # The trigger's identity among this process's runs of the schedule (``in_flight``) is
+        # never a fire instant (those are whole milliseconds): a regular tick due at the very
+        # instant the trigger was requested must not be refused as "already running here".
+        slot = at.replace(microsecond=at.microsecond // 1000 * 1000 + 1)
+        task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
+        # Refused while a run of the schedule goes on here (overlap): offered again as soon as
+        # that run ends. Waiting for the next poll instead can starve it for good: the polls
+        # keep their phase against the schedule's grid, so they can land in every run.
+        while task is None and entry.running and self.hooks.entry(entry.name) is entry:
+            await asyncio.wait(set(entry.running), return_when=asyncio.FIRST_COMPLETED)
+            task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
         if task is not None:
             await asyncio.shield(task)
         key = tick_options(entry.name, entry.kind, entry.policy, run_key).lock_key
@@ -303,7 +322,7 @@ class ActionRunner:
         as much as the ones before the resume's commit. Ticks another replica ran meanwhile
         have rows (not chosen); a tick in flight here is refused by the start path.
         """
-        now = datetime.now(UTC)
+        now = self._clock()
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         start = max(paused_at, window_start)
         end = max(now, resumed_at)

@@ -6,7 +6,7 @@ Every input is validated before anything is written: a refused action changes no
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -32,6 +32,7 @@ from sdcore.scheduling._control import (
 )
 from sdcore.scheduling._cron import DayRule, InvalidScheduleError
 from sdcore.scheduling._policy import KNOWN_OPTIONS, build_policy, check_name
+from sdcore.scheduling._runner import utcnow
 from sdcore.scheduling._triggers import ScheduleKind, Trigger, expected_instants
 
 __all__ = ["ScheduleAdmin"]
@@ -83,10 +84,13 @@ class ScheduleAdmin:
     Args:
         store: Where the control plane lives (:class:`~sdcore.scheduling.PostgresScheduleStore`
             or :class:`~sdcore.testing.InMemoryScheduleStore`).
+        clock: The wall clock (aware UTC) that bounds a backfill's window and computes next
+            fire times (inject one in tests that move time).
     """
 
-    def __init__(self, store: ScheduleStore) -> None:
+    def __init__(self, store: ScheduleStore, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.store = store
+        self._clock = clock
 
     async def _known(self, name: object, *, declared: bool) -> ScheduleRow:
         if not isinstance(name, str):
@@ -252,7 +256,7 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 None, f"the window ends ({high:%Y-%m-%dT%H:%M:%SZ}) before it starts"
             )
-        if high > datetime.now(UTC):
+        if high > self._clock():
             raise ScheduleControlError(
                 None, "the window must lie in the past (--to is in the future)"
             )
@@ -525,7 +529,7 @@ class ScheduleAdmin:
         Each live version (``live_versions``) has its own next fire time.
         """
         states = await self.store.states()
-        now = datetime.now(UTC)
+        now = self._clock()
         out = []
         for state in states:
             upcoming = None
@@ -591,7 +595,7 @@ class ScheduleAdmin:
         """Delete history runs and finished actions older than ``older_than``; return the count."""
         if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
             raise ScheduleControlError(None, "older_than must be a positive timedelta")
-        return await self.store.prune(datetime.now(UTC) - older_than, batch_size)
+        return await self.store.prune(self._clock() - older_than, batch_size)
 
 
 def _next_fire(

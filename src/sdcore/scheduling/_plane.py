@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore._internal.supervisor import Supervisor
@@ -36,7 +36,7 @@ from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, loa
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
-from sdcore.scheduling._runner import Handler
+from sdcore.scheduling._runner import Handler, utcnow
 from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._supervisor import GATE_UNKNOWN
 from sdcore.scheduling._triggers import (
@@ -112,6 +112,8 @@ class ScheduleControl:
         heartbeat_ms: How often this replica marks itself alive.
         host: Host name recorded in the run history (default: ``socket.gethostname()``).
         pid: Process id recorded (default: ``os.getpid()``).
+        clock: Wall clock returning aware UTC datetimes (the scheduler's, in tests that move
+            time): when this replica started, and the catch-up window of a resume.
         logger_name: Logger.
         history_store: Where the run history is written (default: ``store``). The ``Runtime``
             keeps ``store`` on a small pool of the control plane's own, so that polls never
@@ -132,6 +134,7 @@ class ScheduleControl:
         heartbeat_ms: int = 5_000,
         host: str | None = None,
         pid: int | None = None,
+        clock: Callable[[], datetime] = utcnow,
         logger_name: str = "sdcore.scheduling.control",
         history_store: ScheduleStore | None = None,
     ) -> None:
@@ -153,12 +156,13 @@ class ScheduleControl:
         self._host = host if host is not None else socket.gethostname()
         self._pid = pid if pid is not None else os.getpid()
         self._log = logging.getLogger(logger_name)
+        self._clock = clock
         self.replica = Replica(replica_id=str(uuid.uuid4()), host=self._host, pid=self._pid)
         self._hooks = SchedulerHooks(scheduler)
         self._history = RunHistory(
             store if history_store is None else history_store, self.replica, self._log
         )
-        self._actions = ActionRunner(self._hooks, store, self._log)
+        self._actions = ActionRunner(self._hooks, store, self._log, clock=clock)
         self._paused: dict[str, bool] = {}
         self._resumed: dict[str, datetime] = {}
         self._stored: dict[str, str] = {}  # stored schedule name -> fingerprint running here
@@ -177,7 +181,7 @@ class ScheduleControl:
         self._last_beat = 0.0
         self._closing = False
         self._joined = False
-        self._since = datetime.now(UTC)
+        self._since = clock()
         # When the paused state held here was last read (monotonic): a view older than
         # _stale_s gates every tick as unknown until the next successful poll.
         self._fresh_at: float | None = None
@@ -212,7 +216,7 @@ class ScheduleControl:
         self._history.loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._closing = False
-        self._since = datetime.now(UTC) - timedelta(seconds=5)  # clock skew with the database
+        self._since = self._clock() - timedelta(seconds=5)  # clock skew with the database
         self._hooks.install(self._gate, self._history.wrap)
         self._hooks.watch(self._registry_changed)
         self.replica = Replica(

@@ -117,6 +117,8 @@ class TickRunner:
 
         Never raises except ``CancelledError``.
         """
+        if self._gate_reason(name) is not None:
+            return _NOT_STARTED  # paused since it was admitted
         if tick.attempt != 1:
             tick = replace(tick, attempt=1)
         telemetry = self.telemetry
@@ -275,6 +277,8 @@ class TickRunner:
             except asyncio.CancelledError:
                 self.telemetry.tick_finished(run, FAILURE)
                 raise
+            except _Gated:
+                break  # given back unstarted; the resume's catch-up policy decides about it
             except LostJobLeaseError as exc:
                 self.telemetry.tick_finished(run, LOST_LEASE)
                 # Another replica may own the tick now; whatever it does is the tick's outcome.
@@ -393,6 +397,7 @@ class TickRunner:
             _HandlerFailed: The handler raised (the row is ``FAIL``).
         """
         if self.jobs is None or not policy.exclusive:
+            await self._unless_gated(name, tick, None)
             self.telemetry.tick_started(run, tick)
             try:
                 if inspect.iscoroutinefunction(handler):
@@ -417,6 +422,8 @@ class TickRunner:
             raise first[1].with_traceback(None)
         else:
             acquired = first[1]
+        if acquired[0].acquired:
+            await self._unless_gated(name, tick, acquired[0].lease)
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
@@ -428,6 +435,35 @@ class TickRunner:
                 self._log_not_ours(name, tick)
             return 0, False
         return bound.attempt, True
+
+    async def _unless_gated(self, name: str, tick: Tick, lease: JobExecutionLease | None) -> None:
+        """Do not start the attempt if the schedule's gate now says no (a pause applied since the
+        tick was admitted, or a retry of a paused schedule): give back its won ``lease``
+        unstarted, if it has one. Triggers and backfills pass, as at admission.
+
+        Raises:
+            _Gated: Not started; the tick makes no further offer here.
+        """
+        reason = self._gate_reason(name)
+        if reason is None:
+            return
+        self.log.info(
+            "schedule %r run %r: not started (given back if won), the schedule is %s",
+            name,
+            tick.run_key,
+            reason,
+            extra={"action": "tick_paused_given_back", "schedule": name, "run_key": tick.run_key},
+        )
+        if lease is not None and self.jobs is not None:
+            try:
+                await self.jobs.give_back(lease, f"the schedule is {reason}")
+            except JobSchedulerError as exc:  # the lease expires by itself
+                self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
+        raise _Gated
+
+    def _gate_reason(self, name: str) -> str | None:
+        """Why the gate says no to this tick now (``None``: it may start); see ``held``."""
+        return None if self.held is None else self.held(name)
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(
@@ -547,6 +583,11 @@ class _Bound:
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)
 _FAILED_ONCE = TickOutcome(ran=True, succeeded=False, attempts=1)
+_NOT_STARTED = TickOutcome(ran=False, succeeded=False, attempts=0)
+
+
+class _Gated(Exception):
+    """The tick's lease was given back unstarted: its schedule's gate said no."""
 
 
 class _HandlerFailed(Exception):

@@ -343,6 +343,7 @@ class Scheduler:
             raise RuntimeError("this Scheduler is already running; call aclose() first")
         now = self._clock()
         self._started_at = now
+        self._sup.closed = False
         self._timer.reset()
         for entry in self._entries.values():
             if isinstance(entry.trigger, OnceTrigger):

@@ -101,6 +101,10 @@ class Supervisor:
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
         runner.held = self._held
+        # Set from the start of shutdown until the scheduler starts again: no pending catch-up
+        # tick starts any more (the end of a cancelled tick would otherwise start the next
+        # one, a task that shutdown no longer waits for and that outlives aclose()).
+        self.closed = False
         # Ticks the control plane started for past instants (backfill, catch-up): they do not
         # make a live fire of the same schedule an overlap skip (see _admit).
         self._background: set[asyncio.Task[Any]] = set()
@@ -592,7 +596,7 @@ class Supervisor:
             # Not started (paused: a skip is recorded; or already in flight): the next one.
 
     def _drain(self, entry: Entry) -> None:
-        if entry.removed or not entry.active or entry.running:
+        if self.closed or entry.removed or not entry.active or entry.running:
             return
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
             offered = entry.offered
@@ -615,6 +619,7 @@ class Supervisor:
         # Fires that were waiting belong to this run of the scheduler: none starts after it.
         self._unknown.clear()
         self._deferred.clear()
+        self.closed = True
         await self._shutdown_ticks()
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()
