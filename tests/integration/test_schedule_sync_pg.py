@@ -423,3 +423,48 @@ async def test_the_dashboard_lists_the_day_rule_and_undeclared_schedules(
         start = rows["report"].timeline[0].start
         expected = expected_instants(nestjs, start, now, limit=100)
         assert sum(b.expected for b in rows["report"].timeline) == len(expected)
+
+
+async def test_a_create_racing_a_replica_declaring_the_name_is_refused(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    # A replica's sync and an operator's create of the same undeclared code name race: the
+    # create must see the declaration the sync commits (and be refused), not take the name over
+    # while that replica goes on running its code schedule under it.
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    gone, gone_control = _replica(pool, pid=11)
+    gone.add_interval("report", HOUR_MS, _noop)
+    async with gone_control:
+        pass
+    digest, digest_control = _replica(pool, pid=12)
+
+    @digest.handler("digest")
+    def run_digest(tick: Tick, args: dict[str, Any]) -> None:
+        return None
+
+    back, back_control = _replica(pool, pid=13)
+    back.add_interval("report", HOUR_MS, _noop)
+    declarations = sql.Identifier(f"{store.table}_declarations")
+    async with digest_control, pool.connection() as blocker:
+        assert (await _state(admin, "report")) is not None
+        # Hold the declarations table so the starting replica's sync stays in its transaction
+        # after it read the row, as a slow sync would.
+        await blocker.execute("BEGIN")
+        await blocker.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(declarations))
+        starting = asyncio.create_task(back_control.start())
+        await asyncio.sleep(0.5)
+        create = asyncio.create_task(
+            admin.create("report", handler="digest", every_ms=HOUR_MS, actor="ops")
+        )
+        await asyncio.sleep(0.5)
+        await blocker.execute("COMMIT")
+        await starting
+        try:
+            with pytest.raises(ScheduleControlError, match="changed meanwhile"):
+                await create
+            row = await store.row("report")
+            assert row is not None
+            assert (row.origin, row.removed_at) == ("code", None)
+        finally:
+            await back_control.aclose()

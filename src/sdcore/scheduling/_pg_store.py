@@ -181,6 +181,7 @@ class PostgresScheduleStore:
     async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
         names = [d.name for d in declared]
         async with self.pool.connection() as conn, conn.transaction():
+            await self._x(conn, self._sql["lock_shared"], (CONTROL_LOCK_ID,))
             await self._x(conn, self._sql["expire_replicas"], (10 * self.live_ms,))
             cur = await self._x(
                 conn, self._sql["changed_names"], (names, [d.fingerprint for d in declared])

@@ -7,6 +7,12 @@
 -- action ids are then committed in the order they were drawn (pollers miss none).
 SELECT pg_advisory_xact_lock(%s)
 
+-- name: lock_shared
+-- A replica's sync takes the write lock shared: syncs run side by side, but a create or remove
+-- that decides whether a live replica declares a name waits for a sync in progress to commit its
+-- declarations (and then sees them), instead of taking over a name that replica is declaring.
+SELECT pg_advisory_xact_lock_shared(%s)
+
 -- name: sync_schedules
 -- One statement for every code-declared schedule of a replica (arrays of equal length). Only
 -- new or changed definitions are written: a restart of the same code locks no row. A removed row
