@@ -38,12 +38,21 @@ def action_json(action: Any) -> dict[str, Any]:
         "created_at": utc_iso(action.created_at, precise=True),
         "finished_at": _precise(action.finished_at),
         "request_id": action.request_id,
+        "replayed": action.replayed,
     }
 
 
 def describe(action: Any) -> str:
     """The one line an action command prints: what was recorded and when it takes effect."""
     what = action.action.value
+    if getattr(action, "replayed", False):
+        state = "still open" if action.finished_at is None else f"finished {action.outcome}"
+        return (
+            f"{what} of {escape(action.schedule)!s}: request id "
+            f"{escape(repr(action.request_id))!s} already recorded action {action.id} ({state}); "
+            f"nothing new was recorded (a new request needs a new id; see "
+            f"`sdcore schedules log {escape(action.schedule)!s}`)"
+        )
     base = f"{what} of {escape(action.schedule)!s} recorded as action {action.id}"
     if what == "trigger":
         return base + f" (run key trigger:{action.id}); one replica runs it within ~2 s"

@@ -186,7 +186,7 @@ class InMemoryScheduleStore:
         if write.request_id is not None:
             for earlier in self._actions.values():
                 if earlier.schedule == write.name and earlier.request_id == write.request_id:
-                    return earlier
+                    return replace(earlier, replayed=True)
         if write.action is ActionKind.PAUSE:
             if row is None or row.removed_at is not None or row.paused:
                 return None

@@ -290,7 +290,7 @@ class PostgresScheduleStore:
             )
             earlier = await cur.fetchone()
             if earlier is not None:
-                return _action(earlier)
+                return replace(_action(earlier), replayed=True)
         changed = 1
         if write.action is ActionKind.PAUSE:
             cur = await self._x(conn, self._sql["pause"], (write.actor, write.reason, write.name))
