@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from sdcore.job_scheduler import DEFAULT_HEARTBEAT_MS
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS
 from sdcore.scheduling._control import (
     MAX_ACTOR,
@@ -378,13 +379,22 @@ class ScheduleAdmin:
             else:
                 every_ms = int(row.expression)
         kept = {k: v for k, v in row.options.items() if k in KNOWN_OPTIONS}
+        patch = dict(options or {})
+        if "lease_ms" in patch and "heartbeat_ms" not in patch:
+            # The row records the heartbeat create derived from the lease when none was given:
+            # a new lease derives it again (a heartbeat chosen apart from it stays).
+            old_lease = kept.get("lease_ms")
+            if isinstance(old_lease, int) and kept.get("heartbeat_ms") == min(
+                DEFAULT_HEARTBEAT_MS, old_lease // 3
+            ):
+                kept.pop("heartbeat_ms")
         definition = _Definition(
             handler if handler is not None else (row.handler or ""),
             cron,
             every_ms,
             time_zone if time_zone is not None else row.time_zone,
             args if args is not None else row.args,
-            {**kept, **dict(options or {})},
+            {**kept, **patch},
         )
         return await self._store(ActionKind.UPDATE, name, definition, actor, reason, previous=row)
 
