@@ -468,3 +468,57 @@ async def test_a_create_racing_a_replica_declaring_the_name_is_refused(
             assert (row.origin, row.removed_at) == ("code", None)
         finally:
             await back_control.aclose()
+
+
+class _WritesBetweenReads(PostgresScheduleStore):
+    """A replica's store that lets operator writes commit between a poll's read of the rows and
+    its read of the open actions (a poll that started just before an update and a trigger)."""
+
+    between: Callable[[], Awaitable[None]] | None = None
+
+    async def open_actions(self, names: Any) -> Any:
+        between, self.between = self.between, None
+        if between is not None:
+            await between()
+        return await super().open_actions(names)
+
+
+async def test_a_trigger_after_an_update_runs_the_updated_schedule(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    store = _WritesBetweenReads(pool)
+    scheduler, control = _replica(pool, pid=21, store=store)
+    runs: list[tuple[str, dict[str, Any]]] = []
+
+    @scheduler.handler("send-digest")
+    def send(tick: Tick, args: dict[str, Any]) -> None:
+        runs.append((tick.run_key or "", args))
+
+    async with control, scheduler:
+        await admin.create(
+            "digest",
+            handler="send-digest",
+            every_ms=HOUR_MS,
+            args={"customer": "acme"},
+            actor="ops",
+        )
+
+        async def applied() -> bool:
+            state = await _state(admin, "digest")
+            return state is not None and len(state.replicas) == 1
+
+        await _until(applied)
+        triggered: list[int] = []
+
+        async def update_then_trigger() -> None:
+            await admin.update("digest", args={"customer": "globex"}, actor="ops")
+            triggered.append((await admin.trigger("digest", actor="ops")).id)
+
+        store.between = update_then_trigger
+
+        async def ran() -> bool:
+            return bool(runs)
+
+        await _until(ran)
+        assert runs == [(f"trigger:{triggered[0]}", {"customer": "globex"})]

@@ -156,6 +156,7 @@ class ScheduleControl:
         self._dirty: set[str] = set()
         self._busy: set[int] = set()
         self._revision = 0
+        self._caught_up_to = 0  # the newest action id the applied rows are known to precede
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._listen_task: asyncio.Task[None] | None = None
@@ -363,19 +364,32 @@ class ScheduleControl:
 
     async def poll(self) -> None:
         """Apply every change since the last poll and start the open actions this replica can."""
-        for row in await self.store.rows(self._revision):
-            self._revision = max(self._revision, row.revision)
-            self._apply(row, initial=False)
+        await self._apply_changes()
         names = sorted(self._local_names())
         if not names or not self.scheduler.running:
             return
-        for action in await self.store.open_actions(names):
+        actions = await self.store.open_actions(names)
+        newest = max((action.id for action in actions), default=0)
+        if newest > max(self._revision, self._caught_up_to):
+            # Action ids and revisions come from one sequence and commit in order: once an
+            # action is visible, so is every change written before it (an update, a re-create).
+            # Apply those first, or the action would run the definition they replaced.
+            await self._apply_changes()
+            self._caught_up_to = newest
+            names = sorted(self._local_names())
+            actions = [a for a in actions if a.schedule in names]
+        for action in actions:
             if action.id in self._busy:
                 continue
             if action.action is ActionKind.TRIGGER:
                 self._spawn(action, functools.partial(self._actions.trigger, action))
             elif action.action is ActionKind.BACKFILL:
                 self._spawn(action, functools.partial(self._actions.backfill, action))
+
+    async def _apply_changes(self) -> None:
+        for row in await self.store.rows(self._revision):
+            self._revision = max(self._revision, row.revision)
+            self._apply(row, initial=False)
 
     def _local_names(self) -> set[str]:
         return self._hooks.names()
