@@ -226,3 +226,43 @@ def test_the_notify_channel_fits_in_63_bytes(schema: str | None, table: str) -> 
     else:
         assert channel != notify_channel(table + "x", schema)
         assert channel.startswith(full[:20])
+
+
+async def test_odd_names_and_texts_are_escaped_once_in_the_tables() -> None:
+    # Each table cell is escaped by the table itself: a name with a newline reads `a\nb` (as in
+    # the command's own reply), the text an operator copies to name the schedule again.
+    from sdcore.cli._control_output import emit_actions, emit_history
+    from sdcore.scheduling import RunRecord
+    from sdcore.scheduling._control import Replica
+
+    store = InMemoryScheduleStore(InMemoryJobScheduler())
+    admin = ScheduleAdmin(store)
+    await store.sync(Replica(replica_id="r", host="web", pid=1, handlers=("h",)), [])
+    await admin.create("a\nb", handler="h", every_ms=HOUR_MS, actor="ops")
+    await store.declare(Replica(replica_id="r", host="web", pid=1), "a\nb", "x")
+    await admin.pause("a\nb", actor="dom\\ops", reason="line1\nline2")
+    lines: list[str] = []
+    emit_schedules(await admin.list_schedules(), lines.append, as_json=False)
+    emit_actions(await admin.actions("a\nb"), lines.append, as_json=False)
+    now = datetime.now(UTC)
+    run = RunRecord(
+        schedule="a\nb",
+        run_key="k\tey",
+        source="tick",
+        scheduled_at=now,
+        started_at=now,
+        finished_at=now,
+        status="FAIL",
+        attempt=1,
+        fencing_token=1,
+        host="web",
+        pid=1,
+        error="bad\nthing",
+    )
+    emit_history([run], lines.append, as_json=False)
+    text = "\n".join(lines)
+    for once in ("a\\nb", "paused by dom\\\\ops", "dom\\\\ops", "line1\\nline2", "k\\tey"):
+        assert once in text, (once, text)
+    assert "bad\\nthing" in text
+    for twice in ("a\\\\nb", "dom\\\\\\\\ops", "line1\\\\nline2", "k\\\\tey", "bad\\\\nthing"):
+        assert twice not in text, (twice, text)

@@ -144,21 +144,25 @@ def _when_text(kind: str | None, expression: str | None, day_rule: str | None) -
 
 def _state(s: Any) -> str:
     if s.paused:
-        return f"paused by {escape(s.paused_by or '?')}"
+        return f"paused by {s.paused_by or '?'}"
     return "undeclared" if s.undeclared else "active"
 
 
 def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
-    """Print the cluster's schedules (``sdcore schedules list`` without ``--app``)."""
+    """Print the cluster's schedules (``sdcore schedules list`` without ``--app``).
+
+    Table cells are given raw: :func:`render_table` escapes each one (escaping them here too
+    would double every backslash an odd name shows).
+    """
     if as_json:
         _emit_json(states, _schedule_json, emit)
         return
     rows = [
         [
-            escape(s.name),
+            s.name,
             s.origin,
-            escape(_when_text(s.kind, s.expression, s.day_rule)),
-            escape(s.time_zone),
+            _when_text(s.kind, s.expression, s.day_rule),
+            s.time_zone,
             _state(s),
             when(s.next_fire_at),
             f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
@@ -237,15 +241,15 @@ def emit_history(runs: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
         return
     rows = [
         [
-            escape(r.run_key),
+            r.run_key,
             r.source,
             r.status,
             when(r.started_at),
             _seconds(r.lag),
             _seconds(r.duration),
-            f"{escape(r.host)}:{r.pid}",
+            f"{r.host}:{r.pid}",
             "-" if r.fencing_token is None else str(r.fencing_token),
-            escape(r.error or ""),
+            r.error or "",
         ]
         for r in runs
     ]
@@ -274,12 +278,12 @@ def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             [
                 str(a.id),
                 a.action.value,
-                escape(a.actor),
+                a.actor,
                 when(a.created_at),
                 a.outcome or "open",
                 age,
                 progress,
-                escape(a.reason or ""),
+                a.reason or "",
             ]
         )
     headers = ["ID", "ACTION", "ACTOR", "AT", "OUTCOME", "TOOK", "PROGRESS", "REASON"]
