@@ -522,3 +522,43 @@ async def test_a_trigger_after_an_update_runs_the_updated_schedule(
 
         await _until(ran)
         assert runs == [(f"trigger:{triggered[0]}", {"customer": "globex"})]
+
+
+async def test_a_replica_stops_a_stored_schedule_whose_name_code_took_back(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    # Moving a stored schedule into the code: the operator removes it and a release declaring it
+    # starts. A replica that polls only after the code took the name over reads a code row, never
+    # the removal: it must stop the stored schedule all the same, not run it next to the code one.
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    old = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+    old_control = ScheduleControl(
+        old, PostgresScheduleStore(pool), poll_interval_ms=1_500, listen=False, pid=31
+    )
+    stored_runs: list[str] = []
+
+    @old.handler("send")
+    def send(tick: Tick, args: dict[str, Any]) -> None:
+        stored_runs.append(tick.run_key or "")
+
+    async with old_control, old:
+        await admin.create("nightly", handler="send", every_ms=200, actor="ops")
+
+        async def running() -> bool:
+            return len(stored_runs) >= 2
+
+        await _until(running)
+        await admin.remove("nightly", actor="ops")
+        new, new_control = _replica(pool, pid=32)
+        new.add_interval("nightly", HOUR_MS, _noop)
+        async with new_control:
+            row = await admin.store.row("nightly")
+            assert row is not None
+            assert (row.origin, row.removed_at) == ("code", None)
+            await asyncio.sleep(2.0)  # the old replica has polled since
+            before = len(stored_runs)
+            await asyncio.sleep(1.0)
+            assert len(stored_runs) == before, "the removed stored schedule still runs"
+            state = await _state(admin, "nightly")
+            assert state is not None
+            assert state.replicas == (f"{new_control.replica.host}:32",)

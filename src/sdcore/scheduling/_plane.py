@@ -416,7 +416,9 @@ class ScheduleControl:
     # --- applying rows ---------------------------------------------------------------------
 
     def _apply(self, row: ScheduleRow, *, initial: bool) -> None:
-        if row.origin == "stored":
+        if row.origin == "stored" or row.name in self._stored:
+            # A stored schedule running here whose row is now a code schedule's (removed, then
+            # taken back by a code sync before this replica polled) is gone as well.
             self._apply_stored(row)
         if row.removed_at is not None and row.name in self._declared:
             # Removed by an operator while no live replica declared it, yet this one does: sync
@@ -464,7 +466,12 @@ class ScheduleControl:
     def _apply_stored(self, row: ScheduleRow) -> None:
         sched = self.scheduler
         running_fp = self._stored.get(row.name)
-        if row.removed_at is not None or row.handler is None or row.handler not in sched.handlers:
+        if (
+            row.removed_at is not None
+            or row.origin != "stored"
+            or row.handler is None
+            or row.handler not in sched.handlers
+        ):
             if running_fp is not None:
                 self._stored.pop(row.name, None)
                 self._stored_defs.pop(row.name, None)
