@@ -298,6 +298,8 @@ async def test_backfill_says_what_already_succeeded_and_can_rerun_it(pg_dsn: str
 
 
 async def test_update_of_the_lease_alone_re_derives_the_default_heartbeat(pg_dsn: str) -> None:
+    import json
+
     # A schedule created with the default timing records the heartbeat derived from its lease;
     # shortening the lease must derive it again (as create does), not keep the old one and
     # refuse. A heartbeat the operator chose stays, and a lease too short for it is refused.
@@ -311,6 +313,10 @@ async def test_update_of_the_lease_alone_re_derives_the_default_heartbeat(pg_dsn
         row = await r.admin.store.row("digest-acme")
         assert row is not None
         assert (row.options["lease_ms"], row.options["heartbeat_ms"]) == (30_000, 10_000)
+        # The options an --option patch changes are listed, so an operator sees what stays.
+        listed = await r.cli("schedules", "list", "--json")
+        (seen,) = [json.loads(line) for line in listed.out.splitlines() if "digest-acme" in line]
+        assert (seen["options"]["lease_ms"], seen["options"]["heartbeat_ms"]) == (30_000, 10_000)
         chosen = await r.cli("schedules", "update", "digest-acme", "--option", "heartbeat_ms=2000")
         assert chosen.code == 0, chosen
         longer = await r.cli("schedules", "update", "digest-acme", "--option", "lease_ms=90000")

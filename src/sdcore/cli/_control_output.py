@@ -109,6 +109,7 @@ def _schedule_json(s: Any) -> dict[str, Any]:
         "paused_reason": s.paused_reason,
         "handler": s.handler,
         "args": s.args,
+        "options": dict(s.options),
         "next_fire_at": _plain(s.next_fire_at),
         "last_run_at": _plain(s.last_run_at),
         "last_status": s.last_status,
