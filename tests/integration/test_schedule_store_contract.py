@@ -194,3 +194,27 @@ async def test_replicas_and_live_versions_are_listed_in_one_order(store: Schedul
         new_def.fingerprint,
     ]
     assert [v.replicas for v in state.live_versions] == [("web:1000",), ("web:999",)]
+
+
+async def test_a_retried_request_finds_its_action_with_no_replica_live(
+    store: ScheduleStore,
+) -> None:
+    # The retry after a lost COMMIT reply comes when the database is back, possibly before any
+    # replica has heartbeated again: it must return the recorded action, not refuse with "no
+    # running replica declares this schedule; nothing changed" (the action is recorded).
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [_declared("beat")])
+    first = await admin.trigger("beat", actor="ops", request_id="req-7")
+    now = datetime.now(UTC)
+    start, end = now - timedelta(minutes=5), now - timedelta(minutes=1)
+    backfill = await admin.backfill("beat", start, end, actor="ops", request_id="bf-7")
+    await store.leave(REPLICA)
+    again = await admin.trigger("beat", actor="ops", request_id="req-7")
+    assert (again.id, again.replayed) == (first.id, True)
+    retried = await admin.backfill("beat", start, end, actor="ops", request_id="bf-7")
+    assert (retried.id, retried.replayed) == (backfill.id, True)
+    with pytest.raises(ScheduleControlError, match="other parameters"):
+        await admin.backfill("beat", start, end, actor="ops", concurrency=2, request_id="bf-7")
+    # A new request still needs a live replica.
+    with pytest.raises(ScheduleControlError, match="no running replica declares"):
+        await admin.trigger("beat", actor="ops", request_id="req-8")

@@ -442,6 +442,10 @@ class ScheduleStore(Protocol):
         """Reopen ticks whose row is ``FAIL`` since before ``before`` (backfill)."""
         ...
 
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        """The action ``request_id`` already recorded for schedule ``name``, if any."""
+        ...
+
     async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:
         """The ticks among ``lock_keys`` whose row was ``SUCCESS`` before ``before`` (backfill:
         what had succeeded when it was requested)."""

@@ -276,6 +276,12 @@ class InMemoryScheduleStore:
             key=lambda a: a.id,
         )
 
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        for earlier in self._actions.values():
+            if earlier.schedule == name and earlier.request_id == request_id:
+                return replace(earlier, replayed=True)
+        return None
+
     async def action(self, action_id: int) -> ControlAction | None:
         return self._actions.get(action_id)
 

@@ -350,6 +350,10 @@ class PostgresScheduleStore:
         found = [_action(r) for r in await self._all("open_actions")]
         return [a for a in found if a.schedule in wanted]
 
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        found = await self._one("action_of_request", (name, request_id))
+        return None if found is None else replace(_action(found), replayed=True)
+
     async def action(self, action_id: int) -> ControlAction | None:
         found = await self._one("action", (action_id,))
         return None if found is None else _action(found)
