@@ -266,3 +266,67 @@ async def test_odd_names_and_texts_are_escaped_once_in_the_tables() -> None:
     assert "bad\\nthing" in text
     for twice in ("a\\\\nb", "dom\\\\\\\\ops", "line1\\\\nline2", "k\\\\tey", "bad\\\\nthing"):
         assert twice not in text, (twice, text)
+
+
+def test_the_cli_reference_lists_the_control_plane_json_keys() -> None:
+    # docs/cli.md promises each --json command's keys ("never renames or removes one").
+    import re
+    from pathlib import Path
+
+    from sdcore.cli._control_output import _run_json, _schedule_json, action_json
+    from sdcore.scheduling import ActionKind, ControlAction, RunRecord
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text("utf-8")
+
+    def documented(prefix: str) -> list[str]:
+        line = next(x for x in table.splitlines() if x.startswith(prefix))
+        return re.findall(r"`(\w+)`", line.rsplit("|", 2)[1])
+
+    now = datetime.now(UTC)
+    state = ScheduleState(
+        name="s",
+        origin="code",
+        kind="interval",
+        expression="1000",
+        time_zone="UTC",
+        paused=False,
+        paused_at=None,
+        paused_by=None,
+        paused_reason=None,
+        handler=None,
+        args=None,
+        options={},
+        replicas=(),
+        versions=0,
+        last_run_at=None,
+        last_status=None,
+    )
+    run = RunRecord(
+        schedule="s",
+        run_key="k",
+        source="tick",
+        scheduled_at=now,
+        started_at=now,
+        finished_at=None,
+        status="RUNNING",
+        attempt=1,
+        fencing_token=None,
+        host="h",
+        pid=1,
+        error=None,
+    )
+    action = ControlAction(
+        id=1,
+        schedule="s",
+        action=ActionKind.PAUSE,
+        actor="ops",
+        reason=None,
+        params={},
+        progress=None,
+        outcome="done",
+        created_at=now,
+        finished_at=now,
+    )
+    assert documented("| `schedules list` (cluster") == list(_schedule_json(state))
+    assert documented("| `schedules history`") == list(_run_json(run))
+    assert documented("| `schedules log`") == list(action_json(action))
