@@ -328,3 +328,24 @@ async def test_update_of_the_lease_alone_re_derives_the_default_heartbeat(pg_dsn
         assert short.code == 1, short
         assert "heartbeat_ms" in short.err, short.err
         assert "2000" in short.err, short.err
+
+
+async def test_update_of_a_row_an_older_version_stored_non_exclusive(pg_dsn: str) -> None:
+    # Before stored schedules were forced exclusive, `create --option exclusive=false` was
+    # recorded as such. Patching such a row must make it exclusive, not refuse an option the
+    # operator did not give ("exclusive=False is refused ... drop the option").
+    async with replica(pg_dsn) as r:
+        created = await r.cli(
+            "schedules", "create", "digest-acme", "--handler", "send-digest", "--every-ms", "60000"
+        )
+        assert created.code == 0, created
+        async with r.control.store.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(
+                "UPDATE sdcore_schedules SET options = options || '{\"exclusive\": false}'"
+                " WHERE name = 'digest-acme'"
+            )
+        patched = await r.cli("schedules", "update", "digest-acme", "--option", "retries=1")
+        assert patched.code == 0, patched
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.options["exclusive"], row.options["retries"]) == (True, 1)

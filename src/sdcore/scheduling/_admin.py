@@ -396,6 +396,9 @@ class ScheduleAdmin:
             else:
                 every_ms = int(row.expression)
         kept = {k: v for k, v in row.options.items() if k in KNOWN_OPTIONS}
+        # A row an older version wrote may say exclusive=false; replicas run it exclusive
+        # anyway, and a patch records what runs rather than refusing what it did not give.
+        kept.pop("exclusive", None)
         patch = dict(options or {})
         if "lease_ms" in patch and "heartbeat_ms" not in patch:
             # The row records the heartbeat create derived from the lease when none was given:
