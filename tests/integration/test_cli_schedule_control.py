@@ -295,3 +295,57 @@ async def test_backfill_says_what_already_succeeded_and_can_rerun_it(pg_dsn: str
         log = await r.cli("schedules", "log", "send-invoices")
         assert "3 had succeeded (re-run)" in log.out
         assert "3 already succeeded (not re-run)" in log.out
+
+
+async def test_update_of_the_lease_alone_re_derives_the_default_heartbeat(pg_dsn: str) -> None:
+    import json
+
+    # A schedule created with the default timing records the heartbeat derived from its lease;
+    # shortening the lease must derive it again (as create does), not keep the old one and
+    # refuse. A heartbeat the operator chose stays, and a lease too short for it is refused.
+    async with replica(pg_dsn) as r:
+        created = await r.cli(
+            "schedules", "create", "digest-acme", "--handler", "send-digest", "--every-ms", "60000"
+        )
+        assert created.code == 0, created
+        shorter = await r.cli("schedules", "update", "digest-acme", "--option", "lease_ms=30000")
+        assert shorter.code == 0, shorter
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.options["lease_ms"], row.options["heartbeat_ms"]) == (30_000, 10_000)
+        # The options an --option patch changes are listed, so an operator sees what stays.
+        listed = await r.cli("schedules", "list", "--json")
+        (seen,) = [json.loads(line) for line in listed.out.splitlines() if "digest-acme" in line]
+        assert (seen["options"]["lease_ms"], seen["options"]["heartbeat_ms"]) == (30_000, 10_000)
+        chosen = await r.cli("schedules", "update", "digest-acme", "--option", "heartbeat_ms=2000")
+        assert chosen.code == 0, chosen
+        longer = await r.cli("schedules", "update", "digest-acme", "--option", "lease_ms=90000")
+        assert longer.code == 0, longer
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.options["lease_ms"], row.options["heartbeat_ms"]) == (90_000, 2_000)
+        short = await r.cli("schedules", "update", "digest-acme", "--option", "lease_ms=3000")
+        assert short.code == 1, short
+        assert "heartbeat_ms" in short.err, short.err
+        assert "2000" in short.err, short.err
+
+
+async def test_update_of_a_row_an_older_version_stored_non_exclusive(pg_dsn: str) -> None:
+    # Before stored schedules were forced exclusive, `create --option exclusive=false` was
+    # recorded as such. Patching such a row must make it exclusive, not refuse an option the
+    # operator did not give ("exclusive=False is refused ... drop the option").
+    async with replica(pg_dsn) as r:
+        created = await r.cli(
+            "schedules", "create", "digest-acme", "--handler", "send-digest", "--every-ms", "60000"
+        )
+        assert created.code == 0, created
+        async with r.control.store.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(
+                "UPDATE sdcore_schedules SET options = options || '{\"exclusive\": false}'"
+                " WHERE name = 'digest-acme'"
+            )
+        patched = await r.cli("schedules", "update", "digest-acme", "--option", "retries=1")
+        assert patched.code == 0, patched
+        row = await r.admin.store.row("digest-acme")
+        assert row is not None
+        assert (row.options["exclusive"], row.options["retries"]) == (True, 1)

@@ -197,3 +197,52 @@ async def test_the_dashboard_says_a_lost_commit_reply_may_have_recorded_it(pg_ds
             await asyncio.sleep(1.5)
             assert len(r.keys("send-invoices")) == 1
             assert len(await _triggers(r)) == 1
+
+
+async def test_a_request_id_used_again_says_nothing_new_runs(pg_dsn: str) -> None:
+    # A script that reuses a fixed --request-id (or a browser's stale form) gets the first action
+    # back: the CLI, its JSON and the dashboard must say that nothing new was recorded, not that
+    # a replica runs it now.
+    async def operator() -> str:
+        return "alice"
+
+    async with replica(pg_dsn, _send_invoices) as r:
+        first = await r.cli("schedules", "trigger", "send-invoices", "--request-id", "nightly-1")
+        assert first.code == 0, first
+        assert "one replica runs it" in first.out
+        (action,) = await _triggers(r)
+        assert not action.replayed
+
+        async def finished() -> bool:
+            return (await r.admin.action(action.id)).outcome == "SUCCESS"
+
+        await until(finished)
+        again = await r.cli("schedules", "trigger", "send-invoices", "--request-id", "nightly-1")
+        assert again.code == 0, again
+        assert "one replica runs it" not in again.out, again.out
+        assert f"request id 'nightly-1' already recorded action {action.id}" in again.out
+        assert "finished SUCCESS" in again.out
+        assert "nothing new was recorded" in again.out
+        as_json = await r.cli(
+            "schedules", "trigger", "send-invoices", "--request-id", "nightly-1", "--json"
+        )
+        assert '"replayed":true' in as_json.out.replace(" ", ""), as_json.out
+        first_json = await r.cli("schedules", "log", "send-invoices", "--json")
+        assert '"replayed":false' in first_json.out.replace(" ", ""), first_json.out
+        await asyncio.sleep(1.0)
+        assert r.keys("send-invoices") == [f"trigger:{action.id}"]
+
+        app = dashboard_app(r.control.store.pool, operator=operator)  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            page = (await client.get("/schedule", params={"name": "send-invoices"})).text
+            form = re.search(r'action="/schedule/trigger".*?</form>', page, re.DOTALL)
+            assert form is not None, page
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0)))
+            posted = await client.post("/schedule/trigger", data=fields, follow_redirects=True)
+            assert "Triggered: one replica runs it now." in posted.text
+            # The same form once more (the browser's Back button, then the button again).
+            stale = await client.post("/schedule/trigger", data=fields, follow_redirects=True)
+            assert "Triggered: one replica runs it now." not in stale.text
+            assert "already submitted" in stale.text
+        assert len(await _triggers(r)) == 2

@@ -137,6 +137,14 @@ async def test_a_backfill_follows_its_stored_schedule_being_changed(
             return (await admin.action(action.id)).finished_at is not None
 
         await _until(finished, timeout=30.0)
+        if change == "remove":
+            # remove closes the action at once (CANCELLED); the coordinator, noticing the
+            # removal, then records what ran before it.
+            async def progress_recorded() -> bool:
+                progress = (await admin.action(action.id)).progress or {}
+                return int(progress.get("succeeded", 0)) >= 3
+
+            await _until(progress_recorded, timeout=30.0)
         final = await admin.action(action.id)
     window = {(now - timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(45, 61)}
     if change == "update":

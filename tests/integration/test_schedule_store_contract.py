@@ -160,3 +160,61 @@ async def test_an_update_merged_from_an_old_version_is_refused(store: ScheduleSt
     after = await store.row("s2")
     assert after is not None
     assert (after.expression, after.paused) == ("30000", True)
+
+
+def _interval(name: str, every_ms: int) -> Declared:
+    options = policy_options(build_policy(name, {}, has_jobs=True, default_lease_ms=300_000))
+    expression = str(every_ms)
+    return Declared(
+        name=name,
+        kind="interval",
+        expression=expression,
+        time_zone="UTC",
+        options=options,
+        fingerprint=fingerprint("interval", expression, "UTC", options),
+    )
+
+
+async def test_replicas_and_live_versions_are_listed_in_one_order(store: ScheduleStore) -> None:
+    # Replicas by host then pid (as numbers: 999 before 1000), live versions by the start of
+    # their oldest replica (during a deploy the old version first), whatever their fingerprints.
+    old_def, new_def = sorted(
+        (_interval("beat", 60_000), _interval("beat", 30_000)),
+        key=lambda d: d.fingerprint,
+        reverse=True,
+    )
+    old = Replica(replica_id=str(uuid.uuid4()), host="web", pid=1000, handlers=())
+    new = Replica(replica_id=str(uuid.uuid4()), host="web", pid=999, handlers=())
+    await store.sync(old, [old_def])
+    await store.sync(new, [new_def])
+    (state,) = [s for s in await ScheduleAdmin(store).list_schedules() if s.name == "beat"]
+    assert state.replicas == ("web:999", "web:1000")
+    assert [v.fingerprint for v in state.live_versions] == [
+        old_def.fingerprint,
+        new_def.fingerprint,
+    ]
+    assert [v.replicas for v in state.live_versions] == [("web:1000",), ("web:999",)]
+
+
+async def test_a_retried_request_finds_its_action_with_no_replica_live(
+    store: ScheduleStore,
+) -> None:
+    # The retry after a lost COMMIT reply comes when the database is back, possibly before any
+    # replica has heartbeated again: it must return the recorded action, not refuse with "no
+    # running replica declares this schedule; nothing changed" (the action is recorded).
+    admin = ScheduleAdmin(store)
+    await store.sync(REPLICA, [_declared("beat")])
+    first = await admin.trigger("beat", actor="ops", request_id="req-7")
+    now = datetime.now(UTC)
+    start, end = now - timedelta(minutes=5), now - timedelta(minutes=1)
+    backfill = await admin.backfill("beat", start, end, actor="ops", request_id="bf-7")
+    await store.leave(REPLICA)
+    again = await admin.trigger("beat", actor="ops", request_id="req-7")
+    assert (again.id, again.replayed) == (first.id, True)
+    retried = await admin.backfill("beat", start, end, actor="ops", request_id="bf-7")
+    assert (retried.id, retried.replayed) == (backfill.id, True)
+    with pytest.raises(ScheduleControlError, match="other parameters"):
+        await admin.backfill("beat", start, end, actor="ops", concurrency=2, request_id="bf-7")
+    # A new request still needs a live replica.
+    with pytest.raises(ScheduleControlError, match="no running replica declares"):
+        await admin.trigger("beat", actor="ops", request_id="req-8")

@@ -423,3 +423,142 @@ async def test_the_dashboard_lists_the_day_rule_and_undeclared_schedules(
         start = rows["report"].timeline[0].start
         expected = expected_instants(nestjs, start, now, limit=100)
         assert sum(b.expected for b in rows["report"].timeline) == len(expected)
+
+
+async def test_a_create_racing_a_replica_declaring_the_name_is_refused(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    # A replica's sync and an operator's create of the same undeclared code name race: the
+    # create must see the declaration the sync commits (and be refused), not take the name over
+    # while that replica goes on running its code schedule under it.
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    gone, gone_control = _replica(pool, pid=11)
+    gone.add_interval("report", HOUR_MS, _noop)
+    async with gone_control:
+        pass
+    digest, digest_control = _replica(pool, pid=12)
+
+    @digest.handler("digest")
+    def run_digest(tick: Tick, args: dict[str, Any]) -> None:
+        return None
+
+    back, back_control = _replica(pool, pid=13)
+    back.add_interval("report", HOUR_MS, _noop)
+    declarations = sql.Identifier(f"{store.table}_declarations")
+    async with digest_control, pool.connection() as blocker:
+        assert (await _state(admin, "report")) is not None
+        # Hold the declarations table so the starting replica's sync stays in its transaction
+        # after it read the row, as a slow sync would.
+        await blocker.execute("BEGIN")
+        await blocker.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(declarations))
+        starting = asyncio.create_task(back_control.start())
+        await asyncio.sleep(0.5)
+        create = asyncio.create_task(
+            admin.create("report", handler="digest", every_ms=HOUR_MS, actor="ops")
+        )
+        await asyncio.sleep(0.5)
+        await blocker.execute("COMMIT")
+        await starting
+        try:
+            with pytest.raises(ScheduleControlError, match="changed meanwhile"):
+                await create
+            row = await store.row("report")
+            assert row is not None
+            assert (row.origin, row.removed_at) == ("code", None)
+        finally:
+            await back_control.aclose()
+
+
+class _WritesBetweenReads(PostgresScheduleStore):
+    """A replica's store that lets operator writes commit between a poll's read of the rows and
+    its read of the open actions (a poll that started just before an update and a trigger)."""
+
+    between: Callable[[], Awaitable[None]] | None = None
+
+    async def open_actions(self, names: Any) -> Any:
+        between, self.between = self.between, None
+        if between is not None:
+            await between()
+        return await super().open_actions(names)
+
+
+async def test_a_trigger_after_an_update_runs_the_updated_schedule(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    store = _WritesBetweenReads(pool)
+    scheduler, control = _replica(pool, pid=21, store=store)
+    runs: list[tuple[str, dict[str, Any]]] = []
+
+    @scheduler.handler("send-digest")
+    def send(tick: Tick, args: dict[str, Any]) -> None:
+        runs.append((tick.run_key or "", args))
+
+    async with control, scheduler:
+        await admin.create(
+            "digest",
+            handler="send-digest",
+            every_ms=HOUR_MS,
+            args={"customer": "acme"},
+            actor="ops",
+        )
+
+        async def applied() -> bool:
+            state = await _state(admin, "digest")
+            return state is not None and len(state.replicas) == 1
+
+        await _until(applied)
+        triggered: list[int] = []
+
+        async def update_then_trigger() -> None:
+            await admin.update("digest", args={"customer": "globex"}, actor="ops")
+            triggered.append((await admin.trigger("digest", actor="ops")).id)
+
+        store.between = update_then_trigger
+
+        async def ran() -> bool:
+            return bool(runs)
+
+        await _until(ran)
+        assert runs == [(f"trigger:{triggered[0]}", {"customer": "globex"})]
+
+
+async def test_a_replica_stops_a_stored_schedule_whose_name_code_took_back(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    # Moving a stored schedule into the code: the operator removes it and a release declaring it
+    # starts. A replica that polls only after the code took the name over reads a code row, never
+    # the removal: it must stop the stored schedule all the same, not run it next to the code one.
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    old = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+    old_control = ScheduleControl(
+        old, PostgresScheduleStore(pool), poll_interval_ms=1_500, listen=False, pid=31
+    )
+    stored_runs: list[str] = []
+
+    @old.handler("send")
+    def send(tick: Tick, args: dict[str, Any]) -> None:
+        stored_runs.append(tick.run_key or "")
+
+    async with old_control, old:
+        await admin.create("nightly", handler="send", every_ms=200, actor="ops")
+
+        async def running() -> bool:
+            return len(stored_runs) >= 2
+
+        await _until(running)
+        await admin.remove("nightly", actor="ops")
+        new, new_control = _replica(pool, pid=32)
+        new.add_interval("nightly", HOUR_MS, _noop)
+        async with new_control:
+            row = await admin.store.row("nightly")
+            assert row is not None
+            assert (row.origin, row.removed_at) == ("code", None)
+            await asyncio.sleep(2.0)  # the old replica has polled since
+            before = len(stored_runs)
+            await asyncio.sleep(1.0)
+            assert len(stored_runs) == before, "the removed stored schedule still runs"
+            state = await _state(admin, "nightly")
+            assert state is not None
+            assert state.replicas == (f"{new_control.replica.host}:32",)

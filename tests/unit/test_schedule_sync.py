@@ -226,3 +226,107 @@ def test_the_notify_channel_fits_in_63_bytes(schema: str | None, table: str) -> 
     else:
         assert channel != notify_channel(table + "x", schema)
         assert channel.startswith(full[:20])
+
+
+async def test_odd_names_and_texts_are_escaped_once_in_the_tables() -> None:
+    # Each table cell is escaped by the table itself: a name with a newline reads `a\nb` (as in
+    # the command's own reply), the text an operator copies to name the schedule again.
+    from sdcore.cli._control_output import emit_actions, emit_history
+    from sdcore.scheduling import RunRecord
+    from sdcore.scheduling._control import Replica
+
+    store = InMemoryScheduleStore(InMemoryJobScheduler())
+    admin = ScheduleAdmin(store)
+    await store.sync(Replica(replica_id="r", host="web", pid=1, handlers=("h",)), [])
+    await admin.create("a\nb", handler="h", every_ms=HOUR_MS, actor="ops")
+    await store.declare(Replica(replica_id="r", host="web", pid=1), "a\nb", "x")
+    await admin.pause("a\nb", actor="dom\\ops", reason="line1\nline2")
+    lines: list[str] = []
+    emit_schedules(await admin.list_schedules(), lines.append, as_json=False)
+    emit_actions(await admin.actions("a\nb"), lines.append, as_json=False)
+    now = datetime.now(UTC)
+    run = RunRecord(
+        schedule="a\nb",
+        run_key="k\tey",
+        source="tick",
+        scheduled_at=now,
+        started_at=now,
+        finished_at=now,
+        status="FAIL",
+        attempt=1,
+        fencing_token=1,
+        host="web",
+        pid=1,
+        error="bad\nthing",
+    )
+    emit_history([run], lines.append, as_json=False)
+    text = "\n".join(lines)
+    for once in ("a\\nb", "paused by dom\\\\ops", "dom\\\\ops", "line1\\nline2", "k\\tey"):
+        assert once in text, (once, text)
+    assert "bad\\nthing" in text
+    for twice in ("a\\\\nb", "dom\\\\\\\\ops", "line1\\\\nline2", "k\\\\tey", "bad\\\\nthing"):
+        assert twice not in text, (twice, text)
+
+
+def test_the_cli_reference_lists_the_control_plane_json_keys() -> None:
+    # docs/cli.md promises each --json command's keys ("never renames or removes one").
+    import re
+    from pathlib import Path
+
+    from sdcore.cli._control_output import _run_json, _schedule_json, action_json
+    from sdcore.scheduling import ActionKind, ControlAction, RunRecord
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text("utf-8")
+
+    def documented(prefix: str) -> list[str]:
+        line = next(x for x in table.splitlines() if x.startswith(prefix))
+        return re.findall(r"`(\w+)`", line.rsplit("|", 2)[1])
+
+    now = datetime.now(UTC)
+    state = ScheduleState(
+        name="s",
+        origin="code",
+        kind="interval",
+        expression="1000",
+        time_zone="UTC",
+        paused=False,
+        paused_at=None,
+        paused_by=None,
+        paused_reason=None,
+        handler=None,
+        args=None,
+        options={},
+        replicas=(),
+        versions=0,
+        last_run_at=None,
+        last_status=None,
+    )
+    run = RunRecord(
+        schedule="s",
+        run_key="k",
+        source="tick",
+        scheduled_at=now,
+        started_at=now,
+        finished_at=None,
+        status="RUNNING",
+        attempt=1,
+        fencing_token=None,
+        host="h",
+        pid=1,
+        error=None,
+    )
+    action = ControlAction(
+        id=1,
+        schedule="s",
+        action=ActionKind.PAUSE,
+        actor="ops",
+        reason=None,
+        params={},
+        progress=None,
+        outcome="done",
+        created_at=now,
+        finished_at=now,
+    )
+    assert documented("| `schedules list` (the cluster)") == list(_schedule_json(state))
+    assert documented("| `schedules history`") == list(_run_json(run))
+    assert documented("| `schedules log`") == list(action_json(action))

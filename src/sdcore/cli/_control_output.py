@@ -38,12 +38,21 @@ def action_json(action: Any) -> dict[str, Any]:
         "created_at": utc_iso(action.created_at, precise=True),
         "finished_at": _precise(action.finished_at),
         "request_id": action.request_id,
+        "replayed": action.replayed,
     }
 
 
 def describe(action: Any) -> str:
     """The one line an action command prints: what was recorded and when it takes effect."""
     what = action.action.value
+    if getattr(action, "replayed", False):
+        state = "still open" if action.finished_at is None else f"finished {action.outcome}"
+        return (
+            f"{what} of {escape(action.schedule)!s}: request id "
+            f"{escape(repr(action.request_id))!s} already recorded action {action.id} ({state}); "
+            f"nothing new was recorded (a new request needs a new id; see "
+            f"`sdcore schedules log {escape(action.schedule)!s}`)"
+        )
     base = f"{what} of {escape(action.schedule)!s} recorded as action {action.id}"
     if what == "trigger":
         return base + f" (run key trigger:{action.id}); one replica runs it within ~2 s"
@@ -100,6 +109,7 @@ def _schedule_json(s: Any) -> dict[str, Any]:
         "paused_reason": s.paused_reason,
         "handler": s.handler,
         "args": s.args,
+        "options": dict(s.options),
         "next_fire_at": _plain(s.next_fire_at),
         "last_run_at": _plain(s.last_run_at),
         "last_status": s.last_status,
@@ -135,21 +145,25 @@ def _when_text(kind: str | None, expression: str | None, day_rule: str | None) -
 
 def _state(s: Any) -> str:
     if s.paused:
-        return f"paused by {escape(s.paused_by or '?')}"
+        return f"paused by {s.paused_by or '?'}"
     return "undeclared" if s.undeclared else "active"
 
 
 def emit_schedules(states: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
-    """Print the cluster's schedules (``sdcore schedules list`` without ``--app``)."""
+    """Print the cluster's schedules (``sdcore schedules list`` without ``--app``).
+
+    Table cells are given raw: :func:`render_table` escapes each one (escaping them here too
+    would double every backslash an odd name shows).
+    """
     if as_json:
         _emit_json(states, _schedule_json, emit)
         return
     rows = [
         [
-            escape(s.name),
+            s.name,
             s.origin,
-            escape(_when_text(s.kind, s.expression, s.day_rule)),
-            escape(s.time_zone),
+            _when_text(s.kind, s.expression, s.day_rule),
+            s.time_zone,
             _state(s),
             when(s.next_fire_at),
             f"{when(s.last_run_at)} {s.last_status or ''}".strip(),
@@ -228,15 +242,15 @@ def emit_history(runs: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
         return
     rows = [
         [
-            escape(r.run_key),
+            r.run_key,
             r.source,
             r.status,
             when(r.started_at),
             _seconds(r.lag),
             _seconds(r.duration),
-            f"{escape(r.host)}:{r.pid}",
+            f"{r.host}:{r.pid}",
             "-" if r.fencing_token is None else str(r.fencing_token),
-            escape(r.error or ""),
+            r.error or "",
         ]
         for r in runs
     ]
@@ -265,12 +279,12 @@ def emit_actions(actions: Sequence[Any], emit: Emit, *, as_json: bool) -> None:
             [
                 str(a.id),
                 a.action.value,
-                escape(a.actor),
+                a.actor,
                 when(a.created_at),
                 a.outcome or "open",
                 age,
                 progress,
-                escape(a.reason or ""),
+                a.reason or "",
             ]
         )
     headers = ["ID", "ACTION", "ACTOR", "AT", "OUTCOME", "TOOK", "PROGRESS", "REASON"]

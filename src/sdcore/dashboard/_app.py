@@ -62,6 +62,10 @@ NOTICES = {
     "resumed": "Resumed: replicas apply their catch-up policy to the pause.",
     "triggered": "Triggered: one replica runs it now.",
     "backfill": "Backfill requested: one replica runs the window's ticks, oldest first.",
+    "already": (
+        "This form was already submitted: its action was recorded then (see the log below); "
+        "nothing new was recorded. Submit the form of a freshly loaded page for a new request."
+    ),
     "retried": "The outbox row is pending again and due now.",
     "login": "Signed in: actions are recorded with your name.",
     "logout": "Signed out: the dashboard is read-only.",
@@ -442,6 +446,8 @@ def dashboard_app(
             extra={"action": f"dashboard_{verb}", "actor": seen.actor, "schedule": name},
         )
         notice = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}.get(verb, verb)
+        if done.replayed:
+            notice = "already"
         return back(seen, "/schedule", name=name, notice=notice)
 
     @app.post("/outbox/retry", response_model=None)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from sdcore.job_scheduler import DEFAULT_HEARTBEAT_MS
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS
 from sdcore.scheduling._control import (
     MAX_ACTOR,
@@ -118,6 +119,19 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 write.name, "the schedule changed meanwhile; nothing changed"
             )
+        return self._same_request(write, action)
+
+    async def _earlier(self, write: Write) -> ControlAction | None:
+        """The action a retried request already recorded (checked before whether a replica is
+        live now: the retry of a lost reply comes when the database is back, possibly before
+        the replicas are)."""
+        if write.request_id is None:
+            return None
+        found = await self.store.action_of_request(write.name, write.request_id)
+        return None if found is None else self._same_request(write, found)
+
+    @staticmethod
+    def _same_request(write: Write, action: ControlAction) -> ControlAction:
         if write.request_id is not None and (
             action.action is not write.action or dict(action.params) != dict(write.params)
         ):
@@ -164,9 +178,11 @@ class ScheduleAdmin:
             Write(name=row.name, action=ActionKind.RESUME, actor=who, reason=why)
         )
 
-    async def _runnable(self, name: str, done: str) -> tuple[ScheduleRow, Trigger]:
+    async def _runnable(
+        self, name: str, done: str, *, declared: bool = True
+    ) -> tuple[ScheduleRow, Trigger]:
         """The row and trigger of a schedule that can be ``done`` (triggered, backfilled)."""
-        row = await self._known(name, declared=True)
+        row = await self._known(name, declared=declared)
         trigger = row_trigger(row.name, row.kind, row.expression, row.time_zone, row.day_rule)
         if trigger is None:
             raise ScheduleControlError(
@@ -207,17 +223,16 @@ class ScheduleAdmin:
         who = _text("actor", actor, MAX_ACTOR, optional=False)
         why = _text("reason", reason, MAX_REASON, optional=True)
         request = _text("request_id", request_id, MAX_REQUEST_ID, optional=True)
-        row, _ = await self._runnable(name, "triggered")
+        row, _ = await self._runnable(name, "triggered", declared=False)
         assert who is not None  # noqa: S101
-        return await self._write(
-            Write(
-                name=row.name,
-                action=ActionKind.TRIGGER,
-                actor=who,
-                reason=why,
-                request_id=request,
-            )
+        write = Write(
+            name=row.name, action=ActionKind.TRIGGER, actor=who, reason=why, request_id=request
         )
+        earlier = await self._earlier(write)
+        if earlier is not None:
+            return earlier
+        await self._runnable(name, "triggered")
+        return await self._write(write)
 
     async def backfill(
         self,
@@ -274,7 +289,7 @@ class ScheduleAdmin:
                 f"--from {low.isoformat()} is out of range: the window must start at "
                 f"{EARLIEST:%Y-%m-%dT%H:%M:%SZ} or later",
             )
-        row, trigger = await self._runnable(name, "backfilled")
+        row, trigger = await self._runnable(name, "backfilled", declared=False)
         try:
             ticks = expected_instants(
                 trigger, low, high + timedelta(microseconds=1), limit=MAX_RANGE_TICKS
@@ -292,16 +307,19 @@ class ScheduleAdmin:
         }
         if rerun_succeeded:
             params["rerun_succeeded"] = True
-        return await self._write(
-            Write(
-                name=row.name,
-                action=ActionKind.BACKFILL,
-                actor=who,
-                reason=why,
-                params=params,
-                request_id=request,
-            )
+        write = Write(
+            name=row.name,
+            action=ActionKind.BACKFILL,
+            actor=who,
+            reason=why,
+            params=params,
+            request_id=request,
         )
+        earlier = await self._earlier(write)
+        if earlier is not None:
+            return earlier
+        await self._runnable(name, "backfilled")
+        return await self._write(write)
 
     async def create(
         self,
@@ -382,13 +400,25 @@ class ScheduleAdmin:
             else:
                 every_ms = int(row.expression)
         kept = {k: v for k, v in row.options.items() if k in KNOWN_OPTIONS}
+        # A row an older version wrote may say exclusive=false; replicas run it exclusive
+        # anyway, and a patch records what runs rather than refusing what it did not give.
+        kept.pop("exclusive", None)
+        patch = dict(options or {})
+        if "lease_ms" in patch and "heartbeat_ms" not in patch:
+            # The row records the heartbeat create derived from the lease when none was given:
+            # a new lease derives it again (a heartbeat chosen apart from it stays).
+            old_lease = kept.get("lease_ms")
+            if isinstance(old_lease, int) and kept.get("heartbeat_ms") == min(
+                DEFAULT_HEARTBEAT_MS, old_lease // 3
+            ):
+                kept.pop("heartbeat_ms")
         definition = _Definition(
             handler if handler is not None else (row.handler or ""),
             cron,
             every_ms,
             time_zone if time_zone is not None else row.time_zone,
             args if args is not None else row.args,
-            {**kept, **dict(options or {})},
+            {**kept, **patch},
         )
         return await self._store(ActionKind.UPDATE, name, definition, actor, reason, previous=row)
 

@@ -194,6 +194,9 @@ class ControlAction:
         finished_at: When it finished (``None``: a trigger or backfill still open).
         request_id: The client's request id of a trigger or backfill (a retry with the same
             id gets this action back), or ``None``.
+        replayed: ``True`` when a write returned this action because its request id had
+            already recorded it (a retry, a resubmitted form): nothing new was recorded, and it
+            may have finished long ago.
     """
 
     id: int
@@ -207,6 +210,7 @@ class ControlAction:
     created_at: datetime
     finished_at: datetime | None
     request_id: str | None = None
+    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -436,6 +440,10 @@ class ScheduleStore(Protocol):
 
     async def release_failed(self, lock_keys: Sequence[str], before: datetime, by: str) -> int:
         """Reopen ticks whose row is ``FAIL`` since before ``before`` (backfill)."""
+        ...
+
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        """The action ``request_id`` already recorded for schedule ``name``, if any."""
         ...
 
     async def succeeded_before(self, lock_keys: Sequence[str], before: datetime) -> set[str]:

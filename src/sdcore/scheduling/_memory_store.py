@@ -59,6 +59,7 @@ class InMemoryScheduleStore:
         self._rows: dict[str, ScheduleRow] = {}
         self._extra: dict[str, dict[str, Any]] = {}  # paused_by, paused_reason per schedule
         self._replicas: dict[str, tuple[Replica, datetime]] = {}
+        self._started: dict[str, datetime] = {}  # replica id -> its first sync
         self._declarations: dict[tuple[str, str], str] = {}
         self._definitions: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._actions: dict[int, ControlAction] = {}
@@ -108,6 +109,7 @@ class InMemoryScheduleStore:
                     day_rule=d.day_rule,
                 )
         self._replicas[replica.replica_id] = (replica, now)
+        self._started.setdefault(replica.replica_id, now)
         for d in declared:
             self._declarations[(d.name, replica.replica_id)] = d.fingerprint
             self._definitions[(d.name, replica.replica_id)] = d.definition()
@@ -146,6 +148,7 @@ class InMemoryScheduleStore:
 
     async def leave(self, replica: Replica) -> None:
         self._replicas.pop(replica.replica_id, None)
+        self._started.pop(replica.replica_id, None)
         for key in [k for k in self._declarations if k[1] == replica.replica_id]:
             del self._declarations[key]
             self._definitions.pop(key, None)
@@ -183,7 +186,7 @@ class InMemoryScheduleStore:
         if write.request_id is not None:
             for earlier in self._actions.values():
                 if earlier.schedule == write.name and earlier.request_id == write.request_id:
-                    return earlier
+                    return replace(earlier, replayed=True)
         if write.action is ActionKind.PAUSE:
             if row is None or row.removed_at is not None or row.paused:
                 return None
@@ -273,6 +276,12 @@ class InMemoryScheduleStore:
             key=lambda a: a.id,
         )
 
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        for earlier in self._actions.values():
+            if earlier.schedule == name and earlier.request_id == request_id:
+                return replace(earlier, replayed=True)
+        return None
+
     async def action(self, action_id: int) -> ControlAction | None:
         return self._actions.get(action_id)
 
@@ -284,12 +293,16 @@ class InMemoryScheduleStore:
         self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
     ) -> None:
         action = self._actions.get(action_id)
-        if action is None or action.finished_at is not None:
+        if action is None:
+            return
+        if action.finished_at is not None and not (
+            action.outcome == outcome == "CANCELLED"  # closed by remove: its final progress
+        ):
             return
         self._actions[action_id] = replace(
             action,
             outcome=outcome,
-            finished_at=self._clock(),
+            finished_at=action.finished_at or self._clock(),
             progress=action.progress if progress is None else dict(progress),
         )
 
@@ -379,15 +392,23 @@ class InMemoryScheduleStore:
         for row in sorted(self._rows.values(), key=lambda r: r.name):
             if row.removed_at is not None:
                 continue
-            holders = [
-                (self._replicas[rid][0], fp, self._definitions.get((n, rid)))
-                for (n, rid), fp in self._declarations.items()
-                if n == row.name and rid in live
-            ]
+            # As the PostgreSQL store orders them: replicas by host, then pid as a number;
+            # versions by the start of their oldest replica (the old one first in a deploy).
+            holders = sorted(
+                (
+                    (self._replicas[rid][0], fp, self._definitions.get((n, rid)), rid)
+                    for (n, rid), fp in self._declarations.items()
+                    if n == row.name and rid in live
+                ),
+                key=lambda h: (h[0].host, h[0].pid),
+            )
             by_print: dict[str, tuple[list[str], Mapping[str, Any] | None]] = {}
-            for rep, fp, definition in holders:
+            first: dict[str, datetime] = {}
+            for rep, fp, definition, rid in holders:
                 hosts, known = by_print.setdefault(fp, ([], definition))
                 hosts.append(f"{rep.host}:{rep.pid}")
+                started = self._started.get(rid, self._replicas[rid][1])
+                first[fp] = min(first.get(fp, started), started)
                 if known is None and definition is not None:
                     by_print[fp] = (hosts, definition)
             runs = await self.history(row.name, 1)
@@ -406,7 +427,7 @@ class InMemoryScheduleStore:
                     handler=row.handler,
                     args=row.args,
                     options=row.options,
-                    replicas=tuple(sorted(f"{rep.host}:{rep.pid}" for rep, _, _ in holders)),
+                    replicas=tuple(f"{rep.host}:{rep.pid}" for rep, _, _, _ in holders),
                     versions=len(by_print),
                     last_run_at=runs[0].started_at if runs else None,
                     last_status=runs[0].status if runs else None,
@@ -421,8 +442,10 @@ class InMemoryScheduleStore:
                     ),
                     day_rule=row.day_rule,
                     live_versions=tuple(
-                        live_version(fp, definition, sorted(hosts))
-                        for fp, (hosts, definition) in sorted(by_print.items())
+                        live_version(fp, definition, hosts)
+                        for fp, (hosts, definition) in sorted(
+                            by_print.items(), key=lambda item: (first[item[0]], item[0])
+                        )
                     ),
                 )
             )

@@ -181,6 +181,7 @@ class PostgresScheduleStore:
     async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
         names = [d.name for d in declared]
         async with self.pool.connection() as conn, conn.transaction():
+            await self._x(conn, self._sql["lock_shared"], (CONTROL_LOCK_ID,))
             await self._x(conn, self._sql["expire_replicas"], (10 * self.live_ms,))
             cur = await self._x(
                 conn, self._sql["changed_names"], (names, [d.fingerprint for d in declared])
@@ -289,7 +290,7 @@ class PostgresScheduleStore:
             )
             earlier = await cur.fetchone()
             if earlier is not None:
-                return _action(earlier)
+                return replace(_action(earlier), replayed=True)
         changed = 1
         if write.action is ActionKind.PAUSE:
             cur = await self._x(conn, self._sql["pause"], (write.actor, write.reason, write.name))
@@ -349,6 +350,10 @@ class PostgresScheduleStore:
         found = [_action(r) for r in await self._all("open_actions")]
         return [a for a in found if a.schedule in wanted]
 
+    async def action_of_request(self, name: str, request_id: str) -> ControlAction | None:
+        found = await self._one("action_of_request", (name, request_id))
+        return None if found is None else replace(_action(found), replayed=True)
+
     async def action(self, action_id: int) -> ControlAction | None:
         found = await self._one("action", (action_id,))
         return None if found is None else _action(found)
@@ -360,7 +365,7 @@ class PostgresScheduleStore:
         self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
     ) -> None:
         encoded = None if progress is None else json.dumps(dict(progress))
-        await self._exec("finish_action", (outcome, encoded, action_id))
+        await self._exec("finish_action", (outcome, encoded, action_id, outcome))
 
     async def set_progress(self, action_id: int, progress: Mapping[str, Any]) -> None:
         await self._exec("progress", (json.dumps(dict(progress)), action_id))

@@ -173,6 +173,7 @@ class ScheduleControl:
         self._dirty: set[str] = set()
         self._busy: set[int] = set()
         self._revision = 0
+        self._caught_up_to = 0  # the newest action id the applied rows are known to precede
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._listen_task: asyncio.Task[None] | None = None
@@ -396,21 +397,34 @@ class ScheduleControl:
     async def poll(self) -> None:
         """Apply every change since the last poll and start the open actions this replica can."""
         began = time.monotonic()
-        for row in await self.store.rows(self._revision):
-            self._revision = max(self._revision, row.revision)
-            self._apply(row, initial=False)
+        await self._apply_changes()
         self._fresh_at = began
         self._hooks.release_unknown()
         names = sorted(self._local_names())
         if not names or not self.scheduler.running:
             return
-        for action in await self.store.open_actions(names):
+        actions = await self.store.open_actions(names)
+        newest = max((action.id for action in actions), default=0)
+        if newest > max(self._revision, self._caught_up_to):
+            # Action ids and revisions come from one sequence and commit in order: once an
+            # action is visible, so is every change written before it (an update, a re-create).
+            # Apply those first, or the action would run the definition they replaced.
+            await self._apply_changes()
+            self._caught_up_to = newest
+            names = sorted(self._local_names())
+            actions = [a for a in actions if a.schedule in names]
+        for action in actions:
             if action.id in self._busy:
                 continue
             if action.action is ActionKind.TRIGGER:
                 self._spawn(action, functools.partial(self._actions.trigger, action))
             elif action.action is ActionKind.BACKFILL:
                 self._spawn(action, functools.partial(self._actions.backfill, action))
+
+    async def _apply_changes(self) -> None:
+        for row in await self.store.rows(self._revision):
+            self._revision = max(self._revision, row.revision)
+            self._apply(row, initial=False)
 
     def _local_names(self) -> set[str]:
         return self._hooks.names()
@@ -437,7 +451,9 @@ class ScheduleControl:
     # --- applying rows ---------------------------------------------------------------------
 
     def _apply(self, row: ScheduleRow, *, initial: bool) -> None:
-        if row.origin == "stored":
+        if row.origin == "stored" or row.name in self._stored:
+            # A stored schedule running here whose row is now a code schedule's (removed, then
+            # taken back by a code sync before this replica polled) is gone as well.
             self._apply_stored(row)
         if row.removed_at is not None and row.name in self._declared:
             # Removed by an operator while no live replica declared it, yet this one does: sync
@@ -485,7 +501,12 @@ class ScheduleControl:
     def _apply_stored(self, row: ScheduleRow) -> None:
         sched = self.scheduler
         running_fp = self._stored.get(row.name)
-        if row.removed_at is not None or row.handler is None or row.handler not in sched.handlers:
+        if (
+            row.removed_at is not None
+            or row.origin != "stored"
+            or row.handler is None
+            or row.handler not in sched.handlers
+        ):
             if running_fp is not None:
                 self._stored.pop(row.name, None)
                 self._stored_defs.pop(row.name, None)

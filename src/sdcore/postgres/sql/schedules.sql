@@ -7,6 +7,12 @@
 -- action ids are then committed in the order they were drawn (pollers miss none).
 SELECT pg_advisory_xact_lock(%s)
 
+-- name: lock_shared
+-- A replica's sync takes the write lock shared: syncs run side by side, but a create or remove
+-- that decides whether a live replica declares a name waits for a sync in progress to commit its
+-- declarations (and then sees them), instead of taking over a name that replica is declaring.
+SELECT pg_advisory_xact_lock_shared(%s)
+
 -- name: sync_schedules
 -- One statement for every code-declared schedule of a replica (arrays of equal length). Only
 -- new or changed definitions are written: a restart of the same code locks no row. A removed row
@@ -210,9 +216,13 @@ SELECT id, schedule, action, actor, reason, params, progress, outcome, created_a
 FROM {actions} WHERE schedule = %s ORDER BY id DESC LIMIT %s
 
 -- name: finish_action
-UPDATE {actions} SET finished_at = clock_timestamp(), outcome = %s,
-       progress = coalesce(%s::jsonb, progress)
-WHERE id = %s AND finished_at IS NULL
+-- An open action is finished once. An action `remove` already closed as CANCELLED takes the
+-- coordinator's CANCELLED progress too (what ran before it noticed), never another outcome.
+-- Parameters: outcome, progress, id, outcome.
+UPDATE {actions}
+SET finished_at = coalesce(finished_at, clock_timestamp()), outcome = %s,
+    progress = coalesce(%s::jsonb, progress)
+WHERE id = %s AND (finished_at IS NULL OR (outcome = 'CANCELLED' AND %s = 'CANCELLED'))
 
 -- name: progress
 UPDATE {actions} SET progress = %s::jsonb WHERE id = %s AND finished_at IS NULL
