@@ -120,8 +120,8 @@ def test_the_tutorial_from_an_empty_folder(tmp_path: Path) -> None:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(10)
-    reader.join(10)
-    output.close()
+        reader.join(10)
+        output.close()  # on a failure too: a pipe left open fails a later test as unraisable
     # Each tick was run by exactly one replica: one line per tick instant.
     instants = [line[:19] for line in seen if TICK.search(line)]
     assert len(instants) == len(set(instants)), instants

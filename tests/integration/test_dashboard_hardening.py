@@ -78,6 +78,7 @@ def dashboard_process(
             proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.communicate()  # reaps it and closes the pipes
             proc.communicate()
 
 
