@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxRelay, PublisherUnavailableError
+from sdcore.outbox import Outbox, OutboxDatabaseError, OutboxRelay, PublisherUnavailableError
 from sdcore.queues import BullMQPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ async def test_a_message_that_kills_its_relay_ends_dead_and_its_batch_is_publish
         2,
         2,
         "claimed 2 times, 2 of them with no outcome: the relay died (or lost its database)"
-        " while publishing it",
+        " while publishing it; its job may already be in the broker",
     )
     assert {k: v[0] for k, v in rows.items() if k != "poison"} == dict.fromkeys(
         ("innocent-1", "innocent-2", "innocent-3"), "PUBLISHED"
@@ -222,3 +222,55 @@ async def test_a_batch_too_big_to_write_within_the_socket_timeout_is_split(
     assert outages >= 1  # the first batch (the byte budget's 8 MiB) did not fit
     assert (stats.pending, stats.dead, stats.published) == (0, 0, 24), outages
     assert waiting == 24
+
+
+# --- a delivery whose mark is lost with the database ------------------------------------------
+
+
+async def test_a_delivery_whose_mark_failed_ends_published_not_dead(pg_dsn: str) -> None:
+    # max_attempts=1: the batch's claim, then the row's own claim, are all it gets before the
+    # claim that finds both lost marks it DEAD. The relay publishes each time and then cannot
+    # mark: the database refuses the mark (a real statement error, as a failover or a dropped
+    # connection would give), twice. Once the database takes marks again the row must end
+    # PUBLISHED: its job is in Redis.
+    outbox = Outbox(max_attempts=1)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await outbox.ensure_schema(conn)
+        async with conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="delivered", queue="marks", name="n", payload={"a": 1}
+            )
+        await conn.execute(
+            "CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN RAISE EXCEPTION 'database lost'; END$$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW"
+            " WHEN (NEW.status = 'PUBLISHED') EXECUTE FUNCTION refuse_mark()"
+        )
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    url = "redis://127.0.0.1:6379/0"
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        async with (
+            AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool,
+            BullMQPublisher.from_url(url, prefix=prefix, check_server=False) as publisher,
+        ):
+            await pool.open()
+            relay = OutboxRelay(pool, publisher, outbox=outbox, claim_ms=100)
+            for _ in range(3):
+                with contextlib.suppress(OutboxDatabaseError):
+                    await relay.run_once()
+                await asyncio.sleep(0.3)  # the claim expires with no outcome recorded
+            async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+                await conn.execute("DROP TRIGGER refuse_mark ON outbox")
+            await relay.run_once()
+        waiting = await client.llen(f"{prefix}:marks:wait")
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+    rows = await _rows(pg_dsn)
+    assert waiting == 1
+    assert [r[1] for r in rows] == ["PUBLISHED"], rows

@@ -71,7 +71,8 @@ class OutboxRelay(AsyncStartStop):
     are pipelined (:meth:`drain`); the loops run under a supervisor that logs and restarts a
     loop that raises. Each claim carries a fresh token: a relay whose
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
-    a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
+    a row that a relay delivered ends ``PUBLISHED`` once that relay records it (a mark the
+    database refused is made again before the relay's next claim). A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
     outbox's ``max_attempts``; rows behind it keep flowing. A row whose claim expired with no
     outcome (its relay died publishing it) is claimed alone, and marked ``DEAD`` by the claim
@@ -200,6 +201,11 @@ class OutboxRelay(AsyncStartStop):
         self._last_publish_at: datetime | None = None
         self._last_error: str | None = None
         self._last_round_at: float | None = None
+        # Rows this relay put in Redis whose mark the database refused (it was down): marked
+        # before the next claim, so that a delivery is recorded by the relay that made it even
+        # if the row's claim expired meanwhile and a later claim marked it DEAD. No claim
+        # succeeds until they are marked, so they are at most the rows of the batches in flight.
+        self._unmarked: list[int] = []
 
     @property
     def state(self) -> RelayState:
@@ -324,6 +330,15 @@ class OutboxRelay(AsyncStartStop):
 
     async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
         token = uuid.uuid4()
+        if self._unmarked:
+            pending, self._unmarked = self._unmarked, []
+            try:
+                await self.store.mark_published(pending)
+            except BaseException:
+                self._unmarked = pending + self._unmarked
+                raise
+            self._published += len(pending)
+            self._last_publish_at = datetime.now(UTC)
         if self._cap is not None:
             limit = min(limit, self._cap)
         claimed = await self.store.claim(
@@ -367,7 +382,11 @@ class OutboxRelay(AsyncStartStop):
         published = [m.id for m, r in zip(messages, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(messages, results, strict=True) if r is not None]
         if published:
-            await self.store.mark_published(published)
+            try:
+                await self.store.mark_published(published)
+            except (OutboxDatabaseError, psycopg.Error, OSError):
+                self._unmarked.extend(published)
+                raise
             self._published += len(published)
             self._last_publish_at = datetime.now(UTC)
         if failed:

@@ -243,7 +243,8 @@ class MemoryOutboxStore:
                     lost_claims=row.lost_claims + 1,
                     last_error=(
                         f"claimed {row.attempts} times, {row.lost_claims + 1} of them with no"
-                        " outcome: the relay died (or lost its database) while publishing it"
+                        " outcome: the relay died (or lost its database) while publishing it;"
+                        " its job may already be in the broker"
                     ),
                 )
                 continue

@@ -145,7 +145,7 @@ buried AS (
         lost_claims = lost_claims + 1,
         last_error = 'claimed ' || attempts || ' times, ' || (lost_claims + 1)
                      || ' of them with no outcome: the relay died (or lost its database)'
-                     || ' while publishing it'
+                     || ' while publishing it; its job may already be in the broker'
     WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE spent))
 )
 UPDATE {table}
