@@ -465,6 +465,48 @@ async def test_a_rolled_back_notifier_hands_the_notify_on(pool: AsyncConnectionP
     assert "A" not in recorder.at
 
 
+async def test_a_row_after_a_rolled_back_savepoint_notify_in_its_transaction_is_announced(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A's NOTIFY is rolled back with its savepoint; B, later in the same transaction, notifies."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn, conn.transaction():
+            with contextlib.suppress(psycopg.Rollback):
+                async with conn.transaction():  # a savepoint
+                    assert await writer.enqueue_once(
+                        conn, idempotency_key="A", queue="q", name="job", payload={}
+                    )
+                    raise psycopg.Rollback()
+            assert await writer.enqueue_once(
+                conn, idempotency_key="B", queue="q", name="job", payload={}
+            )
+        await _until_published(recorder, "B")
+    assert "A" not in recorder.at
+
+
+async def test_a_row_watching_a_savepoint_notify_that_was_rolled_back_is_announced(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A's NOTIFY is rolled back with its savepoint and A's transaction commits without a row;
+    B, in another transaction within the interval, notifies itself."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn_a, conn_a.transaction():
+            with contextlib.suppress(psycopg.Rollback):
+                async with conn_a.transaction():  # a savepoint
+                    assert await writer.enqueue_once(
+                        conn_a, idempotency_key="A", queue="q", name="job", payload={}
+                    )
+                    raise psycopg.Rollback()
+        async with pool.connection() as conn_b, conn_b.transaction():
+            assert await writer.enqueue_once(
+                conn_b, idempotency_key="B", queue="q", name="job", payload={}
+            )
+        await _until_published(recorder, "B")
+    assert "A" not in recorder.at
+
+
 # --------------------------------------------------------------------------- many queue names
 
 

@@ -51,11 +51,12 @@ class OutboxStatements:
         quoted = table.as_string(None)
 
         def one(name: str, notify: str = "", watch: str = "") -> str:
+            # The fragments name the table too (the watch looks up the notifiers' rows).
             return (
                 found[name]
-                .replace("{table}", quoted)
                 .replace("{notify}", notify)
                 .replace("{watch}", watch)
+                .replace("{table}", quoted)
             )
 
         enqueue = one("enqueue", found["notify"].strip())
