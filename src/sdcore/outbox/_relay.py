@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ class OutboxRelay(AsyncStartStop):
     once a claim of its own was lost too and its attempts are spent. Claims are bounded by
     ``batch_size`` rows and ``batch_bytes`` of payload. When the broker is unreachable the
     relay backs off (up to ``unavailable_max_ms``) without counting attempts, and claims half
-    as many rows as the refused batch next time (doubling back after each published batch).
+    as many rows as the refused batch next time (doubling back after each published batch, but
+    for :data:`HOLD_S` not past a split batch that went through when twice it was refused).
     Published rows older than ``retention_ms`` become tombstones (key kept, payload dropped),
     deleted once the outbox's ``dedup_window_ms`` has passed since their publication.
 
@@ -163,6 +165,12 @@ class OutboxRelay(AsyncStartStop):
         # doubling back after each published one. A pipeline too big to be written within the
         # socket timeout looks like an outage; split this way it gets through.
         self._cap: int | None = None
+        # A batch refused right after a smaller split one went through failed for its size (a
+        # link too slow for its pipeline), not for an outage: growing back past the size that
+        # went through would only be refused again, each time after a socket timeout and a
+        # back-off. So claims stay at that size (rows) for HOLD_S, then may grow again.
+        self._ok_rows: int | None = None  # rows of the last split batch the broker took
+        self._hold: tuple[int, float] | None = None  # (largest rows per claim, until monotonic)
         self._poll = at_least("poll_interval_ms", poll_interval_ms, 10) / 1000
         self._claim_ms = at_least("claim_ms", claim_ms, 100)
         self._retry_base = at_least("retry_base_ms", retry_base_ms, 1)
@@ -341,6 +349,11 @@ class OutboxRelay(AsyncStartStop):
             self._last_publish_at = datetime.now(UTC)
         if self._cap is not None:
             limit = min(limit, self._cap)
+        if self._hold is not None:
+            if time.monotonic() < self._hold[1]:
+                limit = min(limit, self._hold[0])
+            else:
+                self._hold = None
         claimed = await self.store.claim(
             limit=limit, claim_ms=self._claim_ms, token=token, max_bytes=self._batch_bytes
         )
@@ -357,12 +370,18 @@ class OutboxRelay(AsyncStartStop):
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
             self._cap = max(1, len(messages) // 2)
+            if self._ok_rows is not None and len(messages) > self._ok_rows:
+                self._hold = (self._ok_rows, time.monotonic() + HOLD_S)
+            self._ok_rows = None
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
             published = [exc] * len(valid)
+        # Only a batch taken while claims are split says what size the broker takes: a refusal
+        # after an unsplit one is an outage's start, whatever the batch sizes.
+        self._ok_rows = len(messages) if self._cap is not None else None
         if self._cap is not None:
             self._cap = None if self._cap * 2 >= self._batch else self._cap * 2
         if len(published) != len(valid):
@@ -504,3 +523,6 @@ class OutboxRelay(AsyncStartStop):
 
 PIPELINE_DEPTH = 2
 """Batches a draining relay has in flight (published and marked) while it claims the next."""
+
+HOLD_S = 60.0
+"""How long claims stay at the size the broker took after a larger batch was refused."""
