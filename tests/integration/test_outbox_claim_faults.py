@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -314,3 +316,55 @@ async def test_a_split_batch_does_not_grow_back_into_the_size_that_was_refused(
     assert rounds.count("refused") <= 3, rounds
     published = [n for n in rounds if isinstance(n, int)]
     assert len(published) >= 4, rounds
+
+
+# --- a Redis that stalls longer than a claim ------------------------------------------------
+
+
+async def test_a_redis_stall_longer_than_the_claim_does_not_bury_a_healthy_message(
+    pg_dsn: str, private_redis: int
+) -> None:
+    """Redis is stopped (SIGSTOP): each publish waits for the 1 s socket timeout, longer than the
+    300 ms claim. Two relays keep trying; neither died, so the message must stay PENDING with no
+    lost claim, and be published once Redis resumes (before, the relays took each other's
+    expired claims over, counted them lost, and buried the message DEAD within seconds)."""
+    url = f"redis://127.0.0.1:{private_redis}/0"
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    pid = int((await client.info("server"))["process_id"])
+    outbox = Outbox(max_attempts=1)
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=6, open=False) as pool:
+        await pool.open()
+        await outbox.ensure_schema(pool)
+        async with pool.connection() as conn, conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="healthy", queue="stall", name="n", payload={}
+            )
+        async with (
+            BullMQPublisher.from_url(url, socket_timeout_s=1.0, check_server=False) as first,
+            BullMQPublisher.from_url(url, socket_timeout_s=1.0, check_server=False) as second,
+        ):
+            relays = [
+                OutboxRelay(pool, publisher, outbox=outbox, claim_ms=300)
+                for publisher in (first, second)
+            ]
+
+            async def keep_trying(relay: OutboxRelay, delay: float) -> None:
+                await asyncio.sleep(delay)
+                for _ in range(5):
+                    with contextlib.suppress(PublisherUnavailableError):
+                        await relay.run_once()
+                    await asyncio.sleep(0.1)
+
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.gather(keep_trying(relays[0], 0), keep_trying(relays[1], 0.5))
+                during = await _rows(pg_dsn)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await relays[0].run_once()
+        after = await _rows(pg_dsn)
+        waiting = await client.llen("bull:stall:wait")
+    await client.aclose()
+    assert [(r[1], r[3]) for r in during] == [("PENDING", 0)], during
+    assert [r[1] for r in after] == ["PUBLISHED"], after
+    assert waiting == 1

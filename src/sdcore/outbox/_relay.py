@@ -103,7 +103,9 @@ class OutboxRelay(AsyncStartStop):
             socket timeout.
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
-            after this long (they are re-published with the same job id).
+            after this long (they are re-published with the same job id). A relay still
+            publishing extends its claim every ``claim_ms / 3``, up to :data:`KEEP_CLAIMS`
+            times ``claim_ms`` in all, through a store that has ``extend_claim``.
         retry_base_ms: First retry delay of a failed message.
         retry_max_ms: Largest retry delay.
         unavailable_max_ms: Largest back-off while the broker or database is down.
@@ -366,9 +368,15 @@ class OutboxRelay(AsyncStartStop):
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
         invalid = {m.id: problem for m in messages if (problem := invalid_message(m)) is not None}
         valid = [m for m in messages if m.id not in invalid]
+        keeper = (
+            asyncio.ensure_future(self._keep_claim([m.id for m in messages], token))
+            if valid
+            else None
+        )
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            await _stop(keeper)
             self._cap = max(1, len(messages) // 2)
             if self._ok_rows is not None and len(messages) > self._ok_rows:
                 self._hold = (self._ok_rows, time.monotonic() + HOLD_S)
@@ -379,6 +387,8 @@ class OutboxRelay(AsyncStartStop):
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
             published = [exc] * len(valid)
+        finally:
+            await _stop(keeper)
         # Only a batch taken while claims are split says what size the broker takes: a refusal
         # after an unsplit one is an outage's start, whatever the batch sizes.
         self._ok_rows = len(messages) if self._cap is not None else None
@@ -391,6 +401,20 @@ class OutboxRelay(AsyncStartStop):
             return published
         outcome = dict(zip((m.id for m in valid), published, strict=True))
         return [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
+
+    async def _keep_claim(self, ids: list[int], token: uuid.UUID) -> None:
+        # A claim lasts while its relay is publishing (up to KEEP_CLAIMS times claim_ms): a
+        # publish that outlasts claim_ms, e.g. a stalled Redis answered only by the socket
+        # timeout, must not let another relay take the rows over, which would count this live
+        # relay's claim as lost and, once the attempts are spent, bury a healthy message.
+        extend = getattr(self.store, "extend_claim", None)
+        if extend is None:
+            return
+        every = self._claim_ms / 3000
+        for _ in range(KEEP_CLAIMS * 3):
+            await asyncio.sleep(every)
+            with contextlib.suppress(OutboxDatabaseError, psycopg.Error, OSError):
+                await extend(ids, token=token, claim_ms=self._claim_ms)
 
     async def _record(
         self,
@@ -526,3 +550,14 @@ PIPELINE_DEPTH = 2
 
 HOLD_S = 60.0
 """How long claims stay at the size the broker took after a larger batch was refused."""
+
+KEEP_CLAIMS = 10
+"""A relay still publishing keeps its claim up to this many times ``claim_ms`` in all."""
+
+
+async def _stop(task: asyncio.Future[None] | None) -> None:
+    """Cancel ``task`` and wait for it to end (a cancellation of the caller still propagates)."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    await asyncio.wait([task])

@@ -38,6 +38,7 @@ class OutboxStatements:
     published: bytes
     failed: bytes
     unclaim: bytes
+    extend: bytes
     tombstone: bytes
     prune: bytes
     stats: bytes
@@ -79,6 +80,7 @@ class OutboxStatements:
             published=one("published").encode(),
             failed=one("failed").encode(),
             unclaim=one("unclaim").encode(),
+            extend=one("extend").encode(),
             tombstone=one("tombstone").encode(),
             prune=one("prune").encode(),
             stats=one("stats").encode(),

@@ -371,6 +371,17 @@ class PostgresOutboxStore:
         if checked:
             await self._execute("unclaim", self._sql.unclaim, (text, checked, token))
 
+    async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
+        """Make the claim ``token`` of these rows last ``claim_ms`` from now (a publish still runs).
+
+        Rows no longer held under ``token`` are left alone. Optional for other stores: the relay
+        extends a claim only through a store that has this method.
+        """
+        checked, token = check_ids(ids), check_token(token)
+        claim_ms = at_least("claim_ms", claim_ms, 1)
+        if checked:
+            await self._execute("extend_claim", self._sql.extend, (claim_ms, checked, token))
+
     async def stats(self) -> OutboxStats:
         """See :meth:`OutboxStore.stats` (one query)."""
         with database_errors("stats"):

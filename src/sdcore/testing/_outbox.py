@@ -340,6 +340,17 @@ class MemoryOutboxStore:
                 last_error=text,
             )
 
+    async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
+        """See :meth:`sdcore.outbox.PostgresOutboxStore.extend_claim`."""
+        checked, token = check_ids(ids), _check_token(token)
+        self._check_up()
+        now = self._clock()
+        for row_id in checked:
+            row = self._rows.get(row_id)
+            if row is None or row.status is not OutboxStatus.PENDING or row.claim_token != token:
+                continue
+            self._rows[row_id] = replace(row, claimed_until=now + timedelta(milliseconds=claim_ms))
+
     async def stats(self) -> OutboxStats:
         """See :meth:`sdcore.outbox.OutboxStore.stats`."""
         self._check_up()

@@ -195,6 +195,14 @@ UPDATE {table} SET claimed_until = NULL, claim_token = NULL, attempts = greatest
                    last_error = %s
 WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
 
+-- name: extend
+-- A relay still publishing a batch keeps its claim: a publish that outlasts claim_ms (a Redis
+-- that stalls until the socket timeout) is not a relay that died, and another relay taking the
+-- rows over would count the claim as lost (and, attempts spent, mark the rows DEAD) for an
+-- outage. Only under the claim's own token. Parameters: claim_ms, ids, token.
+UPDATE {table} SET claimed_until = clock_timestamp() + %s * interval '1 millisecond'
+WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
+
 -- name: tombstone
 -- Pruning, step 1: published rows past the retention become tombstones (payload and options
 -- dropped; key, digest and job id kept), so the key stays taken for the deduplication window.
