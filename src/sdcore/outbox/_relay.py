@@ -556,8 +556,19 @@ KEEP_CLAIMS = 10
 
 
 async def _stop(task: asyncio.Future[None] | None) -> None:
-    """Cancel ``task`` and wait for it to end (a cancellation of the caller still propagates)."""
-    if task is None or task.done():
+    """Cancel ``task`` and wait for it to end (a cancellation of the caller still propagates).
+
+    The claim keeper's own failure (a store error it does not expect) is logged, not raised: the
+    batch's outcome is the publish's.
+    """
+    if task is None:
         return
-    task.cancel()
-    await asyncio.wait([task])
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logging.getLogger("sdcore.outbox").warning(
+            "outbox relay: extending a claim failed: %s",
+            redact_text(error_text(error)[:300]),
+            extra={"action": "relay_extend_failed"},
+        )
