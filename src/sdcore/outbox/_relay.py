@@ -23,6 +23,7 @@ from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore._internal.validation import at_least
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
+    InvalidOutboxMessageError,
     OutboxDatabaseError,
     OutboxMessage,
     Publisher,
@@ -367,6 +368,16 @@ class OutboxRelay(AsyncStartStop):
         # A row written straight into the table (not through enqueue_once) is checked again
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
         invalid = {m.id: problem for m in messages if (problem := invalid_message(m)) is not None}
+        # An sd2- id with no stored namespace cannot be checked against its key: it must at least
+        # be no other row's (a row written by hand with another message's id).
+        shared = getattr(self.store, "shared_job_ids", None)
+        if shared is not None:
+            for row_id in await shared([m for m in messages if m.id not in invalid]):
+                invalid[row_id] = InvalidOutboxMessageError(
+                    "job_id",
+                    "is another row's job id too (BullMQ would drop one of the two messages as"
+                    " its duplicate); row edited by hand?",
+                )
         valid = [m for m in messages if m.id not in invalid]
         keeper = (
             asyncio.ensure_future(self._keep_claim([m.id for m in messages], token))

@@ -39,6 +39,8 @@ class OutboxStatements:
     failed: bytes
     unclaim: bytes
     extend: bytes
+    identity: bytes
+    shared_job_ids: bytes
     tombstone: bytes
     prune: bytes
     stats: bytes
@@ -81,6 +83,8 @@ class OutboxStatements:
             failed=one("failed").encode(),
             unclaim=one("unclaim").encode(),
             extend=one("extend").encode(),
+            identity=one("identity").encode(),
+            shared_job_ids=one("shared_job_ids").encode(),
             tombstone=one("tombstone").encode(),
             prune=one("prune").encode(),
             stats=one("stats").encode(),

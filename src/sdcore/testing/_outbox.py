@@ -340,6 +340,21 @@ class MemoryOutboxStore:
                 last_error=text,
             )
 
+    async def shared_job_ids(self, messages: Sequence[OutboxMessage]) -> set[int]:
+        """See :meth:`sdcore.outbox.PostgresOutboxStore.shared_job_ids` (every ``sd2-`` row with
+        no stored namespace is looked up: this store has no default namespace)."""
+        self._check_up()
+        unknown = {
+            m.id: m.job_id
+            for m in messages
+            if m.job_namespace is None and m.job_id.startswith("sd2-")
+        }
+        return {
+            row_id
+            for row_id, job_id in unknown.items()
+            if any(r.job_id == job_id and r.id != row_id for r in self._rows.values())
+        }
+
     async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
         """See :meth:`sdcore.outbox.PostgresOutboxStore.extend_claim`."""
         checked, token = check_ids(ids), _check_token(token)

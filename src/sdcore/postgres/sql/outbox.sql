@@ -203,6 +203,22 @@ WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
 UPDATE {table} SET claimed_until = clock_timestamp() + %s * interval '1 millisecond'
 WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
 
+-- name: identity
+-- The outbox's default namespace, as enqueue computes it (database, real schema and table,
+-- each quote_ident()-ed). Parameter: the table's (quoted, maybe qualified) name.
+SELECT quote_ident(current_database()) || '.' || quote_ident(n.nspname) || '.'
+       || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = CAST(%s AS regclass)
+
+-- name: shared_job_ids
+-- Of these rows, the ones whose job id another row holds too (BullMQ would keep one of the two
+-- messages and drop the other as its duplicate). Asked only for rows whose sd2- id cannot be
+-- checked against a stored namespace and is not the id of their key under the namespaces the
+-- relay knows: a hash join, one pass over the table. Parameter: the ids.
+SELECT DISTINCT s.id FROM {table} AS s JOIN {table} AS o ON o.job_id = s.job_id AND o.id <> s.id
+WHERE s.id = ANY(%b)
+
 -- name: tombstone
 -- Pruning, step 1: published rows past the retention become tombstones (payload and options
 -- dropped; key, digest and job id kept), so the key stays taken for the deduplication window.
