@@ -465,6 +465,48 @@ async def test_a_rolled_back_notifier_hands_the_notify_on(pool: AsyncConnectionP
     assert "A" not in recorder.at
 
 
+async def test_a_row_after_a_rolled_back_savepoint_notify_in_its_transaction_is_announced(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A's NOTIFY is rolled back with its savepoint; B, later in the same transaction, notifies."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn, conn.transaction():
+            with contextlib.suppress(psycopg.Rollback):
+                async with conn.transaction():  # a savepoint
+                    assert await writer.enqueue_once(
+                        conn, idempotency_key="A", queue="q", name="job", payload={}
+                    )
+                    raise psycopg.Rollback()
+            assert await writer.enqueue_once(
+                conn, idempotency_key="B", queue="q", name="job", payload={}
+            )
+        await _until_published(recorder, "B")
+    assert "A" not in recorder.at
+
+
+async def test_a_row_watching_a_savepoint_notify_that_was_rolled_back_is_announced(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A's NOTIFY is rolled back with its savepoint and A's transaction commits without a row;
+    B, in another transaction within the interval, notifies itself."""
+    writer = Outbox(notify_interval_ms=WRITER_INTERVAL_MS)
+    async with _idle_relay(pool) as recorder:
+        async with pool.connection() as conn_a, conn_a.transaction():
+            with contextlib.suppress(psycopg.Rollback):
+                async with conn_a.transaction():  # a savepoint
+                    assert await writer.enqueue_once(
+                        conn_a, idempotency_key="A", queue="q", name="job", payload={}
+                    )
+                    raise psycopg.Rollback()
+        async with pool.connection() as conn_b, conn_b.transaction():
+            assert await writer.enqueue_once(
+                conn_b, idempotency_key="B", queue="q", name="job", payload={}
+            )
+        await _until_published(recorder, "B")
+    assert "A" not in recorder.at
+
+
 # --------------------------------------------------------------------------- many queue names
 
 
@@ -593,5 +635,51 @@ async def test_hand_written_rows_with_another_keys_id_or_foreign_options_end_dea
         data = await redis.hget(f"{prefix}:q:{victim_id}", "data")
         assert json.loads(str(data)) == {"n": 1}  # the victim's own job, not a forger's
         assert await redis.exists(f"{prefix}:q:repeat") == 0
+    finally:
+        await _delete_prefix(redis, prefix)
+
+
+async def test_a_hand_written_row_with_another_rows_id_and_no_namespace_ends_dead(
+    pool: AsyncConnectionPool[Any], redis: aioredis.Redis
+) -> None:
+    """A row written by hand without job_namespace (as an INSERT that leaves the new column out
+    writes it) cannot have its sd2- id checked against its key: it must still not share another
+    row's id. A pre-0.3 row (no namespace, its own key's id) and a row whose id is another
+    outbox's (no other row holds it) are published."""
+    outbox = Outbox(max_attempts=1)
+    victim_id = await _enqueue(pool, outbox, "victim", "q", {"n": 1})
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT job_namespace FROM outbox WHERE idempotency_key = 'victim'"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        namespace = row[0]
+        keep = json.dumps({"removeOnComplete": {"age": 60}, "removeOnFail": {"age": 60}})
+        for key, job_id in (
+            ("forged", victim_id),
+            ("pre-0.3", job_id_v2(namespace, "pre-0.3")),
+            ("other-namespace", job_id_v2("another service", "other-namespace")),
+        ):
+            await conn.execute(
+                "INSERT INTO outbox (idempotency_key, queue, name, job_id, payload, options,"
+                " max_attempts, message_digest)"
+                " VALUES (%s, 'q', 'job', %s, %s, %s, 1, '\\x00')",
+                (key, job_id, json.dumps({"who": key}), keep),
+            )
+    prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    try:
+        async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
+            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+        rows = await _status(pool)
+        assert {k: v[0] for k, v in rows.items()} == {
+            "victim": "PUBLISHED",
+            "forged": "DEAD",
+            "pre-0.3": "PUBLISHED",
+            "other-namespace": "PUBLISHED",
+        }, rows
+        assert "another row's job id" in str(rows["forged"][2])
+        data = await redis.hget(f"{prefix}:q:{victim_id}", "data")
+        assert json.loads(str(data)) == {"n": 1}  # the victim's own job, not the forger's
     finally:
         await _delete_prefix(redis, prefix)

@@ -461,6 +461,23 @@ class Gated:
         return await self.inner.publish(messages)
 
 
+async def _until_claim_expired(pool: AsyncConnectionPool[Any]) -> None:
+    """Wait until the row's claim has expired: a relay still publishing keeps its claim for up to
+    KEEP_CLAIMS claims, so only a publish that hangs longer than that loses it."""
+    deadline = time.monotonic() + 20
+    while True:
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT bool_and(claimed_until < clock_timestamp()) FROM outbox"
+            )
+            row = await cur.fetchone()
+        if row is not None and row[0]:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail("the slow relay's claim did not expire within 20 s")
+        await asyncio.sleep(0.05)
+
+
 async def test_a_taken_over_relay_cannot_mark_a_delivered_row_dead(
     pool: AsyncConnectionPool[Any],
     redis: aioredis.Redis,
@@ -483,7 +500,7 @@ async def test_a_taken_over_relay_cannot_mark_a_delivered_row_dead(
         relay_b = OutboxRelay(pool, big, outbox=outbox, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
-        await asyncio.sleep(0.3)  # A's claim has expired
+        await _until_claim_expired(pool)  # A's publish outlasted its kept claim
         assert await relay_b.run_once() == 1
         gated.release.set()
         assert await asyncio.wait_for(a_round, 10) == 1
@@ -513,7 +530,7 @@ async def test_a_row_delivered_by_a_taken_over_relay_ends_published(
         relay_b = OutboxRelay(pool, small, outbox=outbox, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
-        await asyncio.sleep(0.3)
+        await _until_claim_expired(pool)  # A's publish outlasted its kept claim
         assert await relay_b.run_once() == 1
         assert (await _rows(pool))[0][1] == "DEAD"
         gated.release.set()
@@ -547,7 +564,7 @@ async def test_a_broker_outage_does_not_release_another_relays_claim(
     relay_b = OutboxRelay(pool, gated_inner, outbox=outbox, claim_ms=60_000)
     a_round = asyncio.create_task(relay_a.run_once())
     await asyncio.wait_for(slow.entered.wait(), 10)
-    await asyncio.sleep(0.3)
+    await _until_claim_expired(pool)  # A's publish outlasted its kept claim
     # B claims (a long claim) but is still publishing when A's unclaim arrives.
     async with pool.connection() as conn:
         cur = await conn.execute(outbox.sql.claim, (10, 2**40, 60_000, uuid.uuid4()))

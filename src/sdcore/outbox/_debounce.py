@@ -23,7 +23,11 @@ MAX_COVERS = 1
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One notifying enqueue: its transaction id, once its statement inserted the row."""
+    """One notifying enqueue, once its statement inserted the row: ``"<transaction id>:<row id>"``.
+
+    The row id goes with the transaction's: a savepoint rolled back discards the NOTIFY with the
+    row, so the watch statement counts a NOTIFY as sent only while its row exists.
+    """
 
     xid: str | None = None
 
@@ -43,7 +47,7 @@ class Plan:
     kind: str
     key: Hashable = None
     slot: Slot | None = None  # the NOTIFY slot this enqueue took
-    watched: str | None = None  # for ``watch``: the known notifying transactions' ids
+    watched: str | None = None  # for ``watch``: the known notifiers' "<xid>:<row id>"s
     may_cover: bool = False
 
 
@@ -86,7 +90,7 @@ def settle(plan: Plan, inserted: Sequence[Any] | None) -> None:
     current = _intervals.get(plan.key)
     if plan.slot is not None:
         if inserted is not None:
-            plan.slot.xid = str(inserted[2])
+            plan.slot.xid = f"{inserted[2]}:{inserted[0]}"
         elif current is not None and plan.slot in current.slots:
             # Nothing inserted, so nothing was announced: the slot is free again.
             current.slots.remove(plan.slot)
@@ -96,7 +100,7 @@ def settle(plan: Plan, inserted: Sequence[Any] | None) -> None:
         own, committed, still_open = inserted[3], inserted[4], inserted[5]
         if own or committed or (still_open and not plan.may_cover):
             return
-        slot = Slot(str(inserted[2]))
+        slot = Slot(f"{inserted[2]}:{inserted[0]}")
         if not still_open:
             # Every NOTIFY of the interval was rolled back (or is unknown): this one, sent now,
             # opens a new interval.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore._internal.validation import at_least
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
+    InvalidOutboxMessageError,
     OutboxDatabaseError,
     OutboxMessage,
     Publisher,
@@ -71,14 +73,16 @@ class OutboxRelay(AsyncStartStop):
     are pipelined (:meth:`drain`); the loops run under a supervisor that logs and restarts a
     loop that raises. Each claim carries a fresh token: a relay whose
     claim expired and was taken over cannot record a failure over the other relay's outcome, and
-    a row that anyone delivered ends ``PUBLISHED``, never ``DEAD``. A message that fails is
+    a row that a relay delivered ends ``PUBLISHED`` once that relay records it (a mark the
+    database refused is made again before the relay's next claim). A message that fails is
     retried after ``retry_base_ms · 2^(attempts−1)`` (capped) and becomes ``DEAD`` after the
     outbox's ``max_attempts``; rows behind it keep flowing. A row whose claim expired with no
     outcome (its relay died publishing it) is claimed alone, and marked ``DEAD`` by the claim
     once a claim of its own was lost too and its attempts are spent. Claims are bounded by
     ``batch_size`` rows and ``batch_bytes`` of payload. When the broker is unreachable the
     relay backs off (up to ``unavailable_max_ms``) without counting attempts, and claims half
-    as many rows as the refused batch next time (doubling back after each published batch).
+    as many rows as the refused batch next time (doubling back after each published batch, but
+    for :data:`HOLD_S` not past a split batch that went through when twice it was refused).
     Published rows older than ``retention_ms`` become tombstones (key kept, payload dropped),
     deleted once the outbox's ``dedup_window_ms`` has passed since their publication.
 
@@ -100,7 +104,9 @@ class OutboxRelay(AsyncStartStop):
             socket timeout.
         poll_interval_ms: Fallback polling period.
         claim_ms: How long a claim lasts: a relay that dies mid-batch leaves its rows to others
-            after this long (they are re-published with the same job id).
+            after this long (they are re-published with the same job id). A relay still
+            publishing extends its claim every ``claim_ms / 3``, up to :data:`KEEP_CLAIMS`
+            times ``claim_ms`` in all, through a store that has ``extend_claim``.
         retry_base_ms: First retry delay of a failed message.
         retry_max_ms: Largest retry delay.
         unavailable_max_ms: Largest back-off while the broker or database is down.
@@ -162,6 +168,12 @@ class OutboxRelay(AsyncStartStop):
         # doubling back after each published one. A pipeline too big to be written within the
         # socket timeout looks like an outage; split this way it gets through.
         self._cap: int | None = None
+        # A batch refused right after a smaller split one went through failed for its size (a
+        # link too slow for its pipeline), not for an outage: growing back past the size that
+        # went through would only be refused again, each time after a socket timeout and a
+        # back-off. So claims stay at that size (rows) for HOLD_S, then may grow again.
+        self._ok_rows: int | None = None  # rows of the last split batch the broker took
+        self._hold: tuple[int, float] | None = None  # (largest rows per claim, until monotonic)
         self._poll = at_least("poll_interval_ms", poll_interval_ms, 10) / 1000
         self._claim_ms = at_least("claim_ms", claim_ms, 100)
         self._retry_base = at_least("retry_base_ms", retry_base_ms, 1)
@@ -200,6 +212,11 @@ class OutboxRelay(AsyncStartStop):
         self._last_publish_at: datetime | None = None
         self._last_error: str | None = None
         self._last_round_at: float | None = None
+        # Rows this relay put in Redis whose mark the database refused (it was down): marked
+        # before the next claim, so that a delivery is recorded by the relay that made it even
+        # if the row's claim expired meanwhile and a later claim marked it DEAD. No claim
+        # succeeds until they are marked, so they are at most the rows of the batches in flight.
+        self._unmarked: list[int] = []
 
     @property
     def state(self) -> RelayState:
@@ -324,8 +341,22 @@ class OutboxRelay(AsyncStartStop):
 
     async def _claim(self, limit: int) -> tuple[uuid.UUID, list[OutboxMessage]]:
         token = uuid.uuid4()
+        if self._unmarked:
+            pending, self._unmarked = self._unmarked, []
+            try:
+                await self.store.mark_published(pending)
+            except BaseException:
+                self._unmarked = pending + self._unmarked
+                raise
+            self._published += len(pending)
+            self._last_publish_at = datetime.now(UTC)
         if self._cap is not None:
             limit = min(limit, self._cap)
+        if self._hold is not None:
+            if time.monotonic() < self._hold[1]:
+                limit = min(limit, self._hold[0])
+            else:
+                self._hold = None
         claimed = await self.store.claim(
             limit=limit, claim_ms=self._claim_ms, token=token, max_bytes=self._batch_bytes
         )
@@ -337,17 +368,41 @@ class OutboxRelay(AsyncStartStop):
         # A row written straight into the table (not through enqueue_once) is checked again
         # here: a bad queue name or job id fails like a poison message and ends DEAD.
         invalid = {m.id: problem for m in messages if (problem := invalid_message(m)) is not None}
+        # An sd2- id with no stored namespace cannot be checked against its key: it must at least
+        # be no other row's (a row written by hand with another message's id).
+        shared = getattr(self.store, "shared_job_ids", None)
+        if shared is not None:
+            for row_id in await shared([m for m in messages if m.id not in invalid]):
+                invalid[row_id] = InvalidOutboxMessageError(
+                    "job_id",
+                    "is another row's job id too (BullMQ would drop one of the two messages as"
+                    " its duplicate); row edited by hand?",
+                )
         valid = [m for m in messages if m.id not in invalid]
+        keeper = (
+            asyncio.ensure_future(self._keep_claim([m.id for m in messages], token))
+            if valid
+            else None
+        )
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            await _stop(keeper)
             self._cap = max(1, len(messages) // 2)
+            if self._ok_rows is not None and len(messages) > self._ok_rows:
+                self._hold = (self._ok_rows, time.monotonic() + HOLD_S)
+            self._ok_rows = None
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
             raise
         except Exception as exc:  # noqa: BLE001 - a publisher bug fails the batch, counted
             published = [exc] * len(valid)
+        finally:
+            await _stop(keeper)
+        # Only a batch taken while claims are split says what size the broker takes: a refusal
+        # after an unsplit one is an outage's start, whatever the batch sizes.
+        self._ok_rows = len(messages) if self._cap is not None else None
         if self._cap is not None:
             self._cap = None if self._cap * 2 >= self._batch else self._cap * 2
         if len(published) != len(valid):
@@ -358,6 +413,20 @@ class OutboxRelay(AsyncStartStop):
         outcome = dict(zip((m.id for m in valid), published, strict=True))
         return [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
 
+    async def _keep_claim(self, ids: list[int], token: uuid.UUID) -> None:
+        # A claim lasts while its relay is publishing (up to KEEP_CLAIMS times claim_ms): a
+        # publish that outlasts claim_ms, e.g. a stalled Redis answered only by the socket
+        # timeout, must not let another relay take the rows over, which would count this live
+        # relay's claim as lost and, once the attempts are spent, bury a healthy message.
+        extend = getattr(self.store, "extend_claim", None)
+        if extend is None:
+            return
+        every = self._claim_ms / 3000
+        for _ in range(KEEP_CLAIMS * 3):
+            await asyncio.sleep(every)
+            with contextlib.suppress(OutboxDatabaseError, psycopg.Error, OSError):
+                await extend(ids, token=token, claim_ms=self._claim_ms)
+
     async def _record(
         self,
         messages: list[OutboxMessage],
@@ -367,7 +436,11 @@ class OutboxRelay(AsyncStartStop):
         published = [m.id for m, r in zip(messages, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(messages, results, strict=True) if r is not None]
         if published:
-            await self.store.mark_published(published)
+            try:
+                await self.store.mark_published(published)
+            except (OutboxDatabaseError, psycopg.Error, OSError):
+                self._unmarked.extend(published)
+                raise
             self._published += len(published)
             self._last_publish_at = datetime.now(UTC)
         if failed:
@@ -485,3 +558,28 @@ class OutboxRelay(AsyncStartStop):
 
 PIPELINE_DEPTH = 2
 """Batches a draining relay has in flight (published and marked) while it claims the next."""
+
+HOLD_S = 60.0
+"""How long claims stay at the size the broker took after a larger batch was refused."""
+
+KEEP_CLAIMS = 10
+"""A relay still publishing keeps its claim up to this many times ``claim_ms`` in all."""
+
+
+async def _stop(task: asyncio.Future[None] | None) -> None:
+    """Cancel ``task`` and wait for it to end (a cancellation of the caller still propagates).
+
+    The claim keeper's own failure (a store error it does not expect) is logged, not raised: the
+    batch's outcome is the publish's.
+    """
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logging.getLogger("sdcore.outbox").warning(
+            "outbox relay: extending a claim failed: %s",
+            redact_text(error_text(error)[:300]),
+            extra={"action": "relay_extend_failed"},
+        )

@@ -38,6 +38,9 @@ class OutboxStatements:
     published: bytes
     failed: bytes
     unclaim: bytes
+    extend: bytes
+    identity: bytes
+    shared_job_ids: bytes
     tombstone: bytes
     prune: bytes
     stats: bytes
@@ -51,11 +54,12 @@ class OutboxStatements:
         quoted = table.as_string(None)
 
         def one(name: str, notify: str = "", watch: str = "") -> str:
+            # The fragments name the table too (the watch looks up the notifiers' rows).
             return (
                 found[name]
-                .replace("{table}", quoted)
                 .replace("{notify}", notify)
                 .replace("{watch}", watch)
+                .replace("{table}", quoted)
             )
 
         enqueue = one("enqueue", found["notify"].strip())
@@ -78,6 +82,9 @@ class OutboxStatements:
             published=one("published").encode(),
             failed=one("failed").encode(),
             unclaim=one("unclaim").encode(),
+            extend=one("extend").encode(),
+            identity=one("identity").encode(),
+            shared_job_ids=one("shared_job_ids").encode(),
             tombstone=one("tombstone").encode(),
             prune=one("prune").encode(),
             stats=one("stats").encode(),

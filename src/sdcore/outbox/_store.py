@@ -29,6 +29,7 @@ from sdcore.outbox._model import (
     OutboxStatus,
     ReadOnlyDict,
     UndecodedPayload,
+    job_id_v2,
     read_only_json,
 )
 from sdcore.outbox._outbox import Outbox
@@ -274,6 +275,7 @@ class PostgresOutboxStore:
         # another client of the proxy.
         self._prepare: bool | None = False if self._transaction_pooling else None
         self._options: dict[str, Any] = {}  # options text -> its read-only decoded value
+        self._identity: str | None = None  # the outbox's default namespace, read once
 
     @property
     def listens(self) -> bool:
@@ -370,6 +372,48 @@ class PostgresOutboxStore:
         checked, token, text = check_ids(ids), check_token(token), check_error(error)
         if checked:
             await self._execute("unclaim", self._sql.unclaim, (text, checked, token))
+
+    async def shared_job_ids(self, messages: Sequence[OutboxMessage]) -> set[int]:
+        """Return the ids of the messages whose job id another row of the table holds too.
+
+        Only rows with an ``sd2-`` id and no stored ``job_namespace`` (written before sdcore 0.3,
+        or by hand) are looked up, and of those only the ones whose id is not their key's under
+        the outbox's default namespace or its ``namespace``: every other id is checked against
+        its key by the relay. Optional for other stores.
+        """
+        unknown = [m for m in messages if m.job_namespace is None and m.job_id.startswith("sd2-")]
+        if not unknown:
+            return set()
+        with database_errors("shared_job_ids"):
+            if self._identity is None:
+                async with self.pool.connection() as conn:
+                    cur = await conn.execute(
+                        self._sql.identity, (self.outbox._target,), prepare=self._prepare
+                    )
+                    row = await cur.fetchone()
+                self._identity = "" if row is None else str(row[0])
+            namespaces = [ns for ns in (self._identity, self.outbox.namespace) if ns]
+            suspect = [
+                m.id
+                for m in unknown
+                if m.job_id not in {job_id_v2(ns, m.idempotency_key) for ns in namespaces}
+            ]
+            if not suspect:
+                return set()
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(self._sql.shared_job_ids, (suspect,), prepare=False)
+                return {int(row[0]) for row in await cur.fetchall()}
+
+    async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
+        """Make the claim ``token`` of these rows last ``claim_ms`` from now (a publish still runs).
+
+        Rows no longer held under ``token`` are left alone. Optional for other stores: the relay
+        extends a claim only through a store that has this method.
+        """
+        checked, token = check_ids(ids), check_token(token)
+        claim_ms = at_least("claim_ms", claim_ms, 1)
+        if checked:
+            await self._execute("extend_claim", self._sql.extend, (claim_ms, checked, token))
 
     async def stats(self) -> OutboxStats:
         """See :meth:`OutboxStore.stats` (one query)."""

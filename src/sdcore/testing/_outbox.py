@@ -243,7 +243,8 @@ class MemoryOutboxStore:
                     lost_claims=row.lost_claims + 1,
                     last_error=(
                         f"claimed {row.attempts} times, {row.lost_claims + 1} of them with no"
-                        " outcome: the relay died (or lost its database) while publishing it"
+                        " outcome: the relay died (or lost its database) while publishing it;"
+                        " its job may already be in the broker"
                     ),
                 )
                 continue
@@ -338,6 +339,32 @@ class MemoryOutboxStore:
                 attempts=max(row.attempts - 1, 0),
                 last_error=text,
             )
+
+    async def shared_job_ids(self, messages: Sequence[OutboxMessage]) -> set[int]:
+        """See :meth:`sdcore.outbox.PostgresOutboxStore.shared_job_ids` (every ``sd2-`` row with
+        no stored namespace is looked up: this store has no default namespace)."""
+        self._check_up()
+        unknown = {
+            m.id: m.job_id
+            for m in messages
+            if m.job_namespace is None and m.job_id.startswith("sd2-")
+        }
+        return {
+            row_id
+            for row_id, job_id in unknown.items()
+            if any(r.job_id == job_id and r.id != row_id for r in self._rows.values())
+        }
+
+    async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
+        """See :meth:`sdcore.outbox.PostgresOutboxStore.extend_claim`."""
+        checked, token = check_ids(ids), _check_token(token)
+        self._check_up()
+        now = self._clock()
+        for row_id in checked:
+            row = self._rows.get(row_id)
+            if row is None or row.status is not OutboxStatus.PENDING or row.claim_token != token:
+                continue
+            self._rows[row_id] = replace(row, claimed_until=now + timedelta(milliseconds=claim_ms))
 
     async def stats(self) -> OutboxStats:
         """See :meth:`sdcore.outbox.OutboxStore.stats`."""

@@ -13,9 +13,13 @@
 -- within an interval of the last NOTIFY. It returns the transaction's id (xid8, as text), which
 -- the Outbox keeps for the enqueues that follow a NOTIFY it carried.
 --
--- The watch fragments (debounced): the NOTIFYs already sent in this interval (by the transactions
--- in "watch", ids joined by commas) cover this row once one of them committed, since the relay
--- woken by it looks again every interval for a second. While none has committed this enqueue
+-- The watch fragments (debounced): the NOTIFYs already sent in this interval (by the enqueues in
+-- "watch", "<transaction id>:<row id>" joined by commas) cover this row once one of them
+-- committed, since the relay woken by it looks again every interval for a second. A NOTIFY is
+-- sent with its row in one statement, so it was delivered only if its row was: a savepoint
+-- rolled back after it discards both while the transaction goes on. So a NOTIFY covers only if
+-- its row is seen (by primary key), or, for a committed transaction this snapshot cannot see
+-- (REPEATABLE READ), is assumed to; an own transaction's NOTIFY covers only with its row. While none has committed this enqueue
 -- notifies too if "may_cover" (the Outbox allows one such covering NOTIFY per interval, so that a
 -- long transaction does not hold back the rows committed beside it, and concurrent writers do not
 -- all notify); if every one rolled back (or its status is gone) it notifies in any case. Within
@@ -71,12 +75,17 @@ SELECT id, job_id, CAST(pg_current_xact_id() AS text){notify} FROM inserted{watc
        ELSE pg_notify(CAST(%(channel)s AS text), '') END
 
 -- name: watch
-, (SELECT coalesce(bool_or(x = pg_current_xact_id()), false) AS own,
-          coalesce(bool_or(s = 'committed'), false) AS committed,
-          coalesce(bool_or(s = 'in progress'), false) AS open
+, (SELECT coalesce(bool_or(x = pg_current_xact_id() AND seen), false) AS own,
+          coalesce(bool_or(s = 'committed'
+                           AND (seen OR NOT pg_visible_in_snapshot(x, pg_current_snapshot()))),
+                   false) AS committed,
+          coalesce(bool_or(s = 'in progress' AND x <> pg_current_xact_id()), false) AS open
    FROM (SELECT x, CASE WHEN x < pg_snapshot_xmax(pg_current_snapshot())
-                        THEN pg_xact_status(x) ELSE 'in progress' END AS s
-         FROM unnest(CAST(string_to_array(CAST(%(watch)s AS text), ',') AS xid8[])) AS x) AS v
+                        THEN pg_xact_status(x) ELSE 'in progress' END AS s,
+                EXISTS (SELECT 1 FROM {table} AS r WHERE r.id = w_id) AS seen
+         FROM (SELECT CAST(split_part(p, ':', 1) AS xid8) AS x,
+                      CAST(split_part(p, ':', 2) AS bigint) AS w_id
+               FROM unnest(string_to_array(CAST(%(watch)s AS text), ',')) AS p) AS pairs) AS v
   ) AS w
 
 -- name: existing
@@ -145,7 +154,7 @@ buried AS (
         lost_claims = lost_claims + 1,
         last_error = 'claimed ' || attempts || ' times, ' || (lost_claims + 1)
                      || ' of them with no outcome: the relay died (or lost its database)'
-                     || ' while publishing it'
+                     || ' while publishing it; its job may already be in the broker'
     WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE spent))
 )
 UPDATE {table}
@@ -185,6 +194,30 @@ RETURNING o.id, o.status
 UPDATE {table} SET claimed_until = NULL, claim_token = NULL, attempts = greatest(attempts - 1, 0),
                    last_error = %s
 WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
+
+-- name: extend
+-- A relay still publishing a batch keeps its claim: a publish that outlasts claim_ms (a Redis
+-- that stalls until the socket timeout) is not a relay that died, and another relay taking the
+-- rows over would count the claim as lost (and, attempts spent, mark the rows DEAD) for an
+-- outage. Only under the claim's own token. Parameters: claim_ms, ids, token.
+UPDATE {table} SET claimed_until = clock_timestamp() + %s * interval '1 millisecond'
+WHERE id = ANY(%b) AND status = 'PENDING' AND claim_token = %s
+
+-- name: identity
+-- The outbox's default namespace, as enqueue computes it (database, real schema and table,
+-- each quote_ident()-ed). Parameter: the table's (quoted, maybe qualified) name.
+SELECT quote_ident(current_database()) || '.' || quote_ident(n.nspname) || '.'
+       || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = CAST(%s AS regclass)
+
+-- name: shared_job_ids
+-- Of these rows, the ones whose job id another row holds too (BullMQ would keep one of the two
+-- messages and drop the other as its duplicate). Asked only for rows whose sd2- id cannot be
+-- checked against a stored namespace and is not the id of their key under the namespaces the
+-- relay knows: a hash join, one pass over the table. Parameter: the ids.
+SELECT DISTINCT s.id FROM {table} AS s JOIN {table} AS o ON o.job_id = s.job_id AND o.id <> s.id
+WHERE s.id = ANY(%b)
 
 -- name: tombstone
 -- Pruning, step 1: published rows past the retention become tombstones (payload and options
