@@ -435,3 +435,82 @@ async def test_ticks_behind_a_completion_stuck_on_the_database_follow_catch_up(
     finally:
         await locker.close()
     assert missed == [], f"ticks lost behind a stuck completion: {missed}"
+
+
+_SLEEPER = """
+import asyncio, json, sys
+from psycopg_pool import AsyncConnectionPool
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
+
+async def main():
+    pool = AsyncConnectionPool(
+        sys.argv[1], min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    def invoices(tick):
+        with open(sys.argv[2], "a") as out:
+            out.write(json.dumps([tick.run_key, tick.attempt]) + "\\n")
+        if tick.attempt == 1:
+            raise RuntimeError("wrong amounts")
+
+    scheduler.add_interval(
+        "invoices", 10_000, invoices, retries=2, retry_backoff_ms=2_000, catch_up="all"
+    )
+    control = ScheduleControl(scheduler, PostgresScheduleStore(pool), poll_interval_ms=500)
+    async with control, scheduler:
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_replica_suspended_during_a_backoff_rereads_the_pause_before_the_retry(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, tmp_path: Any
+) -> None:
+    """A real replica process is SIGSTOPped during a failed tick's retry backoff and the
+    operator pauses meanwhile: woken after the backoff, it must read the pause again before the
+    retry, not start it on the view it held before it slept. Resume then runs the retry."""
+    import json
+    import os
+    import signal
+    import sys
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    out = tmp_path / "attempts.jsonl"
+
+    def attempts() -> list[tuple[str, int]]:
+        if not out.exists():
+            return []
+        return [tuple(json.loads(line)) for line in out.read_text().splitlines()]
+
+    child = await asyncio.create_subprocess_exec(sys.executable, str(script), pg_dsn, str(out))
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    try:
+
+        async def failed_once() -> bool:
+            return bool(attempts())
+
+        await _until(failed_once, timeout=60.0)
+        await asyncio.sleep(1.0)  # inside the 2 s backoff
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            await admin.pause("invoices", actor="ops", reason="wrong amounts")
+            await asyncio.sleep(5.0)  # the backoff ends while the replica sleeps
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        await asyncio.sleep(3.0)
+        key = attempts()[0][0]
+        assert [n for k, n in attempts() if k == key] == [1], "a retry started while paused"
+        await admin.resume("invoices", actor="ops")
+
+        async def retried() -> bool:
+            return any(k == key and n == 2 for k, n in attempts())
+
+        await _until(retried, timeout=30.0)
+    finally:
+        child.kill()
+        await child.wait()

@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 Handler = Callable[[Tick], Awaitable[Any] | Any]
+# The control gate's answer when this process cannot tell whether the schedule is paused (its
+# view of the control plane is older than the propagation bound): no tick starts on it.
+GATE_UNKNOWN = "unknown"
 # When retries stop: the next tick's instant, or a function computing it on first use.
 Deadline = datetime | None | Callable[[], datetime | None]
 # A tick's first offer when it was acquired before its task started (batch start): its options,
@@ -82,9 +85,10 @@ class TickRunner:
     """
 
     telemetry: Telemetry = NOOP  # observers of ticks (sdcore.metrics, sdcore.tracing)
-    # Why the tick running in this task must not start another attempt now ("paused"), or None;
-    # set by the supervisor (the control plane's gate, for the paths the gate applies to).
-    held: Callable[[str], str | None] | None = None
+    # Why the tick running in this task must not start another attempt now ("paused", or
+    # "unknown" when the paused state could not be read again before the given instant), or
+    # None; set by the supervisor (the control plane's gate, for the paths it applies to).
+    held: Callable[[str, datetime | None], Awaitable[str | None]] | None = None
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
@@ -204,12 +208,19 @@ class TickRunner:
         if policy.jitter_ms:
             await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
             # Admitted before the jitter: a pause applied during it holds this tick too.
-            reason = None if self.held is None else self.held(name)
-            if reason is not None:
-                self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
-                if record_skip:
-                    await self.record_skipped(name, kind, policy, tick, reason)
-                return TickOutcome(ran=False, succeeded=False, attempts=0)
+            if self.held is not None:
+                limit = deadline() if callable(deadline) else deadline
+                reason = await self.held(name, limit)
+                if reason == GATE_UNKNOWN:
+                    # Not a skip on purpose: without a row it is a missed tick, which the
+                    # catch-up policy decides about once the paused state is known again.
+                    self._log_held("not started after its jitter", name, tick, reason, "tick_held")
+                    return TickOutcome(ran=False, succeeded=False, attempts=0)
+                if reason is not None:
+                    self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
+                    if record_skip:
+                        await self.record_skipped(name, kind, policy, tick, reason)
+                    return TickOutcome(ran=False, succeeded=False, attempts=0)
 
         if guarded:
 
@@ -301,8 +312,9 @@ class TickRunner:
                 break
             await asyncio.sleep(wait)
             # Each retry is a new start: a pause applied since the last attempt ends the tick
-            # here (its row keeps the attempts left; resume's catch-up decides about it).
-            reason = None if self.held is None else self.held(name)
+            # here (its row keeps the attempts left; resume's catch-up decides about it). A
+            # process that slept through the backoff reads the paused state again first.
+            reason = None if self.held is None else await self.held(name, limit)
             if reason is not None:
                 self._log_held("no retry", name, tick, reason, "retry_held")
                 break
@@ -310,11 +322,13 @@ class TickRunner:
 
     def _log_held(self, what: str, name: str, tick: Tick, reason: str, action: str) -> None:
         self.log.info(
-            "schedule %r run %r: %s, the schedule is %s",
+            "schedule %r run %r: %s, %s",
             name,
             tick.run_key,
             what,
-            reason,
+            "its paused state could not be read again in time"
+            if reason == GATE_UNKNOWN
+            else f"the schedule is {reason}",
             extra={"action": action, "schedule": name, "run_key": tick.run_key, "reason": reason},
         )
 
