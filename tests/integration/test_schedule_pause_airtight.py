@@ -137,6 +137,15 @@ async def test_a_backfill_follows_its_stored_schedule_being_changed(
             return (await admin.action(action.id)).finished_at is not None
 
         await _until(finished, timeout=30.0)
+        if change == "remove":
+            # The remove closed the action (CANCELLED) before the coordinator noticed: the
+            # coordinator still writes how far it got.
+
+            async def final_progress() -> bool:
+                progress = (await admin.action(action.id)).progress
+                return progress is not None and progress["succeeded"] >= 3
+
+            await _until(final_progress, timeout=30.0)
         final = await admin.action(action.id)
     window = {(now - timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(45, 61)}
     if change == "update":
@@ -514,3 +523,39 @@ async def test_a_replica_suspended_during_a_backoff_rereads_the_pause_before_the
     finally:
         child.kill()
         await child.wait()
+
+
+async def test_a_backfill_reports_its_progress_while_its_ticks_run(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """``backfill --wait`` follows the action's progress: it moves while the ticks run, not
+    only once all of them have ended."""
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    @scheduler.handler("digest")
+    async def digest(tick: Tick, args: dict[str, Any]) -> None:
+        await asyncio.sleep(0.6)
+
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    seen: set[int] = set()
+    async with ScheduleControl(scheduler, store, poll_interval_ms=100), scheduler:
+        await admin.create("digest", handler="digest", every_ms=60_000, actor="ops")
+        now = datetime.now(UTC).replace(second=0, microsecond=0)
+        action = await admin.backfill(
+            "digest", now - timedelta(minutes=10), now - timedelta(minutes=1), actor="ops"
+        )
+        assert action.params["ticks"] == 10
+
+        async def finished() -> bool:
+            current = await admin.action(action.id)
+            if current.progress is not None and current.finished_at is None:
+                seen.add(int(current.progress["succeeded"]))
+            return current.finished_at is not None
+
+        await _until(finished, timeout=60.0)
+        final = await admin.action(action.id)
+    assert final.outcome == "SUCCESS", final
+    assert final.progress is not None
+    assert final.progress["succeeded"] == 10
+    assert any(0 < n < 10 for n in seen), f"progress seen while running: {sorted(seen)}"

@@ -109,6 +109,15 @@ async def test_remove_closes_the_open_actions(store: ScheduleStore) -> None:
         closed = await admin.action(action_id)
         assert closed.outcome == "CANCELLED"
         assert closed.finished_at is not None
+    # The coordinator ends right after: its CANCELLED progress is kept, nothing else changes.
+    closed_at = (await admin.action(backfill.id)).finished_at
+    progress = {"total": 5, "succeeded": 2, "failed": 0, "remaining": 3}
+    await store.finish_action(backfill.id, "CANCELLED", progress)
+    await store.finish_action(trigger.id, "SUCCESS", progress)
+    after = await admin.action(backfill.id)
+    assert (after.outcome, after.finished_at, after.progress) == ("CANCELLED", closed_at, progress)
+    assert (await admin.action(trigger.id)).outcome == "CANCELLED"
+    assert (await admin.action(trigger.id)).progress is None
     await admin.create(
         "digest-acme", handler="digest", every_ms=60_000, args={"customer": "globex"}, actor="ops"
     )

@@ -33,6 +33,8 @@ __all__ = ["CANCELLED", "ActionRunner"]
 # The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
 # other ticks) or that cannot run where it is coordinated.
 CANCELLED = "CANCELLED"
+# How often a backfill's coordinator writes its progress while its ticks run.
+PROGRESS_EVERY_S = 1.0
 
 
 def _done(record: TickRecord | None) -> bool:
@@ -155,11 +157,23 @@ class ActionRunner:
         )
         pause_s = min(1.0, entry.policy.lease_ms / 3000)
         cancelled: str | None = None
+        before = {"rerun" if reruns else "already_succeeded": len(reruns or already)}
+
+        async def report() -> None:
+            # The progress moves while a round runs (one round offers every tick left):
+            # `backfill --wait` and a remove's CANCELLED show how far it got.
+            while True:
+                await asyncio.sleep(PROGRESS_EVERY_S)
+                try:
+                    done = self._progress(instants, keys, await self._records(keys))
+                    await self.store.set_progress(action.id, {**done, **before})
+                except Exception as exc:  # noqa: BLE001 - the round's end writes it anyway
+                    self._log.debug("backfill %d: progress not written: %s", action.id, exc)
+
         while True:
             records = await self._records(keys)
             todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
-            progress = self._progress(instants, keys, records)
-            progress["rerun" if reruns else "already_succeeded"] = len(reruns or already)
+            progress = {**self._progress(instants, keys, records), **before}
             await self.store.set_progress(action.id, progress)
             if not todo:
                 break
@@ -169,7 +183,12 @@ class ActionRunner:
             entry, cancelled = self._current(action, entry, instants, tick_keys)
             if cancelled is not None:
                 break
-            started = await self._run_ticks(entry, todo, concurrency, reruns)
+            reporter = asyncio.create_task(report())
+            try:
+                started = await self._run_ticks(entry, todo, concurrency, reruns)
+            finally:
+                reporter.cancel()
+                await asyncio.wait({reporter})  # its cancellation is not this task's
             if not started:
                 await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
         if cancelled is not None:

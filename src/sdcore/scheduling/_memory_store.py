@@ -284,7 +284,12 @@ class InMemoryScheduleStore:
         self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
     ) -> None:
         action = self._actions.get(action_id)
-        if action is None or action.finished_at is not None:
+        if action is None:
+            return
+        if action.finished_at is not None:
+            # As the PostgreSQL store: a remove's CANCELLED takes the coordinator's progress.
+            if action.outcome == outcome == "CANCELLED" and progress is not None:
+                self._actions[action_id] = replace(action, progress=dict(progress))
             return
         self._actions[action_id] = replace(
             action,

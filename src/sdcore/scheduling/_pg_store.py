@@ -360,7 +360,7 @@ class PostgresScheduleStore:
         self, action_id: int, outcome: str, progress: Mapping[str, Any] | None
     ) -> None:
         encoded = None if progress is None else json.dumps(dict(progress))
-        await self._exec("finish_action", (outcome, encoded, action_id))
+        await self._exec("finish_action", (outcome, encoded, action_id, outcome))
 
     async def set_progress(self, action_id: int, progress: Mapping[str, Any]) -> None:
         await self._exec("progress", (json.dumps(dict(progress)), action_id))

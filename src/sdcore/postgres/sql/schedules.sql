@@ -210,9 +210,13 @@ SELECT id, schedule, action, actor, reason, params, progress, outcome, created_a
 FROM {actions} WHERE schedule = %s ORDER BY id DESC LIMIT %s
 
 -- name: finish_action
-UPDATE {actions} SET finished_at = clock_timestamp(), outcome = %s,
-       progress = coalesce(%s::jsonb, progress)
-WHERE id = %s AND finished_at IS NULL
+-- An action a remove closed (CANCELLED) still takes its coordinator's final CANCELLED progress
+-- (remove writes none; the coordinator ends right after it): close time and outcome stay.
+UPDATE {actions}
+SET finished_at = coalesce(finished_at, clock_timestamp()),
+    outcome = CASE WHEN finished_at IS NULL THEN %s ELSE outcome END,
+    progress = coalesce(%s::jsonb, progress)
+WHERE id = %s AND (finished_at IS NULL OR (outcome = 'CANCELLED' AND %s = 'CANCELLED'))
 
 -- name: progress
 UPDATE {actions} SET progress = %s::jsonb WHERE id = %s AND finished_at IS NULL
