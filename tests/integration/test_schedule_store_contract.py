@@ -17,6 +17,7 @@ from sdcore.scheduling._control import (
     ActionKind,
     Declared,
     Replica,
+    RunStart,
     ScheduleStore,
     Write,
     fingerprint,
@@ -169,3 +170,33 @@ async def test_an_update_merged_from_an_old_version_is_refused(store: ScheduleSt
     after = await store.row("s2")
     assert after is not None
     assert (after.expression, after.paused) == ("30000", True)
+
+
+async def test_a_superseded_run_that_returns_late_stays_abandoned(store: ScheduleStore) -> None:
+    """Replica A's attempt (token 5) slept past its lease, B took the tick over (token 6), then
+    A's handler returned: A's run stays closed as abandoned, B's alone is the tick's SUCCESS."""
+    at = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+    def start(token: int, pid: int) -> RunStart:
+        replica = Replica(replica_id=str(uuid.uuid4()), host=f"replica-{pid}", pid=pid)
+        return RunStart(
+            schedule="report",
+            run_key="2026-12-01T09:00:00Z",
+            source="tick",
+            scheduled_at=at,
+            attempt=1,
+            fencing_token=token,
+            replica=replica,
+        )
+
+    stale = await store.run_started(start(5, 1))
+    fresh = await store.run_started(start(6, 2))
+    assert stale is not None
+    assert fresh is not None
+    await store.run_finished(stale, "SUCCESS", None)
+    await store.run_finished(fresh, "SUCCESS", None)
+    runs = {r.fencing_token: r for r in await store.history("report", 10)}
+    assert runs[6].status == "SUCCESS"
+    assert runs[5].status == "FAIL"
+    assert runs[5].error is not None
+    assert runs[5].error.startswith("abandoned: the tick was taken over")

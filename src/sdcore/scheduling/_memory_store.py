@@ -370,7 +370,7 @@ class InMemoryScheduleStore:
 
     async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
         run = self._runs.get(run_id)
-        if run is not None:
+        if run is not None and run.status == "RUNNING":  # a takeover's close stays
             self._runs[run_id] = replace(run, status=status, error=error, finished_at=self._clock())
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:

@@ -255,7 +255,10 @@ WITH started AS (
 SELECT id FROM started
 
 -- name: run_finished
-UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s WHERE id = %s
+-- Only a run still RUNNING: one a takeover closed as abandoned stays so (its handler may still
+-- return on the superseded replica, whose lease completion is then refused).
+UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s
+WHERE id = %s AND status = 'RUNNING'
 
 -- name: history
 SELECT schedule, run_key, source, scheduled_at, started_at, finished_at, status, attempt,
