@@ -559,3 +559,85 @@ async def test_a_backfill_reports_its_progress_while_its_ticks_run(
     assert final.progress is not None
     assert final.progress["succeeded"] == 10
     assert any(0 < n < 10 for n in seen), f"progress seen while running: {sorted(seen)}"
+
+
+_SUSPENDED_REPLICA = """
+import asyncio, json, os, sys, time
+from psycopg_pool import AsyncConnectionPool
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
+
+async def main():
+    pool = AsyncConnectionPool(
+        sys.argv[1], min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    def report(tick):  # a thread: nothing cancels it when the lease is lost
+        with open(sys.argv[2], "a") as out:
+            out.write(json.dumps([os.getpid(), tick.run_key, tick.lease.fencing_token]) + "\\n")
+        time.sleep(1.0)
+
+    scheduler.add_interval("report", 20_000, report, catch_up="latest", lease_ms=2_000)
+    async with ScheduleControl(scheduler, PostgresScheduleStore(pool), poll_interval_ms=200):
+        async with scheduler:
+            await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_suspended_replica_s_late_return_keeps_its_run_abandoned(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, tmp_path: Any
+) -> None:
+    """Two replica processes; the one running a tick is SIGSTOPped past its lease, the other
+    takes the tick over, then the first wakes and its handler returns. The history shows one
+    SUCCESS for the tick, and the superseded run as abandoned."""
+    import json
+    import os
+    import signal
+    import sys
+
+    script = tmp_path / "replica.py"
+    script.write_text(_SUSPENDED_REPLICA)
+    out = tmp_path / "runs.jsonl"
+
+    def runs() -> list[list[Any]]:
+        if not out.exists():
+            return []
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    children = [
+        await asyncio.create_subprocess_exec(sys.executable, str(script), pg_dsn, str(out))
+        for _ in range(2)
+    ]
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    try:
+
+        async def started() -> bool:
+            return bool(runs())
+
+        await _until(started, timeout=60.0)
+        sleeper, run_key, _ = runs()[0]
+        os.kill(sleeper, signal.SIGSTOP)
+        try:
+
+            async def taken_over() -> bool:
+                return any(pid != sleeper and key == run_key for pid, key, _ in runs())
+
+            await _until(taken_over, timeout=30.0)
+            await asyncio.sleep(1.5)  # the takeover's run ends
+        finally:
+            os.kill(sleeper, signal.SIGCONT)
+        await asyncio.sleep(3.0)  # the woken handler returns; its completion is refused
+        history = [r for r in await admin.history("report") if r.run_key == run_key]
+    finally:
+        for child in children:
+            child.kill()
+            await child.wait()
+    statuses = sorted((r.pid, r.status) for r in history)
+    assert [s for _, s in statuses].count("SUCCESS") == 1, statuses
+    superseded = [r for r in history if r.pid == sleeper]
+    assert [r.status for r in superseded] == ["FAIL"]
+    assert (superseded[0].error or "").startswith("abandoned"), superseded[0].error
