@@ -641,3 +641,54 @@ async def test_a_suspended_replica_s_late_return_keeps_its_run_abandoned(
     superseded = [r for r in history if r.pid == sleeper]
     assert [r.status for r in superseded] == ["FAIL"]
     assert (superseded[0].error or "").startswith("abandoned"), superseded[0].error
+
+
+async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    """A tick admitted before the pause whose acquire waits on the database (a table lock here;
+    a slow or failing-over database, a batch's lead-key deferral in production) while this
+    replica applies the pause: it must not start once the lease is won. It is given back,
+    reported by ``missed_ticks``, and run by the resume's catch-up."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    runs: list[tuple[str | None, bool]] = []
+    control: ScheduleControl | None = None
+
+    async def beat(tick: Tick) -> None:
+        assert control is not None
+        runs.append((tick.run_key, control.paused("beat")))
+
+    scheduler.add_interval("beat", 1_000, beat, catch_up="all")
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    locker = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        async with control, scheduler:
+            await asyncio.sleep(1.5)
+            await locker.execute("LOCK TABLE job_scheduler IN SHARE ROW EXCLUSIVE MODE")
+            began = datetime.now(UTC)
+            await asyncio.sleep(1.3)  # a tick is admitted; its acquire waits on the lock
+            await admin.pause("beat", actor="ops")
+
+            async def held() -> bool:
+                return control.paused("beat")
+
+            await _until(held)
+            await asyncio.sleep(0.3)
+            await locker.rollback()
+            await asyncio.sleep(1.5)
+            during = [r for r in runs if r[1]]
+            assert during == [], f"started on a replica that held the pause: {during}"
+            missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=1.3))
+            await admin.resume("beat", actor="ops")
+            given = [m for m in missed if m.given_back == "paused"]
+            assert given, missed
+
+            async def caught_up() -> bool:
+                return any(k == given[0].run_key for k, _ in runs)
+
+            await _until(caught_up)
+    finally:
+        await locker.close()

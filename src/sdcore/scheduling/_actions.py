@@ -337,7 +337,11 @@ class ActionRunner:
         budget = entry.policy.retries + 1
         for key, instant in keys.items():
             record = records.get(key)
-            if record is not None and (
+            if record is not None and record.given_back:
+                # Won and given back unstarted: the pause reached this replica while the tick's
+                # acquire waited (or the acquire answered too late); it never ran.
+                chosen.append(instant)
+            elif record is not None and (
                 record.status is JobSchedulerStatus.FAIL
                 and 0 < record.attempts < budget
                 and record.skipped is None
@@ -350,7 +354,6 @@ class ActionRunner:
             elif (
                 record is None
                 or record.released
-                or record.given_back
                 or (record.attempts == 0 and record.skipped == "paused")
             ):
                 chosen.append(instant)

@@ -89,6 +89,9 @@ class TickRunner:
     # "unknown" when the paused state could not be read again before the given instant), or
     # None; set by the supervisor (the control plane's gate, for the paths it applies to).
     held: Callable[[str, datetime | None], Awaitable[str | None]] | None = None
+    # The same gate read at once (no waiting), for a lease just won: why its handler must not
+    # start ("paused", "unknown"), or None.
+    admits: Callable[[str], str | None] | None = None
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
@@ -411,6 +414,14 @@ class TickRunner:
             raise first[1].with_traceback(None)
         else:
             acquired = first[1]
+        if acquired[0].acquired and self.admits is not None:
+            # The gate admitted the tick before its acquire, which may have waited (a slow or
+            # locked database, a batch's lead-key deferral, a suspended process): a pause this
+            # replica applied meanwhile must hold the tick, as it holds a retry.
+            reason = self.admits(name)
+            if reason is not None:
+                await self._give_back(name, tick, acquired[0].lease, reason)
+                return 0, False
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
@@ -422,6 +433,20 @@ class TickRunner:
                 self._log_not_ours(name, tick)
             return 0, False
         return bound.attempt, True
+
+    async def _give_back(
+        self, name: str, tick: Tick, lease: JobExecutionLease, reason: str
+    ) -> None:
+        """Give a lease just won back unstarted (the row is reopened: catch-up and resume see it
+        as a tick that never ran)."""
+        assert self.jobs is not None  # noqa: S101 - only exclusive ticks hold a lease
+        text = "paused state unknown" if reason == GATE_UNKNOWN else reason
+        self._log_held("won but not started", name, tick, reason, "tick_held")
+        try:
+            await self.jobs.give_back(lease, text)
+        except JobSchedulerError as exc:
+            # The lease expires by itself; the tick is then a missed one.
+            self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(

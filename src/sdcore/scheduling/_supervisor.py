@@ -99,6 +99,7 @@ class Supervisor:
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
         runner.held = self._held
+        runner.admits = self._admits
         # Ticks the control plane started for past instants (backfill, catch-up): they do not
         # make a live fire of the same schedule an overlap skip (see _admit).
         self._background: set[asyncio.Task[Any]] = set()
@@ -109,6 +110,13 @@ class Supervisor:
         self._unknown: dict[Entry, datetime] = {}
         # Set (and replaced) each time the gate knows the paused state again (release_unknown).
         self._known = asyncio.Event()
+
+    def _admits(self, name: str) -> str | None:
+        """The gate for a tick that has just won its lease, read at once (no waiting)."""
+        gate = self.gate
+        if gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return None
+        return gate(name)
 
     async def _held(self, name: str, until: datetime | None) -> str | None:
         """The gate for a tick already running in this task (before a retry, after a jitter):
