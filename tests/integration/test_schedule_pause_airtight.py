@@ -692,3 +692,58 @@ async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
             await _until(caught_up)
     finally:
         await locker.close()
+
+
+async def test_a_live_tick_deferred_behind_a_backfill_and_then_paused_is_caught_up(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A live tick waits for a long backfill run; the operator pauses before that run ends, so
+    the live tick is skipped by the pause although its instant is before it. With
+    ``catch_up="all"`` the resume's catch-up runs it, as any tick the pause skipped."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    ran: list[str | None] = []
+    now = datetime.now(UTC).replace(microsecond=0)
+    backfilled = (now - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    async def sync(tick: Tick) -> None:
+        ran.append(tick.run_key)
+        if tick.run_key == backfilled:
+            await asyncio.sleep(3.0)
+
+    scheduler.add_interval("sync", 1_000, sync, catch_up="all", lease_ms=10_000)
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    async with control, scheduler:
+        await admin.backfill(
+            "sync", now - timedelta(seconds=60), now - timedelta(seconds=60), actor="ops"
+        )
+
+        async def deferred() -> bool:
+            return bool(scheduler._sup._deferred)
+
+        await _until(deferred)
+        waiting = [_run_key(due) for queue in scheduler._sup._deferred.values() for due in queue]
+        await admin.pause("sync", actor="ops")
+
+        async def held() -> bool:
+            return control.paused("sync")
+
+        await _until(held)
+
+        async def backfill_ended() -> bool:
+            return not scheduler._sup._background
+
+        await _until(backfill_ended)
+        await asyncio.sleep(0.5)
+        await admin.resume("sync", actor="ops")
+
+        async def caught_up() -> bool:
+            return set(waiting) <= set(ran)
+
+        await _until(caught_up)
+
+
+def _run_key(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")

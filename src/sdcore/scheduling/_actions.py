@@ -33,6 +33,8 @@ __all__ = ["CANCELLED", "ActionRunner"]
 # The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
 # other ticks) or that cannot run where it is coordinated.
 CANCELLED = "CANCELLED"
+# The clock skew allowed between a replica and the database when comparing their instants.
+_SKEW = timedelta(seconds=5)
 # How often a backfill's coordinator writes its progress while its ticks run.
 PROGRESS_EVERY_S = 1.0
 
@@ -329,8 +331,12 @@ class ActionRunner:
         if end <= start:
             return
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
-        # The last tick before the pause may have failed with its retries held back by it.
-        before = latest_instants(entry.trigger, window_start, start, 1)
+        # Ticks before the pause the pause still kept from running: the last one may have
+        # failed with its retries held back; a fire admitted before it may have started late
+        # (deferred behind a backfill or catch-up run, or its acquire waiting) and met it.
+        before = latest_instants(entry.trigger, window_start, start, MAX_CATCH_UP)
+        before_set = set(before)
+        earlier = set(before[:-1])  # all but the last tick before the pause
         keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
         records = await self._records(list(keys))
         chosen = []
@@ -338,24 +344,33 @@ class ActionRunner:
         for key, instant in keys.items():
             record = records.get(key)
             if record is not None and record.given_back:
-                # Won and given back unstarted: the pause reached this replica while the tick's
-                # acquire waited (or the acquire answered too late); it never ran.
+                # Won and given back unstarted (the pause reached this replica while the
+                # tick's acquire waited, or the acquire answered too late): it never ran.
                 chosen.append(instant)
-            elif record is not None and (
-                record.status is JobSchedulerStatus.FAIL
+            elif (
+                record is not None
+                and record.attempts == 0
+                and record.skipped == "paused"
+                and (
+                    instant not in before_set
+                    # Before the pause: only a skip this pause wrote (not one of an earlier
+                    # pause or of the schedule stopped here), by the row's age (5 s for skew).
+                    or now - timedelta(milliseconds=record.age_ms) >= paused_at - _SKEW
+                )
+            ):
+                chosen.append(instant)  # skipped by the pause
+            elif (
+                record is not None
+                and instant not in earlier
+                and record.status is JobSchedulerStatus.FAIL
                 and 0 < record.attempts < budget
                 and record.skipped is None
                 and not record.released
-                and not record.given_back
             ):
                 chosen.append(instant)  # a failed tick whose retries the pause held back
-            elif instant in before:
+            elif instant in before_set:
                 continue  # before the pause: the schedule's own policies had it
-            elif (
-                record is None
-                or record.released
-                or (record.attempts == 0 and record.skipped == "paused")
-            ):
+            elif record is None or record.released:
                 chosen.append(instant)
         if entry.policy.catch_up is CatchUp.LATEST:
             chosen = chosen[-1:]
