@@ -97,8 +97,8 @@ class TickRunner:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
-        # Exclusive ticks whose handler is executing now, by schedule (the overlap policy tells
-        # a run in its handler from one waiting on the database).
+        # Exclusive ticks whose handler is executing now, or that wait out their jitter, by
+        # schedule (the overlap policy tells such a run from one waiting on the database).
         self.in_handler = HandlerCount()
 
     def acquires_first(self, policy: RunPolicy) -> bool:
@@ -209,7 +209,13 @@ class TickRunner:
     ) -> TickOutcome:
         """:meth:`run` after the jitter, behind the cluster overlap guard if ``guarded``."""
         if policy.jitter_ms:
-            await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            # Waiting out its jitter, the tick is running as far as the overlap policy goes (a
+            # fire meanwhile is an overlap, not a run waiting on the database).
+            self.in_handler.enter(name)
+            try:
+                await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            finally:
+                self.in_handler.leave(name)
             # Admitted before the jitter: a pause applied during it holds this tick too.
             if self.held is not None:
                 limit = deadline() if callable(deadline) else deadline
