@@ -141,3 +141,29 @@ async def test_a_state_still_unknown_at_the_next_tick_starts_nothing_and_records
     assert not outcome.ran
     key = JobAcquireOptions(code="beat", run_key=_tick().run_key).lock_key
     assert key not in await jobs.tick_records([key])
+
+
+def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() -> None:
+    """The wait for a re-read binds to the loop of the run; the next run (another loop) waits
+    afresh instead of spinning on an event bound to the first loop (each wait failing at once
+    with 'bound to a different event loop')."""
+    jobs = InMemoryJobScheduler()
+    sup = Supervisor(TickRunner(jobs, LOG), jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    reads: list[str] = []
+
+    def gate(name: str) -> str:
+        reads.append(name)
+        return GATE_UNKNOWN
+
+    sup.gate = gate
+
+    async def one_run() -> str | None:
+        until = datetime.now(UTC) + timedelta(seconds=0.1)
+        reason = await sup._held("beat", until)
+        await sup.shutdown()
+        return reason
+
+    assert asyncio.run(one_run()) == GATE_UNKNOWN
+    reads.clear()
+    assert asyncio.run(one_run()) == GATE_UNKNOWN
+    assert len(reads) < 10, f"the gate was read {len(reads)} times in 0.1 s"

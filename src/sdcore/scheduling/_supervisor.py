@@ -641,6 +641,7 @@ class Supervisor:
         self._unknown.clear()
         self._deferred.clear()
         await self._shutdown_ticks()
+        self._known = asyncio.Event()  # a later run may be on another event loop
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()
 
