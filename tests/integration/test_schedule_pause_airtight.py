@@ -138,13 +138,14 @@ async def test_a_backfill_follows_its_stored_schedule_being_changed(
 
         await _until(finished, timeout=30.0)
         if change == "remove":
-            # remove closes the action at once (CANCELLED); the coordinator, noticing the
-            # removal, then records what ran before it.
-            async def progress_recorded() -> bool:
-                progress = (await admin.action(action.id)).progress or {}
-                return int(progress.get("succeeded", 0)) >= 3
+            # The remove closed the action (CANCELLED) before the coordinator noticed: the
+            # coordinator still writes how far it got.
 
-            await _until(progress_recorded, timeout=30.0)
+            async def final_progress() -> bool:
+                progress = (await admin.action(action.id)).progress
+                return progress is not None and progress["succeeded"] >= 3
+
+            await _until(final_progress, timeout=30.0)
         final = await admin.action(action.id)
     window = {(now - timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(45, 61)}
     if change == "update":
@@ -443,3 +444,306 @@ async def test_ticks_behind_a_completion_stuck_on_the_database_follow_catch_up(
     finally:
         await locker.close()
     assert missed == [], f"ticks lost behind a stuck completion: {missed}"
+
+
+_SLEEPER = """
+import asyncio, json, sys
+from psycopg_pool import AsyncConnectionPool
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
+
+async def main():
+    pool = AsyncConnectionPool(
+        sys.argv[1], min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    def invoices(tick):
+        with open(sys.argv[2], "a") as out:
+            out.write(json.dumps([tick.run_key, tick.attempt]) + "\\n")
+        if tick.attempt == 1:
+            raise RuntimeError("wrong amounts")
+
+    scheduler.add_interval(
+        "invoices", 10_000, invoices, retries=2, retry_backoff_ms=2_000, catch_up="all"
+    )
+    control = ScheduleControl(scheduler, PostgresScheduleStore(pool), poll_interval_ms=500)
+    async with control, scheduler:
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_replica_suspended_during_a_backoff_rereads_the_pause_before_the_retry(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, tmp_path: Any
+) -> None:
+    """A real replica process is SIGSTOPped during a failed tick's retry backoff and the
+    operator pauses meanwhile: woken after the backoff, it must read the pause again before the
+    retry, not start it on the view it held before it slept. Resume then runs the retry."""
+    import json
+    import os
+    import signal
+    import sys
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    out = tmp_path / "attempts.jsonl"
+
+    def attempts() -> list[tuple[str, int]]:
+        if not out.exists():
+            return []
+        return [tuple(json.loads(line)) for line in out.read_text().splitlines()]
+
+    child = await asyncio.create_subprocess_exec(sys.executable, str(script), pg_dsn, str(out))
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    try:
+
+        async def failed_once() -> bool:
+            return bool(attempts())
+
+        await _until(failed_once, timeout=60.0)
+        await asyncio.sleep(1.0)  # inside the 2 s backoff
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            await admin.pause("invoices", actor="ops", reason="wrong amounts")
+            await asyncio.sleep(5.0)  # the backoff ends while the replica sleeps
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        await asyncio.sleep(3.0)
+        key = attempts()[0][0]
+        assert [n for k, n in attempts() if k == key] == [1], "a retry started while paused"
+        await admin.resume("invoices", actor="ops")
+
+        async def retried() -> bool:
+            return any(k == key and n == 2 for k, n in attempts())
+
+        await _until(retried, timeout=30.0)
+    finally:
+        child.kill()
+        await child.wait()
+
+
+async def test_a_backfill_reports_its_progress_while_its_ticks_run(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """``backfill --wait`` follows the action's progress: it moves while the ticks run, not
+    only once all of them have ended."""
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    @scheduler.handler("digest")
+    async def digest(tick: Tick, args: dict[str, Any]) -> None:
+        await asyncio.sleep(0.6)
+
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    seen: set[int] = set()
+    async with ScheduleControl(scheduler, store, poll_interval_ms=100), scheduler:
+        await admin.create("digest", handler="digest", every_ms=60_000, actor="ops")
+        now = datetime.now(UTC).replace(second=0, microsecond=0)
+        action = await admin.backfill(
+            "digest", now - timedelta(minutes=10), now - timedelta(minutes=1), actor="ops"
+        )
+        assert action.params["ticks"] == 10
+
+        async def finished() -> bool:
+            current = await admin.action(action.id)
+            if current.progress is not None and current.finished_at is None:
+                seen.add(int(current.progress["succeeded"]))
+            return current.finished_at is not None
+
+        await _until(finished, timeout=60.0)
+        final = await admin.action(action.id)
+    assert final.outcome == "SUCCESS", final
+    assert final.progress is not None
+    assert final.progress["succeeded"] == 10
+    assert any(0 < n < 10 for n in seen), f"progress seen while running: {sorted(seen)}"
+
+
+_SUSPENDED_REPLICA = """
+import asyncio, json, os, sys, time
+from psycopg_pool import AsyncConnectionPool
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
+
+async def main():
+    pool = AsyncConnectionPool(
+        sys.argv[1], min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    scheduler = Scheduler(jobs=JobSchedulerService(pool, max_connections=2))
+
+    def report(tick):  # a thread: nothing cancels it when the lease is lost
+        with open(sys.argv[2], "a") as out:
+            out.write(json.dumps([os.getpid(), tick.run_key, tick.lease.fencing_token]) + "\\n")
+        time.sleep(1.0)
+
+    scheduler.add_interval("report", 20_000, report, catch_up="latest", lease_ms=2_000)
+    async with ScheduleControl(scheduler, PostgresScheduleStore(pool), poll_interval_ms=200):
+        async with scheduler:
+            await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_suspended_replica_s_late_return_keeps_its_run_abandoned(
+    pool: AsyncConnectionPool[Any], pg_dsn: str, tmp_path: Any
+) -> None:
+    """Two replica processes; the one running a tick is SIGSTOPped past its lease, the other
+    takes the tick over, then the first wakes and its handler returns. The history shows one
+    SUCCESS for the tick, and the superseded run as abandoned."""
+    import json
+    import os
+    import signal
+    import sys
+
+    script = tmp_path / "replica.py"
+    script.write_text(_SUSPENDED_REPLICA)
+    out = tmp_path / "runs.jsonl"
+
+    def runs() -> list[list[Any]]:
+        if not out.exists():
+            return []
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    children = [
+        await asyncio.create_subprocess_exec(sys.executable, str(script), pg_dsn, str(out))
+        for _ in range(2)
+    ]
+    admin = ScheduleAdmin(PostgresScheduleStore(pool))
+    try:
+
+        async def started() -> bool:
+            return bool(runs())
+
+        await _until(started, timeout=60.0)
+        sleeper, run_key, _ = runs()[0]
+        os.kill(sleeper, signal.SIGSTOP)
+        try:
+
+            async def taken_over() -> bool:
+                return any(pid != sleeper and key == run_key for pid, key, _ in runs())
+
+            await _until(taken_over, timeout=30.0)
+            await asyncio.sleep(1.5)  # the takeover's run ends
+        finally:
+            os.kill(sleeper, signal.SIGCONT)
+        await asyncio.sleep(3.0)  # the woken handler returns; its completion is refused
+        history = [r for r in await admin.history("report") if r.run_key == run_key]
+    finally:
+        for child in children:
+            child.kill()
+            await child.wait()
+    statuses = sorted((r.pid, r.status) for r in history)
+    assert [s for _, s in statuses].count("SUCCESS") == 1, statuses
+    superseded = [r for r in history if r.pid == sleeper]
+    assert [r.status for r in superseded] == ["FAIL"]
+    assert (superseded[0].error or "").startswith("abandoned"), superseded[0].error
+
+
+async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    """A tick admitted before the pause whose acquire waits on the database (a table lock here;
+    a slow or failing-over database, a batch's lead-key deferral in production) while this
+    replica applies the pause: it must not start once the lease is won. It is given back,
+    reported by ``missed_ticks``, and run by the resume's catch-up."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    runs: list[tuple[str | None, bool]] = []
+    control: ScheduleControl | None = None
+
+    async def beat(tick: Tick) -> None:
+        assert control is not None
+        runs.append((tick.run_key, control.paused("beat")))
+
+    scheduler.add_interval("beat", 1_000, beat, catch_up="all")
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    locker = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        async with control, scheduler:
+            await asyncio.sleep(1.5)
+            await locker.execute("LOCK TABLE job_scheduler IN SHARE ROW EXCLUSIVE MODE")
+            began = datetime.now(UTC)
+            await asyncio.sleep(1.3)  # a tick is admitted; its acquire waits on the lock
+            await admin.pause("beat", actor="ops")
+
+            async def held() -> bool:
+                return control.paused("beat")
+
+            await _until(held)
+            await asyncio.sleep(0.3)
+            await locker.rollback()
+            await asyncio.sleep(1.5)
+            during = [r for r in runs if r[1]]
+            assert during == [], f"started on a replica that held the pause: {during}"
+            missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=1.3))
+            await admin.resume("beat", actor="ops")
+            given = [m for m in missed if m.given_back == "paused"]
+            assert given, missed
+
+            async def caught_up() -> bool:
+                return any(k == given[0].run_key for k, _ in runs)
+
+            await _until(caught_up)
+    finally:
+        await locker.close()
+
+
+async def test_a_live_tick_deferred_behind_a_backfill_and_then_paused_is_caught_up(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A live tick waits for a long backfill run; the operator pauses before that run ends, so
+    the live tick is skipped by the pause although its instant is before it. With
+    ``catch_up="all"`` the resume's catch-up runs it, as any tick the pause skipped."""
+    jobs = JobSchedulerService(pool, max_connections=2)
+    scheduler = Scheduler(jobs=jobs)
+    ran: list[str | None] = []
+    now = datetime.now(UTC).replace(microsecond=0)
+    backfilled = (now - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    async def sync(tick: Tick) -> None:
+        ran.append(tick.run_key)
+        if tick.run_key == backfilled:
+            await asyncio.sleep(3.0)
+
+    scheduler.add_interval("sync", 1_000, sync, catch_up="all", lease_ms=10_000)
+    store = PostgresScheduleStore(pool)
+    admin = ScheduleAdmin(store)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100)
+    async with control, scheduler:
+        await admin.backfill(
+            "sync", now - timedelta(seconds=60), now - timedelta(seconds=60), actor="ops"
+        )
+
+        async def deferred() -> bool:
+            return bool(scheduler._sup._deferred)
+
+        await _until(deferred)
+        waiting = [_run_key(due) for queue in scheduler._sup._deferred.values() for due in queue]
+        await admin.pause("sync", actor="ops")
+
+        async def held() -> bool:
+            return control.paused("sync")
+
+        await _until(held)
+
+        async def backfill_ended() -> bool:
+            return not scheduler._sup._background
+
+        await _until(backfill_ended)
+        await asyncio.sleep(0.5)
+        await admin.resume("sync", actor="ops")
+
+        async def caught_up() -> bool:
+            return set(waiting) <= set(ran)
+
+        await _until(caught_up)
+
+
+def _run_key(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -17,6 +17,7 @@ from sdcore.scheduling._control import (
     ActionKind,
     Declared,
     Replica,
+    RunStart,
     ScheduleStore,
     Write,
     fingerprint,
@@ -109,6 +110,15 @@ async def test_remove_closes_the_open_actions(store: ScheduleStore) -> None:
         closed = await admin.action(action_id)
         assert closed.outcome == "CANCELLED"
         assert closed.finished_at is not None
+    # The coordinator ends right after: its CANCELLED progress is kept, nothing else changes.
+    closed_at = (await admin.action(backfill.id)).finished_at
+    progress = {"total": 5, "succeeded": 2, "failed": 0, "remaining": 3}
+    await store.finish_action(backfill.id, "CANCELLED", progress)
+    await store.finish_action(trigger.id, "SUCCESS", progress)
+    after = await admin.action(backfill.id)
+    assert (after.outcome, after.finished_at, after.progress) == ("CANCELLED", closed_at, progress)
+    assert (await admin.action(trigger.id)).outcome == "CANCELLED"
+    assert (await admin.action(trigger.id)).progress is None
     await admin.create(
         "digest-acme", handler="digest", every_ms=60_000, args={"customer": "globex"}, actor="ops"
     )
@@ -218,3 +228,33 @@ async def test_a_retried_request_finds_its_action_with_no_replica_live(
     # A new request still needs a live replica.
     with pytest.raises(ScheduleControlError, match="no running replica declares"):
         await admin.trigger("beat", actor="ops", request_id="req-8")
+
+
+async def test_a_superseded_run_that_returns_late_stays_abandoned(store: ScheduleStore) -> None:
+    """Replica A's attempt (token 5) slept past its lease, B took the tick over (token 6), then
+    A's handler returned: A's run stays closed as abandoned, B's alone is the tick's SUCCESS."""
+    at = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+    def start(token: int, pid: int) -> RunStart:
+        replica = Replica(replica_id=str(uuid.uuid4()), host=f"replica-{pid}", pid=pid)
+        return RunStart(
+            schedule="report",
+            run_key="2026-12-01T09:00:00Z",
+            source="tick",
+            scheduled_at=at,
+            attempt=1,
+            fencing_token=token,
+            replica=replica,
+        )
+
+    stale = await store.run_started(start(5, 1))
+    fresh = await store.run_started(start(6, 2))
+    assert stale is not None
+    assert fresh is not None
+    await store.run_finished(stale, "SUCCESS", None)
+    await store.run_finished(fresh, "SUCCESS", None)
+    runs = {r.fencing_token: r for r in await store.history("report", 10)}
+    assert runs[6].status == "SUCCESS"
+    assert runs[5].status == "FAIL"
+    assert runs[5].error is not None
+    assert runs[5].error.startswith("abandoned: the tick was taken over")

@@ -3,18 +3,28 @@ of its retries (``TickRunner.held``, set by the supervisor)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import JobAcquireOptions
 from sdcore.scheduling._policy import build_policy
-from sdcore.scheduling._runner import TickRunner
+from sdcore.scheduling._runner import GATE_UNKNOWN, TickRunner
+from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._triggers import IntervalTrigger, ScheduleKind, Tick, make_tick
 from sdcore.testing import InMemoryJobScheduler
 
 LOG = logging.getLogger("tests.pause_gate")
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def _gate(paused: set[str]) -> Callable[[str, datetime | None], Awaitable[str | None]]:
+    async def held(name: str, until: datetime | None) -> str | None:
+        return "paused" if name in paused else None
+
+    return held
 
 
 def _tick() -> Tick:
@@ -25,7 +35,7 @@ async def test_a_tick_paused_during_its_jitter_does_not_run_and_is_recorded_paus
     jobs = InMemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     paused = {"beat"}
-    runner.held = lambda name: "paused" if name in paused else None
+    runner.held = _gate(paused)
     calls: list[Tick] = []
     policy = build_policy("beat", {"jitter_ms": 20}, has_jobs=True, default_lease_ms=30_000)
     outcome = await runner.run(
@@ -48,7 +58,7 @@ async def test_a_pause_applied_after_a_failed_attempt_stops_its_retries() -> Non
     jobs = InMemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     paused: set[str] = set()
-    runner.held = lambda name: "paused" if name in paused else None
+    runner.held = _gate(paused)
     attempts: list[int] = []
 
     def failing(tick: Tick) -> None:
@@ -70,3 +80,90 @@ async def test_a_pause_applied_after_a_failed_attempt_stops_its_retries() -> Non
     )
     assert attempts == [1]
     assert not outcome.succeeded
+
+
+async def test_a_retry_after_a_sleep_waits_for_the_paused_state_to_be_read_again() -> None:
+    """The process slept through the backoff (its view is stale: the gate says unknown) and a
+    pause was committed meanwhile: the retry waits for the re-read, which says paused."""
+    jobs = InMemoryJobScheduler()
+    runner = TickRunner(jobs, LOG)
+    sup = Supervisor(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    view: list[str | None] = [None]
+    sup.gate = lambda name: view[0]
+    attempts: list[int] = []
+
+    def reread() -> None:
+        view[0] = "paused"
+        sup.release_unknown()
+
+    def failing(tick: Tick) -> None:
+        attempts.append(tick.attempt)
+        view[0] = GATE_UNKNOWN
+        loop.call_later(0.3, reread)
+        raise RuntimeError("wrong amounts")
+
+    loop = asyncio.get_running_loop()
+    policy = build_policy(
+        "beat", {"retries": 2, "retry_backoff_ms": 10}, has_jobs=True, default_lease_ms=30_000
+    )
+    outcome = await runner.run(
+        name="beat",
+        kind=ScheduleKind.INTERVAL,
+        handler=failing,
+        policy=policy,
+        tick=_tick(),
+        deadline=None,
+        clock=lambda: datetime.now(UTC),
+    )
+    assert attempts == [1]
+    assert not outcome.succeeded
+
+
+async def test_a_state_still_unknown_at_the_next_tick_starts_nothing_and_records_no_skip() -> None:
+    """Jitter, then a gate that stays unknown until the next tick: the tick is neither run nor
+    settled as skipped (no row: a missed tick, for the catch-up policy)."""
+    jobs = InMemoryJobScheduler()
+    runner = TickRunner(jobs, LOG)
+    sup = Supervisor(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    sup.gate = lambda name: GATE_UNKNOWN
+    calls: list[Tick] = []
+    policy = build_policy("beat", {"jitter_ms": 20}, has_jobs=True, default_lease_ms=30_000)
+    outcome = await runner.run(
+        name="beat",
+        kind=ScheduleKind.INTERVAL,
+        handler=calls.append,
+        policy=policy,
+        tick=_tick(),
+        deadline=datetime.now(UTC) + timedelta(seconds=0.3),
+        clock=lambda: datetime.now(UTC),
+    )
+    assert calls == []
+    assert not outcome.ran
+    key = JobAcquireOptions(code="beat", run_key=_tick().run_key).lock_key
+    assert key not in await jobs.tick_records([key])
+
+
+def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() -> None:
+    """The wait for a re-read binds to the loop of the run; the next run (another loop) waits
+    afresh instead of spinning on an event bound to the first loop (each wait failing at once
+    with 'bound to a different event loop')."""
+    jobs = InMemoryJobScheduler()
+    sup = Supervisor(TickRunner(jobs, LOG), jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    reads: list[str] = []
+
+    def gate(name: str) -> str:
+        reads.append(name)
+        return GATE_UNKNOWN
+
+    sup.gate = gate
+
+    async def one_run() -> str | None:
+        until = datetime.now(UTC) + timedelta(seconds=0.1)
+        reason = await sup._held("beat", until)
+        await sup.shutdown()
+        return reason
+
+    assert asyncio.run(one_run()) == GATE_UNKNOWN
+    reads.clear()
+    assert asyncio.run(one_run()) == GATE_UNKNOWN
+    assert len(reads) < 10, f"the gate was read {len(reads)} times in 0.1 s"

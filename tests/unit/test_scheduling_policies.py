@@ -478,3 +478,19 @@ async def test_matrix_pause_path(catch_up: str) -> None:
         "p", BASE + timedelta(seconds=1), BASE + timedelta(seconds=18)
     )
     assert [(m.run_key, m.skipped) for m in missed] == [(key, "paused") for key in paused]
+
+
+@in_loop_time
+async def test_a_fire_during_the_previous_tick_s_jitter_is_an_overlap_skip() -> None:
+    """A jittered tick counts as running from its start: a fire while it waits out its jitter is
+    an overlap (recorded skipped), not a tick 'waiting on the database' left without a row."""
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    scheduler.add_interval("jit", 1000, lambda tick: None, jitter_ms=2500, catch_up="off")
+    async with scheduler:
+        await asyncio.sleep(20)
+    missed = await scheduler.missed_ticks(
+        "jit", BASE + timedelta(seconds=2), BASE + timedelta(seconds=15)
+    )
+    assert missed, "a 2.5 s jitter every second overlaps"
+    assert all(m.skipped == "overlap" for m in missed), missed

@@ -33,6 +33,10 @@ __all__ = ["CANCELLED", "ActionRunner"]
 # The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
 # other ticks) or that cannot run where it is coordinated.
 CANCELLED = "CANCELLED"
+# The clock skew allowed between a replica and the database when comparing their instants.
+_SKEW = timedelta(seconds=5)
+# How often a backfill's coordinator writes its progress while its ticks run.
+PROGRESS_EVERY_S = 1.0
 
 
 def _done(record: TickRecord | None) -> bool:
@@ -174,11 +178,23 @@ class ActionRunner:
         )
         pause_s = min(1.0, entry.policy.lease_ms / 3000)
         cancelled: str | None = None
+        before = {"rerun" if reruns else "already_succeeded": len(reruns or already)}
+
+        async def report() -> None:
+            # The progress moves while a round runs (one round offers every tick left):
+            # `backfill --wait` and a remove's CANCELLED show how far it got.
+            while True:
+                await asyncio.sleep(PROGRESS_EVERY_S)
+                try:
+                    done = self._progress(instants, keys, await self._records(keys))
+                    await self.store.set_progress(action.id, {**done, **before})
+                except Exception as exc:  # noqa: BLE001 - the round's end writes it anyway
+                    self._log.debug("backfill %d: progress not written: %s", action.id, exc)
+
         while True:
             records = await self._records(keys)
             todo = [t for t, k in zip(instants, keys, strict=True) if not _done(records.get(k))]
-            progress = self._progress(instants, keys, records)
-            progress["rerun" if reruns else "already_succeeded"] = len(reruns or already)
+            progress = {**self._progress(instants, keys, records), **before}
             await self.store.set_progress(action.id, progress)
             if not todo:
                 break
@@ -188,7 +204,12 @@ class ActionRunner:
             entry, cancelled = self._current(action, entry, instants, tick_keys)
             if cancelled is not None:
                 break
-            started = await self._run_ticks(entry, todo, concurrency, reruns)
+            reporter = asyncio.create_task(report())
+            try:
+                started = await self._run_ticks(entry, todo, concurrency, reruns)
+            finally:
+                reporter.cancel()
+                await asyncio.wait({reporter})  # its cancellation is not this task's
             if not started:
                 await asyncio.sleep(pause_s)  # running elsewhere: its lease decides
         if cancelled is not None:
@@ -329,30 +350,46 @@ class ActionRunner:
         if end <= start:
             return
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
-        # The last tick before the pause may have failed with its retries held back by it.
-        before = latest_instants(entry.trigger, window_start, start, 1)
+        # Ticks before the pause the pause still kept from running: the last one may have
+        # failed with its retries held back; a fire admitted before it may have started late
+        # (deferred behind a backfill or catch-up run, or its acquire waiting) and met it.
+        before = latest_instants(entry.trigger, window_start, start, MAX_CATCH_UP)
+        before_set = set(before)
+        earlier = set(before[:-1])  # all but the last tick before the pause
         keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
         records = await self._records(list(keys))
         chosen = []
         budget = entry.policy.retries + 1
         for key, instant in keys.items():
             record = records.get(key)
-            if record is not None and (
-                record.status is JobSchedulerStatus.FAIL
+            if record is not None and record.given_back:
+                # Won and given back unstarted (the pause reached this replica while the
+                # tick's acquire waited, or the acquire answered too late): it never ran.
+                chosen.append(instant)
+            elif (
+                record is not None
+                and record.attempts == 0
+                and record.skipped == "paused"
+                and (
+                    instant not in before_set
+                    # Before the pause: only a skip this pause wrote (not one of an earlier
+                    # pause or of the schedule stopped here), by the row's age (5 s for skew).
+                    or now - timedelta(milliseconds=record.age_ms) >= paused_at - _SKEW
+                )
+            ):
+                chosen.append(instant)  # skipped by the pause
+            elif (
+                record is not None
+                and instant not in earlier
+                and record.status is JobSchedulerStatus.FAIL
                 and 0 < record.attempts < budget
                 and record.skipped is None
                 and not record.released
-                and not record.given_back
             ):
                 chosen.append(instant)  # a failed tick whose retries the pause held back
-            elif instant in before:
+            elif instant in before_set:
                 continue  # before the pause: the schedule's own policies had it
-            elif (
-                record is None
-                or record.released
-                or record.given_back
-                or (record.attempts == 0 and record.skipped == "paused")
-            ):
+            elif record is None or record.released:
                 chosen.append(instant)
         if entry.policy.catch_up is CatchUp.LATEST:
             chosen = chosen[-1:]

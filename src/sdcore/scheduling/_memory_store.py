@@ -295,9 +295,10 @@ class InMemoryScheduleStore:
         action = self._actions.get(action_id)
         if action is None:
             return
-        if action.finished_at is not None and not (
-            action.outcome == outcome == "CANCELLED"  # closed by remove: its final progress
-        ):
+        if action.finished_at is not None:
+            # As the PostgreSQL store: a remove's CANCELLED takes the coordinator's progress.
+            if action.outcome == outcome == "CANCELLED" and progress is not None:
+                self._actions[action_id] = replace(action, progress=dict(progress))
             return
         self._actions[action_id] = replace(
             action,
@@ -378,7 +379,7 @@ class InMemoryScheduleStore:
 
     async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
         run = self._runs.get(run_id)
-        if run is not None:
+        if run is not None and run.status == "RUNNING":  # a takeover's close stays
             self._runs[run_id] = replace(run, status=status, error=error, finished_at=self._clock())
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:

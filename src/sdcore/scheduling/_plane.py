@@ -36,9 +36,8 @@ from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, loa
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
-from sdcore.scheduling._runner import Handler, utcnow
+from sdcore.scheduling._runner import GATE_UNKNOWN, Handler, utcnow
 from sdcore.scheduling._scheduler import Scheduler
-from sdcore.scheduling._supervisor import GATE_UNKNOWN
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,

@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 Handler = Callable[[Tick], Awaitable[Any] | Any]
+# The control gate's answer when this process cannot tell whether the schedule is paused (its
+# view of the control plane is older than the propagation bound): no tick starts on it.
+GATE_UNKNOWN = "unknown"
 # When retries stop: the next tick's instant, or a function computing it on first use.
 Deadline = datetime | None | Callable[[], datetime | None]
 # A tick's first offer when it was acquired before its task started (batch start): its options,
@@ -82,16 +85,20 @@ class TickRunner:
     """
 
     telemetry: Telemetry = NOOP  # observers of ticks (sdcore.metrics, sdcore.tracing)
-    # Why the tick running in this task must not start another attempt now ("paused"), or None;
-    # set by the supervisor (the control plane's gate, for the paths the gate applies to).
-    held: Callable[[str], str | None] | None = None
+    # Why the tick running in this task must not start another attempt now ("paused", or
+    # "unknown" when the paused state could not be read again before the given instant), or
+    # None; set by the supervisor (the control plane's gate, for the paths it applies to).
+    held: Callable[[str, datetime | None], Awaitable[str | None]] | None = None
+    # The same gate read at once (no waiting), for a lease just won: why its handler must not
+    # start ("paused", "unknown"), or None.
+    admits: Callable[[str], str | None] | None = None
 
     def __init__(self, jobs: BaseJobScheduler | None, logger: logging.Logger) -> None:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
-        # Exclusive ticks whose handler is executing now, by schedule (the overlap policy tells
-        # a run in its handler from one waiting on the database).
+        # Exclusive ticks whose handler is executing now, or that wait out their jitter, by
+        # schedule (the overlap policy tells such a run from one waiting on the database).
         self.in_handler = HandlerCount()
 
     def acquires_first(self, policy: RunPolicy) -> bool:
@@ -204,14 +211,27 @@ class TickRunner:
     ) -> TickOutcome:
         """:meth:`run` after the jitter, behind the cluster overlap guard if ``guarded``."""
         if policy.jitter_ms:
-            await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            # Waiting out its jitter, the tick is running as far as the overlap policy goes (a
+            # fire meanwhile is an overlap, not a run waiting on the database).
+            self.in_handler.enter(name)
+            try:
+                await asyncio.sleep(random.uniform(0, policy.jitter_ms) / 1000)  # noqa: S311
+            finally:
+                self.in_handler.leave(name)
             # Admitted before the jitter: a pause applied during it holds this tick too.
-            reason = None if self.held is None else self.held(name)
-            if reason is not None:
-                self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
-                if record_skip:
-                    await self.record_skipped(name, kind, policy, tick, reason)
-                return TickOutcome(ran=False, succeeded=False, attempts=0)
+            if self.held is not None:
+                limit = deadline() if callable(deadline) else deadline
+                reason = await self.held(name, limit)
+                if reason == GATE_UNKNOWN:
+                    # Not a skip on purpose: without a row it is a missed tick, which the
+                    # catch-up policy decides about once the paused state is known again.
+                    self._log_held("not started after its jitter", name, tick, reason, "tick_held")
+                    return TickOutcome(ran=False, succeeded=False, attempts=0)
+                if reason is not None:
+                    self._log_held("skipped after its jitter", name, tick, reason, "tick_held")
+                    if record_skip:
+                        await self.record_skipped(name, kind, policy, tick, reason)
+                    return TickOutcome(ran=False, succeeded=False, attempts=0)
 
         if guarded:
 
@@ -325,8 +345,9 @@ class TickRunner:
                 break
             await asyncio.sleep(wait)
             # Each retry is a new start: a pause applied since the last attempt ends the tick
-            # here (its row keeps the attempts left; resume's catch-up decides about it).
-            reason = None if self.held is None else self.held(name)
+            # here (its row keeps the attempts left; resume's catch-up decides about it). A
+            # process that slept through the backoff reads the paused state again first.
+            reason = None if self.held is None else await self.held(name, limit)
             if reason is not None:
                 self._log_held("no retry", name, tick, reason, "retry_held")
                 break
@@ -334,11 +355,13 @@ class TickRunner:
 
     def _log_held(self, what: str, name: str, tick: Tick, reason: str, action: str) -> None:
         self.log.info(
-            "schedule %r run %r: %s, the schedule is %s",
+            "schedule %r run %r: %s, %s",
             name,
             tick.run_key,
             what,
-            reason,
+            "its paused state could not be read again in time"
+            if reason == GATE_UNKNOWN
+            else f"the schedule is {reason}",
             extra={"action": action, "schedule": name, "run_key": tick.run_key, "reason": reason},
         )
 
@@ -397,7 +420,7 @@ class TickRunner:
             _HandlerFailed: The handler raised (the row is ``FAIL``).
         """
         if self.jobs is None or not policy.exclusive:
-            await self._unless_gated(name, tick, None)
+            self._unless_gated(name, tick)
             self.telemetry.tick_started(run, tick)
             try:
                 if inspect.iscoroutinefunction(handler):
@@ -422,8 +445,14 @@ class TickRunner:
             raise first[1].with_traceback(None)
         else:
             acquired = first[1]
-        if acquired[0].acquired:
-            await self._unless_gated(name, tick, acquired[0].lease)
+        if acquired[0].acquired and self.admits is not None:
+            # The gate admitted the tick before its acquire, which may have waited (a slow or
+            # locked database, a batch's lead-key deferral, a suspended process): a pause this
+            # replica applied meanwhile must hold the tick, as it holds a retry.
+            reason = self.admits(name)
+            if reason is not None:
+                await self._give_back(name, tick, acquired[0].lease, reason)
+                return 0, False
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
@@ -436,34 +465,35 @@ class TickRunner:
             return 0, False
         return bound.attempt, True
 
-    async def _unless_gated(self, name: str, tick: Tick, lease: JobExecutionLease | None) -> None:
-        """Do not start the attempt if the schedule's gate now says no (a pause applied since the
-        tick was admitted, or a retry of a paused schedule): give back its won ``lease``
-        unstarted, if it has one. Triggers and backfills pass, as at admission.
+    async def _give_back(
+        self, name: str, tick: Tick, lease: JobExecutionLease, reason: str
+    ) -> None:
+        """Give a lease just won back unstarted (the row is reopened: catch-up and resume see it
+        as a tick that never ran)."""
+        assert self.jobs is not None  # noqa: S101 - only exclusive ticks hold a lease
+        text = "paused state unknown" if reason == GATE_UNKNOWN else reason
+        self._log_held("won but not started", name, tick, reason, "tick_held")
+        try:
+            await self.jobs.give_back(lease, text)
+        except JobSchedulerError as exc:
+            # The lease expires by itself; the tick is then a missed one.
+            self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
+
+    def _unless_gated(self, name: str, tick: Tick) -> None:
+        """Do not start a tick that holds no lease (a schedule run on every replica) if the gate
+        now says no: a pause this replica applied since the tick was admitted.
 
         Raises:
             _Gated: Not started; the tick makes no further offer here.
         """
         reason = self._gate_reason(name)
-        if reason is None:
-            return
-        self.log.info(
-            "schedule %r run %r: not started (given back if won), the schedule is %s",
-            name,
-            tick.run_key,
-            reason,
-            extra={"action": "tick_paused_given_back", "schedule": name, "run_key": tick.run_key},
-        )
-        if lease is not None and self.jobs is not None:
-            try:
-                await self.jobs.give_back(lease, f"the schedule is {reason}")
-            except JobSchedulerError as exc:  # the lease expires by itself
-                self._log_error("could not give the tick back", name, tick, exc, "give_back_failed")
-        raise _Gated
+        if reason is not None:
+            self._log_held("admitted but not started", name, tick, reason, "tick_held")
+            raise _Gated
 
     def _gate_reason(self, name: str) -> str | None:
-        """Why the gate says no to this tick now (``None``: it may start); see ``held``."""
-        return None if self.held is None else self.held(name)
+        """Why the gate says no to this tick now (``None``: it may start); see ``admits``."""
+        return None if self.admits is None else self.admits(name)
 
     def _log_not_ours(self, name: str, tick: Tick) -> None:
         self.log.debug(

@@ -29,6 +29,7 @@ from sdcore.scheduling._catch_up import (
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import (
+    GATE_UNKNOWN,
     Deadline,
     FirstOffer,
     TickOutcome,
@@ -38,9 +39,6 @@ from sdcore.scheduling._runner import (
 from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
 _SWEEP_MARGIN = timedelta(seconds=1)
-# The gate's answer when this process cannot tell whether the schedule is paused (its view of the
-# control plane is older than the propagation bound): no tick starts on it (see _admit).
-GATE_UNKNOWN = "unknown"
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
@@ -101,6 +99,7 @@ class Supervisor:
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
         runner.held = self._held
+        runner.admits = self._admits
         # Set from the start of shutdown until the scheduler starts again: no pending catch-up
         # tick starts any more (the end of a cancelled tick would otherwise start the next
         # one, a task that shutdown no longer waits for and that outlives aclose()).
@@ -113,20 +112,51 @@ class Supervisor:
         # The latest fire of each schedule that came while the gate could not tell whether it
         # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
         self._unknown: dict[Entry, datetime] = {}
+        # Set (and replaced) each time the gate knows the paused state again (release_unknown).
+        self._known = asyncio.Event()
 
-    def _held(self, name: str) -> str | None:
-        """The gate for a tick already running in this task (before a retry, after a jitter):
-        trigger and backfill ticks pass it, as at admission. An unknown state does not end a
-        running tick (its retries' own row decides)."""
+    def _admits(self, name: str) -> str | None:
+        """The gate for a tick that has just won its lease, read at once (no waiting)."""
         gate = self.gate
         if gate is None or current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
             return None
-        reason = gate(name)
-        return None if reason == GATE_UNKNOWN else reason
+        return gate(name)
+
+    async def _held(self, name: str, until: datetime | None) -> str | None:
+        """The gate for a tick already running in this task (before a retry, after a jitter):
+        trigger and backfill ticks pass it, as at admission.
+
+        An unknown state (the view is older than the propagation bound: the process slept
+        during the backoff or the jitter) is not an answer: this waits until the state is read
+        again, or until ``until`` (the next tick) and then answers :data:`GATE_UNKNOWN`, so
+        that nothing starts on a pause this process may have slept through.
+        """
+        if current_path() in (StartPath.TRIGGER, StartPath.BACKFILL):
+            return None
+        while True:
+            gate = self.gate  # re-read: a stopping control plane swaps in its frozen gate
+            if gate is None:
+                return None
+            reason = gate(name)
+            if reason != GATE_UNKNOWN:
+                return reason
+            left = 1.0
+            if until is not None:
+                left = min(left, (until - self._clock()).total_seconds())
+            if left <= 0:
+                return GATE_UNKNOWN
+            # Not asyncio.wait_for: on Python 3.11 a cancel() racing its expiry is swallowed.
+            waiter = asyncio.ensure_future(self._known.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=left)
+            finally:
+                waiter.cancel()
 
     def release_unknown(self) -> None:
         """The gate knows again: offer the fires that waited for it (pause, overlap and the
-        lease decide as for any fire)."""
+        lease decide as for any fire), and wake the running ticks waiting in :meth:`_held`."""
+        known, self._known = self._known, asyncio.Event()
+        known.set()
         waiting, self._unknown = self._unknown, {}
         for entry, due in waiting.items():
             self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
@@ -621,6 +651,7 @@ class Supervisor:
         self._deferred.clear()
         self.closed = True
         await self._shutdown_ticks()
+        self._known = asyncio.Event()  # a later run may be on another event loop
         if self._runner.acquirer is not None:
             await self._runner.acquirer.aclose()
 

@@ -216,11 +216,12 @@ SELECT id, schedule, action, actor, reason, params, progress, outcome, created_a
 FROM {actions} WHERE schedule = %s ORDER BY id DESC LIMIT %s
 
 -- name: finish_action
--- An open action is finished once. An action `remove` already closed as CANCELLED takes the
--- coordinator's CANCELLED progress too (what ran before it noticed), never another outcome.
+-- An action a remove closed (CANCELLED) still takes its coordinator's final CANCELLED progress
+-- (remove writes none; the coordinator ends right after it): close time and outcome stay.
 -- Parameters: outcome, progress, id, outcome.
 UPDATE {actions}
-SET finished_at = coalesce(finished_at, clock_timestamp()), outcome = %s,
+SET finished_at = coalesce(finished_at, clock_timestamp()),
+    outcome = CASE WHEN finished_at IS NULL THEN %s ELSE outcome END,
     progress = coalesce(%s::jsonb, progress)
 WHERE id = %s AND (finished_at IS NULL OR (outcome = 'CANCELLED' AND %s = 'CANCELLED'))
 
@@ -261,7 +262,10 @@ WITH started AS (
 SELECT id FROM started
 
 -- name: run_finished
-UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s WHERE id = %s
+-- Only a run still RUNNING: one a takeover closed as abandoned stays so (its handler may still
+-- return on the superseded replica, whose lease completion is then refused).
+UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s
+WHERE id = %s AND status = 'RUNNING'
 
 -- name: history
 SELECT schedule, run_key, source, scheduled_at, started_at, finished_at, status, attempt,
