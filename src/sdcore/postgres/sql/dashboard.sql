@@ -90,7 +90,8 @@ FROM (
       AND r.scheduled_at >= %(since)s::timestamptz AND r.scheduled_at < %(until)s::timestamptz
       AND r.scheduled_at >= s.created_at
       AND r.source <> 'trigger'
-      AND CASE WHEN s.kind = 'interval' AND s.expression ~ '^[1-9][0-9]{{0,17}}$'
+      AND CASE WHEN s.kind = 'interval' AND s.expression ~ '^[1-9][0-9]*$'
+                    AND length(s.expression) <= 18
                THEN mod((extract(epoch FROM r.scheduled_at) * 1000)::numeric,
                         s.expression::numeric) = 0
                ELSE true END
