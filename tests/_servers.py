@@ -1,4 +1,4 @@
-"""Own, throw-away servers for tests that must break or proxy one: PgBouncer and PostgreSQL.
+"""Own, throw-away servers for tests that must break or proxy one: PgBouncer, PostgreSQL, Redis.
 
 Every server listens on a free loopback port, lives in a temporary directory and is removed at
 the end. Debian's ``pgbouncer`` refuses to run as root and ``initdb`` too, so as root both run as
@@ -339,3 +339,74 @@ def _wait_streaming(primary: Postgres, *, synchronous: bool, timeout: float = 30
         if time.monotonic() > deadline:
             raise RuntimeError(f"standby not streaming ({want}): {rows}")
         time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------- Redis
+
+
+class RedisServer:
+    """A redis-server of one test alone, on a spare loopback port, crashable and restartable.
+
+    ``durable`` turns on AOF with ``appendfsync always``, so a write Redis acknowledged survives
+    a ``kill -9``; otherwise nothing is persisted (the data is disposable).
+    """
+
+    def __init__(self, directory: Path, *, durable: bool = False) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(
+                "redis-server is not installed (apt-get install redis-server)", pytrace=False
+            )
+        self.binary = binary
+        self.directory = directory
+        self.durable = durable
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start it (again, on the same port and directory) and wait until it accepts."""
+        persistence = (
+            ("--appendonly", "yes", "--appendfsync", "always")
+            if self.durable
+            else ("--appendonly", "no")
+        )
+        self.proc = subprocess.Popen(
+            [
+                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", *persistence),
+                *("--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                pytest.fail("private redis-server did not start", pytrace=False)
+            time.sleep(0.05)
+
+    def crash(self) -> None:
+        """``kill -9`` it (SIGTERM may wait for an AOF rewrite); a no-op when it is not running."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path, *, durable: bool = False) -> Iterator[RedisServer]:
+    """A started ``RedisServer`` in ``directory``, killed at the end."""
+    server = RedisServer(directory, durable=durable)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.crash()

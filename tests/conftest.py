@@ -32,11 +32,13 @@ import re
 import secrets
 import socket
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+import redis.asyncio as aioredis
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -431,3 +433,38 @@ async def jobs(pg_dsn: str) -> AsyncIterator[JobSchedulerService]:
     async with JobSchedulerService.connect(pg_dsn) as service:
         await service.ensure_schema()
         yield service
+
+
+REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+async def delete_prefix(client: aioredis.Redis, prefix: str) -> None:
+    """Delete every key under the BullMQ ``prefix`` (in chunks: a prefix may hold many)."""
+    keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+    for start in range(0, len(keys), 500):
+        await client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[aioredis.Redis]:
+    """A client of the shared Redis (``decode_responses=True``)."""
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        pytest.fail(
+            f"Redis is not reachable at {REDIS_URL} ({exc}). Start it (see .ci/run) or set "
+            "SDCORE_TEST_REDIS_URL.",
+            pytrace=False,
+        )
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(redis: aioredis.Redis) -> AsyncIterator[str]:
+    """A key prefix of this test on the shared Redis; its keys are deleted afterwards."""
+    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    await delete_prefix(redis, name)

@@ -11,17 +11,13 @@ OB-01/OB-02 under load, issue 9's "fault campaign stays green").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +28,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore.outbox import Outbox, OutboxRelay
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
+from tests._servers import RedisServer
+from tests._servers import redis_server as private_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -64,63 +62,10 @@ def _report(line: str) -> None:
     print(line)  # noqa: T201
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """A private redis-server with AOF ``appendfsync always``, crashable and restartable."""
-
-    def __init__(self, directory: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed", pytrace=False)
-        self.binary = binary
-        self.directory = directory
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--appendonly", "yes", "--appendfsync", "always", "--save", ""),
-                *("--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                pytest.fail("private redis-server did not start", pytrace=False)
-            time.sleep(0.05)
-
-    def crash(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with private_redis_server(tmp_path, durable=True) as server:
         yield server
-    finally:
-        server.crash()
 
 
 class Ledger(Processor):

@@ -16,10 +16,7 @@ import asyncio
 import contextlib
 import random
 import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +31,7 @@ import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.outbox import Outbox
+from tests._servers import RedisServer, redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -80,61 +78,10 @@ def _report(line: str) -> None:
     print(line)  # noqa: T201
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class _Redis:
-    """A private redis-server with AOF ``appendfsync always``, crashable and restartable."""
-
-    def __init__(self, directory: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed", pytrace=False)
-        self.binary, self.directory, self.port = binary, directory, _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--appendonly", "yes", "--appendfsync", "always", "--save", ""),
-                *("--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                pytest.fail("private redis-server did not start", pytrace=False)
-            time.sleep(0.05)
-
-    def crash(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[_Redis]:
-    server = _Redis(tmp_path)
-    server.start()
-    try:
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    with redis_server(tmp_path, durable=True) as server:
         yield server
-    finally:
-        server.crash()
 
 
 @pytest.fixture
@@ -163,7 +110,7 @@ def _sizes(rng: random.Random) -> list[int]:
 
 @pytest.mark.timeout(240)  # about 40 s; the waits below fail it with the counts first
 async def test_poisons_die_and_large_rows_pass_through_killed_relays_and_redis_restarts(
-    pool: AsyncConnectionPool[Any], pg_dsn: str, private_redis: _Redis, tmp_path: Path
+    pool: AsyncConnectionPool[Any], pg_dsn: str, private_redis: RedisServer, tmp_path: Path
 ) -> None:
     script = tmp_path / "relay.py"
     script.write_text(_RELAY)

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.job_scheduler import (
@@ -41,6 +41,7 @@ from sdcore.job_scheduler import (
     JobSchedulerUnavailableError,
     LostJobLeaseError,
 )
+from tests._pgproxy import PgProxy, on_message
 from tests.conftest import ADMIN_DSN
 
 Row = dict[str, Any]
@@ -124,92 +125,6 @@ async def _acquire_until(
 
 
 # --------------------------------------------------------------------------- fault tools
-
-_READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
-
-
-class DropAnswerProxy:
-    """A TCP proxy in front of PostgreSQL for "forward the request, drop the response".
-
-    Once armed, the first client message containing ``marker`` is forwarded to the server; the
-    server's whole answer up to ReadyForQuery (sent after the autocommit COMMIT) is swallowed and
-    the client's connection is cut. The statement committed; the client never hears it.
-    """
-
-    def __init__(self, target_dsn: str) -> None:
-        params = conninfo_to_dict(target_dsn)
-        self.host = str(params.get("host") or "127.0.0.1")
-        self.port = int(params.get("port") or 5432)
-        self.target_dsn = target_dsn
-        self.marker: bytes | None = None
-        self.tripped = False
-        self.swallowed = asyncio.Event()
-        self.listen_port = 0
-        self._server: asyncio.Server | None = None
-        self._transports: set[asyncio.WriteTransport] = set()
-
-    def arm(self, marker: bytes) -> None:
-        self.marker = marker
-
-    @property
-    def dsn(self) -> str:
-        params = {k: str(v) for k, v in conninfo_to_dict(self.target_dsn).items()}
-        params.update(host="127.0.0.1", port=str(self.listen_port), sslmode="disable")
-        return make_conninfo(**params)
-
-    async def __aenter__(self) -> DropAnswerProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.listen_port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for transport in list(self._transports):
-            transport.abort()
-        await self._server.wait_closed()
-
-    async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        self._transports.add(cwriter.transport)
-        try:
-            sreader, swriter = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            cwriter.transport.abort()
-            return
-        self._transports.add(swriter.transport)
-        cut = asyncio.Event()
-
-        async def upstream() -> None:
-            while data := await creader.read(65536):
-                if self.marker and not self.tripped and self.marker in data:
-                    self.tripped = True
-                    cut.set()  # set before forwarding: the answer cannot overtake it
-                swriter.write(data)
-                await swriter.drain()
-            swriter.close()
-
-        async def downstream() -> None:
-            swallowed = b""
-            while data := await sreader.read(65536):
-                if cut.is_set():
-                    swallowed += data
-                    if _READY_FOR_QUERY in swallowed:
-                        self.swallowed.set()
-                        cwriter.transport.abort()
-                        swriter.transport.abort()
-                        return
-                    continue
-                cwriter.write(data)
-                await cwriter.drain()
-            cwriter.close()
-
-        try:
-            await asyncio.gather(upstream(), downstream(), return_exceptions=True)
-        finally:
-            cwriter.transport.abort()
-            swriter.transport.abort()
-            self._transports.discard(cwriter.transport)
-            self._transports.discard(swriter.transport)
 
 
 async def _install_sleep_trigger(dsn: str, code: str, status: str, sleeps: int) -> None:
@@ -313,11 +228,11 @@ async def test_db02_answer_lost_after_commit_of_finalize(
     The library must re-read the row by (id, token) and report True."""
     expected = {"complete": "SUCCESS", "fail": "FAIL", "release": "FAIL"}[method]
     async with (
-        DropAnswerProxy(pg_dsn) as proxy,
+        PgProxy(pg_dsn) as proxy,
         JobSchedulerService.connect(proxy.dsn, application_name="sdcore-proxied") as svc,
     ):
         got = await _acquired(svc, {"code": "db02b", "run_key": method, "lease_ms": 60_000})
-        proxy.arm(b"SET status")
+        proxy.arm(on_message(b"SET status"))
         call: Callable[[JobLease], Awaitable[bool]] = getattr(svc, method)
         outcome = await _outcome(call(got.lease))
         assert proxy.tripped, "the fault was not injected"
@@ -340,10 +255,10 @@ async def test_db03_answer_lost_after_commit_of_acquire(
     carries the token that is in the row; otherwise the row is reclaimable after the lease."""
     options = {"code": "db03", "run_key": "k", "lease_ms": 1000}
     async with (
-        DropAnswerProxy(pg_dsn) as proxy,
+        PgProxy(pg_dsn) as proxy,
         JobSchedulerService.connect(proxy.dsn, application_name="sdcore-proxied") as svc,
     ):
-        proxy.arm(b"INSERT INTO")
+        proxy.arm(on_message(b"INSERT INTO"))
         try:
             result: JobAcquireResult | JobSchedulerUnavailableError = await asyncio.wait_for(
                 svc.acquire(options), 30

@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore.outbox import Outbox, OutboxDatabaseError, OutboxRelay, PublisherUnavailableError
 from sdcore.queues import BullMQPublisher
+from tests._servers import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,39 +118,11 @@ async def test_a_message_that_kills_its_relay_ends_dead_and_its_batch_is_publish
 # --- a batch too big for the socket timeout -------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[int]:
     """A redis-server of this test alone, on a spare port (killed at the end)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)", pytrace=False)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            *(binary, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no"),
-            *("--dir", str(tmp_path), "--logfile", str(tmp_path / "redis.log")),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("private redis-server did not start", pytrace=False)
-            time.sleep(0.05)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with redis_server(tmp_path) as server:
+        yield server.port
 
 
 @contextlib.asynccontextmanager

@@ -33,27 +33,9 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxMessage, OutboxRelay
 from sdcore.outbox._model import job_id_v2
 from sdcore.queues import BullMQPublisher
+from tests.conftest import delete_prefix
 
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    """A client of the shared Redis (``decode_responses=True``)."""
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
-    yield client
-    await client.aclose()
-
-
-async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:
-    keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-    for start in range(0, len(keys), 500):
-        await client.delete(*keys[start : start + 500])
 
 
 @pytest.fixture
@@ -117,7 +99,7 @@ async def test_a_marker_word_in_a_queue_or_prefix_name_is_not_an_outage(
         assert rows["poison"][2] is not None
         assert "WRONGTYPE" in rows["poison"][2]
     finally:
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)
 
 
 async def test_an_outage_code_in_a_pipeline_is_still_unavailable(redis: aioredis.Redis) -> None:
@@ -205,7 +187,7 @@ async def test_what_enqueue_once_accepts_the_default_publisher_publishes(
                     conn, idempotency_key="over", queue="q", name="job", payload=bigger
                 )
     finally:
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)
 
 
 async def test_big_floats_are_measured_as_jsonb_returns_them(
@@ -232,7 +214,7 @@ async def test_big_floats_are_measured_as_jsonb_returns_them(
                     payload={"n": [1e300] * 3500},
                 )
     finally:
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)
 
 
 # --------------------------------------------------------------------------- Mapping payloads
@@ -561,7 +543,7 @@ async def test_the_publishers_memory_does_not_grow_with_queue_names(
             assert await redis.llen(f"{prefix}:tenant-{i}:wait") == 1
     finally:
         tracemalloc.stop()
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)
 
 
 async def test_a_shared_script_queue_is_the_queue_bullmq_would_build(
@@ -636,7 +618,7 @@ async def test_hand_written_rows_with_another_keys_id_or_foreign_options_end_dea
         assert json.loads(str(data)) == {"n": 1}  # the victim's own job, not a forger's
         assert await redis.exists(f"{prefix}:q:repeat") == 0
     finally:
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)
 
 
 async def test_a_hand_written_row_with_another_rows_id_and_no_namespace_ends_dead(
@@ -682,4 +664,4 @@ async def test_a_hand_written_row_with_another_rows_id_and_no_namespace_ends_dea
         data = await redis.hget(f"{prefix}:q:{victim_id}", "data")
         assert json.loads(str(data)) == {"n": 1}  # the victim's own job, not the forger's
     finally:
-        await _delete_prefix(redis, prefix)
+        await delete_prefix(redis, prefix)

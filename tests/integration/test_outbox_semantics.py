@@ -63,27 +63,6 @@ async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
         yield pool
 
 
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis: aioredis.Redis) -> AsyncIterator[str]:
-    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    keys = [key async for key in redis.scan_iter(match=f"{name}:*", count=1000)]
-    for start in range(0, len(keys), 500):
-        await redis.delete(*keys[start : start + 500])
-
-
 async def _until(check: Any, *, timeout: float = 15.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not await check():

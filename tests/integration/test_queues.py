@@ -21,13 +21,11 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -60,6 +58,7 @@ from sdcore.queues import (
     check_redis_server,
     queues_enabled,
 )
+from tests._servers import free_port, redis_server
 
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,70 +72,11 @@ def _report(line: str) -> None:
 # --------------------------------------------------------------------------- fixtures
 
 
-async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:
-    keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-    for start in range(0, len(keys), 500):
-        await client.delete(*keys[start : start + 500])
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    """A client of the shared Redis (``decode_responses=True``)."""
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(
-            f"Redis is not reachable at {REDIS_URL} ({exc}). Start it (see .ci/run) or set "
-            "SDCORE_TEST_REDIS_URL.",
-            pytrace=False,
-        )
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis: aioredis.Redis) -> AsyncIterator[str]:
-    """A key prefix of this test; its keys are deleted afterwards."""
-    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    await _delete_prefix(redis, name)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[str]:
     """A Redis server of this test alone (so CONFIG SET, OOM and shutdowns harm no one)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)", pytrace=False)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            *(binary, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no"),
-            *("--dir", str(tmp_path), "--logfile", str(tmp_path / "redis.log")),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("private redis-server did not start", pytrace=False)
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        proc.kill()  # its data is disposable; SIGTERM may wait for an AOF rewrite
-        proc.wait(10)
+    with redis_server(tmp_path) as server:
+        yield server.url
 
 
 @pytest.fixture
@@ -350,7 +290,7 @@ def test_import_without_bullmq_names_the_extra() -> None:
 async def test_unreachable_redis_is_unavailable(prefix: str) -> None:
     """OB-02: a dead port raises PublisherUnavailableError quickly, for the relay to back off."""
     publisher = BullMQPublisher.from_url(
-        f"redis://127.0.0.1:{_free_port()}", prefix=prefix, connect_timeout_s=1.0
+        f"redis://127.0.0.1:{free_port()}", prefix=prefix, connect_timeout_s=1.0
     )
     async with publisher:  # start() logs, does not raise
         started = time.monotonic()
@@ -714,7 +654,7 @@ async def test_redis_down_then_back(
     """OB-02: nothing marked, attempts not counted, no busy loop; the backlog drains after."""
     keys = [f"k{i}" for i in range(30)]
     await _enqueue(pool, keys, "q")
-    down = BullMQPublisher.from_url(f"redis://127.0.0.1:{_free_port()}", prefix=prefix)
+    down = BullMQPublisher.from_url(f"redis://127.0.0.1:{free_port()}", prefix=prefix)
     up = BullMQPublisher.from_url(REDIS_URL, prefix=prefix)
     switch = _Switch(down, up)
     async with down, up:
@@ -987,7 +927,7 @@ async def test_close_after_grace_cancels_the_job(redis: aioredis.Redis, prefix: 
 
 async def test_workers_start_while_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sdcore.queues")
-    workers = Workers([Recorder("q")], redis_url=f"redis://127.0.0.1:{_free_port()}")
+    workers = Workers([Recorder("q")], redis_url=f"redis://127.0.0.1:{free_port()}")
     await workers.start()  # returns at once: the application starts without Redis
     await asyncio.sleep(0.5)
     assert not workers.ready

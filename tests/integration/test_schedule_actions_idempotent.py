@@ -9,92 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sdcore.dashboard import dashboard_app
 from sdcore.scheduling import ActionKind, Scheduler, Tick
+from tests._pgproxy import PgProxy, on_commit_after
 from tests.integration.test_cli_schedule_control import Replica, replica, until
 
 pytestmark = pytest.mark.timeout(180)
-READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
-
-
-class LoseCommitReply:
-    """A TCP proxy in front of PostgreSQL that loses the reply to one COMMIT.
-
-    After a client message holding ``marker`` went through, the next client message holding
-    ``COMMIT`` is forwarded; the server's answer up to ReadyForQuery is swallowed and both
-    connections are cut. The server committed; the client never hears it.
-    """
-
-    def __init__(self, target_dsn: str, marker: bytes) -> None:
-        params = conninfo_to_dict(target_dsn)
-        self.host = str(params.get("host") or "127.0.0.1")
-        self.port = int(params.get("port") or 5432)
-        self.target_dsn = target_dsn
-        self.marker = marker
-        self.tripped = False
-        self.port_here = 0
-        self._server: asyncio.Server | None = None
-        self._transports: set[asyncio.WriteTransport] = set()
-
-    @property
-    def dsn(self) -> str:
-        params = {k: str(v) for k, v in conninfo_to_dict(self.target_dsn).items()}
-        params.update(host="127.0.0.1", port=str(self.port_here), sslmode="disable")
-        return make_conninfo(**params)
-
-    async def __aenter__(self) -> LoseCommitReply:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port_here = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for transport in list(self._transports):
-            transport.abort()
-        await self._server.wait_closed()
-
-    async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        self._transports.add(cwriter.transport)
-        sreader, swriter = await asyncio.open_connection(self.host, self.port)
-        self._transports.add(swriter.transport)
-        armed = False
-        cut = asyncio.Event()
-
-        async def upstream() -> None:
-            nonlocal armed
-            while data := await creader.read(65536):
-                if not self.tripped:
-                    if armed and b"COMMIT" in data:
-                        self.tripped = True
-                        cut.set()  # before forwarding: the answer cannot overtake it
-                    elif self.marker in data:
-                        armed = True
-                swriter.write(data)
-                await swriter.drain()
-
-        async def downstream() -> None:
-            swallowed = b""
-            while data := await sreader.read(65536):
-                if cut.is_set():
-                    swallowed += data
-                    if READY_FOR_QUERY in swallowed:
-                        cwriter.transport.abort()
-                        swriter.transport.abort()
-                        return
-                    continue
-                cwriter.write(data)
-                await cwriter.drain()
-
-        try:
-            await asyncio.gather(upstream(), downstream(), return_exceptions=True)
-        finally:
-            cwriter.transport.abort()
-            swriter.transport.abort()
-            self._transports.discard(cwriter.transport)
-            self._transports.discard(swriter.transport)
 
 
 def _send_invoices(scheduler: Scheduler, r: Replica) -> None:
@@ -110,7 +31,10 @@ async def _triggers(r: Replica) -> list[Any]:
 
 async def test_a_cli_retry_after_a_lost_commit_reply_runs_once(pg_dsn: str) -> None:
     marker = b'INSERT INTO "sdcore_schedules_actions"'
-    async with replica(pg_dsn, _send_invoices) as r, LoseCommitReply(pg_dsn, marker) as proxy:
+    async with (
+        replica(pg_dsn, _send_invoices) as r,
+        PgProxy(pg_dsn, on_commit_after(marker)) as proxy,
+    ):
         first = await r.cli("schedules", "trigger", "send-invoices", dsn=proxy.dsn)
         assert proxy.tripped
         assert first.code == 1, first
@@ -174,7 +98,7 @@ async def test_the_dashboard_says_a_lost_commit_reply_may_have_recorded_it(pg_ds
     marker = b'INSERT INTO "sdcore_schedules_actions"'
     async with (
         replica(pg_dsn, _send_invoices) as r,
-        LoseCommitReply(pg_dsn, marker) as proxy,
+        PgProxy(pg_dsn, on_commit_after(marker)) as proxy,
         AsyncConnectionPool(
             proxy.dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
         ) as pool,

@@ -24,22 +24,15 @@ from sdcore.scheduling import (
     Scheduler,
     Tick,
 )
+from tests.integration._schedule_pg import schedule_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        pg_dsn, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-    jobs = JobSchedulerService(pool, max_connections=2)
-    await jobs.ensure_schema()
-    await PostgresScheduleStore(pool).ensure_schema()
-    yield pool
-    await jobs.close()
-    await pool.close()
+    async with schedule_pool(pg_dsn, max_size=6) as pool:
+        yield pool
 
 
 async def _until(predicate: Any, timeout: float = 10.0) -> None:

@@ -5,7 +5,7 @@ schedule. Real PostgreSQL, real ``Runtime``/``ScheduleControl`` replicas in this
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -22,27 +22,14 @@ from sdcore.scheduling import (
     Scheduler,
     Tick,
 )
+from tests.integration._schedule_pg import schedule_pool
+from tests.integration._schedule_pg import until as _until
 
 
 @pytest.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        pg_dsn, min_size=1, max_size=8, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-    jobs = JobSchedulerService(pool, max_connections=2)
-    await jobs.ensure_schema()
-    await PostgresScheduleStore(pool).ensure_schema()
-    yield pool
-    await jobs.close()
-    await pool.close()
-
-
-async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+    async with schedule_pool(pg_dsn) as pool:
+        yield pool
 
 
 async def test_a_stopping_replica_keeps_a_paused_schedule_paused(pg_dsn: str) -> None:

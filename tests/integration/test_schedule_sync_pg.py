@@ -33,6 +33,8 @@ from sdcore.scheduling import (
 )
 from sdcore.scheduling._cron import CronSpec, DayRule, load_zone
 from sdcore.scheduling._triggers import cron_trigger, expected_instants
+from tests.integration._schedule_pg import schedule_pool
+from tests.integration._schedule_pg import until as _until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000
@@ -40,23 +42,8 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        pg_dsn, min_size=1, max_size=8, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-    jobs = JobSchedulerService(pool, max_connections=2)
-    await jobs.ensure_schema()
-    await PostgresScheduleStore(pool).ensure_schema()
-    yield pool
-    await jobs.close()
-    await pool.close()
-
-
-async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+    async with schedule_pool(pg_dsn) as pool:
+        yield pool
 
 
 async def _state(admin: ScheduleAdmin, name: str) -> ScheduleState | None:

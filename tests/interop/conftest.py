@@ -1,4 +1,5 @@
-"""Fixtures of the Node interop tests: Node's BullMQ installed outside the repo, Redis, a prefix.
+"""Fixtures of the Node interop tests: Node's BullMQ installed outside the repo (the shared-Redis
+``redis`` client and key ``prefix`` come from tests/conftest.py).
 
 ``npm install`` runs once per ``package.json``/``package-lock.json`` content into
 ``$SDCORE_INTEROP_CACHE`` (default ``~/.cache/sdcore-interop``)/<hash>/node_modules; the scripts
@@ -13,11 +14,9 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 HERE = Path(__file__).resolve().parent
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -63,26 +62,3 @@ def node_env() -> dict[str, str]:
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)  # another session won the race
     return {**os.environ, "NODE_PATH": str(target / "node_modules")}
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    """A client of the shared Redis (``decode_responses=True``)."""
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await client.ping()
-    except Exception as exc:
-        await client.aclose()
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc})", pytrace=False)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis: aioredis.Redis) -> AsyncIterator[str]:
-    """A key prefix of this test; its keys are deleted afterwards."""
-    name = f"sdcore-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    keys = [key async for key in redis.scan_iter(match=f"{name}:*", count=1000)]
-    for start in range(0, len(keys), 500):
-        await redis.delete(*keys[start : start + 500])
