@@ -97,6 +97,8 @@ class Walk:
     pauses: list[Pause] = field(default_factory=list)
     requests: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     actions: dict[int, str] = field(default_factory=dict)  # trigger/backfill id -> schedule
+    # trigger/backfill id -> the stored schedule's incarnation it was asked of
+    incarnation: dict[int, Stored] = field(default_factory=dict)
     backfills: list[tuple[str, datetime, datetime]] = field(default_factory=list)
     stored: list[Stored] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
@@ -312,8 +314,27 @@ def check(cluster: Cluster, walk: Walk, *, final: bool) -> list[str]:
             for key in due_ticks(cluster, walk, name, every_ms, start, stop, cli=cli):
                 v.add("clean_tick_lost", f"{name} {key}")
 
+    # 6. A tick is skipped as paused only around a pause of its schedule: not before the pause
+    # (a tick fires at most grace_period_ms late, 1.5 s), and not past the resume's propagation
+    # bound (nor on a stored schedule re-created after the remove of a paused one).
+    grace = timedelta(milliseconds=1_500)
+    for schedule, key, modified in cluster.query(
+        "SELECT code, run_key, modified_at FROM job_scheduler WHERE data ->> 'skipped' = 'paused'"
+    ):
+        instant = key_instant(key)
+        if instant is None or instant < walk.started:
+            continue
+        inside = any(
+            p.schedule == schedule
+            and p.committed_by - PAUSE_BOUND - grace <= instant
+            and (p.resumed_at is None or instant <= p.resumed_at + PAUSE_BOUND + CLOCK_SLACK)
+            for p in walk.pauses
+        )
+        if not inside:
+            v.add("paused_skip_unpaused", f"{schedule} {key} skipped as paused at {modified:%T.%f}")
+
     if final:
-        # 6. Every trigger and backfill finished (CANCELLED only by a remove of its schedule).
+        # 7. Every trigger and backfill finished (CANCELLED only by a remove of its schedule).
         for action_id, schedule in walk.actions.items():
             found = cluster.query(
                 "SELECT outcome, finished_at, progress FROM sdcore_schedules_actions WHERE id = %s",
@@ -325,12 +346,18 @@ def check(cluster: Cluster, walk: Walk, *, final: bool) -> list[str]:
                 v.add("action_never_finishes", f"action {action_id} of {schedule} is open")
             elif outcome == "CANCELLED" and not removed:
                 v.add("action_never_finishes", f"action {action_id} of {schedule} CANCELLED")
-        # trigger keys: each ran (succeeded) at most once, and only into its own schedule
-        for schedule, key in by_key:
+        # A trigger runs only into the schedule it was asked of: not into another one, nor (past
+        # the propagation bound) after the remove of the stored schedule it was asked of.
+        for (schedule, key), items in by_key.items():
             if key.startswith("trigger:"):
                 action_id = int(key.split(":")[1])
                 if walk.actions.get(action_id) != schedule:
                     v.add("remove_open_actions", f"{key} ran in {schedule}")
+                asked = walk.incarnation.get(action_id)
+                if asked is not None and asked.removed is not None:
+                    late = [i for i in items if i[0] > asked.removed + PAUSE_BOUND]
+                    if late:
+                        v.add("remove_open_actions", f"{key} started after its remove: {late}")
     return v.found
 
 
@@ -466,7 +493,7 @@ class Walker:
             weights=[3, 4, 2, 3, 1, 1, 2],
         )[0]
         if choice == "pause":
-            name = rng.choice(list(CODE))
+            name = rng.choice(names)
             cli = rng.random() < 0.3
             if name in self.paused:
                 if cli:
@@ -499,6 +526,9 @@ class Walker:
                     action_id = (await admin.trigger(name, actor="walk", request_id=request)).id
                 self.walk.requests[request].add(action_id)
                 self.walk.actions[action_id] = name
+                for stored in self.live_stored():
+                    if stored.name == name:
+                        self.walk.incarnation[action_id] = stored
             return f"trigger {name} {request} x{sends}{' (cli)' if cli else ''}"
         if choice == "backfill":
             name = rng.choice(list(CODE))
@@ -519,7 +549,7 @@ class Walker:
             if not live:
                 every = rng.choice([1_000, 2_000])
                 retries = rng.choice([0, 1])
-                name = f"s{len(self.walk.stored) + 1}"
+                name = rng.choice(["s1", "s2"])  # a name may come back after its remove
                 if rng.random() < 0.3:
                     cluster.cli(
                         "create",
@@ -547,6 +577,8 @@ class Walker:
             if rng.random() < 0.5:
                 await admin.remove(target.name, actor="walk")
                 target.removed = cluster.now()
+                if target.name in self.paused:  # the remove ends its pause
+                    self.paused.pop(target.name).resumed_at = target.removed
                 return f"remove {target.name}"
             args = {"n": rng.randint(1, 9)}
             await admin.update(target.name, args=args, actor="walk")
