@@ -66,7 +66,8 @@ class Life:
 
     index: int
     pid: int
-    began: datetime
+    began: datetime  # the database clock once its ready file was written
+    log: Path
     ended: datetime | None = None
     how: str | None = None  # "kill" | "term"
 
@@ -128,10 +129,14 @@ class Cluster:
         ready = self.tmp / f"ready-{index}-{self.starts}"
         env = {**os.environ, "SDCORE_WALK_DSN": self.dsn, "SDCORE_WALK_SEED": str(SEED)}
         log = open(self.tmp / f"replica-{index}-{self.starts}.log", "w")  # noqa: SIM115
+
         self.logs.append(log)
-        began = self.now()
+        path = self.tmp / f"replica-{index}-{self.starts}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sdcore.cli", "run", APP, "--ready-file", str(ready)],
+            [
+                *(sys.executable, "-m", "sdcore.cli", "run", APP, "--ready-file", str(ready)),
+                *("--log-level", "INFO", "--log-json"),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -139,8 +144,8 @@ class Cluster:
             text=True,
         )
         self.procs[index] = proc
-        self.lives.append(Life(index, proc.pid, began))
         wait_for(ready.exists, 90, f"replica {index} ready")
+        self.lives.append(Life(index, proc.pid, self.now(), path))
 
     def end(self, index: int, how: str) -> None:
         proc = self.procs.pop(index)
@@ -439,32 +444,85 @@ def outcome(row: tuple[Any, ...]) -> str:
     return f"{status}" if status != "FAIL" else f"FAIL after {attempts} attempt(s)"
 
 
+# What a replica logs for a due tick it leaves without a row (documented: each is a missed tick
+# that the catch-up policy, off here, decides about).
+EXPLAINED = {
+    "tick_waits_on_database": "the run in the way waited on the database",
+    "tick_gate_unknown": "the paused state was not fresh",
+    "ticks_coalesced": "the replica's loop was late",
+}
+
+
+def explanations(life: Life, periods: dict[str, int]) -> dict[tuple[str, str], str]:
+    """(schedule, run key) -> why this replica left the tick without a row, from its log."""
+    out: dict[tuple[str, str], str] = {}
+    for line in life.log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        action = record.get("action") if isinstance(record, dict) else None
+        if action not in EXPLAINED:
+            continue
+        schedule = record.get("schedule")
+        if action != "ticks_coalesced":
+            out[(schedule, record.get("run_key"))] = EXPLAINED[action]
+            continue
+        # "n tick(s) passed while the loop was late; firing the latest": the n before the
+        # latest due instant at the record's time
+        every_ms = periods.get(schedule)
+        skipped = int(record.get("message", "").split(": ", 1)[-1].split(" ", 1)[0] or 0)
+        if every_ms is None or not skipped:
+            continue
+        at = int(parse_utc(record["time"]).timestamp() * 1000) // every_ms * every_ms
+        for k in range(1, min(skipped, 1_000) + 1):
+            instant = datetime.fromtimestamp((at - k * every_ms) / 1000, UTC)
+            out[(schedule, run_key(instant))] = EXPLAINED[action]
+    return out
+
+
 def excused(cluster: Cluster, walk: Walk, name: str, instant: datetime) -> str | None:
     """Why a tick without a row is allowed, or ``None``. The documented exceptions (each a
     missed tick that the catch-up policy, off here, decides about):
 
-    - no replica was alive at its instant (a replica counts from 3 s after its process was
-      spawned: it syncs and reads the control plane before it fires);
-    - its schedule was paused, from 3 s before the pause's commit (a replica whose view was not
-      fresh held the tick as unknown rather than start it) to 3 s after the resume (the
-      resume's propagation bound, 2 s, and the tick's second).
+    - no replica was alive at its instant (a replica counts from its ready file);
+    - every replica that was up around its instant (ready for a second, and not ending within
+      2 s) logged why it left the tick without a row (:data:`EXPLAINED`: the run in the way was
+      in its acquire or completion commit, a not-fresh paused state, a late loop);
+    - its schedule was paused, from 3 s before the pause's commit to 3 s after the resume (a
+      replica whose view was not fresh held the tick as unknown).
 
-    A replica's kill or stop is no exception: the others fire the same tick, and a tick the
-    victim had won keeps its ``RUNNING`` row."""
+    A replica's kill or stop alone is no exception: the others fire the same tick, and a tick
+    the victim had won keeps its ``RUNNING`` row."""
     margin = PAUSE_BOUND + timedelta(seconds=1)
-    alive = any(
-        life.began + margin <= instant and (life.ended is None or instant < life.ended)
-        for life in cluster.lives
-    )
-    if not alive:
-        return "no replica alive"
     for pause in walk.pauses:
         if pause.schedule != name:
             continue
         until = pause.resumed_at + margin if pause.resumed_at else None
         if pause.committed_by - margin <= instant and (until is None or instant <= until):
             return "paused"
-    return None
+    alive = [
+        life
+        for life in cluster.lives
+        if life.began <= instant and (life.ended is None or instant < life.ended)
+    ]
+    if not alive:
+        return "no replica alive"
+    up = [
+        life
+        for life in alive
+        if life.began + timedelta(seconds=1) <= instant
+        and (life.ended is None or instant <= life.ended - PAUSE_BOUND)
+    ]
+    if not up:
+        return "its only replicas were starting or ending"
+    periods = {n: every for n, (every, _) in CODE.items()}
+    periods.update({stored.name: stored.every_ms for stored in walk.stored})
+    key = (name, run_key(instant))
+    why = {explanations(life, periods).get(key) for life in up}
+    if None in why:
+        return None
+    return " / ".join(sorted(w for w in why if w is not None))
 
 
 class Walker:
