@@ -214,11 +214,27 @@ class Violations:
         self.found.append(f"{invariant}: {detail}")
 
 
-def budgets(walk: Walk) -> dict[str, int]:
-    out = {name: retries + 1 for name, (_, retries) in CODE.items()}
-    for stored in walk.stored:
-        out[stored.name] = stored.retries + 1  # the highest its versions allowed (see update)
-    return out
+def budget(walk: Walk, schedule: str, key: str) -> int:
+    """``retries + 1`` of the schedule a run key belongs to: a code schedule's, or that of the
+    incarnation of a stored name (created and removed again under one name) it was run by."""
+    if schedule in CODE:
+        return CODE[schedule][1] + 1
+    instant = key_instant(key)
+    if instant is None:
+        asked = walk.incarnation.get(int(key.split(":")[1]))
+        candidates = [asked] if asked is not None else []
+    else:
+        slack = timedelta(seconds=1)
+        candidates = [
+            s
+            for s in walk.stored
+            if s.name == schedule
+            and s.created - slack <= instant
+            and (s.removed is None or instant <= s.removed + slack)
+        ]
+    if not candidates:
+        candidates = [s for s in walk.stored if s.name == schedule]
+    return max((s.retries for s in candidates), default=0) + 1
 
 
 def check(cluster: Cluster, walk: Walk, *, final: bool) -> list[str]:
@@ -258,7 +274,6 @@ def check(cluster: Cluster, walk: Walk, *, final: bool) -> list[str]:
     # are abandoned, re-run whatever the budget; each backfill covering a tick may start a new
     # budget for it).
     walk.tally["runs"] = len(runs)
-    budget = budgets(walk)
     for (schedule, key), items in by_key.items():
         counted = [i for i in items if i[5] in ("done", "failed")]
         instant = key_instant(key)
@@ -267,7 +282,7 @@ def check(cluster: Cluster, walk: Walk, *, final: bool) -> list[str]:
             for name, low, high in walk.backfills
             if name == schedule and instant is not None and low <= instant <= high
         )
-        allowed = budget.get(schedule, 1) * (1 + covers)
+        allowed = budget(walk, schedule, key) * (1 + covers)
         if len(counted) > allowed:
             v.add("too_many_runs", f"{schedule} {key}: {len(counted)} runs > {allowed}")
         if sum(1 for i in items if i[5] == "done") > 1:
