@@ -338,3 +338,75 @@ async def test_a_redis_stall_longer_than_the_claim_does_not_bury_a_healthy_messa
     assert [(r[1], r[3]) for r in during] == [("PENDING", 0)], during
     assert [r[1] for r in after] == ["PUBLISHED"], after
     assert waiting == 1
+
+
+# --- one row too big for the socket timeout, with Redis up ------------------------------------
+
+
+async def test_a_single_row_too_big_for_the_socket_timeout_ends_dead_and_does_not_stall(
+    pg_dsn: str, private_redis: int
+) -> None:
+    """A 1 MB row, then 50 small ones, over a 200 KB/s link with a 0.5 s socket timeout: the big
+    row's one-job write can never finish. The rows behind it must be published, and the big row
+    must end DEAD with a reason, while Redis answers (before, the one-row batch was handed back
+    as an outage, attempts untouched, and stayed first in line for ever)."""
+    outbox = Outbox(max_attempts=3)
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
+        await pool.open()
+        await outbox.ensure_schema(pool)
+        async with pool.connection() as conn, conn.transaction():
+            await outbox.enqueue_once(
+                conn, idempotency_key="huge", queue="slow", name="n",
+                payload={"blob": "x" * 1_000_000},
+            )  # fmt: skip
+            for i in range(50):
+                await outbox.enqueue_once(
+                    conn, idempotency_key=f"small-{i}", queue="slow", name="n", payload={"i": i}
+                )
+        async with (
+            _slow_link(private_redis, 200_000) as port,
+            BullMQPublisher.from_url(
+                f"redis://127.0.0.1:{port}", socket_timeout_s=0.5, check_server=False
+            ) as publisher,
+        ):
+            # The relay's own loop, as in production: on each refusal it backs off (here at most
+            # 1 s, to keep the splits 51 → 25 → … → 1 short), so a row handed back as an outage
+            # for ever holds the rows behind it to a trickle, and never ends.
+            relay = OutboxRelay(
+                pool, publisher, outbox=outbox, retry_base_ms=200, poll_interval_ms=100,
+                unavailable_max_ms=1_000,
+            )  # fmt: skip
+            await relay.start()
+            try:
+                for _ in range(200):  # at most about 20 s
+                    stats = await relay.stats()
+                    if stats.pending == 0:
+                        break
+                    await asyncio.sleep(0.1)
+                state = relay.state
+            finally:
+                await relay.stop()
+        rows = {r[0]: r[1:] for r in await _rows(pg_dsn)}
+        client = aioredis.Redis(port=private_redis)
+        try:
+            small = await client.exists(*[f"bull:slow:{r[0]}" for r in await _job_ids(pg_dsn)])
+        finally:
+            await client.aclose()
+    assert (stats.pending, stats.dead, stats.published) == (0, 1, 50), (state, rows["huge"])
+    assert small == 50  # every small row's job is in Redis (the big one's may be too: see below)
+    assert state.broker_available
+    status, attempts, lost, error = rows["huge"]
+    assert (status, attempts, lost) == ("DEAD", 3, 0)
+    # A write cut off by the timeout may still reach Redis (the kernel sends what it buffered),
+    # so the reason says the job may be there already.
+    for part in ("1000011 bytes", "socket timeout of 0.5 s", "raise the publisher's socket"):
+        assert part in error, error
+    assert "may already be in Redis" in error, error
+
+
+async def _job_ids(dsn: str) -> list[tuple[str]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT job_id FROM outbox WHERE idempotency_key LIKE 'small-%' ORDER BY id"
+        )
+        return await cur.fetchall()

@@ -199,6 +199,23 @@ async def test_publish_writes_the_job(redis: aioredis.Redis, prefix: str) -> Non
     assert await redis.lrange(f"{prefix}:q:wait", 0, -1) == [message.job_id]
 
 
+async def test_ping_says_whether_redis_answers_and_a_refusal_is_no_timeout(prefix: str) -> None:
+    """``ping()`` is how the relay tells an outage from a job too slow for the link; a refused
+    connection is an outage with no ``timeout_s`` (only a write that timed out carries one)."""
+    message = _message("ping:1")
+    async with (
+        BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as up,
+        BullMQPublisher.from_url(
+            f"redis://127.0.0.1:{free_port()}", prefix=prefix, check_server=False
+        ) as down,
+    ):
+        assert await up.ping() is True
+        assert await down.ping() is False
+        with pytest.raises(PublisherUnavailableError) as refused:
+            await down.publish([message])
+    assert refused.value.timeout_s is None
+
+
 async def test_publishing_twice_keeps_one_job(redis: aioredis.Redis, prefix: str) -> None:
     """OB-01/OB-06/OB-07: the same job id is a no-op while the job is kept (even completed)."""
     first = _message("dup-key", payload={"v": 1})

@@ -136,7 +136,16 @@ class OutboxTransactionRequiredError(OutboxError, RuntimeError):
 
 
 class PublisherUnavailableError(OutboxError, ConnectionError):
-    """The broker (Redis) cannot be reached: not the message's fault; retried without counting."""
+    """The broker (Redis) cannot be reached: not the message's fault; retried without counting.
+
+    Args:
+        timeout_s: Set by a publisher when a write got no answer within its socket timeout
+            (this many seconds), rather than being refused outright; see :class:`Publisher`.
+    """
+
+    def __init__(self, *args: object, timeout_s: float | None = None) -> None:
+        super().__init__(*args)
+        self.timeout_s = timeout_s
 
 
 class OutboxDatabaseError(OutboxError, ConnectionError):
@@ -283,6 +292,12 @@ class Publisher(Protocol):
 
         Raise :class:`PublisherUnavailableError` when nothing could be published because the
         broker is unreachable (the relay backs off and does not count an attempt).
+
+        A publisher may also define ``async def ping(self) -> bool`` (``True``: the broker
+        answers now, within the socket timeout). When a one-message batch's write timed out
+        (the error's ``timeout_s`` is set) and ``ping()`` then returns ``True``, the broker is up
+        and the message cannot be written in time: the relay counts a failed attempt instead of
+        backing off (``sdcore.queues.BullMQPublisher`` does both).
         """
         ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -387,11 +388,14 @@ class OutboxRelay(AsyncStartStop):
         try:
             published = list(await self._publisher.publish(valid)) if valid else []
         except PublisherUnavailableError as exc:
+            too_slow = await self._too_slow(messages, exc)  # the claim is still kept meanwhile
             await _stop(keeper)
             self._cap = max(1, len(messages) // 2)
             if self._ok_rows is not None and len(messages) > self._ok_rows:
                 self._hold = (self._ok_rows, time.monotonic() + HOLD_S)
             self._ok_rows = None
+            if too_slow is not None:  # a failed attempt of this row; the rows behind it go on
+                return [too_slow]
             await self.store.unclaim(
                 [m.id for m in messages], token=token, error=error_text(exc)[:MAX_ERROR_LENGTH]
             )
@@ -412,6 +416,38 @@ class OutboxRelay(AsyncStartStop):
             return published
         outcome = dict(zip((m.id for m in valid), published, strict=True))
         return [invalid[m.id] if m.id in invalid else outcome[m.id] for m in messages]
+
+    async def _too_slow(
+        self, messages: list[OutboxMessage], exc: PublisherUnavailableError
+    ) -> TimeoutError | None:
+        """The failure to record when a one-row batch was refused for its size, not an outage.
+
+        Splitting cannot shrink a single job: a row whose one-job write cannot finish within the
+        socket timeout would be handed back, attempts untouched, first in line, for ever. How
+        the two are told apart: only a one-row batch whose write got no answer within the
+        socket timeout (the publisher set ``timeout_s``) is considered, and the relay then asks
+        the publisher's ``ping()``. Redis answering means it is up and this job cannot be
+        written in time: a failed attempt (back-off, ``DEAD`` after ``max_attempts``). A ping
+        that fails or times out (Redis down, stopped, refusing connections), an error that is
+        no timeout, or a publisher without ``ping()``: an outage, which counts no attempt.
+        """
+        ping = getattr(self._publisher, "ping", None)
+        if len(messages) != 1 or exc.timeout_s is None or ping is None:
+            return None
+        try:
+            answering = bool(await ping())
+        except Exception:  # noqa: BLE001 - a ping that fails is a broker that does not answer
+            answering = False
+        if not answering:
+            return None
+        size = len(json.dumps(messages[0].payload, separators=(",", ":")))
+        return TimeoutError(
+            f"the job ({size} bytes of payload) could not be written to Redis within the"
+            f" publisher's socket timeout of {exc.timeout_s:g} s, while Redis answers PING:"
+            " the link is too slow for a job this size; raise the publisher's socket timeout"
+            " (socket_timeout_s) or send a smaller payload (the job may already be in Redis if"
+            " the cut-off write still arrived)"
+        )
 
     async def _keep_claim(self, ids: list[int], token: uuid.UUID) -> None:
         # A claim lasts while its relay is publishing (up to KEEP_CLAIMS times claim_ms): a

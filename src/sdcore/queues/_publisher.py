@@ -24,6 +24,7 @@ from sdcore.queues._redis import (
     check_redis_server,
     connect,
     is_unavailable,
+    timed_out,
 )
 
 # BullMQ's own encoding of a job's data (compact, ASCII-only: its length in characters is its
@@ -231,6 +232,7 @@ class BullMQPublisher(AsyncStartStop):
         Raises:
             PublisherUnavailableError: Redis is down, timing out or refusing writes; some
                 messages of the batch may already be in Redis (publishing them again is a no-op).
+                Its ``timeout_s`` is the socket timeout when a write got no answer within it.
         """
         if self._closed:
             raise RuntimeError("the publisher is closed")
@@ -252,9 +254,7 @@ class BullMQPublisher(AsyncStartStop):
                 added = await queue.addBulk([job for _, job in jobs])
             except Exception as exc:
                 if is_unavailable(exc):
-                    raise PublisherUnavailableError(
-                        f"Redis unavailable: {redact_text(error_text(exc))}"
-                    ) from exc
+                    raise self._unavailable(exc) from exc
                 await self._add_one_by_one(queue, jobs, results)
                 continue
             for (index, job), result in zip(jobs, added, strict=True):
@@ -273,7 +273,28 @@ class BullMQPublisher(AsyncStartStop):
                 await queue.add(job["name"], job["data"], job["opts"])
             except Exception as exc:
                 if is_unavailable(exc):
-                    raise PublisherUnavailableError(
-                        f"Redis unavailable: {redact_text(error_text(exc))}"
-                    ) from exc
+                    raise self._unavailable(exc) from exc
                 results[index] = exc
+
+    def _unavailable(self, exc: BaseException) -> PublisherUnavailableError:
+        # A write that got no answer within the socket timeout carries that timeout: the relay
+        # then pings (ping()) to tell a broker that is down from a job too slow to write.
+        kwargs = getattr(self._redis.connection_pool, "connection_kwargs", {})
+        timeout = kwargs.get("socket_timeout")
+        return PublisherUnavailableError(
+            f"Redis unavailable: {redact_text(error_text(exc))}",
+            timeout_s=float(timeout) if timed_out(exc) and timeout else None,
+        )
+
+    async def ping(self) -> bool:
+        """Tell whether Redis answers a ``PING`` now (within the client's socket timeout).
+
+        Any failure (refused, timed out, an error reply) is ``False``; only a reply is ``True``.
+        """
+        if self._closed:
+            raise RuntimeError("the publisher is closed")
+        try:
+            await self._redis.ping()
+        except Exception:  # noqa: BLE001 - any failure means "not answering"
+            return False
+        return True

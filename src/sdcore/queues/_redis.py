@@ -179,6 +179,15 @@ def error_code(exc: BaseException) -> str | None:
     return code
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Tell whether a command failed by getting no answer within the socket timeout.
+
+    By the exception's class (redis-py's or asyncio's timeout), or its direct cause's.
+    """
+    timeouts = (redis_errors.TimeoutError, TimeoutError)
+    return isinstance(exc, timeouts) or isinstance(exc.__cause__, timeouts)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Tell whether an error means Redis cannot take writes now (retry later, not the message).
 
