@@ -288,6 +288,19 @@ class LinkedJobs(BaseJobScheduler):
         self.link.check()
         return await self.shared.fail(lease, data)
 
+    async def _reopen(
+        self,
+        lease: JobLease,
+        data: Any,
+        *,
+        released: str | None = None,
+        given_back: str | None = None,
+    ) -> bool:
+        # release() and give_back() write their marks as columns through this hook: a wrapper
+        # that left it to the base class would record plain failures instead.
+        self.link.check()
+        return await self.shared._reopen(lease, data, released=released, given_back=given_back)
+
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         self.link.check()
         return await self.shared.statuses(lock_keys)
@@ -1073,12 +1086,22 @@ class Sim:
                         f"missed_ticks {'lists' if missed else 'omits'} it",
                     )
                 ran = sum(1 for r in self.runs.get((name, run_key), ()) if r.source != "trigger")
-                given_back = row is not None and GIVEN_BACK in (row.data or {})
-                if missed is not None and (missed.attempts or 0) > 0 and ran == 0 and given_back:
+                lock = JobAcquireOptions(code=name, run_key=run_key).lock_key
+                # The mark is the row's given_back column (MissedTick.given_back carries its
+                # reason); the row's data only repeats it for operators.
+                reason = self.jobs._given_back.get(lock) if row is not None else None
+                if row is not None and GIVEN_BACK in (row.data or {}) and reason is None:
+                    reason = "<data only>"
+                if (
+                    missed is not None
+                    and reason is not None
+                    and (missed.given_back != reason or (ran == 0 and (missed.attempts or 0) > 0))
+                ):
                     self.violate(
                         "given_back_reporting",
-                        f"{name} {run_key}: missed_ticks reports {missed.attempts} attempt(s) "
-                        f"({missed.status}), but its handler never ran",
+                        f"{name} {run_key}: given back ({reason!r}), handler ran {ran} time(s); "
+                        f"missed_ticks reports given_back={missed.given_back!r}, "
+                        f"{missed.attempts} attempt(s) ({missed.status})",
                     )
                 at = trigger.next_after(at)
 
