@@ -325,3 +325,40 @@ async def test_no_retry_starts_once_the_pause_is_applied(exclusive: bool) -> Non
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+@in_loop_time
+async def test_the_sweep_keeps_the_ticks_a_resume_chose_to_catch_up() -> None:
+    # catch_up="all": the resume's catch-up chooses the ticks the pause skipped (rows "skipped:
+    # paused") and starts them one after the other. The sweep that comes meanwhile replaces the
+    # pending ticks with its own choice: it must keep those, though their rows say "skipped".
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        await asyncio.sleep(0.45)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(8.0)  # six catch-up runs of 0.45 s, live ticks between, two sweeps
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()

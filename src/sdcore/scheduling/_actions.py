@@ -15,7 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, TickRecord
-from sdcore.scheduling._catch_up import MAX_CATCH_UP, MAX_RANGE_TICKS, latest_instants, lock_key
+from sdcore.scheduling._catch_up import (
+    MAX_CATCH_UP,
+    MAX_RANGE_TICKS,
+    latest_instants,
+    lock_key,
+    skipped_paused,
+)
 from sdcore.scheduling._control import (
     BACKFILL_PREFIX,
     TRIGGER_PREFIX,
@@ -347,12 +353,7 @@ class ActionRunner:
                 chosen.append(instant)  # a failed tick whose retries the pause held back
             elif instant in before:
                 continue  # before the pause: the schedule's own policies had it
-            elif (
-                record is None
-                or record.released
-                or record.given_back
-                or (record.attempts == 0 and record.skipped == "paused")
-            ):
+            elif record is None or record.released or record.given_back or skipped_paused(record):
                 chosen.append(instant)
         if entry.policy.catch_up is CatchUp.LATEST:
             chosen = chosen[-1:]

@@ -503,7 +503,11 @@ class Supervisor:
         try:
             fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
             consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
-            start, _ = await to_start(jobs, entry.name, entry.trigger, consider)
+            # The pending ticks were chosen already: a resume's among them were chosen because
+            # the pause skipped them, and replacing the pending set must not drop them.
+            start, _ = await to_start(
+                jobs, entry.name, entry.trigger, consider, chosen=entry.pending
+            )
         except (JobSchedulerError, ValueError) as exc:
             self._catch_up_failed(entry, exc)
             return
