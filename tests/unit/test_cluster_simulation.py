@@ -459,3 +459,36 @@ async def test_a_live_fire_waiting_behind_a_backfill_run_is_no_skip_of_a_later_p
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_fire_during_a_trigger_runs_retry_backoff_is_an_overlap_skip() -> None:
+    # Overlap "skip": a triggered run failed and waits out its retry backoff when a live tick
+    # fires. That run is going on here (not waiting on the database): the fire is an overlap,
+    # recorded as skipped, not left without a row as a tick a database outage made miss.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+
+    async def report(tick: Tick) -> None:
+        if current_path() is StartPath.TRIGGER and tick.attempt == 1:
+            raise RuntimeError("fails once")
+
+    scheduler.add_interval("report", 1_000, report, retries=1, retry_backoff_ms=500)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.75)
+        await ScheduleAdmin(store, clock=now).trigger("report", actor="ops")
+        await asyncio.sleep(1.0)  # attempt 1 fails at about 1.8 s; the fire at 2 s; retry 2.3 s
+        missed = await scheduler.missed_ticks("report", BASE + timedelta(seconds=2), now())
+        assert [(m.run_key, m.skipped) for m in missed] == [("2026-07-20T03:00:02Z", "overlap")]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
