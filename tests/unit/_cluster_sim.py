@@ -1012,12 +1012,22 @@ class Sim:
                 and not self._paused_at(name, t + horizon)
                 and self._up_at(t)
             )
+            # A later pause holds the resume's catch-up back; the next resume runs what it held,
+            # if the catch-up window still has the tick then (so only a pause that lasts until
+            # the window's end excuses it). Changes of the definition end the catch-up too.
+            window_end = t + definition.window_ms / 1000
+            held_to_window_end = any(
+                t < lo < t + catch_horizon and hi > window_end - resume_horizon
+                for lo, hi in self.paused[name]
+            )
             if (
                 skipped == "paused"
                 and definition.catch_up == "all"
                 and not self._paused_at(name, t)
                 and self._quiet(self.disturbed, t, t + resume_horizon)
                 and self._quiet(self.schedule_events[name], t, t + resume_horizon)
+                and self._quiet(self.definition_events[name], t, t + catch_horizon)
+                and not held_to_window_end
             ):
                 self.violate(
                     "resume_gap",

@@ -492,3 +492,43 @@ async def test_a_fire_during_a_trigger_runs_retry_backoff_is_an_overlap_skip() -
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_short_second_pause_keeps_the_first_resumes_catch_up() -> None:
+    # catch_up="all": the resume's catch-up runs the pause's ticks one after the other; a second
+    # pause holds the rest back. The second resume must run them too, not only its own pause's.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        await asyncio.sleep(0.45)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(0.6)  # the first of them runs
+        await admin.pause("sync", actor="ops")
+        await asyncio.sleep(0.5)
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(8.0)
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()

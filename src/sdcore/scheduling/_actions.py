@@ -337,7 +337,12 @@ class ActionRunner:
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
         # The last tick before the pause may have failed with its retries held back by it.
         before = latest_instants(entry.trigger, window_start, start, 1)
-        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
+        # Ticks an earlier catch-up chose and this pause held back (a resume's, say, paused
+        # again before it reached them): starting this catch-up replaces the pending set, so
+        # they are chosen again here by the same rules, or they would be dropped.
+        held = sorted(t for t in entry.pending if window_start <= t < start)
+        ordered = sorted({*before, *held, *instants})
+        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in ordered}
         records = await self._records(list(keys))
         chosen = []
         budget = entry.policy.retries + 1
@@ -351,7 +356,7 @@ class ActionRunner:
                 and not record.given_back
             ):
                 chosen.append(instant)  # a failed tick whose retries the pause held back
-            elif instant in before:
+            elif instant in before and instant not in held:
                 continue  # before the pause: the schedule's own policies had it
             elif record is None or record.released or record.given_back or skipped_paused(record):
                 chosen.append(instant)
