@@ -532,3 +532,39 @@ async def test_a_short_second_pause_keeps_the_first_resumes_catch_up() -> None:
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_tick_due_at_the_instant_the_resume_is_applied_is_caught_up() -> None:
+    # Without LISTEN the replica applies the resume at its poll; a tick due at that very instant
+    # fires first in the same turn of the loop and is skipped as paused. catch_up="all": the
+    # resume's catch-up must count it among the pause's ticks.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=300, listen=False, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        pass
+
+    scheduler.add_interval("sync", 600, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.0)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(1.35)
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(3.0)
+        missed = await scheduler.missed_ticks("sync", paused, now() - timedelta(seconds=1))
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()

@@ -331,7 +331,9 @@ class ActionRunner:
         now = self._clock()
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         start = max(paused_at, window_start)
-        end = max(now, resumed_at)
+        # Inclusive of the instant this replica applied the resume: a tick due at that very
+        # instant may have been skipped as paused just before, in the same turn of the loop.
+        end = max(now, resumed_at) + timedelta(microseconds=1)
         if end <= start:
             return
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
