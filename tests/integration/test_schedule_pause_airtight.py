@@ -711,7 +711,7 @@ async def test_a_live_tick_deferred_behind_a_backfill_and_then_paused_is_caught_
             return bool(scheduler._sup._deferred)
 
         await _until(deferred)
-        waiting = [_run_key(due) for queue in scheduler._sup._deferred.values() for due in queue]
+        waiting = [_run_key(due) for due in scheduler._sup._deferred.values()]
         await admin.pause("sync", actor="ops")
 
         async def held() -> bool:

@@ -18,6 +18,8 @@ import pytest
 
 from sdcore.job_scheduler import JobAcquireOptions
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
+from sdcore.scheduling._policy import StartPath
+from sdcore.scheduling._supervisor import current_path
 from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
 from tests.unit._cluster_sim import BASE, HOLES, Def, Step, draw_steps, run_episode, shrink
 from tests.unit._looptime import in_loop_time
@@ -322,6 +324,247 @@ async def test_no_retry_starts_once_the_pause_is_applied(exclusive: bool) -> Non
         await asyncio.sleep(5.0)
         assert control.paused("report")
         assert attempts == [(1, False)]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_the_sweep_keeps_the_ticks_a_resume_chose_to_catch_up() -> None:
+    # catch_up="all": the resume's catch-up chooses the ticks the pause skipped (rows "skipped:
+    # paused") and starts them one after the other. The sweep that comes meanwhile replaces the
+    # pending ticks with its own choice: it must keep those, though their rows say "skipped".
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        await asyncio.sleep(0.45)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(8.0)  # six catch-up runs of 0.45 s, live ticks between, two sweeps
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_long_backfill_run_leaves_one_live_fire_waiting_not_a_backlog() -> None:
+    # Overlap "skip", a tick every 200 ms, a backfill run of 3 s: fifteen live fires fall behind
+    # it. Only the latest waits and starts when the backfill run ends; the earlier ones are
+    # missed ticks (no row). Replaying all of them one after the other would keep the schedule
+    # behind its grid, its fresh fires recorded as overlap skips behind stale ones.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    live: list[tuple[datetime, float]] = []
+    backfill_ended: list[float] = []
+
+    async def beat(tick: Tick) -> None:
+        if current_path() is StartPath.BACKFILL:
+            await asyncio.sleep(3.0)
+            backfill_ended.append(loop.time())
+            return
+        live.append((tick.scheduled_at, loop.time()))
+        await asyncio.sleep(0.15)
+
+    scheduler.add_interval("beat", 200, beat)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.01)
+        past = BASE - timedelta(seconds=10)  # one tick, which never ran
+        await ScheduleAdmin(store, clock=now).backfill("beat", past, past, actor="ops")
+        await asyncio.sleep(6.0)
+        assert len(backfill_ended) == 1
+        ended = BASE + timedelta(seconds=backfill_ended[0])
+        waited = [(due, started) for due, started in live if due < ended and started >= 1.1]
+        assert len(waited) == 1, waited  # the latest fire behind the backfill run, at its end
+        assert waited[0][1] - backfill_ended[0] < 0.05
+        fresh = [due for due, _ in live if due > ended + timedelta(seconds=0.2)]
+        missed = await scheduler.missed_ticks("beat", ended + timedelta(seconds=0.2), now())
+        assert fresh
+        assert [m.skipped for m in missed if m.scheduled_at < now() - timedelta(seconds=1)] == []
+        late = [(due, started) for due, started in live if due > ended]
+        assert all(started - (due - BASE).total_seconds() < 0.05 for due, started in late), late
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_live_fire_waiting_behind_a_backfill_run_is_no_skip_of_a_later_pause() -> None:
+    # A live fire waits behind a backfill run; the schedule is paused before that run ends. The
+    # fire must not start, and must not be recorded "skipped: paused" either: it fell before the
+    # pause, which a resume's catch-up (from the pause on) would never cover. It stays a missed
+    # tick without a row.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+    live: list[str] = []
+
+    async def beat(tick: Tick) -> None:
+        if current_path() is StartPath.BACKFILL:
+            await asyncio.sleep(3.0)
+        else:
+            live.append(f"{tick.run_key} {loop.time()}")
+
+    scheduler.add_interval("report", 1_000, beat)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.5)
+        past = BASE - timedelta(seconds=10)
+        await admin.backfill("report", past, past, actor="ops")
+        await asyncio.sleep(1.0)  # the fire at 2 s waits behind the backfill run (to 4.5 s)
+        await admin.pause("report", actor="ops")
+        paused_at = now()
+        await asyncio.sleep(4.0)
+        assert not [r for r in live if r.startswith("2026-07-20T03:00:02Z")], live
+        missed = {m.run_key: m for m in await scheduler.missed_ticks("report", BASE, paused_at)}
+        waited = missed.get("2026-07-20T03:00:02Z")
+        assert waited is not None, (live, missed)
+        assert (waited.status, waited.skipped) == (None, None), waited
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_fire_during_a_trigger_runs_retry_backoff_is_an_overlap_skip() -> None:
+    # Overlap "skip": a triggered run failed and waits out its retry backoff when a live tick
+    # fires. That run is going on here (not waiting on the database): the fire is an overlap,
+    # recorded as skipped, not left without a row as a tick a database outage made miss.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+
+    async def report(tick: Tick) -> None:
+        if current_path() is StartPath.TRIGGER and tick.attempt == 1:
+            raise RuntimeError("fails once")
+
+    scheduler.add_interval("report", 1_000, report, retries=1, retry_backoff_ms=500)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.75)
+        await ScheduleAdmin(store, clock=now).trigger("report", actor="ops")
+        await asyncio.sleep(1.0)  # attempt 1 fails at about 1.8 s; the fire at 2 s; retry 2.3 s
+        missed = await scheduler.missed_ticks("report", BASE + timedelta(seconds=2), now())
+        assert [(m.run_key, m.skipped) for m in missed] == [("2026-07-20T03:00:02Z", "overlap")]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_short_second_pause_keeps_the_first_resumes_catch_up() -> None:
+    # catch_up="all": the resume's catch-up runs the pause's ticks one after the other; a second
+    # pause holds the rest back. The second resume must run them too, not only its own pause's.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        await asyncio.sleep(0.45)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(0.6)  # the first of them runs
+        await admin.pause("sync", actor="ops")
+        await asyncio.sleep(0.5)
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(8.0)
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_tick_due_at_the_instant_the_resume_is_applied_is_caught_up() -> None:
+    # Without LISTEN the replica applies the resume at its poll; a tick due at that very instant
+    # fires first in the same turn of the loop and is skipped as paused. catch_up="all": the
+    # resume's catch-up must count it among the pause's ticks.
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=300, listen=False, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+
+    async def sync(tick: Tick) -> None:
+        pass
+
+    scheduler.add_interval("sync", 600, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.0)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(1.35)
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(3.0)
+        missed = await scheduler.missed_ticks("sync", paused, now() - timedelta(seconds=1))
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
     finally:
         await control.aclose()
         await scheduler.aclose()

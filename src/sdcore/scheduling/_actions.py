@@ -15,7 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, TickRecord
-from sdcore.scheduling._catch_up import MAX_CATCH_UP, MAX_RANGE_TICKS, latest_instants, lock_key
+from sdcore.scheduling._catch_up import (
+    MAX_CATCH_UP,
+    MAX_RANGE_TICKS,
+    latest_instants,
+    lock_key,
+    skipped_paused,
+)
 from sdcore.scheduling._control import (
     BACKFILL_PREFIX,
     TRIGGER_PREFIX,
@@ -346,7 +352,9 @@ class ActionRunner:
         now = self._clock()
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         start = max(paused_at, window_start)
-        end = max(now, resumed_at)
+        # Inclusive of the instant this replica applied the resume: a tick due at that very
+        # instant may have been skipped as paused just before, in the same turn of the loop.
+        end = max(now, resumed_at) + timedelta(microseconds=1)
         if end <= start:
             return
         instants = latest_instants(entry.trigger, start, end, MAX_CATCH_UP)
@@ -356,7 +364,12 @@ class ActionRunner:
         before = latest_instants(entry.trigger, window_start, start, MAX_CATCH_UP)
         before_set = set(before)
         earlier = set(before[:-1])  # all but the last tick before the pause
-        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in [*before, *instants]}
+        # Ticks an earlier catch-up chose and this pause held back (a resume's, say, paused
+        # again before it reached them): starting this catch-up replaces the pending set, so
+        # they are chosen again here by the same rules, or they would be dropped.
+        held = {t for t in entry.pending if window_start <= t < start}
+        ordered = sorted({*before, *held, *instants})
+        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in ordered}
         records = await self._records(list(keys))
         chosen = []
         budget = entry.policy.retries + 1
@@ -387,9 +400,9 @@ class ActionRunner:
                 and not record.released
             ):
                 chosen.append(instant)  # a failed tick whose retries the pause held back
-            elif instant in before_set:
+            elif instant in before_set and instant not in held:
                 continue  # before the pause: the schedule's own policies had it
-            elif record is None or record.released:
+            elif record is None or record.released or skipped_paused(record):
                 chosen.append(instant)
         if entry.policy.catch_up is CatchUp.LATEST:
             chosen = chosen[-1:]

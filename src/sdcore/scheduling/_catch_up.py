@@ -4,7 +4,9 @@ Rules (docs/explanation/scheduling.md, "Catch-up"):
 
 - A tick is *settled* when its row is ``SUCCESS``, a ``FAIL`` the retry policy owns (not
   released by an operator, nor given back unstarted by the acquire that won it), or recorded as
-  skipped. Catch-up never starts a settled tick.
+  skipped. Catch-up never starts a settled tick, except that a resume's catch-up starts the
+  ticks the pause recorded as skipped (``"paused"``, never attempted), and the sweep keeps those
+  among the pending ticks it replaces.
 - Start-up catch-up looks back ``catch_up_window_ms`` from the start, but never before the
   schedule's first row in the lease table: a schedule never seen before has nothing to catch up.
 - ``latest`` considers only the most recent instant of its range, found by walking back from the
@@ -15,6 +17,7 @@ Rules (docs/explanation/scheduling.md, "Catch-up"):
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -153,10 +156,24 @@ async def at_start(
     return [t for t in existing if not settled(by_instant[t])]
 
 
+def skipped_paused(record: TickRecord | None) -> bool:
+    """Was the tick recorded as skipped by a pause, never attempted (resume catch-up's own)?"""
+    return record is not None and record.attempts == 0 and record.skipped == "paused"
+
+
 async def to_start(
-    jobs: BaseJobScheduler, name: str, trigger: Trigger, instants: list[datetime]
+    jobs: BaseJobScheduler,
+    name: str,
+    trigger: Trigger,
+    instants: list[datetime],
+    *,
+    chosen: AbstractSet[datetime] = frozenset(),
 ) -> tuple[list[datetime], list[datetime]]:
     """Split ``instants`` into ticks to start now and ticks left ``RUNNING`` (to re-check).
+
+    ``chosen``: instants a catch-up already decided to start (the schedule's pending ones). A
+    resume's catch-up chooses ticks *because* the pause skipped them, so a ``"paused"`` skip row
+    does not settle those: it did not settle them when they were chosen either.
 
     Returns:
         ``(start, running)``: unsettled ticks (never started, released, or ``RUNNING``: the lease
@@ -168,7 +185,7 @@ async def to_start(
     running: list[datetime] = []
     for key, instant in keys.items():
         record = records.get(key)
-        if settled(record):
+        if settled(record) and not (instant in chosen and skipped_paused(record)):
             continue
         start.append(instant)
         if record is not None and record.status is JobSchedulerStatus.RUNNING:

@@ -97,8 +97,9 @@ class TickRunner:
         self.jobs = jobs
         self.log = logger
         self.acquirer = None if jobs is None else TickAcquirer(jobs, logger)
-        # Exclusive ticks whose handler is executing now, or that wait out their jitter, by
-        # schedule (the overlap policy tells such a run from one waiting on the database).
+        # Exclusive ticks whose handler is executing now, or that wait out their jitter or a
+        # retry backoff, by schedule (the overlap policy tells such a run from one waiting on
+        # the database).
         self.in_handler = HandlerCount()
 
     def acquires_first(self, policy: RunPolicy) -> bool:
@@ -343,7 +344,13 @@ class TickRunner:
                     extra={"action": "retry_skipped", "schedule": name, "run_key": tick.run_key},
                 )
                 break
-            await asyncio.sleep(wait)
+            # Waiting out its backoff, the run is still a run of the schedule here (not one that
+            # waits on the database): a fire meanwhile is an overlap, as during its handler.
+            self.in_handler.enter(name)
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self.in_handler.leave(name)
             # Each retry is a new start: a pause applied since the last attempt ends the tick
             # here (its row keeps the attempts left; resume's catch-up decides about it). A
             # process that slept through the backoff reads the paused state again first.

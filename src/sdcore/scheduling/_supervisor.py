@@ -104,11 +104,15 @@ class Supervisor:
         # tick starts any more (the end of a cancelled tick would otherwise start the next
         # one, a task that shutdown no longer waits for and that outlives aclose()).
         self.closed = False
-        # Ticks the control plane started for past instants (backfill, catch-up): they do not
-        # make a live fire of the same schedule an overlap skip (see _admit).
+        # Ticks started for past instants (backfill, catch-up, sweep): they do not make a live
+        # fire of the same schedule an overlap skip (see _admit).
         self._background: set[asyncio.Task[Any]] = set()
-        # Live fires that waited for such a run to end, by schedule, oldest first.
-        self._deferred: dict[Entry, list[datetime]] = {}
+        # The latest live fire of each schedule that waits for such a run to end. Only the
+        # latest waits: a long run in the way would otherwise queue every fire of its length,
+        # and replaying them one after the other puts the schedule behind for good (its fresh
+        # fires are then overlap skips behind stale ones). An earlier fire it replaces is a
+        # missed tick, without a row, that the catch-up policy decides about.
+        self._deferred: dict[Entry, datetime] = {}
         # The latest fire of each schedule that came while the gate could not tell whether it
         # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
         self._unknown: dict[Entry, datetime] = {}
@@ -355,7 +359,8 @@ class Supervisor:
             if path is StartPath.FIRE and entry.running <= self._background:
                 # Only backfill or catch-up runs are in the way: the live tick is not an overlap
                 # of the schedule with itself, and skipping it would lose it for good (a skip
-                # row is settled). It starts, one after the other, when they end (_ended).
+                # row is settled). It starts when they end (_ended), unless a later fire
+                # replaces it first (see _deferred).
                 self._defer(entry, due, tick)
                 return None
             if (
@@ -441,7 +446,7 @@ class Supervisor:
         task: asyncio.Task[TickOutcome] = self._own(
             coro, f"sdcore-tick:{entry.name}", context, (entry, due)
         )
-        if path in (StartPath.BACKFILL, StartPath.CATCH_UP):
+        if path in (StartPath.BACKFILL, StartPath.CATCH_UP, StartPath.SWEEP):
             self._background.add(task)
         entry.running.add(task)
         entry.in_flight.add(due)
@@ -533,7 +538,11 @@ class Supervisor:
         try:
             fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
             consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
-            start, _ = await to_start(jobs, entry.name, entry.trigger, consider)
+            # The pending ticks were chosen already: a resume's among them were chosen because
+            # the pause skipped them, and replacing the pending set must not drop them.
+            start, _ = await to_start(
+                jobs, entry.name, entry.trigger, consider, chosen=entry.pending
+            )
         except (JobSchedulerError, ValueError) as exc:
             self._catch_up_failed(entry, exc)
             return
@@ -599,9 +608,16 @@ class Supervisor:
         self._own(record(), f"sdcore-paused:{entry.name}")
 
     def _defer(self, entry: Entry, due: datetime, tick: Tick) -> None:
-        queue = self._deferred.setdefault(entry, [])
-        if due not in queue:
-            queue.append(due)
+        earlier = self._deferred.get(entry)
+        if earlier is not None and earlier < due:
+            self._log.info(
+                "schedule %r run %r: a missed tick, the next fire waits in its place",
+                entry.name,
+                make_tick(entry.name, entry.trigger, entry.zone, earlier).run_key,
+                extra={"action": "tick_deferred_missed", "schedule": entry.name},
+            )
+        if earlier is None or earlier < due:
+            self._deferred[entry] = due
         self._log.info(
             "schedule %r run %r: waits for a backfill or catch-up run of it to end here",
             entry.name,
@@ -610,20 +626,28 @@ class Supervisor:
         )
 
     def _start_deferred(self, entry: Entry) -> None:
-        """Start the oldest live fire of ``entry`` that waited for a backfill or catch-up run."""
-        while True:
-            queue = self._deferred.get(entry)
-            if entry.removed or not entry.active or not queue:
-                self._deferred.pop(entry, None)
-                return
-            if entry.running:
-                return  # something started first; its end calls this again
-            due = queue.pop(0)
-            if not queue:
-                del self._deferred[entry]
-            if self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at) is not None:
-                return
-            # Not started (paused: a skip is recorded; or already in flight): the next one.
+        """Start the live fire of ``entry`` that waited for a backfill or catch-up run."""
+        due = self._deferred.get(entry)
+        if due is None or entry.removed or not entry.active:
+            self._deferred.pop(entry, None)
+            return
+        if entry.running:
+            return  # something started first; its end calls this again
+        del self._deferred[entry]
+        reason = None if self.gate is None else self.gate(entry.name)
+        if reason is not None and reason != GATE_UNKNOWN:
+            # Paused while it waited: the tick fell before the pause, so it is not the pause's
+            # skip (a resume's catch-up covers only the pause's own ticks). It stays without a
+            # row, a missed tick that the catch-up policy decides about.
+            self._log.info(
+                "schedule %r run %r: not started, the schedule became %s while it waited",
+                entry.name,
+                make_tick(entry.name, entry.trigger, entry.zone, due).run_key,
+                reason,
+                extra={"action": "tick_deferred_gated", "schedule": entry.name},
+            )
+            return
+        self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
 
     def _drain(self, entry: Entry) -> None:
         if self.closed or entry.removed or not entry.active or entry.running:
