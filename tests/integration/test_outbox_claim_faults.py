@@ -132,18 +132,34 @@ async def _slow_link(upstream: int, bytes_per_s: int) -> AsyncIterator[int]:
     Its sockets have small buffers, so the kernel does not absorb a large write.
     """
     chunk = 16 * 1024
+    # Every stream of the proxy, closed on exit: Server.close() leaves accepted connections
+    # open, and a writer left open when the test's loop closes warns when it is collected (in a
+    # later test, which then fails on the unraisable warning).
+    writers: list[asyncio.StreamWriter] = []
+    tasks: set[asyncio.Task[None]] = set()
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await reader.read(chunk):
-                writer.write(data)
-                await writer.drain()
-                if slow:
-                    await asyncio.sleep(len(data) / bytes_per_s)
-        writer.close()
+        try:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await reader.read(chunk):
+                    writer.write(data)
+                    await writer.drain()
+                    if slow:
+                        await asyncio.sleep(len(data) / bytes_per_s)
+        finally:
+            writer.close()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        writers.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        except OSError:
+            writer.close()
+            return
+        writers.append(up_writer)
         await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
 
     listener = socket.socket()
@@ -154,6 +170,12 @@ async def _slow_link(upstream: int, bytes_per_s: int) -> AsyncIterator[int]:
         yield int(listener.getsockname()[1])
     finally:
         server.close()
+        for writer in writers:
+            writer.transport.abort()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
 
 
 async def test_a_batch_too_big_to_write_within_the_socket_timeout_is_split(
