@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -130,6 +132,34 @@ def test_cluster_simulation() -> None:
     )
     for hole, example in sorted(examples.items()):
         print(f"  {hole}: {example}")  # noqa: T201
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OneReplica:
+    """One replica on in-memory stores, its clock the loop's (the database clock here)."""
+
+    now: Callable[[], datetime]
+    jobs: InMemoryJobScheduler
+    store: InMemoryScheduleStore
+    scheduler: Scheduler
+    control: ScheduleControl
+    admin: ScheduleAdmin
+
+
+def _one_replica() -> _OneReplica:
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = InMemoryJobScheduler(clock=now)
+    store = InMemoryScheduleStore(jobs, clock=now)
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    admin = ScheduleAdmin(store, clock=now)
+    return _OneReplica(
+        now=now, jobs=jobs, store=store, scheduler=scheduler, control=control, admin=admin
+    )
 
 
 @in_loop_time
@@ -260,14 +290,8 @@ async def test_no_tick_starts_once_the_pause_is_applied_even_if_admitted_before(
     # The operator pauses at a tick's instant: the replica admitted the tick (gate open) and
     # applies the pause while the tick's lease acquire is in flight. Its handler must not start.
     loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    one = _one_replica()
+    now, scheduler, control, jobs, store = one.now, one.scheduler, one.control, one.jobs, one.store
     started_while_paused: list[str] = []
 
     async def beat(tick: Tick) -> None:
@@ -298,14 +322,8 @@ async def test_no_retry_starts_once_the_pause_is_applied(exclusive: bool) -> Non
     # A failed tick's retries are new attempts: none may start on a replica that holds the
     # schedule paused.
     loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    one = _one_replica()
+    now, scheduler, control, store = one.now, one.scheduler, one.control, one.store
     attempts: list[tuple[int, bool]] = []
 
     async def flaky(tick: Tick) -> None:
@@ -334,16 +352,8 @@ async def test_the_sweep_keeps_the_ticks_a_resume_chose_to_catch_up() -> None:
     # catch_up="all": the resume's catch-up chooses the ticks the pause skipped (rows "skipped:
     # paused") and starts them one after the other. The sweep that comes meanwhile replaces the
     # pending ticks with its own choice: it must keep those, though their rows say "skipped".
-    loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
-    admin = ScheduleAdmin(store, clock=now)
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
 
     async def sync(tick: Tick) -> None:
         await asyncio.sleep(0.45)
@@ -373,14 +383,8 @@ async def test_a_long_backfill_run_leaves_one_live_fire_waiting_not_a_backlog() 
     # missed ticks (no row). Replaying all of them one after the other would keep the schedule
     # behind its grid, its fresh fires recorded as overlap skips behind stale ones.
     loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    one = _one_replica()
+    now, scheduler, control, store = one.now, one.scheduler, one.control, one.store
     live: list[tuple[datetime, float]] = []
     backfill_ended: list[float] = []
 
@@ -423,15 +427,8 @@ async def test_a_live_fire_waiting_behind_a_backfill_run_is_no_skip_of_a_later_p
     # pause, which a resume's catch-up (from the pause on) would never cover. It stays a missed
     # tick without a row.
     loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
-    admin = ScheduleAdmin(store, clock=now)
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
     live: list[str] = []
 
     async def beat(tick: Tick) -> None:
@@ -466,15 +463,8 @@ async def test_a_fire_during_a_trigger_runs_retry_backoff_is_an_overlap_skip() -
     # Overlap "skip": a triggered run failed and waits out its retry backoff when a live tick
     # fires. That run is going on here (not waiting on the database): the fire is an overlap,
     # recorded as skipped, not left without a row as a tick a database outage made miss.
-    loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    one = _one_replica()
+    now, scheduler, control, store = one.now, one.scheduler, one.control, one.store
 
     async def report(tick: Tick) -> None:
         if current_path() is StartPath.TRIGGER and tick.attempt == 1:
@@ -498,16 +488,8 @@ async def test_a_fire_during_a_trigger_runs_retry_backoff_is_an_overlap_skip() -
 async def test_a_short_second_pause_keeps_the_first_resumes_catch_up() -> None:
     # catch_up="all": the resume's catch-up runs the pause's ticks one after the other; a second
     # pause holds the rest back. The second resume must run them too, not only its own pause's.
-    loop = asyncio.get_running_loop()
-
-    def now() -> datetime:
-        return BASE + timedelta(seconds=loop.time())
-
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
-    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
-    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
-    admin = ScheduleAdmin(store, clock=now)
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
 
     async def sync(tick: Tick) -> None:
         await asyncio.sleep(0.45)
