@@ -294,6 +294,11 @@ async def test_history_closes_the_attempt_a_takeover_superseded(
     jobs = JobSchedulerService(pool, max_connections=2)
     store = PostgresScheduleStore(pool)
     now = datetime.now(UTC)
+    if now.second >= 45:
+        # The taken-over tick must stay the latest one until catch-up runs: start clear of the
+        # minute boundary, after which catch-up="latest" would pick the next minute instead.
+        await asyncio.sleep(61 - now.second - now.microsecond / 1e6)
+        now = datetime.now(UTC)
     instant = now.replace(second=0, microsecond=0)
     run_key = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
     dead = await jobs.acquire(JobAcquireOptions(code="report", run_key=run_key, lease_ms=500))
