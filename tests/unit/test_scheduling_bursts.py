@@ -27,9 +27,9 @@ from sdcore.job_scheduler import (
 from sdcore.scheduling import Scheduler, Tick
 from sdcore.scheduling._cron import CronSpec
 from sdcore.scheduling._supervisor import BATCH_TICKS
-from sdcore.scheduling._timer import PREPARE_S, SLICE
+from sdcore.scheduling._timer import SLICE
 from sdcore.testing import InMemoryJobScheduler
-from tests.unit._looptime import block_loop, in_loop_time, loop_clock
+from tests.unit._looptime import in_loop_time, loop_clock
 
 
 class _Counting(InMemoryJobScheduler):
@@ -83,89 +83,12 @@ async def test_a_burst_on_three_replicas_runs_each_tick_once_in_few_calls() -> N
     assert len(per_tick) == 300 * len(instants)
     assert set(per_tick.values()) == {1}
     # The timer closes a batch after the first start slice that brings it to BATCH_TICKS
-    # ticks (or at the burst's end): per batch, replica and instant, its lead key alone, then
-    # the rest in one call.
+    # ticks (or at the burst's end): one call per batch, replica and instant.
     per_call = math.ceil(BATCH_TICKS / SLICE) * SLICE
     per_instant = math.ceil(300 / per_call)
-    assert len(jobs.batches) == 2 * 3 * len(instants) * per_instant
-    assert jobs.batches.count(1) == 3 * len(instants) * per_instant
+    assert len(jobs.batches) == 3 * len(instants) * per_instant
     assert sum(jobs.batches) == 3 * 300 * len(instants)
-    assert max(jobs.batches) == min(per_call, 300) - 1
-    assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
-
-
-def _burst(
-    replicas: list[Scheduler], count: int, ledger: list[tuple[str, str | None, int, float]]
-) -> None:
-    """``count`` schedules due every 4 s (first at 4 s) on each replica; handlers log starts."""
-    for replica, scheduler in enumerate(replicas):
-        for i in range(count):
-
-            async def handler(tick: Tick, replica: int = replica) -> None:
-                at = asyncio.get_running_loop().time()
-                ledger.append((tick.schedule, tick.run_key, replica, at))
-
-            scheduler.add_cron(f"digest-{i:03d}", "*/4 * * * * *", handler)
-
-
-@in_loop_time
-async def test_replicas_that_lose_a_calls_lead_key_send_its_other_keys_later() -> None:
-    jobs = _Counting(clock=loop_clock())
-    ledger: list[tuple[str, str | None, int, float]] = []
-    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
-    _burst(replicas, 100, ledger)
-    async with replicas[0], replicas[1], replicas[2]:
-        await asyncio.sleep(7.0)  # the instant at 4 s, the next at 8 s
-    assert len(ledger) == 100
-    assert len({(name, key) for name, key, *_ in ledger}) == 100
-    assert len({replica for _, _, replica, _ in ledger}) == 1  # one replica took the call
-    assert all(4.0 <= at < 4.1 for *_, at in ledger)  # no handler waited for the deferral
-    leads = [(at, won) for at, keys, won in jobs.calls if keys == 1]
-    rests = sorted((at, won) for at, keys, won in jobs.calls if keys == 99)
-    assert len(leads) == len(rests) == 3
-    assert sorted(won for _, won in leads) == [0, 0, 1]
-    # The winner's rest went out at once and won every key; the two others 2 s later (half
-    # the time to the next tick, the deadline: under LEAD_DEFER_S) and won none.
-    assert rests[0][0] < 4.1
-    assert rests[0][1] == 99
-    assert [round(at - 4.0, 1) for at, _ in rests[1:]] == [2.0, 2.0]
-    assert [won for _, won in rests[1:]] == [0, 0]
-
-
-@in_loop_time
-async def test_keys_the_lead_winner_did_not_take_are_won_after_the_deferral() -> None:
-    jobs = _Counting(clock=loop_clock())
-    jobs.fail_next_larger_than = 1  # the lead winner's rest call fails (its replica "died")
-    ledger: list[tuple[str, str | None, int, float]] = []
-    replicas = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(2)]
-    _burst(replicas, 50, ledger)
-    async with replicas[0], replicas[1]:
-        await asyncio.sleep(7.0)
-    by_tick = Counter((name, key) for name, key, *_ in ledger)
-    assert len(by_tick) == 50
-    assert set(by_tick.values()) == {1}  # every tick exactly once
-    late = sorted(at for *_, at in ledger if at >= 5.0)
-    assert len(late) == 49  # the lead key ran at once; the rest after the deferral (6.0 s)
-    assert late[0] >= 6.0
-    assert late[-1] < 6.1
-
-
-@in_loop_time
-async def test_a_shutdown_during_the_deferral_sends_nothing_more_and_does_not_wait_for_it() -> None:
-    jobs = _Counting(clock=loop_clock())
-    ledger: list[tuple[str, str | None, int, float]] = []
-    replicas = [Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100) for _ in range(2)]
-    _burst(replicas, 50, ledger)
-    await replicas[0].start_all()
-    await replicas[1].start_all()
-    await asyncio.sleep(4.5)  # the burst at 4 s: one replica won, the other is deferring
-    calls = len(jobs.calls)
-    stopping = asyncio.get_running_loop().time()
-    await replicas[0].aclose()
-    await replicas[1].aclose()
-    assert asyncio.get_running_loop().time() - stopping < 0.5  # not until 6.0 s
-    assert len(jobs.calls) == calls  # the deferred keys were never sent
-    assert len(ledger) == 50
+    assert max(jobs.batches) == min(per_call, 300)
     assert not any(r.status is JobSchedulerStatus.RUNNING for r in jobs.rows())
 
 
@@ -242,18 +165,18 @@ async def test_the_ticks_of_a_failed_call_do_not_lengthen_its_shared_traceback(
         await asyncio.sleep(2.5)
     not_run = [r for r in caplog.records if getattr(r, "action", None) == "tick_not_run"]
     assert len(not_run) == 300
-    assert len(jobs.raised) == 2  # the lead key's call, then the rest's
+    assert len(jobs.raised) == 1  # one call for the burst's 300 keys
     for error in jobs.raised:
         assert len(traceback.extract_tb(error.__traceback__)) <= 4
 
 
 class _Buggy(InMemoryJobScheduler):
-    """A job scheduler with a bug: its first batch calls (a burst's lead key's and the rest's),
-    or every skip record, raise TypeError."""
+    """A job scheduler with a bug: its first batch call, or every skip record, raises
+    TypeError."""
 
     def __init__(self, clock: Any, *, broken_skips: bool = False) -> None:
         super().__init__(clock=clock)
-        self.broken_calls = 2
+        self.broken_calls = 1
         self.broken_skips = broken_skips
 
     async def acquire_attempts(
@@ -464,24 +387,9 @@ async def test_a_replica_starts_a_task_only_for_the_ticks_it_won(
     assert len(tick_tasks) == len(ledger)
 
 
-def _spy_prepare(scheduler: Scheduler, calls: list[tuple[str, float]], block: float = 0.0) -> None:
-    """Record (schedule, loop time) of every preparation; the first one blocks ``block`` s."""
-    supervisor = scheduler._sup
-    prepare = supervisor.prepare
-
-    def spy(entry: Any, due: datetime) -> Any:
-        if block and not calls:
-            block_loop(block)
-        calls.append((entry.name, asyncio.get_running_loop().time()))
-        return prepare(entry, due)
-
-    supervisor.prepare = spy  # type: ignore[method-assign]
-
-
 @in_loop_time
-async def test_ticks_are_prepared_ahead_and_admitted_at_their_instant() -> None:
-    # Prepared PREPARE_S before the instant; what happens meanwhile still decides at the instant:
-    # a stopped or removed schedule does not fire, one armed for the instant afterwards does.
+async def test_what_happens_before_an_instant_decides_at_the_instant() -> None:
+    # A schedule stopped or removed before its instant does not fire; one added for it does.
     jobs = InMemoryJobScheduler(clock=loop_clock())
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     ran: list[tuple[str, str | None, bool]] = []
@@ -491,12 +399,8 @@ async def test_ticks_are_prepared_ahead_and_admitted_at_their_instant() -> None:
 
     for i in range(5):
         scheduler.add_cron(f"s{i}", "*/2 * * * * *", handler)
-    calls: list[tuple[str, float]] = []
-    _spy_prepare(scheduler, calls)
     async with scheduler:
         await asyncio.sleep(1.7)
-        assert sorted(name for name, _ in calls) == [f"s{i}" for i in range(5)]
-        assert all(2.0 - PREPARE_S <= at < 2.0 for _, at in calls)
         assert not ran
         scheduler.stop("s1")
         scheduler.remove("s2")
@@ -505,25 +409,6 @@ async def test_ticks_are_prepared_ahead_and_admitted_at_their_instant() -> None:
     assert sorted(ran) == [
         (name, "2026-07-20T03:00:02Z", True) for name in ("late", "s0", "s3", "s4")
     ]
-    assert len(calls) == 5  # "late" fired from the heap, unprepared
-
-
-@in_loop_time
-async def test_an_instant_that_comes_during_the_preparation_fires_every_tick_once() -> None:
-    # The loop is blocked past the instant while preparing: the preparation stops after its
-    # slice, and the rest fire from the heap; each tick still runs once.
-    scheduler = Scheduler(clock=loop_clock())
-    ran: Counter[str] = Counter()
-    count = SLICE + 50
-    for i in range(count):
-        scheduler.add_interval(f"s{i:03d}", 2000, lambda tick: ran.update([tick.schedule]))
-    calls: list[tuple[str, float]] = []
-    _spy_prepare(scheduler, calls, block=PREPARE_S + 0.1)
-    async with scheduler:
-        await asyncio.sleep(2.5)
-    assert len(calls) == SLICE
-    assert len(ran) == count
-    assert set(ran.values()) == {1}
 
 
 def test_schedules_with_equal_options_share_one_policy_and_no_catch_up_sets() -> None:

@@ -10,20 +10,6 @@ through the default of :class:`~sdcore.job_scheduler.BaseJobScheduler`, one key 
 
 Every key is won or lost exactly as by a single ``acquire_attempt``: batching changes how many
 statements carry the keys, not what any key's outcome can be.
-
-**Lead keys.** Replicas with the same schedules cut a burst into the same calls (the keys of a
-call are sorted), and without coordination each of them would send every call: the replica
-whose statement arrives first wins (nearly) all of its keys, the others lose every one of them
-— two thirds of a 3-replica burst's key probes, sent while the winners' statements and runs
-need the CPU (``docs/benchmarks.md``, *Losers and lead keys*: 10,000 exclusive ticks on 3
-replicas, last handler 1.45 s with what follows against 1.54 s without). So a call of at
-least :data:`LEAD_MIN_KEYS` tick keys, made with a ``defer_s`` (the batch start passes one),
-first sends its smallest key alone: the replica that wins it sends the rest at
-once; one that loses it (another replica is on this call) sends the rest ``defer_s`` later,
-when the winner has taken them. Those keys are still acquired one by one by the same
-statement, so a replica that won the lead key and died before taking the rest leaves them to
-the deferred replicas (the ticks start ``defer_s`` late), and replicas whose calls differ
-(other schedules, another cut) simply meet on the keys as before.
 """
 
 from __future__ import annotations
@@ -43,9 +29,6 @@ from sdcore.job_scheduler import (
 __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
 
 DEFAULT_BATCH_SIZE = 1_000
-# A tick call this large sends its smallest key first and defers the rest when that key is lost
-# (see "Lead keys" above); smaller calls go out whole, as a single tick's acquire does.
-LEAD_MIN_KEYS = 32
 
 # (options, the tick's attempt budget or None for a plain lease, the caller's future)
 _Request = tuple[
@@ -73,7 +56,6 @@ class TickAcquirer:
         self._log = logger
         self._size = batch_size
         self._pending: list[_Request] = []
-        self._defer: float | None = None  # the deferral of the calls queued this loop turn
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def acquire(
@@ -89,8 +71,6 @@ class TickAcquirer:
     async def acquire_each(
         self,
         items: list[tuple[JobAcquireOptions, AttemptBudget]],
-        *,
-        defer_s: float | None = None,
     ) -> list[tuple[JobAcquireResult, int] | Exception]:
         """Acquire many ticks' leases with the other requests of this loop turn, in one await.
 
@@ -100,12 +80,7 @@ class TickAcquirer:
 
         Args:
             items: Each tick's lease options and attempt budget.
-            defer_s: With a value above 0, a call of at least :data:`LEAD_MIN_KEYS` keys whose
-                lead key is lost sends its other keys this many seconds later (see the module's
-                "Lead keys"); ``None`` or 0: every call goes out whole at once.
         """
-        if defer_s is not None and defer_s > 0:
-            self._defer = defer_s if self._defer is None else min(self._defer, defer_s)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[tuple[JobAcquireResult, int]]] = [
             loop.create_future() for _ in items
@@ -157,7 +132,7 @@ class TickAcquirer:
             Whether any request was sent.
         """
         pending = [request for request in self._pending if not request[2].done()]
-        defer, self._pending, self._defer = self._defer, [], None
+        self._pending = []
         if not pending:
             return False
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
@@ -165,11 +140,11 @@ class TickAcquirer:
         pending.sort(key=lambda request: request[0].lock_key)
         ticks = [request for request in pending if request[1] is not None]
         plain = [request for request in pending if request[1] is None]
-        self._cut(ticks, defer)
-        self._cut(plain, None)
+        self._cut(ticks)
+        self._cut(plain)
         return True
 
-    def _cut(self, pending: list[_Request], defer: float | None) -> None:
+    def _cut(self, pending: list[_Request]) -> None:
         while pending:
             call: list[_Request] = []
             keys: set[str] = set()
@@ -182,27 +157,12 @@ class TickAcquirer:
                     keys.add(key)
                     call.append(request)
             pending = rest
-            task: asyncio.Task[Any]
-            if defer is not None and len(call) >= LEAD_MIN_KEYS:
-                task = asyncio.create_task(self._lead(call, defer), name="sdcore-tick-acquire")
-            else:
-                task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
+            task = asyncio.create_task(self._send(call), name="sdcore-tick-acquire")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _lead(self, call: list[_Request], defer: float) -> None:
-        """Send ``call``'s smallest key alone, then the rest: at once if it was won here (or
-        its call failed), ``defer`` seconds later if another replica won it."""
-        rest = call[1:]
-        if await self._send(call[:1]) is False:
-            # Wakes early only if every deferred tick was cancelled meanwhile (shutdown).
-            await asyncio.wait([future for *_, future in rest], timeout=defer)
-        rest = [request for request in rest if not request[2].done()]
-        if rest:  # a tick cancelled meanwhile has nothing to acquire any more
-            await self._send(rest)
-
-    async def _send(self, call: list[_Request]) -> bool | None:
-        """Send one call and answer its futures; whether it won any key (``None``: it failed)."""
+    async def _send(self, call: list[_Request]) -> None:
+        """Send one call and answer its futures."""
         try:
             results = await self._call(call)
         except asyncio.CancelledError:
@@ -213,15 +173,12 @@ class TickAcquirer:
             for *_, future in call:
                 if not future.done():
                     future.set_exception(exc)
-            return None
-        won = False
+            return
         for (*_, future), result in zip(call, results, strict=True):
-            won = won or result[0].acquired
             if future.done():
                 self._give_back_result(result)
             else:
                 future.set_result(result)
-        return won
 
     async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
         jobs = self._jobs

@@ -51,6 +51,7 @@ __all__ = [
     "ControlWriteUncertainError",
     "Declared",
     "LiveVersion",
+    "MemberRow",
     "Replica",
     "RunRecord",
     "ScheduleControlError",
@@ -335,6 +336,14 @@ class RunStart:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MemberRow:
+    """A live replica as :meth:`ScheduleStore.members` reads it."""
+
+    replica_id: str
+    digest: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Write:
     """One control write: an optional row change and the action recorded with it."""
 
@@ -378,6 +387,15 @@ class ScheduleStore(Protocol):
 
     async def heartbeat(self, replica: Replica) -> bool:
         """Mark the replica alive; ``False`` if its row was expired (sync again)."""
+        ...
+
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+        """Record ``digest`` (of the names ``replica`` declares) on its row; return the replicas
+        seen within ``ttl_ms`` with their digests (this replica's may be its previous one)."""
+        ...
+
+    async def declared_names(self, digest: str) -> frozenset[str]:
+        """The names declared by the replica last seen with ``digest`` (empty: none is)."""
         ...
 
     async def leave(self, replica: Replica) -> None:

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._owners import Owners
 from sdcore.scheduling._policy import MAX_PERIOD_MS, StartPath, check_ms, check_name
 from sdcore.scheduling._runner import Handler, TickOutcome
 from sdcore.scheduling._scheduler import Scheduler
@@ -54,11 +55,16 @@ class SchedulerHooks:
         return set(self.scheduler._entries)
 
     def install(
-        self, gate: Callable[[str], str | None], wrap: Callable[[str, Handler], Handler]
+        self,
+        gate: Callable[[str], str | None],
+        wrap: Callable[[str, Handler], Handler],
+        owners: Owners | None = None,
     ) -> None:
-        """Gate every tick start by ``gate`` and wrap every handler (present and future)."""
+        """Gate every tick start by ``gate``, wrap every handler (present and future), and let
+        ``owners`` decide which exclusive ticks this replica asks for."""
         scheduler = self.scheduler
         scheduler._sup.gate = gate
+        scheduler._sup.owners = owners
         scheduler._wrap = wrap
         for entry in scheduler._entries.values():
             if entry.name not in self._originals:
@@ -93,6 +99,7 @@ class SchedulerHooks:
         """
         scheduler = self.scheduler
         scheduler._on_change = None
+        scheduler._sup.owners = None  # nothing reads the cluster any more: every replica asks
         run = scheduler._started_at
         if paused is None or run is None:
             scheduler._sup.gate = None

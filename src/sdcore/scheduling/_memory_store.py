@@ -20,6 +20,7 @@ from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
     Declared,
+    MemberRow,
     Replica,
     RunRecord,
     RunStart,
@@ -60,6 +61,7 @@ class InMemoryScheduleStore:
         self._extra: dict[str, dict[str, Any]] = {}  # paused_by, paused_reason per schedule
         self._replicas: dict[str, tuple[Replica, datetime]] = {}
         self._started: dict[str, datetime] = {}  # replica id -> its first sync
+        self._digests: dict[str, str] = {}  # replica id -> digest of its declared names
         self._declarations: dict[tuple[str, str], str] = {}
         self._definitions: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._actions: dict[int, ControlAction] = {}
@@ -146,7 +148,26 @@ class InMemoryScheduleStore:
         self._replicas[replica.replica_id] = (replica, self._clock())
         return True
 
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+        limit = self._clock() - timedelta(milliseconds=ttl_ms)
+        rows = [
+            MemberRow(replica_id=rid, digest=self._digests.get(rid))
+            for rid, (_, seen) in self._replicas.items()
+            if seen >= limit
+        ]
+        if replica.replica_id in self._replicas:
+            self._digests[replica.replica_id] = digest
+        return rows
+
+    async def declared_names(self, digest: str) -> frozenset[str]:
+        holders = [rid for rid, d in self._digests.items() if d == digest and rid in self._replicas]
+        if not holders:
+            return frozenset()
+        rid = max(holders, key=lambda r: self._replicas[r][1])
+        return frozenset(n for (n, r) in self._declarations if r == rid)
+
     async def leave(self, replica: Replica) -> None:
+        self._digests.pop(replica.replica_id, None)
         self._replicas.pop(replica.replica_id, None)
         self._started.pop(replica.replica_id, None)
         for key in [k for k in self._declarations if k[1] == replica.replica_id]:

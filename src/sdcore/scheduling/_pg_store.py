@@ -30,6 +30,7 @@ from sdcore.scheduling._control import (
     ControlWriteUncertainError,
     Declared,
     LiveVersion,
+    MemberRow,
     Replica,
     RunRecord,
     RunStart,
@@ -236,6 +237,14 @@ class PostgresScheduleStore:
 
     async def heartbeat(self, replica: Replica) -> bool:
         return await self._exec("heartbeat", (replica.replica_id,)) > 0
+
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+        rows = await self._all("members", (digest, replica.replica_id, ttl_ms))
+        return [MemberRow(replica_id=r[0], digest=r[1]) for r in rows]
+
+    async def declared_names(self, digest: str) -> frozenset[str]:
+        rows = await self._all("declared_names", (digest,))
+        return frozenset(r[0] for r in rows)
 
     async def leave(self, replica: Replica) -> None:
         await self._exec("leave", (replica.replica_id,))

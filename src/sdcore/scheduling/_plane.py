@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import logging
 import os
@@ -36,6 +37,7 @@ from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, loa
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
+from sdcore.scheduling._owners import MEMBER_TTL_BEATS, Member, Owners
 from sdcore.scheduling._runner import GATE_UNKNOWN, Handler, utcnow
 from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._triggers import (
@@ -186,6 +188,10 @@ class ScheduleControl:
         # _stale_s gates every tick as unknown until the next successful poll.
         self._fresh_at: float | None = None
         self._stale_s = max(STALE_AFTER_S, self._poll_s + 1.0)
+        # This replica's view of the live replicas (read with each heartbeat), and the names
+        # declared under each digest it has met.
+        self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
+        self._digests: dict[str, frozenset[str]] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -217,7 +223,9 @@ class ScheduleControl:
         self._wake = asyncio.Event()
         self._closing = False
         self._since = self._clock() - timedelta(seconds=5)  # clock skew with the database
-        self._hooks.install(self._gate, self._history.wrap)
+        self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
+        self._digests = {}
+        self._hooks.install(self._gate, self._history.wrap, self._owners)
         self._hooks.watch(self._registry_changed)
         self.replica = Replica(
             replica_id=self.replica.replica_id,
@@ -237,6 +245,7 @@ class ScheduleControl:
             for row in await self.store.rows(None):
                 self._apply(row, initial=True)
             self._fresh_at = began
+            await self._read_members()
             self._loop_task = sup.spawn("poll", self._run)
             if self._listen and hasattr(self.store, "listen"):
                 self._listen_task = sup.spawn("listen", self._listener, cancel_on_close=True)
@@ -381,6 +390,7 @@ class ScheduleControl:
                     self._last_beat = loop.time()
                     if not await self.store.heartbeat(self.replica):
                         await self._sync()
+                    await self._read_members()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive a bad round
@@ -419,6 +429,27 @@ class ScheduleControl:
                 self._spawn(action, functools.partial(self._actions.trigger, action))
             elif action.action is ActionKind.BACKFILL:
                 self._spawn(action, functools.partial(self._actions.backfill, action))
+
+    async def _read_members(self) -> None:
+        """Read the live replicas and what each declares: the owners of each exclusive schedule
+        are chosen among them (:mod:`sdcore.scheduling._owners`)."""
+        mine = sorted({*self._declared, *self._stored})
+        digest = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:32]
+        ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
+        rows = await self.store.members(self.replica, digest, ttl_ms)
+        known: dict[str | None, frozenset[str] | None] = {digest: None}
+        members: list[Member] = []
+        for row in rows:
+            if row.replica_id == self.replica.replica_id:
+                continue
+            if row.digest not in known:
+                names = self._digests.get(row.digest) if row.digest is not None else frozenset()
+                if names is None and row.digest is not None:
+                    names = await self.store.declared_names(row.digest)
+                known[row.digest] = names
+            members.append(Member(row.replica_id, known[row.digest]))
+        self._digests = {d: n for d, n in known.items() if d is not None and n is not None}
+        self._owners.update(members)
 
     async def _apply_changes(self) -> None:
         for row in await self.store.rows(self._revision):

@@ -454,7 +454,7 @@ class TickRunner:
             acquired = first[1]
         if acquired[0].acquired and self.admits is not None:
             # The gate admitted the tick before its acquire, which may have waited (a slow or
-            # locked database, a batch's lead-key deferral, a suspended process): a pause this
+            # locked database, a suspended process): a pause this
             # replica applied meanwhile must hold the tick, as it holds a retry.
             reason = self.admits(name)
             if reason is not None:

@@ -14,11 +14,12 @@ import contextvars
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore._internal.telemetry import SKIPPED_OVERLAP, SKIPPED_PAUSE
-from sdcore.job_scheduler import BaseJobScheduler, JobAcquireOptions, JobSchedulerError
+from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
 from sdcore.scheduling._catch_up import (
     MAX_CATCH_UP,
     at_start,
@@ -27,6 +28,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._owners import OWNERS, Owners, second_delay
 from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
 from sdcore.scheduling._runner import (
     GATE_UNKNOWN,
@@ -42,17 +44,20 @@ _SWEEP_MARGIN = timedelta(seconds=1)
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
-# How long a replica that lost a batch call's lead key waits before it sends the call's other
-# keys (sdcore.scheduling._batch, "Lead keys"): longer than the replica that won the lead key
-# needs to take them in a burst, and at most half the time to the batch's earliest deadline, so
-# that a deferred tick still starts (and counts as in flight) well before its schedule's next one.
-LEAD_DEFER_S = 2.5
-# A regular fire acquired before its task exists: (entry, due, tick, deadline, its lease
-# options if prepared ahead of the instant).
-_Deferred = tuple["Entry", datetime, Tick, Deadline, JobAcquireOptions | None]
-# What the timer prepares for a regular fire before its instant (Supervisor.prepare): the tick,
-# and the options of its lease when the fire is acquired before its task exists.
-Prepared = tuple[Tick, JobAcquireOptions | None]
+_OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fire:
+    """A regular fire acquired before its task exists (in an open batch), or one a second owner
+    starts later."""
+
+    entry: Entry
+    due: datetime
+    tick: Tick | None
+    deadline: Deadline
+
+
 # How the running tick started; set by Supervisor.launch for the tick's task only.
 _PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
     "sdcore_tick_path", default=StartPath.FIRE
@@ -92,12 +97,18 @@ class Supervisor:
         # callback per task ends both (a burst starts thousands of tasks).
         self._tasks: dict[asyncio.Task[Any], tuple[Entry, datetime] | None] = {}
         self._on_done = self._task_done
-        self._batch: list[_Deferred] | None = None  # the fires of this loop turn (start_tick)
+        self._batch: list[_Fire] | None = None  # the fires of this loop turn (start_tick)
         self._batch_task: asyncio.Task[Any] | None = None
         self._batch_go: asyncio.Future[None] | None = None  # closes the open batch
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
+        # Set by the control plane: which replicas ask for an exclusive schedule's regular fires
+        # (sdcore.scheduling._owners); None: every replica asks for every tick.
+        self.owners: Owners | None = None
+        # The fires this replica starts later as a schedule's second owner, by start time.
+        self._later: dict[float, list[_Fire]] = {}
+        self._later_handles: set[asyncio.TimerHandle] = set()
         runner.held = self._held
         runner.admits = self._admits
         # Set from the start of shutdown until the scheduler starts again: no pending catch-up
@@ -175,14 +186,14 @@ class Supervisor:
         """Ticks (and skip records) in progress."""
         return len(self._tasks)
 
-    def _batch_ended(self, batch: list[_Deferred], task: asyncio.Task[Any]) -> None:
+    def _batch_ended(self, batch: list[_Fire], task: asyncio.Task[Any]) -> None:
         """A batch task ended: cancelled (before or during its acquire), its ticks end here."""
         if self._batch is batch:
             self._batch = self._batch_go = None  # cancelled before it was closed
-        for entry, due, *_ in batch:
-            if task in entry.running:
-                entry.running.discard(task)
-                self._ended(entry, due, None)
+        for fire in batch:
+            if task in fire.entry.running:
+                fire.entry.running.discard(task)
+                self._ended(fire.entry, fire.due, None)
 
     def _own(
         self,
@@ -229,20 +240,6 @@ class Supervisor:
         go.set_result(None)
         return True
 
-    def prepare(self, entry: Entry, due: datetime) -> Prepared:
-        """What a regular fire of ``entry`` at ``due`` needs that does not depend on the moment it
-        starts: its tick, and its lease options when it is acquired before its task exists.
-
-        The timer calls this shortly before a burst's instant (see
-        :mod:`sdcore.scheduling._timer`), so that the burst itself only admits and sends; the
-        policy checks (overlap, pause, removal) still happen at the instant, in :meth:`start_tick`.
-        """
-        tick = make_tick(entry.name, entry.trigger, entry.zone, due)
-        options = None
-        if self._runner.acquires_first(entry.policy):
-            options = tick_options(entry.name, entry.kind, entry.policy, tick.run_key)
-        return tick, options
-
     def start_tick(
         self,
         entry: Entry,
@@ -250,13 +247,16 @@ class Supervisor:
         path: StartPath,
         *,
         deadline: Deadline,
-        prepared: Prepared | None = None,
+        owned: bool = False,
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
         Overlap applies the same way on every path. A regular fire skipped by overlap is recorded
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
-        ``prepared``: what :meth:`prepare` made for this very tick (a regular fire only).
+
+        A regular fire of an exclusive cron or interval schedule is started here only by the
+        schedule's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
+        the second (``owned``: that later start).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -264,10 +264,16 @@ class Supervisor:
         lost ones that still have retry offers to make). Until the answer, the batch task counts
         as the tick's run for the overlap policy, and the tick as in flight.
         """
-        tick, options = (None, None) if prepared is None else prepared
+        if path is StartPath.FIRE and not owned:
+            rank = self.route(entry)
+            if rank >= OWNERS:
+                return False  # the schedule's owners ask for it
+            if rank > 0:
+                self._start_later(_Fire(entry, due, None, deadline))
+                return True
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
-            return self.launch(entry, due, path, deadline=deadline, tick=tick) is not None
-        tick = self._admit(entry, due, path, tick)
+            return self.launch(entry, due, path, deadline=deadline) is not None
+        tick = self._admit(entry, due, path, None)
         if tick is None:
             return False
         batch, holder = self._batch, self._batch_task
@@ -278,10 +284,59 @@ class Supervisor:
                 self._acquire_batch(batch, go), "sdcore-tick-batch"
             )
             holder.add_done_callback(functools.partial(self._batch_ended, batch))
-        batch.append((entry, due, tick, deadline, options))
+        batch.append(_Fire(entry, due, tick, deadline))
         entry.running.add(holder)
         entry.in_flight.add(due)
         return True
+
+    def route(self, entry: Entry) -> int:
+        """This replica's rank among the owners of ``entry``'s regular fires: 0 asks at the
+        instant, 1 a :func:`second_delay` later, :data:`OWNERS` or more never (0 for every
+        schedule that has no owners: not exclusive, one-shot, or no view of the cluster)."""
+        owners = self.owners
+        if (
+            owners is None
+            or self._jobs is None
+            or not entry.policy.exclusive
+            or entry.kind not in _OWNED_KINDS
+        ):
+            return 0
+        return owners.rank(entry.name)
+
+    def owns(self, entry: Entry) -> bool:
+        """Whether this replica asks for (and catches up) ``entry``'s ticks at all."""
+        return self.route(entry) < OWNERS
+
+    def _start_later(self, fire: _Fire) -> None:
+        """Start ``fire`` as its schedule's second owner: the fires of one instant that wait as
+        long share one timer, and go out as one batch."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + second_delay(fire.entry.trigger.spacing)
+        at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
+        waiting = self._later.get(at)
+        if waiting is None:
+            waiting = self._later[at] = []
+            handle = loop.call_at(at, self._start_waiting, at)
+            self._later_handles.add(handle)
+        waiting.append(fire)
+
+    def _start_waiting(self, at: float) -> None:
+        self._later_handles = {h for h in self._later_handles if not h.cancelled()}
+        waiting = self._later.pop(at, [])
+        if self.closed:
+            return
+        for fire in waiting:
+            try:
+                self.start_tick(
+                    fire.entry, fire.due, StartPath.FIRE, deadline=fire.deadline, owned=True
+                )
+            except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+                self._log.exception(
+                    "schedule %r: could not start a tick",
+                    fire.entry.name,
+                    extra={"action": "fire_failed", "schedule": fire.entry.name},
+                )
+        self.flush()
 
     def launch(
         self,
@@ -466,38 +521,32 @@ class Supervisor:
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 asyncio.get_running_loop().call_soon(self._drain, entry)
 
-    async def _acquire_batch(self, batch: list[_Deferred], go: asyncio.Future[None]) -> None:
-        """Acquire the ticks of ``batch`` together once the timer closes it (``go``); start the
-        ones that need a task."""
+    async def _acquire_batch(self, batch: list[_Fire], go: asyncio.Future[None]) -> None:
+        """Acquire the ticks of ``batch`` together once it is closed (``go``); start the ones
+        that need a task."""
         await go
         runner = self._runner
         holder = asyncio.current_task()
         assert holder is not None  # noqa: S101 - a task's coroutine
-        items = [
-            (tick_options(e.name, e.kind, e.policy, t.run_key) if o is None else o, e.policy.budget)
-            for e, _, t, _, o in batch
-        ]
+        ticks: list[Tick] = []
+        items = []
+        for fire in batch:
+            entry, tick = fire.entry, fire.tick
+            assert tick is not None  # noqa: S101 - admitted fires carry their tick
+            ticks.append(tick)
+            options = tick_options(entry.name, entry.kind, entry.policy, tick.run_key)
+            items.append((options, entry.policy.budget))
         assert runner.acquirer is not None  # noqa: S101 - acquires_first checked jobs
-        answers = await runner.acquirer.acquire_each(items, defer_s=self._defer_s(batch))
-        for (entry, due, tick, deadline, _), (options, _), answer in zip(
-            batch, items, answers, strict=True
-        ):
+        answers = await runner.acquirer.acquire_each(items)
+        for fire, tick, (options, _), answer in zip(batch, ticks, items, answers, strict=True):
+            entry, due = fire.entry, fire.due
             entry.running.discard(holder)
             first = (options, answer)
             if runner.ends_lost(entry.name, entry.policy, tick, first):
                 self._ended(entry, due, None)
             else:
                 entry.in_flight.discard(due)  # the task's own from here
-                self._spawn(entry, due, StartPath.FIRE, tick, deadline, first)
-
-    def _defer_s(self, batch: list[_Deferred]) -> float:
-        """The lead-key deferral of ``batch``: :data:`LEAD_DEFER_S`, or half the time to its
-        earliest deadline if that is less (0 once a deadline has passed)."""
-        deadlines = [d() if callable(d) else d for _, _, _, d, _ in batch]
-        earliest = min((at for at in deadlines if at is not None), default=None)
-        if earliest is None:
-            return LEAD_DEFER_S
-        return max(min(LEAD_DEFER_S, (earliest - self._clock()).total_seconds() / 2), 0.0)
+                self._spawn(entry, due, StartPath.FIRE, tick, fire.deadline, first)
 
     async def catch_up_at_start(
         self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
@@ -507,7 +556,7 @@ class Supervisor:
         if jobs is None:
             return
         for entry in entries:
-            if not entry.catches_up or not entry.active:
+            if not entry.catches_up or not entry.active or not self.owns(entry):
                 continue
             entry.swept_until = now
             window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
@@ -528,6 +577,8 @@ class Supervisor:
         jobs = self._jobs
         if jobs is None or not entry.catches_up or entry.active_since is None:
             return
+        if not self.owns(entry):
+            return  # its owners sweep it
         end = now - _SWEEP_MARGIN
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
@@ -673,6 +724,10 @@ class Supervisor:
         # Fires that were waiting belong to this run of the scheduler: none starts after it.
         self._unknown.clear()
         self._deferred.clear()
+        for handle in self._later_handles:
+            handle.cancel()
+        self._later_handles.clear()
+        self._later.clear()
         self.closed = True
         await self._shutdown_ticks()
         self._known = asyncio.Event()  # a later run may be on another event loop

@@ -19,13 +19,9 @@ When many schedules are due at one instant (thousands of stored per-customer sch
    computation) and re-armed, yielding between slices so that lease answers are handled
    meanwhile.
 
-What does not depend on the moment a tick starts is done ahead of its instant: the loop wakes
-:data:`PREPARE_S` before the next instant, takes that instant's schedules off the heap (in
-order) and builds their ticks and lease options (:meth:`Supervisor.prepare`), in slices with a
-yield between them; at the instant it only admits them (removal, pause and overlap are checked
-then) and sends. A schedule stopped, re-armed or removed meanwhile is skipped at the instant by
-its heap version, as it would be in the heap; one armed for that instant after the preparation
-fires from the heap, unprepared.
+Every tick goes through :meth:`Supervisor.start_tick`, which also decides whether this replica
+asks for it at all (:mod:`sdcore.scheduling._owners`): on a fleet, most replicas leave most
+exclusive ticks to their owners and only re-arm them.
 
 A tick that is late by its trigger's spacing or more (the loop was blocked, the process
 suspended) takes the old path: ticks that passed are coalesced to the latest, then it starts.
@@ -38,21 +34,18 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import StartPath
-from sdcore.scheduling._supervisor import Prepared, Supervisor
+from sdcore.scheduling._supervisor import Supervisor
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
 SLICE = 100  # ticks started between two yields
-PREPARE_S = 0.5  # an instant's ticks are prepared this long (seconds) before it
 _MAX_SLEEP = 30.0
-# A heap item: (due, arm sequence, entry version, entry); staged: and what was prepared for it.
+# A heap item: (due, arm sequence, entry version, entry).
 _Item = tuple[datetime, int, int, Entry]
-_Staged = tuple[datetime, int, int, Entry, Prepared | None]
 
 
 class Following:
@@ -98,8 +91,6 @@ class Timer:
         self._live = live
         self._registered = registered
         self.heap: list[_Item] = []
-        # The next instant's items, taken off the heap and prepared ahead of it (in heap order).
-        self._staged: deque[_Staged] = deque()
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
         self._last: Following | None = None  # the last Following of this burst
@@ -107,7 +98,6 @@ class Timer:
     def reset(self) -> None:
         """Forget every armed instant (before a start)."""
         self.heap.clear()
-        self._staged.clear()
         self._wake = asyncio.Event()
 
     def arm(self, entry: Entry, after: datetime) -> None:
@@ -140,59 +130,16 @@ class Timer:
         while True:
             await self._fire_due(self._clock())
             delay = _MAX_SLEEP
-            at = self._next_at()
-            if at is not None:
+            if self.heap:
+                at = self.heap[0][0]
                 delay = min(delay, max(0.0, (at - self._clock()).total_seconds()))
-                if delay > 0 and not self._staged and self.heap[0][0] == at:
-                    if delay <= PREPARE_S:
-                        await self._stage(at)
-                        continue  # the preparation took time: wait for what is left
-                    delay -= PREPARE_S  # wake in time to prepare
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
-    def _next_at(self) -> datetime | None:
-        heap, staged = self.heap, self._staged
-        if staged and (not heap or staged[0][0] <= heap[0][0]):
-            return staged[0][0]
-        return heap[0][0] if heap else None
-
     def _due(self, now: datetime) -> bool:
-        at = self._next_at()
-        return at is not None and at <= now
-
-    def _pop_due(self, now: datetime) -> _Staged | None:
-        """The next item due at ``now``, staged or from the heap, in (instant, arm) order."""
-        heap, staged = self.heap, self._staged
-        if staged and staged[0][0] <= now and (not heap or staged[0][:2] <= heap[0][:2]):
-            return staged.popleft()
-        if heap and heap[0][0] <= now:
-            return (*heapq.heappop(heap), None)
-        return None
-
-    async def _stage(self, at: datetime) -> None:
-        """Take the items due at ``at`` off the heap and prepare their ticks (before ``at``)."""
-        heap, staged = self.heap, self._staged
-        count = 0
-        while heap and heap[0][0] == at:
-            due, seq, version, entry = heapq.heappop(heap)
-            if not self._live(entry, version):
-                continue
-            prepared: Prepared | None = None
-            spacing = entry.trigger.spacing
-            if spacing is not None:  # a one-shot may be late when it fires: prepared then
-                try:
-                    prepared = self._sup.prepare(entry, due)
-                except Exception:  # noqa: BLE001 - tried again, and reported, when it fires
-                    prepared = None
-            staged.append((due, seq, version, entry, prepared))
-            count += 1
-            if count % SLICE == 0:
-                await asyncio.sleep(0)
-                if self._clock() >= at:
-                    return  # the instant came: the rest fire from the heap, unprepared
+        return bool(self.heap) and self.heap[0][0] <= now
 
     async def _fire_due(self, now: datetime) -> None:
         memo: dict[tuple[Trigger, datetime], Following] = {}
@@ -207,13 +154,13 @@ class Timer:
             more = self._due(now)
             while more:
                 count = 0
-                while count < SLICE and (item := self._pop_due(now)) is not None:
-                    due, _, version, entry, prepared = item
+                while count < SLICE and self._due(now):
+                    due, _, version, entry = heapq.heappop(self.heap)
                     if not self._live(entry, version):
                         continue
                     count += 1
                     try:
-                        following = self._fire(entry, due, now, memo, prepared)
+                        following = self._fire(entry, due, now, memo)
                     except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                         self._fire_failed(entry)
                         continue
@@ -252,12 +199,10 @@ class Timer:
         due: datetime,
         now: datetime,
         memo: dict[tuple[Trigger, datetime], Following],
-        prepared: Prepared | None = None,
     ) -> Following | None:
         """Start the tick due at ``due``; return its successor, to re-arm after the burst.
 
-        ``None``: already re-armed (the loop was late and ticks were coalesced). ``prepared``:
-        what the preparation made for the tick of ``due`` (used only if that tick starts).
+        ``None``: already re-armed (the loop was late and ticks were coalesced).
         """
         spacing = entry.trigger.spacing
         if spacing is not None and now - due < spacing:
@@ -271,7 +216,7 @@ class Timer:
                 if following is None:
                     following = memo[key] = Following(trigger, due)
                 self._last = following
-            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following, prepared=prepared)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
             return following
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).

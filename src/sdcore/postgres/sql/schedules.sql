@@ -93,6 +93,22 @@ GROUP BY d.schedule HAVING count(DISTINCT d.fingerprint) > 1
 -- name: heartbeat
 UPDATE {replicas} SET last_seen = clock_timestamp() WHERE replica_id = %s::uuid
 
+-- name: members
+-- Record this replica's digest and read the live replicas with theirs (one statement per
+-- heartbeat). The SELECT reads the snapshot before the UPDATE: this replica's own row may show
+-- its previous digest, and the caller ignores it.
+WITH me AS (
+    UPDATE {replicas} SET schedules_digest = %s WHERE replica_id = %s::uuid
+)
+SELECT replica_id::text, schedules_digest FROM {replicas}
+WHERE last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
+
+-- name: declared_names
+-- The schedules declared by the most recently seen replica with this digest.
+SELECT d.schedule FROM {declarations} AS d
+WHERE d.replica_id = (SELECT r.replica_id FROM {replicas} AS r WHERE r.schedules_digest = %s
+                      ORDER BY r.last_seen DESC LIMIT 1)
+
 -- name: leave
 DELETE FROM {replicas} WHERE replica_id = %s::uuid
 

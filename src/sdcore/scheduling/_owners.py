@@ -1,0 +1,144 @@
+"""Owners: which live replicas ask for an exclusive schedule's ticks.
+
+Without a view of the cluster every replica asks for every tick, and the lease picks one: the
+database then answers one statement per replica per tick, so the fleet's cost grows with its
+size. With the control plane on, each replica knows the live replicas (their heartbeats) and
+which schedules each declares; an exclusive cron or interval schedule's ticks are then asked
+for by its **owners** only, the top :data:`OWNERS` replicas of a rendezvous hash of (schedule,
+replica id) over the live replicas that declare it:
+
+- the first owner acquires at the instant;
+- the second acquires :func:`second_delay` later (a quarter of the schedule's spacing, at most
+  1 s); if the first owner started the tick, that costs one losing statement, and if it is
+  dead or cut off, the tick starts that much late;
+- every other replica leaves the tick alone, and neither catches up nor sweeps it.
+
+The lease still decides who runs a tick: replicas whose views of the cluster differ (one joined,
+one's heartbeat lapsed) at worst both ask, an extra statement, never a double run. A replica
+whose view is missing or stale asks for everything, as without a control plane. The hash moves a
+schedule only when one of its owners leaves or joins, and spreads the schedules evenly.
+
+What it costs: when both owners of a schedule die at once, nobody asks for its ticks until the
+others drop them from their view (:data:`MEMBER_TTL_BEATS` heartbeats without one, then up to a
+heartbeat more to read it); the new owners then fire its next tick and their catch-up sweep
+decides about the ticks in between, as for any missed tick.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+__all__ = [
+    "MEMBER_TTL_BEATS",
+    "OWNERS",
+    "Member",
+    "Owners",
+    "second_delay",
+]
+
+OWNERS = 2  # replicas that ask for each exclusive tick
+# A replica whose heartbeat is older than this many heartbeat intervals is no longer an owner.
+MEMBER_TTL_BEATS = 3
+_MAX_SECOND_DELAY_S = 1.0
+_MIN_SECOND_DELAY_S = 0.05
+
+
+def second_delay(spacing: timedelta | None) -> float:
+    """How long (seconds) the second owner waits before it asks for a tick: a quarter of the
+    schedule's spacing, between 50 ms and 1 s."""
+    if spacing is None:
+        return _MAX_SECOND_DELAY_S
+    return min(_MAX_SECOND_DELAY_S, max(_MIN_SECOND_DELAY_S, spacing.total_seconds() / 4))
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A live replica as the control plane last read it.
+
+    Attributes:
+        replica_id: Its id.
+        names: The schedules it declares; ``None`` when it declares exactly what this replica
+            declares (equal digests).
+    """
+
+    replica_id: str
+    names: frozenset[str] | None = None
+
+
+def _score(name: str, replica_id: str) -> bytes:
+    return hashlib.blake2b(f"{name}\0{replica_id}".encode(), digest_size=8).digest()
+
+
+class Owners:
+    """This replica's view of the live replicas, and its rank among each schedule's owners.
+
+    Args:
+        replica_id: This replica.
+        stale_s: A view not refreshed for this long is dropped (every replica asks again).
+        clock: Monotonic seconds (inject one in tests).
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        *,
+        stale_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.replica_id = replica_id
+        self._stale_s = stale_s
+        self._clock = clock
+        self._others: tuple[Member, ...] | None = None
+        self._read_at = 0.0
+        self._ranks: dict[str, int] = {}
+
+    @property
+    def members(self) -> tuple[Member, ...] | None:
+        """The other live replicas of the current view (``None``: no view)."""
+        return self._others
+
+    def update(self, members: Iterable[Member]) -> None:
+        """Replace the view: the live replicas just read (this replica's own entry is ignored)."""
+        others = tuple(
+            sorted(
+                (m for m in members if m.replica_id != self.replica_id),
+                key=lambda m: m.replica_id,
+            )
+        )
+        if others != self._others:
+            self._ranks = {}
+        self._others = others
+        self._read_at = self._clock()
+
+    def forget(self) -> None:
+        """Drop the view: every tick is asked for here again."""
+        self._others = None
+        self._ranks = {}
+
+    def rank(self, name: str) -> int:
+        """This replica's place among the owners of ``name`` (0 first; 0 without a fresh view)."""
+        others = self._others
+        if others is None:
+            return 0
+        if self._clock() - self._read_at > self._stale_s:
+            self.forget()
+            return 0
+        rank = self._ranks.get(name)
+        if rank is None:
+            mine = (_score(name, self.replica_id), self.replica_id)
+            rank = sum(
+                1
+                for m in others
+                if (m.names is None or name in m.names)
+                and (_score(name, m.replica_id), m.replica_id) > mine
+            )
+            self._ranks[name] = rank
+        return rank
+
+    def owns(self, name: str) -> bool:
+        """Whether this replica is one of the :data:`OWNERS` of ``name``."""
+        return self.rank(name) < OWNERS

@@ -1,0 +1,251 @@
+"""Owners: which replicas ask for an exclusive schedule's ticks (``sdcore.scheduling._owners``).
+
+The rank function on its own, then real schedulers and control planes on one shared in-memory
+"database" on loop time: how many replicas ask for each tick, and what happens when owners die.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobAcquireResult
+from sdcore.scheduling import ScheduleControl, Scheduler, Tick
+from sdcore.scheduling._owners import OWNERS, Member, Owners, second_delay
+from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from tests.unit._looptime import BASE, in_loop_time
+
+# --- the rank on its own ----------------------------------------------------------------------
+
+
+def _ids(n: int) -> list[str]:
+    return [str(uuid.UUID(int=i + 1)) for i in range(n)]
+
+
+def _views(ids: list[str], names: dict[str, frozenset[str]] | None = None) -> list[Owners]:
+    views = []
+    for me in ids:
+        owners = Owners(me, stale_s=15.0, clock=lambda: 0.0)
+        owners.update(Member(r, None if names is None else names.get(r)) for r in ids)
+        views.append(owners)
+    return views
+
+
+def test_every_schedule_has_exactly_one_replica_of_each_rank_and_the_load_spreads() -> None:
+    ids = _ids(24)
+    views = _views(ids)
+    firsts: Counter[str] = Counter()
+    for i in range(2_400):
+        name = f"digest-{i}"
+        ranks = sorted(v.rank(name) for v in views)
+        assert ranks == list(range(24))
+        firsts[ids[[v.rank(name) for v in views].index(0)]] += 1
+    # 100 schedules per replica on average: none carries more than twice its share.
+    assert len(firsts) == 24
+    assert max(firsts.values()) < 200
+
+
+def test_a_replica_leaving_moves_only_the_schedules_it_owned() -> None:
+    ids = _ids(10)
+    before = _views(ids)
+    after = _views(ids[1:])  # the first replica left
+    for i in range(500):
+        name = f"s{i}"
+        old = {ids[j] for j, v in enumerate(before) if v.owns(name)}
+        new = {ids[1:][j] for j, v in enumerate(after) if v.owns(name)}
+        if ids[0] not in old:
+            assert new == old  # rendezvous hashing: nothing else moves
+        else:
+            assert old - {ids[0]} <= new
+            assert len(new) == OWNERS
+
+
+def test_only_replicas_that_declare_a_schedule_own_it() -> None:
+    ids = _ids(4)
+    names = {ids[0]: frozenset({"a"}), ids[1]: frozenset({"a"})}  # ids 2, 3: as their viewer
+    for name in ("a", "b"):
+        views = _views(ids, names)
+        # Each replica is asked only about what it declares: "b" is declared by 2 and 3 only.
+        declaring = [v for v, r in zip(views, ids, strict=True) if r not in names or name == "a"]
+        ranks = sorted(v.rank(name) for v in declaring)
+        assert ranks == list(range(len(declaring)))
+
+
+def test_no_view_or_a_stale_one_asks_for_everything() -> None:
+    now = [0.0]
+    owners = Owners(_ids(1)[0], stale_s=15.0, clock=lambda: now[0])
+    assert owners.rank("s") == 0  # no view yet
+    owners.update(Member(r) for r in _ids(30))
+    ranks = [owners.rank(f"s{i}") for i in range(100)]
+    assert max(ranks) > OWNERS  # most schedules are someone else's
+    now[0] = 15.1
+    assert [owners.rank(f"s{i}") for i in range(100)] == [0] * 100
+    assert owners.members is None
+
+
+def test_the_second_owner_waits_a_quarter_of_the_spacing_between_50_ms_and_1_s() -> None:
+    assert second_delay(timedelta(seconds=1)) == 0.25
+    assert second_delay(timedelta(milliseconds=100)) == 0.05
+    assert second_delay(timedelta(hours=1)) == 1.0
+    assert second_delay(None) == 1.0
+
+
+# --- a cluster on loop time -------------------------------------------------------------------
+
+
+class _Asking(InMemoryJobScheduler):
+    """Counts the keys each replica asks for."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        super().__init__(clock=clock)
+        self.asked: Counter[str] = Counter()  # run key -> acquire offers
+
+    async def acquire_attempts(
+        self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+    ) -> list[tuple[JobAcquireResult, int]]:
+        for options, _ in items:
+            self.asked[f"{options.code} {options.run_key}"] += 1
+        return await super().acquire_attempts(items)
+
+
+@dataclass
+class _Cluster:
+    now: Callable[[], datetime]
+    jobs: _Asking
+    store: InMemoryScheduleStore
+    ran: list[tuple[str, str, int, float]] = field(default_factory=list)
+    replicas: list[tuple[Scheduler, ScheduleControl]] = field(default_factory=list)
+
+    async def start(self, index: int, names: Sequence[str]) -> None:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=self.now)
+        for name in names:
+
+            async def handler(tick: Tick, index: int = index) -> None:
+                self.ran.append((tick.schedule, tick.run_key or "", index, loop.time()))
+
+            scheduler.add_interval(name, 1_000, handler, catch_up="all")
+        control = ScheduleControl(
+            scheduler, self.store, poll_interval_ms=200, heartbeat_ms=1_000, clock=self.now
+        )
+        await control.start()
+        await scheduler.start_all()
+        self.replicas.append((scheduler, control))
+
+    async def crash(self, index: int) -> None:
+        """The process dies: nothing more runs, and it never leaves (its heartbeat lapses)."""
+        scheduler, control = self.replicas[index]
+        control._joined = False  # no leave() on the way out: a kill -9 sends none
+        await control.aclose()
+        await scheduler.aclose()
+
+    async def stop_all(self) -> None:
+        for scheduler, control in self.replicas:
+            if control.running:
+                await control.aclose()
+            if scheduler.running:
+                await scheduler.aclose()
+
+
+def _cluster() -> _Cluster:
+    loop = asyncio.get_running_loop()
+
+    def now() -> datetime:
+        return BASE + timedelta(seconds=loop.time())
+
+    jobs = _Asking(now)
+    return _Cluster(now=now, jobs=jobs, store=InMemoryScheduleStore(jobs, clock=now))
+
+
+def _owners_of(cluster: _Cluster, name: str) -> list[int]:
+    ranks = [(control._owners.rank(name), i) for i, (_, control) in enumerate(cluster.replicas)]
+    return [i for rank, i in sorted(ranks) if rank < OWNERS]
+
+
+@in_loop_time
+async def test_on_eight_replicas_only_two_ask_for_each_tick_and_each_runs_once() -> None:
+    cluster = _cluster()
+    names = [f"s{i}" for i in range(20)]
+    try:
+        for i in range(8):
+            await cluster.start(i, names)
+        await asyncio.sleep(3.0)  # every replica has read every other's heartbeat
+        cluster.jobs.asked.clear()
+        start = asyncio.get_running_loop().time()
+        await asyncio.sleep(10.0)
+    finally:
+        await cluster.stop_all()
+    window = {(n, k) for n, k, _, at in cluster.ran if start + 0.5 < at < start + 9.0}
+    assert len(window) >= 20 * 8
+    per_tick = Counter((n, k) for n, k, _, _ in cluster.ran)
+    assert all(per_tick[t] == 1 for t in window)
+    asked = [cluster.jobs.asked[f"{n} {k}"] for n, k in window]
+    assert max(asked) <= OWNERS
+    # The second owner asks too (one losing statement), so most ticks cost exactly two asks.
+    assert Counter(asked)[OWNERS] >= 0.9 * len(asked)
+    # The first owner runs the tick, at its instant; each replica runs its share.
+    runners = Counter(i for n, k, i, _ in cluster.ran if (n, k) in window)
+    assert len(runners) >= 6
+
+
+@in_loop_time
+async def test_an_owner_killed_leaves_its_ticks_to_the_second_owner_a_quarter_second_late() -> None:
+    cluster = _cluster()
+    names = [f"s{i}" for i in range(6)]
+    loop = asyncio.get_running_loop()
+    try:
+        for i in range(4):
+            await cluster.start(i, names)
+        await asyncio.sleep(3.0)
+        victim = _owners_of(cluster, "s0")[0]
+        second = _owners_of(cluster, "s0")[1]
+        await cluster.crash(victim)
+        killed = loop.time()
+        await asyncio.sleep(2.5)  # less than the heartbeat TTL: the view still has the victim
+        lapsed = [
+            (k, i, at) for n, k, i, at in cluster.ran if n == "s0" and killed < at < killed + 2.5
+        ]
+    finally:
+        await cluster.stop_all()
+    assert [i for _, i, _ in lapsed] == [second, second]
+    for run_key, _, at in lapsed:
+        instant = datetime.fromisoformat(run_key.replace("Z", "+00:00"))
+        late = at - (instant - BASE).total_seconds()
+        assert abs(late - second_delay(timedelta(seconds=1))) < 0.011
+
+
+@in_loop_time
+async def test_both_owners_killed_the_others_take_over_and_catch_up_what_fell_between() -> None:
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    try:
+        for i in range(5):
+            await cluster.start(i, ["report"])
+        await asyncio.sleep(3.0)
+        owners = _owners_of(cluster, "report")
+        for index in owners:
+            await cluster.crash(index)
+        killed = loop.time()
+        await asyncio.sleep(12.0)
+        end = loop.time()
+    finally:
+        await cluster.stop_all()
+    per_tick = Counter(k for n, k, _, _ in cluster.ran)
+    assert set(per_tick.values()) == {1}
+    after = sorted((k, i, at) for n, k, i, at in cluster.ran if killed < at < end)
+    runners = {i for _, i, _ in after}
+    assert not runners & set(owners)
+    # Every instant from the kill to 2 s before the end ran (late ones by the sweep).
+    expected = {
+        (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for s in range(int(killed) + 1, int(end) - 2)
+    }
+    assert expected <= set(per_tick)
+    # The first tick after the kill waited for the view: the heartbeat TTL (3 beats of 1 s)
+    # and the next read (a beat at most), then the sweep (its cadence: the lease, 2 s).
+    first = min(at for _, _, at in after)
+    assert first - killed <= 3.0 + 1.0 + 2.0 + 1.0
