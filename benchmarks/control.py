@@ -20,21 +20,34 @@
     the operator's own pool: the delay from the action's commit to the replica holding it, and
     the ticks that started more than 2 s after a pause's commit.
 
+``history``
+    The run history's writes for ``--ticks`` exclusive ticks due at one instant, every tick's
+    start and end requested at once (``asyncio.gather``) on one 10-connection pool (the
+    ``Runtime``'s application pool, where the history goes): one ``run_started`` and one
+    ``run_finished`` statement per tick, each awaited in the tick's task as ``RunHistory`` did
+    before it group-committed (*single*), against ``RunHistory`` itself (*batched*), alternating,
+    a quarter of ``--rounds`` times each (at least 3), the history table emptied before each.
+    Wall time from the first request to the last end recorded, when the last handler started,
+    and statements sent.
+
 Prints figures only; exits 0 whatever they are. Targets: sync of 10,000 "well under a second";
 propagation within 2 s (also under a saturated pool).
 
 Usage::
 
     python benchmarks/control.py [--database-url URL] [--schedules 10000] [--replicas 3]
-        [--rounds 20] [--only sync|propagation|saturated]
+        [--rounds 20] [--ticks 10000] [--only sync|propagation|saturated|history]
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +55,16 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
 from _harness import base_parser, machine, scratch_database, summary
 
-from sdcore.job_scheduler import JobSchedulerService
+from sdcore.job_scheduler import JobExecutionLease, JobSchedulerService
+from sdcore.postgres import derived_name
 from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin, ScheduleControl, Scheduler, Tick
+from sdcore.scheduling._control import Replica, RunFinish, RunStart
+from sdcore.scheduling._history import RunHistory
 
 
 async def _noop(tick: Tick) -> None:
@@ -199,16 +218,130 @@ async def bench_saturated(dsn: str, rounds: int) -> tuple[list[float], int]:
     return delays, late
 
 
+class _Counted(PostgresScheduleStore):
+    """The store, counting the history statements it sends."""
+
+    statements = 0
+
+    async def runs_started(self, runs: Sequence[RunStart]) -> list[int]:
+        self.statements += 1
+        return await super().runs_started(runs)
+
+    async def runs_finished(self, runs: Sequence[RunFinish]) -> None:
+        self.statements += 1
+        await super().runs_finished(runs)
+
+
+def _ticks(count: int) -> list[Tick]:
+    at = datetime.now(UTC).replace(microsecond=0)
+    run_key = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    owner = str(uuid.uuid4())
+    return [
+        Tick(
+            schedule=f"s{i:05d}",
+            scheduled_at=at,
+            local_time=at,
+            run_key=run_key,
+            lease=JobExecutionLease(
+                id=str(i),
+                owner_token=owner,
+                idempotency_key=f"s{i:05d}:{run_key}",
+                fencing_token=i + 1,
+            ),
+        )
+        for i in range(count)
+    ]
+
+
+async def _history_round(store: _Counted, count: int, *, batched: bool) -> tuple[float, float, int]:
+    """(wall time, last handler start after the first request, statements) for ``count`` ticks."""
+    replica = Replica(replica_id=str(uuid.uuid4()), host="bench", pid=1)
+    ticks = _ticks(count)
+    store.statements = 0
+    last_start = 0.0
+    began = time.perf_counter()
+
+    async def handler(tick: Tick) -> None:
+        nonlocal last_start
+        last_start = time.perf_counter() - began
+        await asyncio.sleep(0)
+
+    if batched:
+        history = RunHistory(store, replica, logging.getLogger("bench.history"))
+        history.loop = asyncio.get_running_loop()
+        recorded = history.wrap("bench", handler)
+
+        async def one(tick: Tick) -> None:
+            await recorded(tick)
+
+    else:
+
+        async def one(tick: Tick) -> None:
+            lease = tick.lease
+            run_id = await store.run_started(
+                RunStart(
+                    schedule=tick.schedule,
+                    run_key=tick.run_key or "initial",
+                    source="tick",
+                    scheduled_at=tick.scheduled_at,
+                    attempt=tick.attempt,
+                    fencing_token=None if lease is None else lease.fencing_token,
+                    replica=replica,
+                )
+            )
+            await handler(tick)
+            await store.run_finished(run_id, "SUCCESS", None)
+
+    await asyncio.gather(*(one(tick) for tick in ticks))
+    return time.perf_counter() - began, last_start, store.statements
+
+
+async def bench_history(dsn: str, count: int, rounds: int) -> None:
+    pool = await _pool(dsn, 10)
+    try:
+        store = _Counted(pool)
+        await store.ensure_schema()
+        runs = derived_name(store.table, "runs")
+        figures: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
+        for round_ in range(rounds):
+            for batched in (False, True) if round_ % 2 == 0 else (True, False):
+                async with pool.connection() as conn:
+                    await conn.execute(f"TRUNCATE {runs}")
+                    await conn.execute(f"VACUUM ANALYZE {runs}")
+                figures[batched].append(await _history_round(store, count, batched=batched))
+        print(f"run history of {count} ticks due at once, {rounds} rounds each (seconds):")
+        for batched in (False, True):
+            wall = summary([f[0] for f in figures[batched]])
+            last = summary([f[1] for f in figures[batched]])
+            statements = figures[batched][0][2]
+            label = "batched (RunHistory)" if batched else "single-row, awaited"
+            print(
+                f"  {label:22} wall p50 {wall['p50']:.3f} (min {wall['min']:.3f}, max "
+                f"{wall['max']:.3f})  last handler started p50 {last['p50']:.3f}  "
+                f"statements {statements}"
+            )
+        single = statistics.median(f[0] for f in figures[False])
+        batched_ = statistics.median(f[0] for f in figures[True])
+        print(f"  wall time ratio single / batched: {single / batched_:.1f}x")
+    finally:
+        await pool.close()
+
+
 async def main() -> None:
     parser = base_parser(__doc__.splitlines()[0] if __doc__ else "control plane")
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--only", choices=("sync", "propagation", "saturated"), default=None)
+    parser.add_argument("--ticks", type=int, default=10_000)
+    parser.add_argument(
+        "--only", choices=("sync", "propagation", "saturated", "history"), default=None
+    )
     args = parser.parse_args()
     with scratch_database(args.database_url, "sdcore_bench_control") as dsn:
         with psycopg.connect(dsn) as conn:
             print(machine(conn))
+        if args.only in (None, "history"):
+            await bench_history(dsn, args.ticks, max(3, args.rounds // 4))
         if args.only in (None, "sync"):
             await bench_sync(dsn, args.schedules, max(3, args.rounds // 4))
         if args.only in (None, "saturated"):

@@ -17,6 +17,7 @@ from sdcore.scheduling._control import (
     ActionKind,
     Declared,
     Replica,
+    RunFinish,
     RunStart,
     ScheduleStore,
     Write,
@@ -258,3 +259,64 @@ async def test_a_superseded_run_that_returns_late_stays_abandoned(store: Schedul
     assert runs[5].status == "FAIL"
     assert runs[5].error is not None
     assert runs[5].error.startswith("abandoned: the tick was taken over")
+
+
+def _run(run_key: str, token: int | None, schedule: str = "report") -> RunStart:
+    return RunStart(
+        schedule=schedule,
+        run_key=run_key,
+        source="tick",
+        scheduled_at=datetime(2026, 12, 1, 9, 0, tzinfo=UTC),
+        attempt=1,
+        fencing_token=token,
+        replica=Replica(replica_id=str(uuid.uuid4()), host="replica", pid=token or 0),
+    )
+
+
+async def test_runs_started_together_get_their_ids_in_order(store: ScheduleStore) -> None:
+    runs = [_run(f"2026-12-01T09:{i:02d}:00Z", i + 1, schedule=f"s{i % 3}") for i in range(7)]
+    ids = await store.runs_started(runs)
+    assert len(set(ids)) == 7
+    # Each end names the run it was given for: the history shows whether the ids matched.
+    await store.runs_finished(
+        [
+            RunFinish(run_id=run_id, status="FAIL" if n % 2 else "SUCCESS", error=runs[n].run_key)
+            for n, run_id in enumerate(ids)
+        ]
+    )
+    recorded = [r for name in ("s0", "s1", "s2") for r in await store.history(name, 10)]
+    assert sorted((r.run_key, r.error, r.status, r.fencing_token) for r in recorded) == [
+        (run.run_key, run.run_key, "FAIL" if n % 2 else "SUCCESS", n + 1)
+        for n, run in enumerate(runs)
+    ]
+    assert await store.runs_started([]) == []
+    await store.runs_finished([])
+
+
+async def test_a_takeover_within_one_batch_closes_every_older_attempt(
+    store: ScheduleStore,
+) -> None:
+    tick, other = "2026-12-01T09:00:00Z", "2026-12-01T10:00:00Z"
+    earlier = await store.run_started(_run(tick, 4))
+    newest, older, unfenced, elsewhere = await store.runs_started(
+        [_run(tick, 6), _run(tick, 5), _run(tick, None), _run(other, 1)]
+    )
+    runs = {(r.run_key, r.fencing_token): r for r in await store.history("report", 10)}
+    abandoned = "abandoned: the tick was taken over (fencing token 6)"
+    assert [(runs[tick, t].status, runs[tick, t].error) for t in (4, 5, 6, None)] == [
+        ("FAIL", abandoned),
+        ("FAIL", abandoned),
+        ("RUNNING", None),
+        ("RUNNING", None),
+    ]
+    assert runs[tick, 5].finished_at is not None
+    assert runs[other, 1].status == "RUNNING"
+    await store.runs_finished(
+        [
+            RunFinish(run_id=run_id, status="SUCCESS", error=None)
+            for run_id in (earlier, older, newest, unfenced, elsewhere)
+        ]
+    )
+    runs = {(r.run_key, r.fencing_token): r for r in await store.history("report", 10)}
+    assert [runs[tick, t].status for t in (4, 5, 6, None)] == ["FAIL", "FAIL", "SUCCESS", "SUCCESS"]
+    assert runs[other, 1].status == "SUCCESS"

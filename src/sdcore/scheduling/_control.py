@@ -344,6 +344,15 @@ class MemberRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinish:
+    """What the history records when a run ends."""
+
+    run_id: int
+    status: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Write:
     """One control write: an optional row change and the action recorded with it."""
 
@@ -469,12 +478,24 @@ class ScheduleStore(Protocol):
         what had succeeded when it was requested)."""
         ...
 
-    async def run_started(self, run: RunStart) -> int | None:
-        """Record a run start; return its history id."""
+    async def runs_started(self, runs: Sequence[RunStart]) -> list[int]:
+        """Record run starts in one statement; their history ids, in the order of ``runs``.
+
+        A run under a newer fencing token than another attempt of its tick still ``RUNNING``
+        (recorded earlier, or earlier in ``runs``) closes that attempt as abandoned.
+        """
+        ...
+
+    async def runs_finished(self, runs: Sequence[RunFinish]) -> None:
+        """Record runs' ends in one statement (a run no longer ``RUNNING`` is left as it is)."""
+        ...
+
+    async def run_started(self, run: RunStart) -> int:
+        """Record one run start (:meth:`runs_started` of one run); return its history id."""
         ...
 
     async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
-        """Record a run's end."""
+        """Record one run's end (:meth:`runs_finished` of one run)."""
         ...
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:

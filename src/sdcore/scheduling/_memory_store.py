@@ -22,6 +22,7 @@ from sdcore.scheduling._control import (
     Declared,
     MemberRow,
     Replica,
+    RunFinish,
     RunRecord,
     RunStart,
     ScheduleRow,
@@ -364,44 +365,62 @@ class InMemoryScheduleStore:
 
     # --- history -----------------------------------------------------------------------------
 
-    async def run_started(self, run: RunStart) -> int | None:
-        token = run.fencing_token
-        if token is not None:
-            for old_id, old in list(self._runs.items()):
-                if (
-                    old.schedule == run.schedule
-                    and old.run_key == run.run_key
-                    and old.status == "RUNNING"
-                    and old.fencing_token is not None
-                    and old.fencing_token < token
-                ):
-                    self._runs[old_id] = replace(
-                        old,
-                        status="FAIL",
-                        finished_at=self._clock(),
-                        error=f"abandoned: the tick was taken over (fencing token {token})",
-                    )
-        run_id = next(self._run_ids)
-        self._runs[run_id] = RunRecord(
-            schedule=run.schedule,
-            run_key=run.run_key,
-            source=run.source,
-            scheduled_at=run.scheduled_at,
-            started_at=self._clock(),
-            finished_at=None,
-            status="RUNNING",
-            attempt=run.attempt,
-            fencing_token=run.fencing_token,
-            host=run.replica.host,
-            pid=run.replica.pid,
-            error=None,
-        )
+    async def runs_started(self, runs: Sequence[RunStart]) -> list[int]:
+        # As the PostgreSQL statement: the newest fencing token of each tick in the batch closes
+        # that tick's older attempts, recorded before or in this batch.
+        newest: dict[tuple[str, str], int] = {}
+        for run in runs:
+            if run.fencing_token is not None:
+                tick = (run.schedule, run.run_key)
+                newest[tick] = max(newest.get(tick, run.fencing_token), run.fencing_token)
+        now = self._clock()
+
+        def abandoned(tick: tuple[str, str], token: int | None) -> str | None:
+            newer = newest.get(tick)
+            if token is None or newer is None or token >= newer:
+                return None
+            return f"abandoned: the tick was taken over (fencing token {newer})"
+
+        for old_id, old in list(self._runs.items()):
+            error = abandoned((old.schedule, old.run_key), old.fencing_token)
+            if old.status == "RUNNING" and error is not None:
+                self._runs[old_id] = replace(old, status="FAIL", finished_at=now, error=error)
+        ids = []
+        for run in runs:
+            error = abandoned((run.schedule, run.run_key), run.fencing_token)
+            run_id = next(self._run_ids)
+            self._runs[run_id] = RunRecord(
+                schedule=run.schedule,
+                run_key=run.run_key,
+                source=run.source,
+                scheduled_at=run.scheduled_at,
+                started_at=now,
+                finished_at=None if error is None else now,
+                status="RUNNING" if error is None else "FAIL",
+                attempt=run.attempt,
+                fencing_token=run.fencing_token,
+                host=run.replica.host,
+                pid=run.replica.pid,
+                error=error,
+            )
+            ids.append(run_id)
+        return ids
+
+    async def runs_finished(self, runs: Sequence[RunFinish]) -> None:
+        now = self._clock()
+        for done in runs:
+            run = self._runs.get(done.run_id)
+            if run is not None and run.status == "RUNNING":  # a takeover's close stays
+                self._runs[done.run_id] = replace(
+                    run, status=done.status, error=done.error, finished_at=now
+                )
+
+    async def run_started(self, run: RunStart) -> int:
+        (run_id,) = await self.runs_started([run])
         return run_id
 
     async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
-        run = self._runs.get(run_id)
-        if run is not None and run.status == "RUNNING":  # a takeover's close stays
-            self._runs[run_id] = replace(run, status=status, error=error, finished_at=self._clock())
+        await self.runs_finished([RunFinish(run_id=run_id, status=status, error=error)])
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:
         found = [(i, r) for i, r in self._runs.items() if r.schedule == name]

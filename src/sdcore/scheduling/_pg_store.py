@@ -32,6 +32,7 @@ from sdcore.scheduling._control import (
     LiveVersion,
     MemberRow,
     Replica,
+    RunFinish,
     RunRecord,
     RunStart,
     ScheduleRow,
@@ -386,25 +387,38 @@ class PostgresScheduleStore:
         rows = await self._all("succeeded_before", (list(lock_keys), before))
         return {r[0] for r in rows}
 
-    async def run_started(self, run: RunStart) -> int | None:
-        found = await self._one(
-            "run_started",
+    async def runs_started(self, runs: Sequence[RunStart]) -> list[int]:
+        if not runs:
+            return []
+        rows = await self._all(
+            "runs_started",
             (
-                run.schedule,
-                run.run_key,
-                run.source,
-                run.scheduled_at,
-                run.attempt,
-                run.fencing_token,
-                run.replica.replica_id,
-                run.replica.host,
-                run.replica.pid,
+                [r.schedule for r in runs],
+                [r.run_key for r in runs],
+                [r.source for r in runs],
+                [r.scheduled_at for r in runs],
+                [r.attempt for r in runs],
+                [r.fencing_token for r in runs],
+                [r.replica.replica_id for r in runs],
+                [r.replica.host for r in runs],
+                [r.replica.pid for r in runs],
             ),
         )
-        return None if found is None else int(found[0])
+        return [int(r[0]) for r in rows]
+
+    async def runs_finished(self, runs: Sequence[RunFinish]) -> None:
+        if runs:
+            await self._exec(
+                "runs_finished",
+                ([r.run_id for r in runs], [r.status for r in runs], [r.error for r in runs]),
+            )
+
+    async def run_started(self, run: RunStart) -> int:
+        (run_id,) = await self.runs_started([run])
+        return run_id
 
     async def run_finished(self, run_id: int, status: str, error: str | None) -> None:
-        await self._exec("run_finished", (status, error, run_id))
+        await self.runs_finished([RunFinish(run_id=run_id, status=status, error=error)])
 
     async def history(self, name: str, limit: int) -> list[RunRecord]:
         rows = await self._all("history", (name, limit))

@@ -118,8 +118,9 @@ class ScheduleControl:
         logger_name: Logger.
         history_store: Where the run history is written (default: ``store``). The ``Runtime``
             keeps ``store`` on a small pool of the control plane's own, so that polls never
-            queue behind the application's work, and writes the history (one write per run)
-            through the application's pool.
+            queue behind the application's work, and writes the history (group-committed:
+            the starts and the ends of many runs, one statement each) through the
+            application's pool.
 
     Raises:
         ValueError: An interval out of range.
@@ -279,6 +280,10 @@ class ScheduleControl:
                 self.scheduler.remove(name)
         self._stored.clear()
         self._stored_defs.clear()
+        try:
+            await asyncio.wait_for(self._history.drain(), LEAVE_TIMEOUT_S)
+        except TimeoutError:
+            self._log.warning("run history writes still pending at stop; not waited for")
         if not self._joined:
             return
         self._joined = False

@@ -259,29 +259,68 @@ WHERE lock_key = ANY(%s::text[]) AND status = 'FAIL' AND attempts > 0 AND modifi
 SELECT lock_key FROM {lease}
 WHERE lock_key = ANY(%s::text[]) AND status = 'SUCCESS' AND modified_at < %s
 
--- name: run_started
+-- name: runs_started
+-- Run starts, several at once; their ids in the order given: the rows are inserted in that order
+-- and the identity draws each id as its row is inserted, so the ids sorted are in that order.
 -- A run under a newer fencing token means the tick was taken over: its earlier attempts still
--- RUNNING will never finish (their replica died or lost the lease), so they are closed here.
-WITH started AS (
+-- RUNNING will never finish (their replica died or lost the lease), so they are closed here, those
+-- recorded before and those of this statement alike (the latter are inserted closed: the UPDATE
+-- does not see the rows its own statement inserts). Rows are locked in id order, as runs_finished
+-- locks them, so that a takeover and a superseded replica's finishes never wait on each other.
+-- Parameters (arrays, one element per run): schedule, run_key, source, scheduled_at, attempt,
+-- fencing_token, replica_id, host, pid.
+WITH given AS (
+    SELECT *
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[],
+                %s::bigint[], %s::uuid[], %s::text[], %s::integer[])
+         WITH ORDINALITY AS u(schedule, run_key, source, scheduled_at, attempt, fencing_token,
+                              replica_id, host, pid, ord)
+), newest AS (
+    SELECT schedule, run_key, max(fencing_token) AS fencing_token
+    FROM given GROUP BY schedule, run_key
+), started AS (
     INSERT INTO {runs} (schedule, run_key, source, scheduled_at, attempt, fencing_token,
-                        replica_id, host, pid)
-    VALUES (%s, %s, %s, %s, %s, %s, %s::uuid, %s, %s)
-    RETURNING id, schedule, run_key, fencing_token
+                        replica_id, host, pid, status, finished_at, error)
+    SELECT g.schedule, g.run_key, g.source, g.scheduled_at, g.attempt, g.fencing_token,
+           g.replica_id, g.host, g.pid,
+           CASE WHEN g.fencing_token < n.fencing_token THEN 'FAIL' ELSE 'RUNNING' END,
+           CASE WHEN g.fencing_token < n.fencing_token THEN clock_timestamp() END,
+           CASE WHEN g.fencing_token < n.fencing_token
+                THEN 'abandoned: the tick was taken over (fencing token ' || n.fencing_token || ')'
+           END
+    FROM given AS g JOIN newest AS n USING (schedule, run_key)
+    ORDER BY g.ord
+    RETURNING id
 ), abandoned AS (
     UPDATE {runs} AS r
     SET status = 'FAIL', finished_at = clock_timestamp(),
-        error = 'abandoned: the tick was taken over (fencing token ' || s.fencing_token || ')'
-    FROM started AS s
-    WHERE r.schedule = s.schedule AND r.run_key = s.run_key AND r.status = 'RUNNING'
-      AND r.fencing_token < s.fencing_token
+        error = 'abandoned: the tick was taken over (fencing token ' || old.newer || ')'
+    FROM (
+        SELECT o.id, n.fencing_token AS newer
+        FROM {runs} AS o JOIN newest AS n USING (schedule, run_key)
+        WHERE o.status = 'RUNNING' AND o.fencing_token < n.fencing_token
+        ORDER BY o.id
+        FOR UPDATE OF o
+    ) AS old
+    WHERE r.id = old.id AND r.status = 'RUNNING'
 )
-SELECT id FROM started
+SELECT id FROM started ORDER BY id
 
--- name: run_finished
--- Only a run still RUNNING: one a takeover closed as abandoned stays so (its handler may still
--- return on the superseded replica, whose lease completion is then refused).
-UPDATE {runs} SET finished_at = clock_timestamp(), status = %s, error = %s
-WHERE id = %s AND status = 'RUNNING'
+-- name: runs_finished
+-- Only runs still RUNNING: one a takeover closed as abandoned stays so (its handler may still
+-- return on the superseded replica, whose lease completion is then refused). Rows are locked in
+-- id order (see runs_started).
+-- Parameters (arrays, one element per run): id, status, error.
+UPDATE {runs} AS r SET finished_at = clock_timestamp(), status = done.status, error = done.error
+FROM (
+    SELECT o.id, u.status, u.error
+    FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, status, error)
+    JOIN {runs} AS o ON o.id = u.id
+    WHERE o.status = 'RUNNING'
+    ORDER BY o.id
+    FOR UPDATE OF o
+) AS done
+WHERE r.id = done.id AND r.status = 'RUNNING'
 
 -- name: history
 SELECT schedule, run_key, source, scheduled_at, started_at, finished_at, status, attempt,

@@ -1,0 +1,229 @@
+"""The run history's group commit: many runs, few statements; a failed statement loses no run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sdcore.scheduling import InMemoryScheduleStore, Tick
+from sdcore.scheduling._control import Replica, RunFinish, RunStart
+from sdcore.scheduling._history import RunHistory
+from sdcore.scheduling._runner import Handler
+
+AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+REPLICA = Replica(replica_id="00000000-0000-0000-0000-000000000001", host="h", pid=1)
+
+
+class Refused(Exception):
+    """A statement the server refused (nothing written), as psycopg reports it."""
+
+    sqlstate = "22021"
+
+
+class CountingStore(InMemoryScheduleStore):
+    """Counts the statements; refuses any containing a schedule of ``refuse``; fails the
+    first ``fail`` start statements as a broken connection would; holds starts on ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.refuse: set[str] = set()
+        self.fail = 0
+        self.gate: asyncio.Event | None = None
+
+    async def runs_started(self, runs: Sequence[RunStart]) -> list[int]:
+        self.starts.append(len(runs))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("connection lost")
+        if any(r.schedule in self.refuse for r in runs):
+            raise Refused("invalid byte sequence")
+        return await super().runs_started(runs)
+
+    async def runs_finished(self, runs: Sequence[RunFinish]) -> None:
+        self.ends.append(len(runs))
+        await super().runs_finished(runs)
+
+
+def _tick(name: str, minute: int = 0) -> Tick:
+    at = AT + timedelta(minutes=minute)
+    return Tick(
+        schedule=name, scheduled_at=at, local_time=at, run_key=at.strftime("%Y-%m-%dT%H:%MZ")
+    )
+
+
+def _history(store: CountingStore, **kwargs: int) -> RunHistory:
+    history = RunHistory(store, REPLICA, logging.getLogger("test.history"), **kwargs)
+    history.loop = asyncio.get_running_loop()
+    return history
+
+
+async def _statuses(store: CountingStore, names: Sequence[str]) -> list[str]:
+    return [r.status for name in names for r in await store.history(name, 10)]
+
+
+async def test_runs_started_together_share_one_statement_each() -> None:
+    store = CountingStore()
+    history = _history(store)
+    ran: list[str] = []
+
+    async def handler(tick: Tick) -> str:
+        ran.append(tick.schedule)
+        await asyncio.sleep(0)
+        return tick.schedule
+
+    recorded = history.wrap("x", handler)
+    names = [f"s{i:03d}" for i in range(300)]
+    results = await asyncio.gather(*(recorded(_tick(n)) for n in names))
+    assert results == names
+    assert (store.starts, store.ends) == ([300], [300])
+    assert await _statuses(store, names) == ["SUCCESS"] * 300
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "max_items", "statements"),
+    [(1, 100, 3), (2, 100, 3), (4, 1_000, 1)],
+    ids=["one-at-a-time", "two-at-a-time", "all-in-one"],
+)
+async def test_a_statement_holds_at_most_max_items_rows(
+    in_flight: int, max_items: int, statements: int
+) -> None:
+    store = CountingStore()
+    history = _history(store, in_flight=in_flight, max_items=max_items)
+    recorded = history.wrap("x", _noop)
+    names = [f"s{i:03d}" for i in range(250)]
+    await asyncio.gather(*(recorded(_tick(n)) for n in names))
+    assert len(store.starts) == statements
+    assert max(store.starts) <= max_items
+    assert sum(store.starts) == sum(store.ends) == 250
+    assert await _statuses(store, names) == ["SUCCESS"] * 250
+
+
+async def test_runs_requested_while_a_statement_is_out_leave_together() -> None:
+    store = CountingStore()
+    store.gate = asyncio.Event()
+    history = _history(store, in_flight=1)
+    recorded = history.wrap("x", _noop)
+    first = asyncio.create_task(_call(recorded, _tick("first")))
+    await asyncio.sleep(0.01)
+    assert store.starts == [1]  # out, and held
+    later = [asyncio.create_task(_call(recorded, _tick(f"s{i}"))) for i in range(50)]
+    await asyncio.sleep(0.01)
+    assert store.starts == [1]  # queued behind it
+    store.gate.set()
+    await asyncio.gather(first, *later)
+    assert store.starts == [1, 50]
+
+
+async def test_a_failed_statement_is_logged_and_the_runs_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = CountingStore()
+    store.fail = 1
+    history = _history(store)
+    recorded = history.wrap("x", _noop)
+    names = [f"s{i:02d}" for i in range(12)]
+    with caplog.at_level(logging.WARNING, "test.history"):
+        results = await asyncio.gather(*(recorded(_tick(n)) for n in names))
+    assert results == [None] * 12
+    assert store.starts == [12]
+    assert store.ends == []  # no start row: no end to record
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("run history")]
+    assert "12 run start(s) not recorded" in line.getMessage()
+    assert "'s00'" in line.getMessage()
+    assert "and 2 more" in line.getMessage()
+    assert getattr(line, "schedules", None) == names
+
+
+async def test_a_refused_row_loses_none_of_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    store = CountingStore()
+    store.refuse = {"bad"}
+    history = _history(store)
+    recorded = history.wrap("x", _noop)
+    names = [f"s{i:02d}" for i in range(7)]
+    with caplog.at_level(logging.WARNING, "test.history"):
+        await asyncio.gather(*(recorded(_tick(n)) for n in [*names[:3], "bad", *names[3:]]))
+    assert await _statuses(store, names) == ["SUCCESS"] * 7
+    assert await store.history("bad", 10) == []
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run history")]
+    assert logged == [
+        "run history: 1 run start(s) not recorded (schedule 'bad'): invalid byte sequence"
+    ]
+    assert store.starts[0] == 8
+    assert len(store.starts) <= 1 + 2 * 3  # halved until alone: about 2·log2(8) statements
+
+
+async def test_a_start_written_after_its_caller_was_cancelled_is_closed() -> None:
+    store = CountingStore()
+    store.gate = asyncio.Event()
+    history = _history(store)
+    ran: list[str] = []
+
+    async def handler(tick: Tick) -> None:
+        ran.append(tick.schedule)
+
+    task = asyncio.create_task(_call(history.wrap("x", handler), _tick("gone")))
+    await asyncio.sleep(0.01)
+    assert store.starts == [1]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store.gate.set()
+    await history.drain()
+    assert ran == []
+    ((run),) = await store.history("gone", 10)
+    assert (run.status, run.error) == ("FAIL", "cancelled")
+
+
+async def test_a_start_cancelled_before_it_is_sent_is_left_out() -> None:
+    store = CountingStore()
+    history = _history(store)
+    task = asyncio.create_task(_call(history.wrap("x", _noop), _tick("gone")))
+    await asyncio.sleep(0)  # the task submitted its start; the statement leaves next turn
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await history.drain()
+    assert store.starts == []
+    assert await store.history("gone", 10) == []
+
+
+async def test_sync_handlers_record_through_the_loop() -> None:
+    store = CountingStore()
+    history = _history(store)
+
+    def handler(tick: Tick) -> str:
+        if tick.schedule == "boom":
+            raise ValueError("boom")
+        return tick.schedule
+
+    recorded = history.wrap("x", handler)
+    names = [f"s{i}" for i in range(20)]
+    results = await asyncio.gather(
+        *(asyncio.to_thread(recorded, _tick(n)) for n in [*names, "boom"]),
+        return_exceptions=True,
+    )
+    assert results[:20] == names
+    assert isinstance(results[20], ValueError)
+    assert await _statuses(store, names) == ["SUCCESS"] * 20
+    ((failed),) = await store.history("boom", 10)
+    assert failed.status == "FAIL"
+    assert failed.error is not None
+    assert "boom" in failed.error
+    assert sum(store.starts) == sum(store.ends) == 21
+
+
+async def _noop(tick: Tick) -> None:
+    return None
+
+
+async def _call(handler: Handler, tick: Tick) -> Any:
+    return await handler(tick)
