@@ -7,6 +7,7 @@ The rank function on its own, then real schedulers and control planes on one sha
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -73,6 +74,22 @@ def test_only_replicas_that_declare_a_schedule_own_it() -> None:
         declaring = [v for v, r in zip(views, ids, strict=True) if r not in names or name == "a"]
         ranks = sorted(v.rank(name) for v in declaring)
         assert ranks == list(range(len(declaring)))
+
+
+def test_ranks_adjusted_on_a_view_change_equal_ranks_counted_afresh() -> None:
+    rng = random.Random(7)
+    ids = _ids(16)
+    names = [f"s{i}" for i in range(300)]
+    kept = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+    for _ in range(40):
+        live = [r for r in ids[1:] if rng.random() < 0.7]
+        declared = {
+            r: None if rng.random() < 0.6 else frozenset(rng.sample(names, 150)) for r in live
+        }
+        kept.update(Member(r, declared[r]) for r in live)
+        fresh = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+        fresh.update(Member(r, declared[r]) for r in live)
+        assert [kept.rank(n) for n in names] == [fresh.rank(n) for n in names]
 
 
 def test_no_view_or_a_stale_one_asks_for_everything() -> None:
