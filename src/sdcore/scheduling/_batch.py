@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from sdcore.job_scheduler import (
@@ -30,10 +31,15 @@ __all__ = ["DEFAULT_BATCH_SIZE", "TickAcquirer"]
 
 DEFAULT_BATCH_SIZE = 1_000
 
-# (options, the tick's attempt budget or None for a plain lease, the caller's future)
-_Request = tuple[
-    JobAcquireOptions, AttemptBudget | None, "asyncio.Future[tuple[JobAcquireResult, int]]"
-]
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One lease request waiting for its call: a tick's (with its attempt budget) or a plain
+    lease's (``budget`` ``None``), and the future its caller awaits."""
+
+    options: JobAcquireOptions
+    budget: AttemptBudget | None
+    future: asyncio.Future[tuple[JobAcquireResult, int]]
 
 
 class TickAcquirer:
@@ -88,7 +94,7 @@ class TickAcquirer:
         if items and not self._pending:
             loop.call_soon(self.flush)
         self._pending.extend(
-            (options, budget, future)
+            _Request(options, budget, future)
             for (options, budget), future in zip(items, futures, strict=True)
         )
         answers: list[tuple[JobAcquireResult, int] | Exception] = []
@@ -120,7 +126,7 @@ class TickAcquirer:
         future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
         if not self._pending:
             loop.call_soon(self.flush)
-        self._pending.append((options, budget, future))
+        self._pending.append(_Request(options, budget, future))
         # Cancelled while the call is in flight, the future is cancelled with us and the call
         # goes on: a lease it wins for this caller is given back (see _send).
         return await future
@@ -131,15 +137,15 @@ class TickAcquirer:
         Returns:
             Whether any request was sent.
         """
-        pending = [request for request in self._pending if not request[2].done()]
+        pending = [request for request in self._pending if not request.future.done()]
         self._pending = []
         if not pending:
             return False
         # Sorted by key, so that replicas cut the same burst into the same calls (no deadlock is
         # possible either way: each statement locks and inserts in key order).
-        pending.sort(key=lambda request: request[0].lock_key)
-        ticks = [request for request in pending if request[1] is not None]
-        plain = [request for request in pending if request[1] is None]
+        pending.sort(key=lambda request: request.options.lock_key)
+        ticks = [request for request in pending if request.budget is not None]
+        plain = [request for request in pending if request.budget is None]
         self._cut(ticks)
         self._cut(plain)
         return True
@@ -150,7 +156,7 @@ class TickAcquirer:
             keys: set[str] = set()
             rest: list[_Request] = []
             for request in pending:
-                key = request[0].lock_key
+                key = request.options.lock_key
                 if len(call) >= self._size or key in keys:
                     rest.append(request)  # a repeated key waits for the next call
                 else:
@@ -166,28 +172,30 @@ class TickAcquirer:
         try:
             results = await self._call(call)
         except asyncio.CancelledError:
-            for *_, future in call:
-                future.cancel()
+            for request in call:
+                request.future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - each tick's own acquire raises it
-            for *_, future in call:
-                if not future.done():
-                    future.set_exception(exc)
+            for request in call:
+                if not request.future.done():
+                    request.future.set_exception(exc)
             return
-        for (*_, future), result in zip(call, results, strict=True):
-            if future.done():
+        for request, result in zip(call, results, strict=True):
+            if request.future.done():
                 self._give_back_result(result)
             else:
-                future.set_result(result)
+                request.future.set_result(result)
 
     async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
         jobs = self._jobs
-        if call[0][1] is not None:
-            return await jobs.acquire_attempts([(o, b) for o, b, _ in call if b is not None])
+        if call[0].budget is not None:
+            return await jobs.acquire_attempts(
+                [(r.options, r.budget) for r in call if r.budget is not None]
+            )
         many = getattr(jobs, "acquire_many", None)
         if many is not None:
-            return [(result, 0) for result in await many([o for o, _, _ in call])]
-        return [(await jobs.acquire(o), 0) for o, _, _ in call]
+            return [(result, 0) for result in await many([r.options for r in call])]
+        return [(await jobs.acquire(r.options), 0) for r in call]
 
     def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
         outcome, _ = result

@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,9 +55,15 @@ Handler = Callable[[Tick], Awaitable[Any] | Any]
 GATE_UNKNOWN = "unknown"
 # When retries stop: the next tick's instant, or a function computing it on first use.
 Deadline = datetime | None | Callable[[], datetime | None]
-# A tick's first offer when it was acquired before its task started (batch start): its options,
-# and ``(result, attempt)`` as ``acquire_attempt`` returns it or the exception the acquire raised.
-FirstOffer = tuple[JobAcquireOptions, tuple[JobAcquireResult, int] | Exception]
+
+
+@dataclass(frozen=True, slots=True)
+class FirstOffer:
+    """A tick's first offer, acquired before its task started (batch start)."""
+
+    options: JobAcquireOptions
+    answer: tuple[JobAcquireResult, int] | Exception
+    """``(result, attempt)`` as ``acquire_attempt`` returns it, or what the acquire raised."""
 
 
 def tick_options(
@@ -150,7 +156,7 @@ class TickRunner:
     def ends_lost(self, name: str, policy: RunPolicy, tick: Tick, first: FirstOffer) -> bool:
         """Whether ``first`` (a lost first offer) is the whole of the tick on this process: the
         tick needs no task (no retry offers follow, as in :meth:`run`)."""
-        answer = first[1]
+        answer = first.answer
         if isinstance(answer, Exception) or answer[0].acquired or policy.retries:
             return False
         if self.log.isEnabledFor(logging.DEBUG):
@@ -437,21 +443,21 @@ class TickRunner:
             except Exception as exc:
                 raise _HandlerFailed(tick.attempt, exc) from exc
             return tick.attempt, True
-        options = tick_options(name, kind, policy, tick.run_key) if first is None else first[0]
+        options = tick_options(name, kind, policy, tick.run_key) if first is None else first.options
         bound = _Bound(handler, tick, run, self.telemetry, self.in_handler)
         call = bound.run_async if inspect.iscoroutinefunction(handler) else bound.run_sync
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
             acquired = await self.acquirer.acquire(options, policy.budget)
-        elif isinstance(first[1], Exception):
+        elif isinstance(first.answer, Exception):
             # Every tick of a failed batch call holds this one exception. Raised as it is, each
             # tick's raise would add its frames to the traceback all of them share: 10,000 ticks
             # of a burst made it 20,000 frames long, kept every tick's frames alive, and an error
             # that ends the tasks printed all of it once per task. Each raise starts afresh (the
             # database error it wraps keeps its own traceback as ``__cause__``).
-            raise first[1].with_traceback(None)
+            raise first.answer.with_traceback(None)
         else:
-            acquired = first[1]
+            acquired = first.answer
         if acquired[0].acquired and self.admits is not None:
             # The gate admitted the tick before its acquire, which may have waited (a slow or
             # locked database, a suspended process): a pause this

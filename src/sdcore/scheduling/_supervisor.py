@@ -541,7 +541,7 @@ class Supervisor:
         for fire, tick, (options, _), answer in zip(batch, ticks, items, answers, strict=True):
             entry, due = fire.entry, fire.due
             entry.running.discard(holder)
-            first = (options, answer)
+            first = FirstOffer(options, answer)
             if runner.ends_lost(entry.name, entry.policy, tick, first):
                 self._ended(entry, due, None)
             else:

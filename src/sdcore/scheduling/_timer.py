@@ -48,7 +48,7 @@ _MAX_SLEEP = 30.0
 _Item = tuple[datetime, int, int, Entry]
 
 
-class Following:
+class NextFire:
     """The fire instant after ``due``, computed on first use; one per equal trigger and instant."""
 
     __slots__ = ("_value", "due", "trigger")
@@ -93,7 +93,7 @@ class Timer:
         self.heap: list[_Item] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
-        self._last: Following | None = None  # the last Following of this burst
+        self._last: NextFire | None = None  # the last NextFire of this burst
 
     def reset(self) -> None:
         """Forget every armed instant (before a start)."""
@@ -142,14 +142,14 @@ class Timer:
         return bool(self.heap) and self.heap[0][0] <= now
 
     async def _fire_due(self, now: datetime) -> None:
-        memo: dict[tuple[Trigger, datetime], Following] = {}
+        memo: dict[tuple[Trigger, datetime], NextFire] = {}
         self._last = None
         # The ticks started on time, to re-arm after the burst: parallel lists, so that a burst
         # leaves no object per tick behind for the garbage collector (equal triggers due at one
-        # instant share their Following).
+        # instant share their NextFire).
         entries: list[Entry] = []
         versions: list[int] = []
-        followings: list[Following] = []
+        followings: list[NextFire] = []
         try:
             more = self._due(now)
             while more:
@@ -198,8 +198,8 @@ class Timer:
         entry: Entry,
         due: datetime,
         now: datetime,
-        memo: dict[tuple[Trigger, datetime], Following],
-    ) -> Following | None:
+        memo: dict[tuple[Trigger, datetime], NextFire],
+    ) -> NextFire | None:
         """Start the tick due at ``due``; return its successor, to re-arm after the burst.
 
         ``None``: already re-armed (the loop was late and ticks were coalesced).
@@ -214,7 +214,7 @@ class Timer:
                 key = (trigger, due)
                 following = memo.get(key)
                 if following is None:
-                    following = memo[key] = Following(trigger, due)
+                    following = memo[key] = NextFire(trigger, due)
                 self._last = following
             self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
             return following
