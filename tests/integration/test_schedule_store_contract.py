@@ -320,3 +320,34 @@ async def test_a_takeover_within_one_batch_closes_every_older_attempt(
     runs = {(r.run_key, r.fencing_token): r for r in await store.history("report", 10)}
     assert [runs[tick, t].status for t in (4, 5, 6, None)] == ["FAIL", "FAIL", "SUCCESS", "SUCCESS"]
     assert runs[other, 1].status == "SUCCESS"
+
+
+async def test_members_carry_each_replicas_digest_and_its_declared_names(
+    store: ScheduleStore,
+) -> None:
+    mine = Replica(replica_id=str(uuid.uuid4()), host="a", pid=1)
+    other = Replica(replica_id=str(uuid.uuid4()), host="b", pid=2)
+    tag = uuid.uuid4().hex[:8]
+    await store.sync(mine, [_declared(f"m-{tag}-1"), _declared(f"m-{tag}-2")])
+    await store.sync(other, [_declared(f"m-{tag}-1")])
+    ids = {mine.replica_id, other.replica_id}
+
+    def ours(rows: list[Any]) -> dict[str, str | None]:
+        return {r.replica_id: r.digest for r in rows if r.replica_id in ids}
+
+    # The statement reads the rows as they were before its own write.
+    assert ours(await store.members(mine, f"dm-{tag}", 30_000)) == dict.fromkeys(ids)
+    assert ours(await store.members(other, f"do-{tag}", 30_000)) == {
+        mine.replica_id: f"dm-{tag}",
+        other.replica_id: None,
+    }
+    assert ours(await store.members(mine, f"dm-{tag}", 30_000)) == {
+        mine.replica_id: f"dm-{tag}",
+        other.replica_id: f"do-{tag}",
+    }
+    assert await store.declared_names(f"dm-{tag}") == {f"m-{tag}-1", f"m-{tag}-2"}
+    assert await store.declared_names(f"do-{tag}") == {f"m-{tag}-1"}
+    assert await store.declared_names(f"unknown-{tag}") == frozenset()
+    await store.leave(other)
+    assert ours(await store.members(mine, f"dm-{tag}", 30_000)) == {mine.replica_id: f"dm-{tag}"}
+    assert await store.declared_names(f"do-{tag}") == frozenset()
