@@ -32,6 +32,7 @@ class Entry:
         "name",
         "next_at",
         "offered",
+        "own_handler",
         "pending",
         "policy",
         "removed",
@@ -49,7 +50,8 @@ class Entry:
         self.name = name
         self.kind = trigger.kind
         self.trigger = trigger
-        self.handler = handler
+        self.handler = handler  # what runs: own_handler, wrapped by a linked control plane
+        self.own_handler = handler  # the application's handler
         self.zone = zone
         self.policy = policy
         self.active = True

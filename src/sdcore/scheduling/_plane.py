@@ -39,7 +39,7 @@ from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
 from sdcore.scheduling._owners import MEMBER_TTL_BEATS, Member, Owners
 from sdcore.scheduling._runner import GATE_UNKNOWN, Handler, utcnow
-from sdcore.scheduling._scheduler import Scheduler
+from sdcore.scheduling._scheduler import ControlLink, Scheduler
 from sdcore.scheduling._triggers import (
     CronTrigger,
     IntervalTrigger,
@@ -226,8 +226,14 @@ class ScheduleControl:
         self._since = self._clock() - timedelta(seconds=5)  # clock skew with the database
         self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
         self._digests = {}
-        self._hooks.install(self._gate, self._history.wrap, self._owners)
-        self._hooks.watch(self._registry_changed)
+        self._hooks.link(
+            ControlLink(
+                gate=self._gate,
+                wrap=self._history.wrap,
+                owners=self._owners,
+                changed=self._registry_changed,
+            )
+        )
         self.replica = Replica(
             replica_id=self.replica.replica_id,
             host=self._host,
@@ -274,7 +280,7 @@ class ScheduleControl:
         # The paused set cannot change any more (nothing polls): frozen, it gates the scheduler's
         # remaining fires until the scheduler stops, which happens after this returns.
         frozen = {name for name, paused in self._paused.items() if paused}
-        self._hooks.uninstall(paused=frozen.__contains__)
+        self._hooks.unlink(paused=frozen.__contains__)
         for name in list(self._stored):
             if self._hooks.entry(name) is not None:
                 self.scheduler.remove(name)

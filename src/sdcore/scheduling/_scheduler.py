@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
@@ -16,6 +17,7 @@ from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS, MissedTick, missed
 from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._entry import NO_INSTANTS, Entry
+from sdcore.scheduling._owners import Owners
 from sdcore.scheduling._policy import (
     MAX_PERIOD_MS,
     CatchUp,
@@ -40,6 +42,24 @@ from sdcore.scheduling._triggers import (
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class ControlLink:
+    """What a control plane lends a :class:`Scheduler` (:meth:`Scheduler.link`).
+
+    Attributes:
+        gate: Why a schedule's ticks must not start now (``"paused"``, or ``"unknown"`` when the
+            paused state could not be read again in time), or ``None``.
+        wrap: Wraps every handler (the run history).
+        owners: Which exclusive ticks this replica asks for (``None``: all of them).
+        changed: Told each schedule name added or removed (to declare it).
+    """
+
+    gate: Callable[[str], str | None]
+    wrap: Callable[[str, Handler], Handler]
+    owners: Owners | None
+    changed: Callable[[str], None]
 
 
 class Scheduler:
@@ -81,12 +101,9 @@ class Scheduler:
         self._sweep_task: asyncio.Task[None] | None = None
         self._loops: Loops | None = None  # owns the timer and sweep loops (restarts a crash)
         self._started_at: datetime | None = None
-        # Stored-schedule handlers by name, and the control plane's hook that wraps every
-        # handler (run history); see sdcore.scheduling._control.
+        # Stored-schedule handlers by name.
         self._handlers: dict[str, Callable[..., Any]] = {}
-        self._wrap: Callable[[str, Handler], Handler] | None = None
-        # The control plane's watch: told each name added or removed, to declare it.
-        self._on_change: Callable[[str], None] | None = None
+        self._control: ControlLink | None = None  # the linked control plane (link())
 
     @property
     def telemetry(self) -> Telemetry:
@@ -226,9 +243,9 @@ class Scheduler:
         policy = build_policy(
             name, options, has_jobs=self._jobs is not None, default_lease_ms=self._lease_ms
         )
-        if self._wrap is not None:
-            handler = self._wrap(name, handler)
         entry = Entry(name, trigger, handler, zone, policy)
+        if self._control is not None:
+            entry.handler = self._control.wrap(name, handler)
         now = self._clock()
         try:
             # Everything that could fail later (a fire instant past year 9999…) fails here,
@@ -240,8 +257,8 @@ class Scheduler:
         if self._started_at is not None:
             self._arm(entry, now)
         self._entries[name] = entry
-        if self._on_change is not None:
-            self._on_change(name)
+        if self._control is not None:
+            self._control.changed(name)
 
     # --- registry ----------------------------------------------------------------------------
 
@@ -309,8 +326,47 @@ class Scheduler:
         self.stop(name)
         entry = self._entries.pop(name)
         entry.removed = True
-        if self._on_change is not None:
-            self._on_change(name)
+        if self._control is not None:
+            self._control.changed(name)
+
+    # --- control plane -----------------------------------------------------------------------
+
+    def link(self, control: ControlLink) -> None:
+        """Lend this scheduler to a control plane (``ScheduleControl.start`` calls this): every
+        tick start passes its gate, every handler (present and future) runs wrapped, regular
+        fires of exclusive schedules go by its owners, and it is told of each schedule added or
+        removed. The scheduler's own API stays usable as ever.
+        """
+        self._control = control
+        self._sup.gate = control.gate
+        self._sup.owners = control.owners
+        for entry in self._entries.values():
+            entry.handler = control.wrap(entry.name, entry.own_handler)
+
+    def unlink(self, *, paused: Callable[[str], bool] | None = None) -> None:
+        """Undo :meth:`link`: handlers are the schedules' own again, every replica asks.
+
+        Args:
+            paused: The paused state to keep while the scheduler goes on running: its timer
+                fires until the scheduler itself stops, and a paused schedule must not start a
+                tick in that window. That frozen gate lapses once this run of the scheduler ends
+                (a later start has no gate).
+        """
+        self._control = None
+        self._sup.owners = None
+        run = self._started_at
+        if paused is None or run is None:
+            self._sup.gate = None
+        else:
+
+            def frozen(name: str) -> str | None:
+                if self._started_at is not run or not paused(name):
+                    return None
+                return "paused"
+
+            self._sup.gate = frozen
+        for entry in self._entries.values():
+            entry.handler = entry.own_handler
 
     # --- lifecycle ---------------------------------------------------------------------------
 
