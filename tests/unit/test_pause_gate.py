@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from sdcore.job_scheduler import JobAcquireOptions
 from sdcore.scheduling._policy import build_policy
 from sdcore.scheduling._runner import GATE_UNKNOWN, TickRunner
-from sdcore.scheduling._supervisor import Supervisor
+from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import IntervalTrigger, ScheduleKind, Tick, make_tick
 from sdcore.testing import InMemoryJobScheduler
 
@@ -87,7 +87,7 @@ async def test_a_retry_after_a_sleep_waits_for_the_paused_state_to_be_read_again
     pause was committed meanwhile: the retry waits for the re-read, which says paused."""
     jobs = InMemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
-    sup = Supervisor(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
     view: list[str | None] = [None]
     sup.gate = lambda name: view[0]
     attempts: list[int] = []
@@ -124,7 +124,7 @@ async def test_a_state_still_unknown_at_the_next_tick_starts_nothing_and_records
     settled as skipped (no row: a missed tick, for the catch-up policy)."""
     jobs = InMemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
-    sup = Supervisor(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
     sup.gate = lambda name: GATE_UNKNOWN
     calls: list[Tick] = []
     policy = build_policy("beat", {"jitter_ms": 20}, has_jobs=True, default_lease_ms=30_000)
@@ -148,7 +148,7 @@ def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() ->
     afresh instead of spinning on an event bound to the first loop (each wait failing at once
     with 'bound to a different event loop')."""
     jobs = InMemoryJobScheduler()
-    sup = Supervisor(TickRunner(jobs, LOG), jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    sup = TickStarter(TickRunner(jobs, LOG), jobs, lambda: datetime.now(UTC), LOG, 1.0)
     reads: list[str] = []
 
     def gate(name: str) -> str:

@@ -16,7 +16,7 @@ __all__ = ["NO_INSTANTS", "Entry"]
 
 # The catch-up instants of a schedule that has none (nearly all, nearly always): one shared empty
 # frozenset instead of two empty sets per schedule (432 bytes and two objects the collector
-# walks). A schedule gets sets of its own when catch-up starts instants (``Supervisor``).
+# walks). A schedule gets sets of its own when catch-up starts instants (``TickStarter``).
 NO_INSTANTS: frozenset[datetime] = frozenset()
 
 

@@ -29,7 +29,7 @@ from sdcore.scheduling._policy import (
     check_name,
 )
 from sdcore.scheduling._runner import Handler, TickRunner, utcnow
-from sdcore.scheduling._supervisor import Supervisor
+from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
     IntervalTrigger,
@@ -95,7 +95,7 @@ class Scheduler:
         self._clock = clock
         self._log = logging.getLogger(logger_name)
         self._entries: dict[str, Entry] = {}
-        self._sup = Supervisor(TickRunner(jobs, self._log), jobs, clock, self._log, grace / 1000)
+        self._sup = TickStarter(TickRunner(jobs, self._log), jobs, clock, self._log, grace / 1000)
         self._timer = Timer(self._sup, clock, self._log, self._live, lambda: len(self._entries))
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None

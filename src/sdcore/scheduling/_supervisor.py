@@ -1,6 +1,6 @@
 """The tasks a scheduler owns, and the one path by which every tick starts.
 
-Every tick (regular fire, start-up catch-up, sweep) goes through :meth:`Supervisor.start_tick`,
+Every tick (regular fire, start-up catch-up, sweep) goes through :meth:`TickStarter.start_tick`,
 which applies the overlap policy in one place and records a tick skipped on purpose. Every task
 belongs to the supervisor, not to a registry entry, so ``aclose()`` waits for (or cancels) the
 ticks of removed schedules too.
@@ -58,7 +58,7 @@ class _Fire:
     deadline: Deadline
 
 
-# How the running tick started; set by Supervisor.launch for the tick's task only.
+# How the running tick started; set by TickStarter.launch for the tick's task only.
 _PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
     "sdcore_tick_path", default=StartPath.FIRE
 )
@@ -69,7 +69,7 @@ def current_path() -> StartPath:
     return _PATH.get()
 
 
-class Supervisor:
+class TickStarter:
     """Starts ticks through the policy checks and owns their tasks.
 
     Args:

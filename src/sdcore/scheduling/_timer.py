@@ -19,7 +19,7 @@ When many schedules are due at one instant (thousands of stored per-customer sch
    computation) and re-armed, yielding between slices so that lease answers are handled
    meanwhile.
 
-Every tick goes through :meth:`Supervisor.start_tick`, which also decides whether this replica
+Every tick goes through :meth:`TickStarter.start_tick`, which also decides whether this replica
 asks for it at all (:mod:`sdcore.scheduling._owners`): on a fleet, most replicas leave most
 exclusive ticks to their owners and only re-arm them.
 
@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import StartPath
-from sdcore.scheduling._supervisor import Supervisor
+from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
 SLICE = 100  # ticks started between two yields
@@ -79,7 +79,7 @@ class Timer:
 
     def __init__(
         self,
-        supervisor: Supervisor,
+        supervisor: TickStarter,
         clock: Callable[[], datetime],
         logger: logging.Logger,
         live: Callable[[Entry, int | None], bool],
