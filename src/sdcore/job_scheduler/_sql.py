@@ -1,8 +1,9 @@
-"""The lease statements, rendered once per table from ``sdcore/postgres/sql/lease*.sql``.
+"""The lease statements, rendered once per table from ``sdcore/postgres/sql/``.
 
-The SQL itself, with the reasoning behind each statement, is in ``lease.sql`` (the lease) and
-``lease_ticks.sql`` (the scheduler's tick operations); this module only fills in the table and
-its fencing sequence, once per service, so that the hot path sends ready-made bytes.
+The SQL itself, with the reasoning behind each statement, is in ``lease.sql`` (the lease),
+``lease_ticks.sql`` (the scheduler's tick operations) and ``ticks.sql`` (a burst of ticks in one
+statement); this module only fills in the table and its fencing sequence, once per service, so
+that the hot path sends ready-made bytes.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ class LeaseStatements(_Rendered):
     FILE = "lease"
 
     acquire: bytes
-    read_owned: bytes
     heartbeat: bytes
     finalize: bytes
     reopen: bytes
@@ -80,3 +80,13 @@ class TickStatements(_Rendered):
     tick_records: bytes
     reopen_initial: bytes
     first_seen: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TickBatchStatements(_Rendered):
+    """The statements of ``ticks.sql`` rendered for one table."""
+
+    FILE = "ticks"
+
+    acquire_attempt_many: bytes
+    read_owned_attempts: bytes
