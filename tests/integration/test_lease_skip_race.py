@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
-from sdcore.job_scheduler._core import identity_params
+from sdcore.job_scheduler._sql import identity_params
 from sdcore.scheduling import Scheduler, format_run_key
 from sdcore.scheduling._triggers import IntervalTrigger
 

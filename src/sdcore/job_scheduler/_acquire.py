@@ -36,7 +36,7 @@ import psycopg
 from sdcore._internal.identifiers import random_uuid, random_uuids
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import AttemptBudget, given_back
-from sdcore.job_scheduler._core import RUNNING, LeaseEngine, identity_params
+from sdcore.job_scheduler._core import RUNNING, LeaseEngine
 from sdcore.job_scheduler._model import (
     JobAcquired,
     JobAcquireResult,
@@ -46,11 +46,13 @@ from sdcore.job_scheduler._model import (
     JobSchedulerError,
     JobSchedulerStatus,
     JobSchedulerType,
+    _acquired,
     _check_lease,
     _LeaseState,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._run import SLACK
+from sdcore.job_scheduler._sql import identity_params, many_params, ticks_params
 from sdcore.job_scheduler._watchdog import _Abandoned
 from sdcore.postgres import redact_text
 
@@ -85,29 +87,24 @@ def won(opts: JobAcquireOptions, token: str, r: tuple[Any, ...], state: _LeaseSt
     ``r`` is ``(id, fencing_token, idempotency_key, created_at, modified_at)``: the rest of the
     row is what the caller sent (lease.sql says why).
     """
-    row = JobScheduler(
-        id=r[0],
-        lock_key=opts.lock_key,
-        idempotency_key=r[2],
-        code=opts.code,
-        name=opts.name,
-        type=opts.type,  # type: ignore[arg-type]  # a JobSchedulerType after validation
-        run_key=opts.run_key,
-        status=JobSchedulerStatus.RUNNING,
-        owner_token=token,
-        fencing_token=r[1],
-        data=None,
-        created_at=r[3],
-        modified_at=r[4],
-        lease_ms=opts.lease_ms,
-    )
-    return JobAcquired(
-        row=row,
-        id=row.id,
-        owner_token=token,
-        idempotency_key=row.idempotency_key,
-        fencing_token=row.fencing_token,
-        _state=state,
+    return _acquired(
+        JobScheduler(
+            id=r[0],
+            lock_key=opts.lock_key,
+            idempotency_key=r[2],
+            code=opts.code,
+            name=opts.name,
+            type=opts.type,  # type: ignore[arg-type]  # a JobSchedulerType after validation
+            run_key=opts.run_key,
+            status=JobSchedulerStatus.RUNNING,
+            owner_token=token,
+            fencing_token=r[1],
+            data=None,
+            created_at=r[3],
+            modified_at=r[4],
+            lease_ms=opts.lease_ms,
+        ),
+        state,
     )
 
 
@@ -137,53 +134,9 @@ def _key(item: Item) -> str:
     return item[0].lock_key
 
 
-def _many_params(ordered: list[Item], tokens: list[str]) -> tuple[Any, ...]:
-    """The column arrays of ``acquire_many`` (items sorted by lock key)."""
-    options = [o for o, _ in ordered]
-    return (
-        [o.lock_key for o in options],
-        [o.idempotency_key for o in options],
-        [o.code for o in options],
-        [o.name for o in options],
-        [str(o.type) for o in options],
-        [o.run_key for o in options],
-        tokens,
-        [o.lease_ms for o in options],
-    )
-
-
-def _joined(keys: list[str]) -> str:
-    """``keys`` as one comma-separated text (``v2:`` hex keys and UUIDs hold no comma)."""
-    text = ",".join(keys)
-    if text.count(",") != len(keys) - 1:  # cannot happen for derived keys: checked, not assumed
-        raise ValueError("acquire_attempts: a key or token holds a comma")
-    return text
-
-
-def _column(values: list[Any]) -> tuple[list[Any] | None, Any]:
-    """A column as ``(array, None)``, or ``(None, value)`` when every key has the same value."""
-    first = values[0]
-    if values.count(first) == len(values):
-        return None, first
-    return values, None
-
-
-def _ticks_params(ordered: list[Item], tokens: list[str]) -> tuple[Any, ...]:
-    """The parameters of ``acquire_attempt_many`` (items sorted by lock key)."""
-    options = [o for o, _ in ordered]
-    budgets = [cast("AttemptBudget", b) for _, b in ordered]
-    return (
-        _joined([o.lock_key for o in options]),
-        _joined([o.idempotency_key for o in options]),
-        [o.code for o in options],
-        _joined(tokens),
-        *_column([o.name for o in options]),
-        *_column([str(o.type) for o in options]),
-        *_column([o.run_key for o in options]),
-        *_column([o.lease_ms for o in options]),
-        *_column([b.max_attempts for b in budgets]),
-        *_column([float(b.backoff_ms) for b in budgets]),
-    )
+def _shortest(items: list[Item]) -> int:
+    """The shortest ``lease_ms`` of ``items``: how long their statement may take."""
+    return items[0][0].lease_ms if len(items) == 1 else min(o.lease_ms for o, _ in items)
 
 
 class Acquirer:
@@ -239,7 +192,7 @@ class Acquirer:
     async def _won(self, ordered: list[Item], tokens: list[str], *, many: bool) -> Hits:
         """Send the acquire of ``ordered`` (in key order) with our ``tokens``: the keys won."""
         sent = time.monotonic()
-        limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in ordered), sent).valid
+        limit = _LeaseState.for_lease(_shortest(ordered), sent).valid
         try:
             hits = await self._send(ordered, tokens, sent, limit, many)
             if many and any(row[0] is None for row, _ in hits.values()):
@@ -258,7 +211,7 @@ class Acquirer:
         again = [i for i, (o, _) in enumerate(ordered) if o.lock_key in conflicted]
         items = [ordered[i] for i in again]
         resent = time.monotonic()
-        limit = _LeaseState.for_lease(min(o.lease_ms for o, _ in items), resent).valid
+        limit = _LeaseState.for_lease(_shortest(items), resent).valid
         retried = await self._send(items, [tokens[i] for i in again], resent, limit, True)
         merged = {key: hit for key, hit in hits.items() if hit[0][0] is not None}
         merged.update((key, hit) for key, hit in retried.items() if hit[0][0] is not None)
@@ -280,10 +233,13 @@ class Acquirer:
     ) -> Hits:
         engine = self._engine
         if many:
+            options = [o for o, _ in items]
             if items[0][1] is None:
-                query, params = engine.sql.acquire_many, _many_params(items, tokens)
+                query, params = engine.sql.acquire_many, many_params(options, tokens)
             else:
-                query, params = engine.batch_sql.acquire_attempt_many, _ticks_params(items, tokens)
+                budgets = [cast("AttemptBudget", b) for _, b in items]
+                query = engine.batch_sql.acquire_attempt_many
+                params = ticks_params(options, budgets, tokens)
             # (lock_key, id, fencing_token, idempotency_key, created_at, modified_at[, attempts])
             return {row[0]: (row[1:], sent) for row in await engine.rows(query, params, limit)}
         opts, budget = items[0]

@@ -20,6 +20,7 @@ Every lease statement fails in one of these ways, told apart in :meth:`LeaseEngi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +39,6 @@ from sdcore.job_scheduler._model import (
     _check_lease,
     _LeaseState,
 )
-from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._run import SLACK
 from sdcore.job_scheduler._sql import (
     LeaseStatements,
@@ -87,19 +87,6 @@ def ambiguous(exc: psycopg.Error) -> bool:
 def outcome_unknown(status: str) -> JobSchedulerUnavailableError:
     """The error of a finalize (single or batched) abandoned without an answer."""
     return JobSchedulerUnavailableError(_UNKNOWN[status])
-
-
-def identity_params(opts: JobAcquireOptions, token: str) -> tuple[Any, ...]:
-    """The first parameters of every insert into the lease table, in the statements' order."""
-    return (
-        opts.lock_key,
-        opts.idempotency_key,
-        opts.code,
-        opts.name,
-        str(opts.type),
-        opts.run_key,
-        token,
-    )
 
 
 def lease_limit(lease: JobLease) -> float | None:
@@ -345,24 +332,23 @@ class LeaseEngine:
         """Send a fenced update of one row (``finalize``, ``reopen``; its last two parameters
         are the id and owner token) that leaves it ``status``: ``True`` if it did."""
         until = None if limit is None else time.monotonic() + limit
-        return await self.statement(
-            self._updated(query, params, limit),
+        updated = await self.statement(
+            self.rowcount(query, params, limit),
             resolve=lambda: self._reread(query, params, status, until),
             unanswered=_UNKNOWN[status],
         )
-
-    async def _updated(self, query: bytes, params: tuple[Any, ...], limit: float | None) -> bool:
-        return await self.rowcount(query, params, limit) == 1
+        return updated == 1
 
     async def _reread(
         self, query: bytes, params: tuple[Any, ...], status: str, until: float | None
-    ) -> bool:
+    ) -> int:
         """After an ambiguous commit: the row's status under our token says whether the update
-        committed; while it still shows ``RUNNING`` the update is sent again."""
+        committed (1, as its row count would have been, or 0); while it still shows ``RUNNING``
+        the update is sent again."""
         row = await self.fetch(self.sql.read_status, params[-2:], _left(until))
         if row is None or row[0] != RUNNING:
-            return row is not None and row[0] == status
-        return await self.rowcount(query, params, _left(until)) == 1
+            return int(row is not None and row[0] == status)
+        return await self.rowcount(query, params, _left(until))
 
     async def finalize(self, params: Params, limit: float | None) -> bool:
         """The single-row ``finalize`` (what a batch of one sends)."""
@@ -371,9 +357,8 @@ class LeaseEngine:
     async def refinalize(self, params: Params, until: float | None, first: psycopg.Error) -> bool:
         """An ambiguous commit of a batched ``finalize`` (``first``), resolved for one row."""
         status = params[0]
-        return await self.resolve(
-            first, lambda: self._reread(self.sql.finalize, params, status, until), _UNKNOWN[status]
-        )
+        reread = functools.partial(self._reread, self.sql.finalize, params, status, until)
+        return await self.resolve(first, reread, _UNKNOWN[status]) == 1
 
     async def finalize_many(self, columns: tuple[list[Any], ...], limit: float | None) -> set[str]:
         """Send ``finalize_many``; the ids it updated (driver errors are the batcher's)."""

@@ -28,7 +28,6 @@ from sdcore.job_scheduler._core import (
     JobSchedulerDatabaseError,
     LeaseEngine,
     Params,
-    identity_params,
     lease_limit,
 )
 from sdcore.job_scheduler._finals import Finals
@@ -42,6 +41,7 @@ from sdcore.job_scheduler._model import (
     _check_lock_keys,
 )
 from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch, coerce_options
+from sdcore.job_scheduler._sql import identity_params
 from sdcore.postgres import (
     DatabaseConnectError,
     PoolSettings,
