@@ -296,22 +296,16 @@ class LeaseEngine:
         self.held.release(conn)
         return result
 
-    async def read(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """Run an unbounded statement; a driver error becomes the service's error."""
-        try:
-            return await self.rows(query, params)
-        except psycopg.Error as exc:
-            raise self.wrap(exc) from exc
-
     async def heartbeat(self, lease: JobLease) -> bool:
         """``JobSchedulerService.heartbeat``: sent once more after a broken connection."""
         params = _check_lease(lease)
         state: _LeaseState | None = getattr(lease, "_state", None)
         limit = None if state is None or state.valid == float("inf") else state.valid
-        sent = [time.monotonic()]
+        sent = time.monotonic()
 
         async def again() -> int:
-            sent.append(time.monotonic())
+            nonlocal sent
+            sent = time.monotonic()
             return await self.rowcount(self.sql.heartbeat, params, limit)
 
         ok = (
@@ -323,7 +317,7 @@ class LeaseEngine:
             == 1
         )
         if ok and state is not None:
-            state.confirm(sent[-1])
+            state.confirm(sent)
         return ok
 
     async def fenced(
