@@ -231,6 +231,7 @@ class Acquirer:
     async def _hits(
         self, items: list[Item], tokens: list[str], sent: float, limit: float, many: bool
     ) -> Hits:
+        """Send the statement for ``items`` (key order): the keys it won, sent at ``sent``."""
         engine = self._engine
         if many:
             options = [o for o, _ in items]
@@ -265,6 +266,7 @@ class Acquirer:
         # (lock_key, status, id, fencing_token, idempotency_key, created_at, modified_at[, …])
         rows = await engine.rows(query, (keys, tokens), left)
         hits = {row[0]: (row[2:], sent) for row in rows if row[1] == RUNNING}
+        # A key our token shows did commit: its row's status is the outcome, never sent again.
         seen = {row[0] for row in rows}
         rest = [i for i, key in enumerate(keys) if key not in seen]
         if ticks or not rest:
