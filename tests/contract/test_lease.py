@@ -70,6 +70,21 @@ async def test_complete_records_success_and_data_once(backend: Backend) -> None:
     assert not await backend.service.fail(won.lease)
 
 
+async def test_finalize_soon_records_the_outcome_it_names(backend: Backend) -> None:
+    """``finalize_soon`` is ``complete`` for SUCCESS and ``fail`` for FAIL, on every backend."""
+    won = await _acquire(backend)
+    with pytest.raises(ValueError, match="SUCCESS or FAIL"):
+        backend.service.finalize_soon(won.lease, JobSchedulerStatus.RUNNING)
+    assert (await backend.read(won.id))["status"] == "RUNNING"
+    assert await backend.service.finalize_soon(won.lease, JobSchedulerStatus.FAIL, {"e": 1})
+    row = await backend.read(won.id)
+    assert (row["status"], row["data"]) == ("FAIL", {"e": 1})
+    again = await _acquire(backend)  # takes the FAIL row over: the first lease is fenced out
+    assert await backend.service.finalize_soon(again.lease, JobSchedulerStatus.SUCCESS)
+    assert (await backend.read(again.id))["status"] == "SUCCESS"
+    assert not await backend.service.finalize_soon(won.lease, JobSchedulerStatus.SUCCESS)
+
+
 async def test_success_is_never_taken_over(backend: Backend) -> None:
     won = await _acquire(backend, lease_ms=1000)
     assert await backend.service.complete(won.lease)

@@ -108,8 +108,7 @@ async def test_the_batch_acquires_read_a_key_through_its_index_once(schema_dsn: 
     pgbench)."""
     from psycopg import sql
 
-    from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
-    from sdcore.job_scheduler._tick_batch import TickBatchStatements
+    from sdcore.job_scheduler._sql import LeaseStatements, TickBatchStatements, TickStatements
 
     table = sql.Identifier("job_scheduler")
     lease, ticks = LeaseStatements.render(table), TickStatements.render(table)

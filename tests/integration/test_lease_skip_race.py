@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
-from sdcore.job_scheduler._core import identity_params
+from sdcore.job_scheduler._sql import identity_params
 from sdcore.scheduling import Scheduler, format_run_key
 from sdcore.scheduling._triggers import IntervalTrigger
 
@@ -53,7 +53,7 @@ async def test_a_skip_record_committing_during_an_acquire_loses_to_it(
         # Replica B, busy with the previous tick, records this one as skipped; its commit is
         # slow (a synchronous standby, an fsync stall): the transaction stays open.
         skipped = await busy.execute(
-            jobs._tick_sql.record_skipped,
+            jobs._engine.tick_sql.record_skipped,
             (
                 *identity_params(tick, "00000000-0000-4000-8000-000000000001"),
                 json.dumps({"skipped": "overlap"}),
@@ -117,7 +117,7 @@ async def test_a_free_scheduler_runs_the_tick_a_busy_replica_is_recording_as_ski
             await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as watch,
         ):
             skip = (*identity_params(tick, str(uuid.uuid4())), json.dumps({"skipped": "overlap"}))
-            assert (await busy.execute(jobs._tick_sql.record_skipped, skip)).rowcount == 1
+            assert (await busy.execute(jobs._engine.tick_sql.record_skipped, skip)).rowcount == 1
             await _blocked(watch, busy.info.backend_pid)  # A fired and waits on B's insert
             await busy.commit()
         for _ in range(100):

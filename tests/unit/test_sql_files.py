@@ -8,8 +8,7 @@ import pytest
 from psycopg import sql
 
 from sdcore._internal.sql import _expand, _pieces, queries
-from sdcore.job_scheduler._sql import LeaseStatements, TickStatements
-from sdcore.job_scheduler._tick_batch import TickBatchStatements
+from sdcore.job_scheduler._sql import LeaseStatements, TickBatchStatements, TickStatements
 
 
 def _files() -> list[str]:

@@ -76,6 +76,30 @@ class BaseJobScheduler(abc.ABC):
     async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
         """Return the run's status if the row still carries this lease's token, else ``None``."""
 
+    def finalize_soon(
+        self,
+        lease: JobLease,
+        status: JobSchedulerStatus,
+        data: Mapping[str, Any] | None = None,
+    ) -> Awaitable[bool]:
+        """Record the run's outcome: :meth:`complete` for ``SUCCESS``, :meth:`fail` for ``FAIL``.
+
+        ``run_exclusive`` records every outcome through this. A backend may record it together
+        with the others made meanwhile (``JobSchedulerService`` sends them in one statement)
+        and return a future instead of a coroutine; either is awaited to its end.
+
+        Returns:
+            An awaitable of ``True`` if recorded, ``False`` if ownership was lost.
+
+        Raises:
+            ValueError: ``status`` is neither ``SUCCESS`` nor ``FAIL``.
+        """
+        if status is JobSchedulerStatus.SUCCESS:
+            return self.complete(lease, data)
+        if status is JobSchedulerStatus.FAIL:
+            return self.fail(lease, data)
+        raise ValueError(f"an outcome is SUCCESS or FAIL, got {status!r}")
+
     async def release(
         self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA
     ) -> bool:

@@ -1,14 +1,29 @@
-"""The PostgreSQL lease's machinery: held connections, bounded statements, confirmations.
+"""The PostgreSQL lease's statement engine: held connections, bounded statements, and what a
+failed statement means.
 
-``JobSchedulerService`` (``_service.py``) is built on :class:`_LeaseCore`, together with its
-batch (``_batch.py``) and scheduler tick (``_ticks.py``) operations.
+``JobSchedulerService`` (``_service.py``) holds one :class:`LeaseEngine` and two collaborators
+over it: the acquires (``_acquire.py``) and the outcomes recorded together (``_finals.py``).
+Every lease statement fails in one of these ways, told apart in :meth:`LeaseEngine.statement`:
+
+- *lost*: a losing contender's serialization failure or deadlock (only an acquire may lose);
+- *abandoned*: no answer within its limit, so its connection was shut down under it
+  (``_watchdog.py``): an acquire reports its keys not acquired, anything else raises
+  ``JobSchedulerUnavailableError``;
+- *refused*: the server answered with an error (nothing was committed): the service's error;
+- *ambiguous*: the connection broke mid-statement (no SQLSTATE, or an administrator's shutdown),
+  so it may or may not have committed: resolved on a fresh connection by what the row shows
+  under our owner token, never reported as done unless it shows it;
+- *cancelled*: the caller stopped waiting; an acquire gives back what its tokens turned out to
+  win (``_acquire.py``), an outcome is recorded or not as the statement decides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -16,35 +31,38 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
-from sdcore._json import dump_json_object
-from sdcore.job_scheduler._attempts import given_back
-from sdcore.job_scheduler._base import BaseJobScheduler
-from sdcore.job_scheduler._finals import Finals, Params, outcome_unknown
 from sdcore.job_scheduler._model import (
-    JobAcquired,
-    JobAcquireResult,
     JobLease,
-    JobNotAcquired,
-    JobScheduler,
     JobSchedulerError,
     JobSchedulerStatus,
     JobSchedulerUnavailableError,
     _check_lease,
     _LeaseState,
 )
-from sdcore.job_scheduler._options import JobAcquireOptions
 from sdcore.job_scheduler._run import SLACK
-from sdcore.job_scheduler._sql import LeaseStatements, TickStatements, fencing_sequence
+from sdcore.job_scheduler._sql import (
+    LeaseStatements,
+    TickBatchStatements,
+    TickStatements,
+    fencing_sequence,
+)
 from sdcore.job_scheduler._watchdog import _Abandoned, _Watchdog
 from sdcore.postgres import HeldConnections, redact_text
 
 _T = TypeVar("_T")
-NOT_ACQUIRED = JobNotAcquired()
 STATUS = {member.value: member for member in JobSchedulerStatus}
 RUNNING = JobSchedulerStatus.RUNNING.value
 # A losing contender under a REPEATABLE READ / SERIALIZABLE default (should the session pin be
 # bypassed, e.g. by a pooler) gets a serialization failure: that is "not acquired", not an error.
 LOSER_ERRORS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+# (status, data as JSON text or None, job id, owner token): the parameters of `finalize`.
+Params = tuple[str, str | None, str, str]
+_REFUSED: Any = object()  # statement(lost=...) default: a loser's error is a refusal
+_UNKNOWN = {
+    status.value: f"recording {status.value} did not answer in time; connection abandoned, "
+    "outcome unknown"
+    for status in JobSchedulerStatus
+}
 
 
 class JobSchedulerDatabaseError(JobSchedulerError):
@@ -59,20 +77,35 @@ class JobSchedulerDatabaseError(JobSchedulerError):
         super().__init__(message)
 
 
-# Clean-ups of cancelled acquires still running after their caller stopped waiting.
-_SETTLING: set[asyncio.Future[None]] = set()
+def ambiguous(exc: psycopg.Error) -> bool:
+    """The connection broke under the statement: it may or may not have committed."""
+    return isinstance(exc, psycopg.OperationalError) and (
+        not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown)
+    )
 
 
-async def settle(cleanup: Awaitable[None]) -> None:
-    """Run a cancelled caller's clean-up (bounded by its own limits) to its end.
+def outcome_unknown(status: str) -> JobSchedulerUnavailableError:
+    """The error of a finalize (single or batched) abandoned without an answer."""
+    return JobSchedulerUnavailableError(_UNKNOWN[status])
 
-    It is shielded: a second cancellation of the caller stops the wait, never the clean-up,
-    which then finishes in the background (a won row is still given back).
-    """
-    task = asyncio.ensure_future(cleanup)
-    _SETTLING.add(task)
-    task.add_done_callback(_SETTLING.discard)
-    await asyncio.shield(task)
+
+def lease_limit(lease: JobLease) -> float | None:
+    """How long a finalize or status read of ``lease`` may take: its time left, plus the slack
+    (an answer that does not come back by then is never reported as recorded)."""
+    state: _LeaseState | None = getattr(lease, "_state", None)
+    if state is None or state.deadline == float("inf"):
+        return None
+    return max(state.deadline - time.monotonic(), 0.0) + SLACK
+
+
+def _unanswered(unanswered: str | Callable[[], _T], exc: _Abandoned) -> _T:
+    if isinstance(unanswered, str):
+        raise JobSchedulerUnavailableError(unanswered) from exc
+    return unanswered()
+
+
+def _left(until: float | None) -> float | None:
+    return None if until is None else max(until - time.monotonic(), 0.0)
 
 
 async def _one(cur: psycopg.AsyncCursor[Any]) -> tuple[Any, ...] | None:
@@ -87,83 +120,21 @@ async def _count(cur: psycopg.AsyncCursor[Any]) -> int:
     return cur.rowcount
 
 
-def won(opts: JobAcquireOptions, token: str, r: tuple[Any, ...], state: _LeaseState) -> JobAcquired:
-    """The lease won by ``opts`` with owner ``token``, from what the acquire returned.
-
-    ``r`` is ``(id, fencing_token, idempotency_key, created_at, modified_at)``: the rest of the
-    row is what the caller sent (lease.sql says why).
-    """
-    row = JobScheduler(
-        id=r[0],
-        lock_key=opts.lock_key,
-        idempotency_key=r[2],
-        code=opts.code,
-        name=opts.name,
-        type=opts.type,  # type: ignore[arg-type]  # a JobSchedulerType after validation
-        run_key=opts.run_key,
-        status=JobSchedulerStatus.RUNNING,
-        owner_token=token,
-        fencing_token=r[1],
-        data=None,
-        created_at=r[3],
-        modified_at=r[4],
-        lease_ms=opts.lease_ms,
-    )
-    return JobAcquired(
-        row=row,
-        id=row.id,
-        owner_token=token,
-        idempotency_key=row.idempotency_key,
-        fencing_token=row.fencing_token,
-        _state=state,
-    )
-
-
-def identity_params(opts: JobAcquireOptions, token: str) -> tuple[Any, ...]:
-    """The first parameters of every insert into the lease table, in the statements' order."""
-    return (
-        opts.lock_key,
-        opts.idempotency_key,
-        opts.code,
-        opts.name,
-        str(opts.type),
-        opts.run_key,
-        token,
-    )
-
-
-def _limit(lease: JobLease) -> float | None:
-    """How long a finalize or status read of ``lease`` may take: its time left, plus the slack."""
-    state: _LeaseState | None = getattr(lease, "_state", None)
-    if state is None or state.deadline == float("inf"):
-        return None
-    return max(state.deadline - time.monotonic(), 0.0) + SLACK
-
-
-def _final_params(
-    lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
-) -> tuple[Params, float | None]:
-    """``finalize``'s parameters and time limit: bounded by the lease's time left plus the
-    slack (an answer that does not come back by then is never reported as recorded)."""
-    job_id, token = _check_lease(lease)
-    return (status.value, dump_json_object(data), job_id, token), _limit(lease)
-
-
-class _LeaseCore(BaseJobScheduler):
-    """What every lease operation on PostgreSQL shares (see ``JobSchedulerService``)."""
+class LeaseEngine:
+    """The lease's statements on PostgreSQL: where they run, how long they may take, and what
+    their failures mean (see the module). Arguments as for ``JobSchedulerService``."""
 
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
         *,
-        table: str = JobScheduler.TABLE_NAME,
-        schema: str | None = None,
-        max_connections: int = 4,
-        statement_timeout_ms: int = 30_000,
-        transaction_pooling: bool = False,
-        logger_name: str = "sdcore.job_scheduler",
+        table: str,
+        schema: str | None,
+        max_connections: int,
+        statement_timeout_ms: int,
+        transaction_pooling: bool,
+        log: logging.Logger,
     ) -> None:
-        super().__init__(logger_name=logger_name)
         if isinstance(max_connections, bool) or not isinstance(max_connections, int):
             raise TypeError("max_connections must be an int")
         if max_connections < 1:
@@ -172,12 +143,15 @@ class _LeaseCore(BaseJobScheduler):
             raise TypeError("statement_timeout_ms must be an int")
         if not 0 <= statement_timeout_ms <= 2**31 - 1:
             raise ValueError(f"statement_timeout_ms out of range: {statement_timeout_ms}")
-        self._table = table
-        self._schema = schema
-        self._sql = LeaseStatements.render(qualified(table, schema))
-        self._sequence_sql = fencing_sequence(qualified(table, schema))
-        self._tick_sql = TickStatements.render(qualified(table, schema))
-        self._pool = pool
+        self.log = log
+        self.table = table
+        self.schema = schema
+        name = qualified(table, schema)
+        self.sql = LeaseStatements.render(name)
+        self.tick_sql = TickStatements.render(name)
+        self.batch_sql = TickBatchStatements.render(name)
+        self.sequence_sql = fencing_sequence(name)
+        self.pool = pool
         # Never hold the pool's last connection: a handler using jobs.pool (or the application
         # sharing the pool) would otherwise wait for PoolTimeout while the service idles.
         pool_size = pool.max_size
@@ -185,35 +159,29 @@ class _LeaseCore(BaseJobScheduler):
         if pool_size >= 2 and held >= pool_size:
             held = pool_size - 1
         elif pool_size < 2:
-            self._log.warning(
+            log.warning(
                 "the lease service holds the only connection of its pool (max_size=%s): "
                 "nothing else can use this pool; give it max_size >= 2 to share it",
                 pool_size,
                 extra={"action": "pool_too_small"},
             )
-        self._max_connections = held
+        self.max_connections = held
         self._watchdog = _Watchdog()
-        self._held = HeldConnections(
+        self.held = HeldConnections(
             pool,
             size=held,
             statement_timeout_ms=statement_timeout_ms,
             transaction_pooling=transaction_pooling is True,
         )
-        self._owned_pool = False
-        self._finals = Finals(self._finalize_one, self._finalize_resolve, self._finalize_many, held)
 
-    @property
-    def pool(self) -> AsyncConnectionPool[Any]:
-        """The connection pool the service uses."""
-        return self._pool
-
-    def _wrap(self, exc: psycopg.Error) -> JobSchedulerError:
+    def wrap(self, exc: psycopg.Error) -> JobSchedulerError:
+        """The service's error for a driver error (wrapped once, here)."""
         sqlstate = exc.sqlstate
         if isinstance(exc, pg_errors.UndefinedTable):
-            where = f" --schema {self._schema}" if self._schema else ""
+            where = f" --schema {self.schema}" if self.schema else ""
             return JobSchedulerDatabaseError(
-                f"table {self._table!r} does not exist: call ensure_schema() or run "
-                f"`sdcore db upgrade --table {self._table}{where}`",
+                f"table {self.table!r} does not exist: call ensure_schema() or run "
+                f"`sdcore db upgrade --table {self.table}{where}`",
                 sqlstate,
             )
         if isinstance(exc, psycopg.OperationalError) and not isinstance(
@@ -226,32 +194,77 @@ class _LeaseCore(BaseJobScheduler):
             f"lease statement refused ({sqlstate}): {redact_text(str(exc))}", sqlstate
         )
 
-    @property
-    def max_connections(self) -> int:
-        """Connections the service holds at most (always fewer than a shared pool's max_size)."""
-        return self._max_connections
+    async def statement(
+        self,
+        send: Awaitable[_T],
+        *,
+        resolve: Callable[[], Awaitable[_T]] | None = None,
+        unanswered: str | Callable[[], _T] = "the database did not answer in time",
+        lost: _T = _REFUSED,
+    ) -> _T:
+        """Await ``send`` (one bounded lease statement) and settle what its failure means.
+
+        Args:
+            send: The statement.
+            resolve: After an ambiguous commit, on a fresh connection: what the row shows under
+                our token (and, where safe, the statement once more). ``None``: the statement
+                changes nothing, an ambiguous failure is an error like any other.
+            unanswered: No answer in time: the message of the ``JobSchedulerUnavailableError``
+                to raise, or what to return instead (called).
+            lost: What a losing contender's error means (acquires); by default a refusal.
+
+        Raises:
+            JobSchedulerUnavailableError: No answer in time, or the database is unreachable.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        try:
+            return await send
+        except _Abandoned as exc:
+            return _unanswered(unanswered, exc)
+        except psycopg.Error as exc:
+            if lost is not _REFUSED and isinstance(exc, LOSER_ERRORS):
+                return lost
+            if resolve is None or not ambiguous(exc):
+                raise self.wrap(exc) from exc
+            first = exc
+        return await self.resolve(first, resolve, unanswered)
+
+    async def resolve(
+        self,
+        first: psycopg.Error,
+        resolve: Callable[[], Awaitable[_T]],
+        unanswered: str | Callable[[], _T],
+    ) -> _T:
+        """Settle an ambiguous commit (``first``) with ``resolve``, on a fresh connection."""
+        await self.held.reset_idle()
+        try:
+            return await resolve()
+        except _Abandoned as exc:
+            return _unanswered(unanswered, exc)
+        except psycopg.Error as exc:
+            raise self.wrap(exc) from first
 
     async def _get(self, limit: float | None) -> psycopg.AsyncConnection[Any]:
         # An idle held connection is handed out without waiting: no timer on the hot path.
-        if limit is None or self._held._idle:
-            return await self._held.get()
+        if limit is None or self.held._idle:
+            return await self.held.get()
         try:
             async with asyncio.timeout(max(limit, 0.0)):
-                return await self._held.get()
+                return await self.held.get()
         except TimeoutError:
             raise _Abandoned("no connection became free in time") from None
 
-    async def _fetch(
+    async def fetch(
         self, query: bytes, params: tuple[Any, ...], limit: float | None = None
     ) -> tuple[Any, ...] | None:
         return await self._run(query, params, limit, _one)
 
-    async def _fetch_rows(
+    async def rows(
         self, query: bytes, params: tuple[Any, ...], limit: float | None = None
     ) -> list[tuple[Any, ...]]:
         return await self._run(query, params, limit, _all)
 
-    async def _rowcount(
+    async def rowcount(
         self, query: bytes, params: tuple[Any, ...], limit: float | None = None
     ) -> int:
         return await self._run(query, params, limit, _count)
@@ -272,255 +285,76 @@ class _LeaseCore(BaseJobScheduler):
             result = await read(cur)
         except BaseException as exc:
             abandoned = limit is not None and self._watchdog.done(conn)
-            await self._held.put(conn, broken=conn.broken)
+            await self.held.put(conn, broken=conn.broken)
             if abandoned:
                 raise _Abandoned("the statement did not answer in time") from exc
             raise
         if limit is not None and self._watchdog.done(conn):
             # Answered just as its socket was shut down: the result stands, the connection not.
-            await self._held.put(conn, broken=True)
+            await self.held.put(conn, broken=True)
             return result
-        self._held.release(conn)
+        self.held.release(conn)
         return result
 
-    async def _fetch_all(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """Run a read on a held connection; a driver error becomes the service's error."""
-        try:
-            return await self._fetch_rows(query, params)
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
+    async def heartbeat(self, lease: JobLease) -> bool:
+        """``JobSchedulerService.heartbeat``: sent once more after a broken connection."""
+        params = _check_lease(lease)
+        state: _LeaseState | None = getattr(lease, "_state", None)
+        limit = None if state is None or state.valid == float("inf") else state.valid
+        sent = time.monotonic()
 
-    async def _confirmed(self, opts: JobAcquireOptions, won: JobAcquired) -> JobAcquireResult:
-        """Report ``won`` only with at least half its client lease left; else confirm it."""
-        state = won._state
-        if state.time_left() >= state.valid / 2:
-            return won
-        # The round trip used up more than half the lease (a slow commit, a stalled network):
-        # the row may be about to expire, or have expired already. A fenced heartbeat renews it
-        # from the moment it is sent, or proves it was lost.
-        try:
-            ok = await self.heartbeat(won.lease)
-        except JobSchedulerError:
-            ok = False
-        except asyncio.CancelledError:
-            await self._fail_quietly(won.lease, opts, "cancelled")
-            raise
-        if ok and state.time_left() >= state.valid / 2:
-            return won
-        self._log.warning(
-            "job %r run %r: acquire answered too late to keep its lease; not acquired",
-            opts.code,
-            opts.run_key,
-            extra={"action": "acquire_too_late", "job_code": opts.code, "run_key": opts.run_key},
-        )
-        await self._fail_quietly(won.lease, opts, "acquire answered too late")
-        return NOT_ACQUIRED
+        async def again() -> int:
+            nonlocal sent
+            sent = time.monotonic()
+            return await self.rowcount(self.sql.heartbeat, params, limit)
 
-    async def _fail_quietly(
-        self, lease: JobLease, opts: JobAcquireOptions, reason: str, limit: float = SLACK
-    ) -> None:
-        """Give back a row this acquire owns but will not report, within the slack.
-
-        ``FAIL`` with ``given_back = reason`` (a column, never the caller's data): a plain
-        ``acquire`` takes a ``FAIL`` row at once, and a scheduled tick's ``acquire_attempt``
-        takes a given-back one at once with the same attempt number (the run never started,
-        so it must not use up the tick's budget).
-        """
-        try:
-            job_id, token = _check_lease(lease)
-            data = dump_json_object(given_back(reason))
-            await self._rowcount(self._sql.reopen, (data, None, reason, job_id, token), limit)
-        except (psycopg.Error, _Abandoned) as exc:
-            self._warn(
-                opts,
-                "could not release an abandoned acquire (it expires with its lease)",
-                "acquire_release_failed",
-                exc,
+        ok = (
+            await self.statement(
+                self.rowcount(self.sql.heartbeat, params, limit),
+                resolve=again,
+                unanswered="the heartbeat did not answer within the lease; connection abandoned",
             )
-
-    async def _resolve_cancelled(
-        self, opts: JobAcquireOptions, token: str, state: _LeaseState
-    ) -> None:
-        """The caller was cancelled mid-acquire: find out whether it won, and give the run back."""
-        limit = max(state.time_left(), 0.0) + SLACK
-        try:
-            row = await self._fetch(self._sql.read_owned, (opts.lock_key, token), limit)
-        except (psycopg.Error, _Abandoned) as exc:
-            self._warn(
-                opts,
-                "acquire cancelled with an unknown outcome (a row it wrote expires with its lease)",
-                "acquire_cancelled_unknown",
-                exc,
-            )
-            return
-        if row is not None and row[0] == RUNNING:
-            # As long as the row's lease may still hold it: given back, another replica takes
-            # the run now instead of when the lease passes.
-            limit = max(state.time_left(), 0.0) + SLACK
-            lease = JobLease(id=row[1], owner_token=token)
-            await self._fail_quietly(lease, opts, "cancelled", limit)
-
-    def _warn(self, opts: JobAcquireOptions, what: str, action: str, exc: BaseException) -> None:
-        self._log.warning(
-            "job %r run %r: %s: %s",
-            opts.code,
-            opts.run_key,
-            what,
-            redact_text(str(exc)),
-            extra={"action": action, "job_code": opts.code},
+            == 1
         )
+        if ok and state is not None:
+            state.confirm(sent)
+        return ok
 
-    async def _acquire_row(
-        self, opts: JobAcquireOptions, query: bytes, params: tuple[Any, ...], limit: float
-    ) -> tuple[Any, ...] | None:
-        """Send an acquire; ``None`` if lost (also a loser's serialization failure, or no
-        answer within the lease: the connection is then abandoned)."""
-        try:
-            return await self._fetch(query, params, limit)
-        except LOSER_ERRORS:
-            return None
-        except _Abandoned:
-            self._log_abandoned(opts, "acquire")
-            return None
-
-    def _log_abandoned(self, opts: JobAcquireOptions, what: str) -> None:
-        self._log.warning(
-            "job %r run %r: %s did not answer within the lease; connection abandoned",
-            opts.code,
-            opts.run_key,
-            what,
-            extra={"action": "statement_abandoned", "job_code": opts.code, "run_key": opts.run_key},
-        )
-
-    async def _acquire_again(
-        self,
-        opts: JobAcquireOptions,
-        params: tuple[Any, ...],
-        state: _LeaseState,
-        first: psycopg.Error,
-    ) -> JobAcquireResult:
-        # The connection broke: the statement may or may not have committed. Our token is in
-        # the row only if it did; otherwise the same statement is a fresh, safe attempt (whose
-        # lease then runs from when it is sent).
-        await self._held.reset_idle()
-        token = params[6]
-        try:
-            owned = await self._fetch(
-                self._sql.read_owned, (opts.lock_key, token), max(state.time_left(), 0.0)
-            )
-            if owned is not None:
-                if owned[0] != RUNNING:
-                    return NOT_ACQUIRED
-                row: tuple[Any, ...] | None = owned[1:]
-            else:
-                sent = time.monotonic()
-                state = _LeaseState.for_lease(opts.lease_ms, sent)
-                row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
-        except _Abandoned:
-            self._log_abandoned(opts, "acquire")
-            return NOT_ACQUIRED
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from first
-        if row is None:
-            return NOT_ACQUIRED
-        return await self._confirmed(opts, won(opts, token, row, state))
-
-    async def _reopen(
-        self,
-        lease: JobLease,
-        data: Mapping[str, Any] | None,
-        *,
-        released: str | None = None,
-        given_back: str | None = None,
+    async def fenced(
+        self, query: bytes, params: tuple[Any, ...], status: str, limit: float | None
     ) -> bool:
-        """``fail`` with a reopen mark in its own column (``reopen`` in lease.sql), bounded like
-        ``finalize``; an ambiguous commit is resolved by reading the row back."""
-        job_id, token = _check_lease(lease)
-        params = (dump_json_object(data), released, given_back, job_id, token)
-        limit = _limit(lease)
+        """Send a fenced update of one row (``finalize``, ``reopen``; its last two parameters
+        are the id and owner token) that leaves it ``status``: ``True`` if it did."""
         until = None if limit is None else time.monotonic() + limit
-        try:
-            return await self._rowcount(self._sql.reopen, params, limit) == 1
-        except _Abandoned as exc:
-            raise outcome_unknown(JobSchedulerStatus.FAIL.value) from exc
-        except psycopg.OperationalError as exc:
-            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
-                raise self._wrap(exc) from exc
-            first: psycopg.Error = exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
-        await self._held.reset_idle()
-        try:
-            left = None if until is None else max(until - time.monotonic(), 0.0)
-            row = await self._fetch(self._sql.read_status, (job_id, token), left)
-            if row is None or row[0] != JobSchedulerStatus.RUNNING.value:
-                return row is not None and row[0] == JobSchedulerStatus.FAIL.value
-            left = None if until is None else max(until - time.monotonic(), 0.0)
-            return await self._rowcount(self._sql.reopen, params, left) == 1
-        except _Abandoned as exc:
-            raise outcome_unknown(JobSchedulerStatus.FAIL.value) from exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from first
+        updated = await self.statement(
+            self.rowcount(query, params, limit),
+            resolve=lambda: self._reread(query, params, status, until),
+            unanswered=_UNKNOWN[status],
+        )
+        return updated == 1
 
-    async def _finalize(
-        self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
-    ) -> bool:
-        params, limit = _final_params(lease, status, data)
-        return await self._finals.record(params, limit)
+    async def _reread(
+        self, query: bytes, params: tuple[Any, ...], status: str, until: float | None
+    ) -> int:
+        """After an ambiguous commit: the row's status under our token says whether the update
+        committed (1, as its row count would have been, or 0); while it still shows ``RUNNING``
+        the update is sent again."""
+        row = await self.fetch(self.sql.read_status, params[-2:], _left(until))
+        if row is None or row[0] != RUNNING:
+            return int(row is not None and row[0] == status)
+        return await self.rowcount(query, params, _left(until))
 
-    def _finalize_soon(
-        self, lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
-    ) -> asyncio.Future[bool]:
-        """Record the outcome with the others recorded meanwhile (``_finals.py``); the future
-        of its answer (no task of its own when it joins a queue).
-
-        Raises:
-            ValueError, JsonTypeError, JsonValueError: A bad lease or ``data``, before any SQL.
-        """
-        params, limit = _final_params(lease, status, data)
-        if self._finals.free:
-            return asyncio.ensure_future(self._finals.record(params, limit))
-        return self._finals.submit(params, limit)
-
-    async def _finalize_one(self, params: Params, limit: float | None) -> bool:
+    async def finalize(self, params: Params, limit: float | None) -> bool:
         """The single-row ``finalize`` (what a batch of one sends)."""
-        until = None if limit is None else time.monotonic() + limit
-        try:
-            return await self._rowcount(self._sql.finalize, params, limit) == 1
-        except _Abandoned as exc:
-            raise outcome_unknown(params[0]) from exc
-        except psycopg.OperationalError as exc:
-            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
-                raise self._wrap(exc) from exc
-            return await self._finalize_resolve(params, until, exc)
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
+        return await self.fenced(self.sql.finalize, params, params[0], limit)
 
-    async def _finalize_resolve(
-        self, params: Params, until: float | None, first: psycopg.Error
-    ) -> bool:
-        """An ambiguous commit of ``finalize``: never report success unless the row shows it."""
-        status, _, job_id, token = params
-        await self._held.reset_idle()
-        left = None if until is None else max(until - time.monotonic(), 0.0)
-        try:
-            row = await self._fetch(self._sql.read_status, (job_id, token), left)
-            if row is None:
-                return False
-            if row[0] == status:
-                return True
-            if row[0] != JobSchedulerStatus.RUNNING.value:
-                return False
-            left = None if until is None else max(until - time.monotonic(), 0.0)
-            return await self._rowcount(self._sql.finalize, params, left) == 1
-        except _Abandoned as exc:
-            raise JobSchedulerUnavailableError(
-                f"recording {status}: outcome unknown, the database did not answer in time"
-            ) from exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from first
+    async def refinalize(self, params: Params, until: float | None, first: psycopg.Error) -> bool:
+        """An ambiguous commit of a batched ``finalize`` (``first``), resolved for one row."""
+        status = params[0]
+        reread = functools.partial(self._reread, self.sql.finalize, params, status, until)
+        return await self.resolve(first, reread, _UNKNOWN[status]) == 1
 
-    async def _finalize_many(self, columns: tuple[list[Any], ...], limit: float | None) -> set[str]:
+    async def finalize_many(self, columns: tuple[list[Any], ...], limit: float | None) -> set[str]:
         """Send ``finalize_many``; the ids it updated (driver errors are the batcher's)."""
-        rows = await self._fetch_rows(self._sql.finalize_many, columns, limit)
+        rows = await self.rows(self.sql.finalize_many, columns, limit)
         return {row[0] for row in rows}

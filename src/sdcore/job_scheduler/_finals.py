@@ -26,51 +26,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 
-from sdcore.job_scheduler._model import JobSchedulerUnavailableError
+from sdcore.job_scheduler._core import LeaseEngine, Params, ambiguous, outcome_unknown
 from sdcore.job_scheduler._watchdog import _Abandoned
 
-__all__ = ["IN_FLIGHT", "MAX_ITEMS", "Finals", "Params", "outcome_unknown"]
+__all__ = ["MAX_ITEMS", "Finals"]
 
-IN_FLIGHT = 4  # finalize statements at once by default (the service passes its connections)
 MAX_ITEMS = 1_000  # rows per finalize_many statement
 
-# (status, data as JSON text or None, job id, owner token): the parameters of `finalize`.
-Params = tuple[str, str | None, str, str]
 # One queued outcome: its parameters, when its answer is due (monotonic; None: no bound), and
 # the caller's future.
 _Item = tuple[Params, float | None, "asyncio.Future[bool]"]
 
 
 class Finals:
-    """The queue of outcomes waiting for a finalize statement.
+    """The queue of outcomes waiting for a finalize statement, sent by ``engine``.
 
-    Args:
-        one: Records one outcome (the single-row path): ``one(params, limit)``.
-        resolve: Resolves one outcome after an ambiguous commit: ``resolve(params, until, exc)``.
-        many: Sends ``finalize_many`` with its column arrays within ``limit`` seconds; returns
-            the ids it updated.
-        in_flight: Finalize statements at once (the service's connections: outcomes made by
-            as many concurrent callers go out side by side, as single statements did; only
-            the calls beyond wait and leave together).
+    As many finalize statements run at once as the engine holds connections: outcomes made by
+    as many concurrent callers go out side by side, as single statements did; only the calls
+    beyond wait and leave together.
     """
 
-    def __init__(
-        self,
-        one: Callable[[Params, float | None], Awaitable[bool]],
-        resolve: Callable[[Params, float | None, psycopg.Error], Awaitable[bool]],
-        many: Callable[[tuple[list[Any], ...], float | None], Awaitable[set[str]]],
-        in_flight: int = IN_FLIGHT,
-    ) -> None:
-        self._in_flight = max(1, in_flight)
-        self._one = one
-        self._resolve = resolve
-        self._many = many
+    def __init__(self, engine: LeaseEngine) -> None:
+        self._in_flight = max(1, engine.max_connections)
+        self._one = engine.finalize  # the single-row path: one(params, limit)
+        self._resolve = engine.refinalize  # a row of an ambiguous batch: (params, until, exc)
+        self._many = engine.finalize_many  # (columns, limit) -> the ids it updated
         self._queue: list[_Item] = []
         self._sending: set[str] = set()  # ids whose outcome is in flight (one at a time)
         self._running = 0
@@ -176,14 +161,11 @@ class Finals:
                 if not future.done():
                     future.set_exception(_unknown(params[0], exc))
             return
-        except psycopg.OperationalError as exc:
-            if exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown):
-                await self._each_alone(batch)
-            else:
+        except psycopg.Error as exc:
+            if ambiguous(exc):
                 await asyncio.gather(*(_answer(f, self._resolve(p, u, exc)) for p, u, f in batch))
-            return
-        except psycopg.Error:
-            await self._each_alone(batch)
+            else:  # refused: nothing was committed
+                await self._each_alone(batch)
             return
         for params, _, future in batch:
             if not future.done():
@@ -200,13 +182,6 @@ class Finals:
 
 def _left(until: float | None) -> float | None:
     return None if until is None else max(until - time.monotonic(), 0.0)
-
-
-def outcome_unknown(status: str) -> JobSchedulerUnavailableError:
-    """The error of a finalize (single or batched) abandoned without an answer."""
-    return JobSchedulerUnavailableError(
-        f"recording {status} did not answer in time; connection abandoned, outcome unknown"
-    )
 
 
 def _unknown(status: str, exc: BaseException) -> Exception:

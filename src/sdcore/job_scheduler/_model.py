@@ -332,6 +332,20 @@ class JobNotAcquired:
 
 
 JobAcquireResult = JobAcquired | JobNotAcquired
+
+
+def _acquired(row: JobScheduler, state: _LeaseState) -> JobAcquired:
+    """The result of a won acquire of ``row`` (every backend builds it here)."""
+    return JobAcquired(
+        row=row,
+        id=row.id,
+        owner_token=row.owner_token,
+        idempotency_key=row.idempotency_key,
+        fencing_token=row.fencing_token,
+        _state=state,
+    )
+
+
 """Discriminated union: test ``result.acquired`` (mypy narrows on it)."""
 
 

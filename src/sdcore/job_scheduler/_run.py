@@ -322,19 +322,15 @@ class _Run:
 
     async def _finalize(self, status: JobSchedulerStatus, data: Mapping[str, Any] | None) -> bool:
         """Record the outcome; retry while the database is unreachable and the lease may hold."""
-        method = self.service.complete if status is SUCCESS else self.service.fail
         # The PostgreSQL service hands back a future of its batched finalize: awaited to the
         # end without a task of its own (see _settle).
-        soon: Callable[..., asyncio.Future[bool]] | None = getattr(
-            self.service, "_finalize_soon", None
-        )
         delay = 0.05
         while True:
             left = self._slack_left()
             try:
                 if left is not None and left <= 0:
                     raise JobSchedulerUnavailableError("no time left after the client deadline")
-                call = method(self.lease, data) if soon is None else soon(self.lease, status, data)
+                call = self.service.finalize_soon(self.lease, status, data)
                 ok, cancelled = await _settle(call if left is None else _within(call, left))
             except JobSchedulerUnavailableError as exc:
                 if time.monotonic() + delay >= self.state.deadline:

@@ -1,47 +1,47 @@
 """``JobSchedulerService``: the lease on PostgreSQL (psycopg 3, psycopg_pool).
 
-The statements are in ``sdcore/postgres/sql/lease.sql``; the shared machinery (held
-connections, bounded statements, confirmation of late answers) in ``_core.py``; batches in
-``_batch.py``; the scheduler's tick operations in ``_ticks.py``.
+The statements are in ``sdcore/postgres/sql/lease*.sql`` and ``ticks.sql``. The service holds
+its collaborators: the statement engine (``_core.py``: held connections, bounded statements,
+what a failed statement means), the acquires (``_acquire.py``) and the outcomes recorded
+together (``_finals.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
 import psycopg
-from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import random_uuid
 from sdcore._json import dump_json_object
-from sdcore.job_scheduler._attempts import AttemptBudget
-from sdcore.job_scheduler._batch import _BatchOperations
+from sdcore.job_scheduler._acquire import Acquirer, check_ticks
+from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
+from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._core import (
-    NOT_ACQUIRED,
     STATUS,
     JobSchedulerDatabaseError,
-    _limit,
-    identity_params,
-    settle,
-    won,
+    LeaseEngine,
+    Params,
+    lease_limit,
 )
+from sdcore.job_scheduler._finals import Finals
 from sdcore.job_scheduler._model import (
     JobAcquireResult,
     JobLease,
+    JobScheduler,
     JobSchedulerStatus,
     JobSchedulerUnavailableError,
     _check_lease,
     _check_lock_keys,
-    _LeaseState,
 )
-from sdcore.job_scheduler._options import JobAcquireOptions, coerce_options
-from sdcore.job_scheduler._ticks import _TickOperations
-from sdcore.job_scheduler._watchdog import _Abandoned
+from sdcore.job_scheduler._options import JobAcquireOptions, coerce_batch, coerce_options
+from sdcore.job_scheduler._sql import identity_params
 from sdcore.postgres import (
     DatabaseConnectError,
     PoolSettings,
@@ -53,8 +53,11 @@ from sdcore.postgres import (
 
 __all__ = ["JobSchedulerDatabaseError", "JobSchedulerService"]
 
+SUCCESS = JobSchedulerStatus.SUCCESS
+FAIL = JobSchedulerStatus.FAIL
 
-class JobSchedulerService(_BatchOperations, _TickOperations):
+
+class JobSchedulerService(BaseJobScheduler):
     """The distributed lease on PostgreSQL.
 
     Build it over a pool the application owns, or use :meth:`connect`. Lease statements run in
@@ -78,6 +81,41 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         InvalidIdentifierError: A bad table or schema name.
         ValueError: ``max_connections`` or ``statement_timeout_ms`` out of range.
     """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        table: str = JobScheduler.TABLE_NAME,
+        schema: str | None = None,
+        max_connections: int = 4,
+        statement_timeout_ms: int = 30_000,
+        transaction_pooling: bool = False,
+        logger_name: str = "sdcore.job_scheduler",
+    ) -> None:
+        super().__init__(logger_name=logger_name)
+        self._engine = engine = LeaseEngine(
+            pool,
+            table=table,
+            schema=schema,
+            max_connections=max_connections,
+            statement_timeout_ms=statement_timeout_ms,
+            transaction_pooling=transaction_pooling,
+            log=self._log,
+        )
+        self._acquirer = Acquirer(engine)
+        self._finals = Finals(engine)
+        self._owned_pool = False
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        """The connection pool the service uses."""
+        return self._engine.pool
+
+    @property
+    def max_connections(self) -> int:
+        """Connections the service holds at most (always fewer than a shared pool's max_size)."""
+        return self._engine.max_connections
 
     @classmethod
     @asynccontextmanager
@@ -172,13 +210,13 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         Outcomes being recorded (``complete``/``fail`` in flight) are awaited first.
         """
         await self._finals.aclose()
-        await self._held.close()
+        await self._engine.held.close()
         if self._owned_pool:
-            await self._pool.close()
+            await self._engine.pool.close()
 
     def schema_sql(self) -> str:
         """Return the DDL of this service's table (what :meth:`ensure_schema` applies)."""
-        return schema_sql(table=self._table, schema=self._schema)
+        return schema_sql(table=self._engine.table, schema=self._engine.schema)
 
     async def ensure_schema(self) -> None:
         """Apply the lease table's pending migrations; safe from N replicas at once.
@@ -188,24 +226,25 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         (a warning): with a cache, a key re-created after a prune may get a lower token.
         """
         # On a held connection: the held ones may be all the pool has (max_connections == max_size).
-        conn = await self._held.get()
+        engine = self._engine
+        conn = await engine.held.get()
         try:
-            await migrate(conn, "lease", table=self._table, schema=self._schema)
+            await migrate(conn, "lease", table=engine.table, schema=engine.schema)
             cur = await conn.execute(
                 b"SELECT seqcache FROM pg_sequence WHERE seqrelid = "
-                + self._sequence_sql.encode("utf-8")
+                + engine.sequence_sql.encode("utf-8")
             )
             cached = await cur.fetchone()
         except psycopg.Error as exc:
-            await self._held.put(conn, broken=conn.broken)
-            raise self._wrap(exc) from exc
+            await engine.held.put(conn, broken=conn.broken)
+            raise engine.wrap(exc) from exc
         except BaseException:
-            await self._held.put(conn, broken=conn.broken)
+            await engine.held.put(conn, broken=conn.broken)
             raise
-        await self._held.put(conn)
+        await engine.held.put(conn)
         if cached is not None and int(cached[0]) > 1:
             # The quoted name inside the regclass literal ('"schema"."name"'::regclass).
-            sequence = self._sequence_sql.removesuffix("::regclass")[1:-1].replace("''", "'")
+            sequence = engine.sequence_sql.removesuffix("::regclass")[1:-1].replace("''", "'")
             self._log.warning(
                 "the fencing sequence %s has CACHE %d: each session draws from its own block, "
                 "so a key re-created after a prune may get a lower fencing token; run "
@@ -248,28 +287,38 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             JobSchedulerDatabaseError: The database refused the statement.
         """
         opts = options if type(options) is JobAcquireOptions else coerce_options(options)
-        token = random_uuid()
-        params = (*identity_params(opts, token), opts.lease_ms)
-        sent = time.monotonic()
-        state = _LeaseState.for_lease(opts.lease_ms, sent)
-        # A cancellation anywhere in the acquire, the recovery of a broken connection included,
-        # resolves the outcome by our token and gives back a row we won: a cancelled acquire
-        # never leaves a RUNNING row with no owner.
-        try:
-            try:
-                row = await self._acquire_row(opts, self._sql.acquire, params, state.valid)
-            except psycopg.OperationalError as exc:
-                if not exc.sqlstate or isinstance(exc, pg_errors.AdminShutdown):
-                    return await self._acquire_again(opts, params, state, exc)
-                raise self._wrap(exc) from exc
-            except psycopg.Error as exc:
-                raise self._wrap(exc) from exc
-        except asyncio.CancelledError:
-            await settle(self._resolve_cancelled(opts, token, state))
-            raise
-        if row is None:
-            return NOT_ACQUIRED
-        return await self._confirmed(opts, won(opts, token, row, state))
+        return (await self._acquirer.one(opts, None))[0]
+
+    async def acquire_many(
+        self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
+    ) -> list[JobAcquireResult]:
+        """``acquire`` for many runs in one statement; one result per item, in the input order.
+
+        Each key follows the rules of :meth:`acquire` and is won by exactly one caller, however
+        many replicas race over overlapping sets of keys (the statement locks rows and inserts
+        keys in key order, so two batches never deadlock). Every item is validated before any
+        SQL. Each lease is valid on the client from the moment the statement was sent, for its
+        own ``lease_ms`` less the clock margin; a won lease whose answer used more than half of
+        that is confirmed with a heartbeat (as by :meth:`acquire`) before it is reported, and
+        reported not acquired if that fails. The statement is abandoned, and every item
+        reported not acquired, if it does not answer within the shortest lease of the batch.
+        A caller cancelled meanwhile marks the rows it turned out to own ``FAIL`` first.
+
+        Args:
+            options: At most 10,000 ``JobAcquireOptions`` or mappings, each a different run.
+
+        Returns:
+            ``JobAcquired`` or ``JobNotAcquired`` for each item, in the order given.
+
+        Raises:
+            InvalidJobIdentityOptionsError: Not a sequence, too many items, two items for one
+                run, or an item with a bad identity (named by its index), before any SQL.
+            InvalidJobLeaseOptionsError: An item with bad timing, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        results = await self._acquirer.many([(opts, None) for opts in coerce_batch(options)])
+        return [result for result, _ in results]
 
     async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """Return the status of each run that has a row, by ``lock_key``.
@@ -288,7 +337,8 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         keys = _check_lock_keys(lock_keys)
         if not keys:
             return {}
-        rows = await self._fetch_all(self._sql.statuses, (keys,))
+        engine = self._engine
+        rows = await engine.statement(engine.rows(engine.sql.statuses, (keys,)))
         return {key: STATUS[status] for key, status in rows}
 
     async def heartbeat(self, lease: JobLease) -> bool:
@@ -309,28 +359,7 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             JobSchedulerUnavailableError: The database could not be reached (twice), or did not
                 answer within the lease.
         """
-        params = _check_lease(lease)
-        state: _LeaseState | None = getattr(lease, "_state", None)
-        for attempt in (1, 2):
-            sent = time.monotonic()
-            limit = None if state is None or state.valid == float("inf") else state.valid
-            try:
-                ok = await self._rowcount(self._sql.heartbeat, params, limit) == 1
-            except _Abandoned as exc:
-                raise JobSchedulerUnavailableError(
-                    "the heartbeat did not answer within the lease; connection abandoned"
-                ) from exc
-            except psycopg.OperationalError as exc:
-                if attempt == 2 or (exc.sqlstate and not isinstance(exc, pg_errors.AdminShutdown)):
-                    raise self._wrap(exc) from exc
-                await self._held.reset_idle()
-                continue
-            except psycopg.Error as exc:
-                raise self._wrap(exc) from exc
-            if ok and state is not None:
-                state.confirm(sent)
-            return ok
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._engine.heartbeat(lease)
 
     async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """Mark the run ``SUCCESS`` with an optional JSON object.
@@ -347,7 +376,7 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
             JobSchedulerUnavailableError: The outcome could not be established.
         """
-        return await self._finalize(lease, JobSchedulerStatus.SUCCESS, data)
+        return await self._finals.record(*_final(lease, SUCCESS, data))
 
     async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """Mark the run ``FAIL`` so that any replica may take it at once.
@@ -364,7 +393,7 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
             JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
             JobSchedulerUnavailableError: The outcome could not be established.
         """
-        return await self._finalize(lease, JobSchedulerStatus.FAIL, data)
+        return await self._finals.record(*_final(lease, FAIL, data))
 
     async def complete_in(
         self,
@@ -393,7 +422,7 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         """
         job_id, token = _check_lease(lease)
         params = (JobSchedulerStatus.SUCCESS.value, dump_json_object(data), job_id, token)
-        cur = await conn.execute(self._sql.finalize, params)
+        cur = await conn.execute(self._engine.sql.finalize, params)
         return cur.rowcount == 1
 
     async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
@@ -402,16 +431,57 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
         Raises:
             JobSchedulerUnavailableError: The database could not be reached.
         """
-        params = _check_lease(lease)
-        try:
-            row = await self._fetch(self._sql.read_status, params, _limit(lease))
-        except _Abandoned as exc:
-            raise JobSchedulerUnavailableError(
-                "the status read did not answer in time; connection abandoned"
-            ) from exc
-        except psycopg.Error as exc:
-            raise self._wrap(exc) from exc
+        engine = self._engine
+        row = await engine.statement(
+            engine.fetch(engine.sql.read_status, _check_lease(lease), lease_limit(lease)),
+            unanswered="the status read did not answer in time; connection abandoned",
+        )
         return None if row is None else STATUS[row[0]]
+
+    def finalize_soon(
+        self,
+        lease: JobLease,
+        status: JobSchedulerStatus,
+        data: Mapping[str, Any] | None = None,
+    ) -> Awaitable[bool]:
+        """Record the outcome with the others recorded meanwhile (``_finals.py``): the future
+        of its answer (no task of its own when it joins a queue).
+
+        Raises:
+            ValueError, JsonTypeError, JsonValueError: A bad status, lease or ``data``, before
+                any SQL.
+        """
+        params, limit = _final(lease, status, data)
+        if self._finals.free:
+            return asyncio.ensure_future(self._finals.record(params, limit))
+        return self._finals.submit(params, limit)
+
+    async def _reopen(
+        self,
+        lease: JobLease,
+        data: Mapping[str, Any] | None,
+        *,
+        released: str | None = None,
+        given_back: str | None = None,
+    ) -> bool:
+        """``fail`` with a reopen mark in its own column (``reopen`` in lease.sql), bounded like
+        ``finalize``; an ambiguous commit is resolved by reading the row back."""
+        job_id, token = _check_lease(lease)
+        params = (dump_json_object(data), released, given_back, job_id, token)
+        engine = self._engine
+        return await engine.fenced(engine.sql.reopen, params, FAIL.value, lease_limit(lease))
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> tuple[JobAcquireResult, int]:
+        """``acquire`` within a tick's attempt budget (needs migration ``lease/0003``).
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+            JobSchedulerDatabaseError: The database refused the statement (e.g. no
+                ``attempts`` column: run ``sdcore db upgrade``).
+        """
+        return await self._acquirer.one(options, budget)
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
@@ -420,13 +490,67 @@ class JobSchedulerService(_BatchOperations, _TickOperations):
 
         Each key is won or not exactly as by :meth:`acquire_attempt` (its attempt budget
         included), by exactly one of the replicas that race for it. See
-        :mod:`sdcore.job_scheduler._tick_batch`.
+        :mod:`sdcore.job_scheduler._acquire`.
 
         Raises:
             ValueError: Two items for one lock key, or more than 10,000 items (before any SQL).
             JobSchedulerUnavailableError: The database could not be reached.
             JobSchedulerDatabaseError: The database refused the statement.
         """
-        from sdcore.job_scheduler._tick_batch import acquire_attempts
+        return await self._acquirer.many(check_ticks(items))
 
-        return await acquire_attempts(self, items)
+    async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
+        """Record a tick as skipped (``FAIL``, 0 attempts) if it has no row; ``True`` if written.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        params = (*identity_params(options, random_uuid()), dump_json_object({"skipped": reason}))
+        engine = self._engine
+        return await engine.statement(engine.rowcount(engine.tick_sql.record_skipped, params)) == 1
+
+    async def first_seen(self, code: str) -> datetime | None:
+        """Return when the oldest row of ``code`` was created, if any.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        engine = self._engine
+        row = await engine.statement(engine.fetch(engine.tick_sql.first_seen, (code,)))
+        return None if row is None else row[0]
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        """Return what the table says about each tick that has a row, by ``lock_key``.
+
+        Raises:
+            ValueError: As for :meth:`statuses` (the same check, before any SQL).
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        keys = _check_lock_keys(lock_keys)
+        if not keys:
+            return {}
+        engine = self._engine
+        rows = await engine.statement(engine.rows(engine.tick_sql.tick_records, (keys,)))
+        return {
+            key: TickRecord(
+                status=STATUS[status],
+                attempts=attempts,
+                skipped=skipped,
+                released=bool(released),
+                age_ms=float(age),
+                given_back=bool(returned),
+                given_back_reason=reason if returned else None,
+            )
+            for key, status, attempts, skipped, released, age, returned, reason in rows
+        }
+
+
+def _final(
+    lease: JobLease, status: JobSchedulerStatus, data: Mapping[str, Any] | None
+) -> tuple[Params, float | None]:
+    """``finalize``'s parameters and time limit: bounded by the lease's time left plus the
+    slack (an answer that does not come back by then is never reported as recorded)."""
+    if status is not SUCCESS and status is not FAIL:
+        raise ValueError(f"an outcome is SUCCESS or FAIL, got {status!r}")
+    job_id, token = _check_lease(lease)
+    return (status.value, dump_json_object(data), job_id, token), lease_limit(lease)

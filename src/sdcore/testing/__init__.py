@@ -25,13 +25,13 @@ from sdcore.job_scheduler._attempts import (
 )
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._model import (
-    JobAcquired,
     JobAcquireResult,
     JobLease,
     JobNotAcquired,
     JobScheduler,
     JobSchedulerStatus,
     JobSchedulerType,
+    _acquired,
     _check_lease,
     _check_lock_keys,
     _LeaseState,
@@ -192,14 +192,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
         self._rows[row.lock_key] = row
         self._released.pop(row.lock_key, None)
         self._given_back.pop(row.lock_key, None)
-        return JobAcquired(
-            row=row,
-            id=row.id,
-            owner_token=token,
-            idempotency_key=row.idempotency_key,
-            fencing_token=row.fencing_token,
-            _state=state,
-        )
+        return _acquired(row, state)
 
     def attempts(self, lock_key: str) -> int | None:
         """Return the ``attempts`` of the row with this lock key, if any."""

@@ -58,12 +58,6 @@ WITH v (lock_key, idempotency_key, code, name, type, run_key, owner_token, lease
 )
 SELECT * FROM taken UNION ALL SELECT * FROM created
 
--- name: read_owned
--- Resolves an ambiguous acquire: the row shows our token only if our statement committed.
-SELECT status, id::text, fencing_token, idempotency_key, created_at, modified_at
-FROM {table}
-WHERE lock_key = %s AND owner_token = %s::uuid
-
 -- name: heartbeat
 -- "Still RUNNING" is written `status NOT IN ('SUCCESS', 'FAIL')` here and in finalize,
 -- finalize_many and the operators' release: the same rows (the status CHECK allows only those
@@ -185,8 +179,8 @@ WITH v AS (
 SELECT * FROM taken UNION ALL SELECT * FROM created
 
 -- name: read_owned_many
--- Resolves an ambiguous acquire_many: the rows that show our tokens are the ones we won.
--- Parameters: the lock keys and the owner tokens, pairwise.
+-- Resolves an ambiguous acquire or acquire_many, or a cancelled one: the rows that show our
+-- tokens are the ones we won. Parameters: the lock keys and the owner tokens, pairwise.
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at
 FROM {table} AS j

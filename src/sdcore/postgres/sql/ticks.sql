@@ -97,10 +97,10 @@ WITH k AS (
 SELECT * FROM taken UNION ALL SELECT * FROM created UNION ALL SELECT * FROM conflicted
 
 -- name: read_owned_attempts
--- Resolves an ambiguous acquire_attempt_many: the rows that show our tokens are the ones we
--- won, with their attempt numbers. Parameters: the lock keys and the owner tokens, pairwise.
--- Rows: (lock_key, status, id, fencing_token, idempotency_key, created_at, modified_at,
--- attempts).
+-- Resolves an ambiguous acquire_attempt or acquire_attempt_many: the rows that show our tokens
+-- are the ones we won, with their attempt numbers. Parameters: the lock keys and the owner
+-- tokens, pairwise. Rows: (lock_key, status, id, fencing_token, idempotency_key, created_at,
+-- modified_at, attempts).
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at, j.attempts
 FROM {table} AS j
