@@ -167,3 +167,49 @@ def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() ->
     reads.clear()
     assert asyncio.run(one_run()) == GATE_UNKNOWN
     assert len(reads) < 10, f"the gate was read {len(reads)} times in 0.1 s"
+
+
+async def _won_while_unknown(reread: str | None) -> tuple[list[Tick], object, object]:
+    """A tick whose lease was just won while the view is stale (unknown); the poll reads the
+    state again 0.3 s later and finds ``reread``."""
+    jobs = InMemoryJobScheduler()
+    runner = TickRunner(jobs, LOG)
+    sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
+    view: list[str | None] = [GATE_UNKNOWN]
+    sup.gate = lambda name: view[0]
+
+    def read_again() -> None:
+        view[0] = reread
+        sup.release_unknown()
+
+    asyncio.get_running_loop().call_later(0.3, read_again)
+    calls: list[Tick] = []
+    policy = build_policy("beat", {}, has_jobs=True, default_lease_ms=30_000)
+    outcome = await runner.run(
+        name="beat",
+        kind=ScheduleKind.INTERVAL,
+        handler=calls.append,
+        policy=policy,
+        tick=_tick(),
+        deadline=None,
+        clock=lambda: datetime.now(UTC),
+    )
+    key = JobAcquireOptions(code="beat", run_key=_tick().run_key).lock_key
+    return calls, outcome, (await jobs.tick_records([key]))[key]
+
+
+async def test_a_lease_won_while_the_view_is_stale_runs_once_the_state_is_read_again() -> None:
+    """Under load the poll falls behind (the view goes stale) while a tick wins its lease: the
+    other replicas have asked already, so giving it back would leave it to catch-up. It waits for
+    the re-read and runs."""
+    calls, outcome, record = await _won_while_unknown(None)
+    assert len(calls) == 1
+    assert outcome.succeeded  # type: ignore[attr-defined]
+    assert record.status.value == "SUCCESS"  # type: ignore[attr-defined]
+
+
+async def test_a_lease_won_while_the_view_is_stale_is_given_back_if_the_re_read_is_paused() -> None:
+    calls, outcome, record = await _won_while_unknown("paused")
+    assert calls == []
+    assert not outcome.ran  # type: ignore[attr-defined]
+    assert record.given_back_reason == "paused"  # type: ignore[attr-defined]

@@ -298,8 +298,21 @@ class TickRunner:
             run = self.telemetry.tick_scope(name)
             try:
                 offer = tick if local == tick.attempt else replace(tick, attempt=local)
+                # A lease just won waits at most this long for a paused state it cannot read: half
+                # its lease, and never past the next tick.
+                limit = deadline() if callable(deadline) else deadline
+                wait_until = clock() + timedelta(milliseconds=policy.lease_ms / 2)
+                if limit is not None and limit < wait_until:
+                    wait_until = limit
                 attempt, executed = await self._attempt(
-                    name, kind, handler, policy, offer, run, first if local == 1 else None
+                    name,
+                    kind,
+                    handler,
+                    policy,
+                    offer,
+                    run,
+                    first if local == 1 else None,
+                    wait_until,
                 )
             except asyncio.CancelledError:
                 self.telemetry.tick_finished(run, FAILURE)
@@ -426,8 +439,12 @@ class TickRunner:
         tick: Tick,
         run: RunScope | None = None,
         first: FirstOffer | None = None,
+        wait_until: datetime | None = None,
     ) -> tuple[int, bool]:
         """Offer one attempt. Returns ``(attempt, ran_and_succeeded)``; ``False``: not ours.
+
+        ``wait_until``: how long a lease just won may wait for a paused state this replica
+        cannot read now (``None``: it does not wait).
 
         Raises:
             _HandlerFailed: The handler raised (the row is ``FAIL``).
@@ -463,6 +480,12 @@ class TickRunner:
             # locked database, a suspended process): a pause this
             # replica applied meanwhile must hold the tick, as it holds a retry.
             reason = self.admits(name)
+            if reason == GATE_UNKNOWN and self.held is not None and wait_until is not None:
+                # A view gone stale under load (a burst keeps the loop from its poll) is read
+                # again within a poll interval: the lease is held meanwhile, since every other
+                # replica that asks for this tick has asked already, and a tick given back now
+                # would wait for catch-up (or, with catch-up off, never run).
+                reason = await self.held(name, wait_until)
             if reason is not None:
                 await self._give_back(name, tick, acquired[0].lease, reason)
                 return 0, False
