@@ -28,11 +28,11 @@ Four modes (``--only``; all by default):
     and each tick exactly once (ledgers, and the lease rows all ``SUCCESS``). Target: last ≤ 1 s.
 ``kill``
     ``--kill-replicas`` replicas, ``--kill-schedules`` per-second crons, handlers of ``--work-ms``.
-    At a half second, ``kill -9`` the replica that started the most ticks in the 3 s before (then,
-    in a fresh fleet, the two that did). For each schedule a killed replica ran: the next instant
-    after the kill, which replica started it, how long after the instant, and the sequence of
-    replicas that ran the schedule before and after the kill (a schedule whose owners were all
-    killed shows as skipped instants or a late start).
+    At a half second, ``kill -9`` the replica that started the most of the last 4 instants' ticks
+    (ties: the latest to start one); then, in a fresh fleet, the first two so ranked. For each
+    schedule they ran: which replica started the next tick, how long after the first instant past
+    the kill, and which replicas ran it before and after (all its owners killed: skipped instants
+    or a late start).
 ``churn``
     10 replicas and 5 per-second crons; every 2 s start a replica or ``kill -9`` a random live one
     (random, seeded; kept between 5 and 15) for ``--churn-seconds``; then doubled and missed ticks.
@@ -575,50 +575,45 @@ def kill(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 _fleet_up(fleet, size, time.time() + 60 + 5 * size)
                 time.sleep(args.warmup + 4)
                 killed_at = math.floor(time.time()) + 1.5
+                first = int(killed_at) + 1  # the first instant after the kill
                 _sleep_until(killed_at - 0.3)
-                recent = Counter(
-                    x.replica
-                    for (_, t), runs in fleet.runs().items()
-                    if killed_at - 4 < t < killed_at
-                    for x in runs
-                )
-                chosen = [fleet.replicas[i] for i, _ in recent.most_common(victims)]
+                score: dict[int, tuple[int, int]] = {}  # replica: (ticks started, latest)
+                for (_, t), started in fleet.runs().items():
+                    for x in started if first - 4 <= t < first else ():
+                        n, latest = score.get(x.replica, (0, 0))
+                        score[x.replica] = (n + 1, max(latest, t))
+                ranked = sorted(score, key=score.__getitem__, reverse=True)
+                chosen = [fleet.replicas[i] for i in ranked[:victims]]
                 _sleep_until(killed_at)
                 for r in chosen:
                     fleet.kill(r)
                 time.sleep(args.kill_observe)
             finally:
                 fleet.stop()
-            first = int(killed_at - 0.5) + 1  # the first instant after the kill
             counts = tally(fleet, names, range(first - 4, first + args.kill_observe - 2))
         runs, gone = fleet.runs(), {r.index for r in chosen}
         labels = ", ".join(f"r{r.index}" for r in chosen)
         print(f"  kill -9 {labels} at {killed_at:.1f} (instant +0.5 s); schedules they ran:")
-        lines, delays = [], []
+        delays = []
         for name in names:
-            if not any(
-                x.replica in gone for t in range(first - 3, first) for x in runs.get((name, t), [])
-            ):
+            before = range(first - 4, first)
+            if not any(x.replica in gone for t in before for x in runs.get((name, t), [])):
                 continue
-            after = next(
-                (t for t in range(first, first + args.kill_observe) if runs.get((name, t))), None
-            )
             seq = " ".join(
                 ("| " if t == first else "")
                 + ("+".join(f"r{x.replica}" for x in runs.get((name, t), [])) or "--")
-                for t in range(first - 3, first + 5)
+                for t in range(first - 4, first + 5)
             )
-            if after is None:
-                lines.append(f"    {name}: no tick started after the kill; {seq}")
+            after = [t for t in range(first, first + args.kill_observe) if runs.get((name, t))]
+            if not after:
+                print(f"    {name}: no tick started after the kill; ran by: {seq}")
                 continue
-            x = runs[(name, after)][0]
-            delay = (x.start - first) * 1000
-            delays.append(delay)
-            lines.append(
-                f"    {name}: next tick started by r{x.replica} {delay:.0f} ms after the first "
-                f"instant past the kill ({after - first} instants skipped); ran by: {seq}"
+            x = runs[(name, after[0])][0]
+            delays.append((x.start - first) * 1000)
+            print(
+                f"    {name}: next tick started by r{x.replica} {delays[-1]:.0f} ms after the "
+                f"first instant past the kill ({after[0] - first} skipped); ran by: {seq}"
             )
-        print("\n".join(lines))
         late = counts["lateness_ms"]
         print(
             f"  {victims} killed: worst next-tick delay {max(delays, default=math.nan):.0f} ms "
