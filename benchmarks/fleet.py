@@ -1,0 +1,710 @@
+"""Fleet: exclusive schedules on N replica processes, each a ``Runtime`` with its control plane.
+
+Every replica is its own OS process running ``Runtime(database_url=..., redis_url=None, ...)``
+(control plane on, as users run it) with the schedules registered on ``runtime.scheduler``
+(``add_cron(..., exclusive=True)``, catch-up off: the defaults). Its handler appends
+``S schedule instant time`` at its first line and ``E …`` at its last to a ledger file of its own
+(one ``write`` each, ``O_APPEND``: a line survives a ``kill -9`` after it). Each case runs in a
+scratch database of its own, created and dropped, so no case sees an earlier fleet's replicas.
+Four modes (``--only``; all by default):
+
+``steady``
+    20 per-second crons (``* * * * * *``) on R replicas for each R of ``--replicas``. Once all are
+    up and ``--warmup`` seconds have passed, a window of ``--seconds`` instants is measured:
+    **PostgreSQL CPU** (utime + stime from ``/proc/PID/stat``, scanned every 0.5 s) of the
+    scratch database's backends (found by the database name in their process title, so backends
+    that come and go are counted too), and separately of the postmaster and its background
+    processes (shared with whatever else uses the server); the **fleet's CPU** (every replica
+    process, summed). Both per tick run in the window. Correctness: every (schedule, instant) of
+    the window started exactly once (union of the ledgers) and its lease row is ``SUCCESS``.
+    Also the scratch database's transactions (``pg_stat_database``) per tick. Printed: the
+    figures per R and the ratios largest R / smallest R (targets ≤ 1.5× for PostgreSQL, ≤ 2×
+    for the fleet). ``--steady-schedules 0`` measures an idle fleet (control plane only), per
+    second.
+``burst``
+    ``--burst-schedules`` crons all naming the same second of the day, on each R of
+    ``--burst-replicas``; the instant is chosen ``--burst-lead`` seconds ahead (auto: long enough
+    for the fleet to start). First/median/last handler start after the instant over the fleet,
+    and each tick exactly once (ledgers, and the lease rows all ``SUCCESS``). Target: last ≤ 1 s.
+``kill``
+    ``--kill-replicas`` replicas, ``--kill-schedules`` per-second crons, handlers of ``--work-ms``.
+    At a half second, ``kill -9`` the replica that started the most of the last 4 instants' ticks
+    (ties: the latest to start one); then, in a fresh fleet, the first two so ranked. For each
+    schedule they ran: which replica started the next tick, how long after the first instant past
+    the kill, and which replicas ran it before and after (all its owners killed: skipped instants
+    or a late start).
+``churn``
+    10 replicas and 5 per-second crons; every 2 s start a replica or ``kill -9`` a random live one
+    (random, seeded; kept between 5 and 15) for ``--churn-seconds``; then doubled and missed ticks.
+
+Counting (every mode, over the window's instants): a tick ran *once* when its lease row is
+``SUCCESS`` and one run started that was not abandoned; *doubled* when two such runs started;
+*abandoned* when its row is not ``SUCCESS`` and its run started on (or, with no start in any
+ledger, its row was left ``RUNNING`` within 2 s of) a replica killed before the row was finalized
+— with catch-up off (the default) such a tick stays ``RUNNING`` until its lease expires and
+``Scheduler.missed_ticks`` lists it, so it is counted apart, not as missed; *missed* when its row
+is not ``SUCCESS`` otherwise (nobody ran it, or it failed; the first rows are printed).
+
+Connections: a replica holds its pool (it grows to ``pool_max_size``), one control-plane
+connection and one for LISTEN. With ``--pool-max-size 0`` and ``--listen auto`` (defaults) the
+script keeps the Runtime's defaults (pool 10, LISTEN on) when the fleet fits in the server's free
+slots (``max_connections`` less those in use less 16 left to others), else shrinks the pool, then
+turns LISTEN off (the control plane then polls only, every second, with unprepared statements).
+``steady`` decides once for its largest R, so its ratios compare like with like; ``burst`` per R.
+What was used is printed.
+
+Usage::
+
+    python benchmarks/fleet.py [--database-url URL] [--only MODE ...] [--replicas 3,24]
+                               [--seconds 30] [--steady-schedules 20] [--burst-replicas 3,24]
+                               [--burst-schedules 10000] [--json PATH] [--keep]
+
+``--keep`` keeps the ledgers and each replica's log (stderr, warnings and up) in a directory it
+prints. The fleet waits (up to 10 minutes) until the server has the connections it needs free.
+
+Exits 0 whatever the figures (a benchmark, not a test). Needs ``/proc`` and a server on this
+machine (its processes' CPU is read from ``/proc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from sdcore import Runtime
+from sdcore.postgres import DEFAULT_TABLES
+from sdcore.scheduling import Tick
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import base_parser, machine, percentile, scratch_database
+
+_DSN_ENV = "SDCORE_BENCH_REPLICA_DSN"  # keeps a password out of the process list
+RESERVE = 16  # connection slots left to the server's other users
+TICK_HZ = os.sysconf("SC_CLK_TCK")
+Key = tuple[str, int]  # (schedule, instant)
+
+
+# --------------------------------------------------------------------------- replica process
+
+
+async def _replica(cfg: dict[str, Any]) -> None:
+    logging.basicConfig(level=logging.WARNING)  # stderr goes to the replica's log file
+    runtime = Runtime(
+        database_url=os.environ[_DSN_ENV],
+        pool_max_size=cfg["pool"],
+        schedules_listen=cfg["listen"],
+        application_name=f"fleet-r{cfg['index']}",
+    )
+    ledger = os.open(cfg["ledger"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    work = cfg["work_ms"] / 1000
+
+    async def handler(tick: Tick) -> None:
+        started = time.time()
+        line = f"{tick.schedule} {tick.scheduled_at.timestamp():.0f}"
+        os.write(ledger, f"S {line} {started:.6f}\n".encode())
+        if work:
+            await asyncio.sleep(work)
+        os.write(ledger, f"E {line} {time.time():.6f}\n".encode())
+
+    for name, cron in _schedules(cfg["spec"]):
+        runtime.scheduler.add_cron(name, cron, handler, exclusive=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with runtime:
+        Path(cfg["ready"] + ".tmp").write_text(f"{time.time()}")
+        Path(cfg["ready"] + ".tmp").rename(cfg["ready"])  # seen whole or not at all
+        await stop.wait()
+
+
+def _schedules(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    if "at" in spec:  # one 6-field cron per schedule naming the burst's second of the day
+        at = datetime.fromtimestamp(spec["at"], UTC)
+        cron = f"{at.second} {at.minute} {at.hour} * * *"
+        return [(f"burst-{i:05d}", cron) for i in range(spec["count"])]
+    return [(f"{spec['prefix']}-{i:02d}", "* * * * * *") for i in range(spec["count"])]
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+@dataclass
+class Replica:
+    index: int
+    proc: subprocess.Popen[bytes]
+    ready: Path
+    ledger: Path
+    log: Path
+    killed_at: float | None = None
+
+    def is_ready(self) -> bool:
+        return self.ready.exists()
+
+
+@dataclass
+class Run:
+    replica: int
+    start: float
+    ended: bool = False
+
+
+@dataclass
+class Fleet:
+    dsn: str
+    work: Path
+    pool: int
+    listen: bool
+    spec: dict[str, Any]
+    work_ms: int = 0
+    replicas: list[Replica] = field(default_factory=list)
+
+    def start(self) -> Replica:
+        index = len(self.replicas)
+        self.work.mkdir(exist_ok=True)
+        paths = [self.work / f"{kind}.{index}" for kind in ("ready", "ledger", "log")]
+        cfg = {
+            "index": index, "pool": self.pool, "listen": self.listen, "spec": self.spec,
+            "work_ms": self.work_ms, "ready": str(paths[0]), "ledger": str(paths[1]),
+        }  # fmt: skip
+        with paths[2].open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--replica", json.dumps(cfg)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env={**os.environ, _DSN_ENV: self.dsn},
+            )  # fmt: skip
+        replica = Replica(index, proc, paths[0], paths[1], paths[2])
+        self.replicas.append(replica)
+        return replica
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.killed_at is None and r.proc.poll() is None]
+
+    def wait_ready(self, deadline: float) -> bool:
+        """Wait until every live replica is up; ``False`` if ``deadline`` passed first."""
+        while True:
+            for r in self.replicas:
+                if r.killed_at is None and r.proc.poll() is not None:
+                    tail = r.log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"replica r{r.index} exited {r.proc.returncode}:\n{tail}")
+            if all(r.is_ready() for r in self.live()):
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.2)
+
+    def kill(self, replica: Replica) -> None:
+        os.kill(replica.proc.pid, signal.SIGKILL)
+        replica.killed_at = time.time()
+
+    def stop(self) -> None:
+        for r in self.live():
+            r.proc.send_signal(signal.SIGTERM)
+        for r in self.replicas:
+            try:
+                r.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+
+    def runs(self) -> dict[Key, list[Run]]:
+        """The union of the ledgers: every handler start per (schedule, instant)."""
+        out: dict[Key, list[Run]] = defaultdict(list)
+        for r in self.replicas:
+            if not r.ledger.exists():
+                continue
+            for line in r.ledger.read_text().splitlines():
+                kind, name, instant, at = line.split()
+                key = (name, int(instant))
+                if kind == "S":
+                    out[key].append(Run(r.index, float(at)))
+                else:
+                    run = next(x for x in out[key] if x.replica == r.index and not x.ended)
+                    run.ended = True
+        return out
+
+
+def _sleep_until(at: float) -> None:
+    time.sleep(max(0.0, at - time.time()))
+
+
+def _lease_rows(dsn: str, names: list[str]) -> dict[Key, dict[str, Any]]:
+    """Each tick's lease row as JSON (whatever columns this version's table has)."""
+    table = sql.Identifier(DEFAULT_TABLES["lease"])
+    query = sql.SQL("SELECT code, run_key, to_jsonb(t) FROM {} t WHERE code = ANY(%s)")
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(query.format(table), (names,)).fetchall()
+    out = {}
+    for code, run_key, row in rows:
+        at = datetime.strptime(run_key, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        out[(code, int(at.timestamp()))] = row
+    return out
+
+
+def verdict(counts: dict[str, Any]) -> str:
+    """``once/ticks once, doubled, missed`` and the abandoned or unrecorded ticks if any."""
+    text = f"{counts['once']}/{counts['ticks']} once, {counts['doubled']} doubled, "
+    text += f"{counts['missed']} missed"
+    for name in ("abandoned", "unrecorded"):
+        text += f", {counts[name]} {name}" if counts[name] else ""
+    for name, instant, ran, row in counts["missed_ticks"][:3]:
+        text += f"\n    missed: {name} at {instant}, started on {ran}, row {json.dumps(row)}"
+    return text
+
+
+def tally(fleet: Fleet, names: list[str], instants: range) -> dict[str, Any]:
+    """Classify every (schedule, instant) of the window (see the module docstring)."""
+    runs, rows = fleet.runs(), _lease_rows(fleet.dsn, names)
+    killed = {r.index: r.killed_at for r in fleet.replicas if r.killed_at is not None}
+    kills = list(killed.values())
+    counts: Counter[str] = Counter()
+    lateness: list[float] = []
+    odd: list[list[Any]] = []
+    for key in ((n, t) for n in names for t in instants):
+        started = runs.get(key, [])
+        lost = [x for x in started if x.replica in killed and not x.ended]
+        kept = len(started) - len(lost)
+        lateness += [(x.start - key[1]) * 1000 for x in started[:1]]
+        row = rows.get(key, {})
+        status = row.get("status")
+        counts["ticks"] += 1
+        near_kill = any(key[1] - 2 <= k <= key[1] + 2 for k in kills)
+        if kept >= 2:
+            counts["doubled"] += 1
+        elif status == "SUCCESS" and kept == 1:
+            counts["once"] += 1
+        elif status != "SUCCESS" and (
+            any(x.replica in killed for x in started) or (status == "RUNNING" and near_kill)
+        ):
+            counts["abandoned"] += 1
+        elif status != "SUCCESS":
+            counts["missed"] += 1
+            keep = ("status", "attempts", "given_back", "released", "data", "modified_at")
+            odd.append([*key, [x.replica for x in started], {k: row.get(k) for k in keep}])
+        else:
+            counts["unrecorded"] += 1  # SUCCESS without a start in any ledger
+    result: dict[str, Any] = {**counts, "missed_ticks": odd[:20]}  # for --json
+    for name in ("ticks", "once", "doubled", "abandoned", "missed", "unrecorded"):
+        result.setdefault(name, 0)
+    result["lateness_ms"] = {
+        "p50": statistics.median(lateness) if lateness else math.nan,
+        "p99": percentile(lateness, 99),
+        "max": max(lateness, default=math.nan),
+    }
+    return result
+
+
+# --------------------------------------------------------------------------- CPU from /proc
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, utime + stime in clock ticks), or ``None`` for a process that is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = data[data.rindex(")") + 2 :].split()
+    return int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+class CpuMeter:
+    """CPU of PostgreSQL's processes (by kind) and of the fleet between the first and last scan.
+
+    A process first seen after the first scan started inside the window and counts from 0; one
+    that exits between scans loses at most its last 0.5 s.
+    """
+
+    def __init__(self, postmaster: int, dbname: str, fleet: dict[int, int]) -> None:
+        self.postmaster, self.dbname, self.fleet = postmaster, dbname, fleet  # fleet: pid→index
+        self.kinds: dict[int, str] = {}
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.scans = 0
+
+    def _kind(self, pid: int, ppid: int) -> str | None:
+        if pid in self.fleet:
+            return "fleet"
+        if pid != self.postmaster and ppid != self.postmaster:
+            return None
+        if pid not in self.kinds:
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                return None
+            if f" {self.dbname} " in f"{title} ":
+                self.kinds[pid] = "db"
+            elif re.search(r"\(\d+\)|\[local\]", title):
+                self.kinds[pid] = "other"  # a client backend of another database
+            else:
+                self.kinds[pid] = "background"
+        return self.kinds[pid]
+
+    def scan(self) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            stat = _stat(pid)
+            if stat is None or self._kind(pid, stat[0]) is None:
+                continue
+            if self.scans == 0:
+                self.first[pid] = stat[1]
+            self.last[pid] = stat[1]
+        self.scans += 1
+
+    def seconds(self) -> dict[str, float]:
+        out: Counter[str] = Counter()
+        for pid, ticks in self.last.items():
+            out[self.kinds.get(pid, "fleet")] += ticks - self.first.get(pid, 0)
+        return {kind: out[kind] / TICK_HZ for kind in ("db", "background", "fleet")}
+
+
+def _server(url: str) -> tuple[int, int, int]:
+    """(postmaster pid, max_connections, client connections in use)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pg_backend_pid(), current_setting('max_connections')::int, "
+            "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+        ).fetchone()
+        assert row is not None
+        stat = _stat(int(row[0]))  # while the backend lives
+    assert stat is not None, "the server's processes are not visible in /proc"
+    return stat[0], int(row[1]), int(row[2])
+
+
+def _xacts(url: str, dbname: str) -> int:
+    """Transactions committed and rolled back in ``dbname`` (read from another database)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (dbname,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def connections_for(url: str, replicas: int, pool: int, listen: str) -> tuple[int, bool, str]:
+    """The pool size and LISTEN setting for ``replicas`` Runtimes, and why (see the docstring)."""
+    _, limit, used = _server(url)
+    free = limit - used - RESERVE
+    per = free // replicas  # a pool of at least 2, the control connection, LISTEN
+    on = listen == "on" or (listen == "auto" and per >= 4)
+    chosen = pool or max(2, min(10, per - 1 - on))
+    why = (
+        f"{replicas} replicas x ~{chosen + 1 + on} connections (pool_max_size={chosen}, "
+        f"control 1, LISTEN {'on' if on else 'off'}); server: max_connections {limit}, "
+        f"{used} in use, {RESERVE} left to others"
+    )
+    return chosen, on, why
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def _room(url: str, replicas: int, pool: int, listen: bool) -> None:
+    """Wait until ``replicas`` Runtimes fit in the server's free slots (others come first)."""
+    need, waited = replicas * (pool + 1 + listen), time.time()
+    while True:
+        _, limit, used = _server(url)
+        if (free := limit - used - RESERVE) >= need:
+            return
+        if time.time() - waited > 600:
+            raise RuntimeError(f"{need} connections needed, {free} free for 10 minutes")
+        print(f"  waiting for {need} free connections ({free} free)", flush=True)
+        time.sleep(10)
+
+
+def _fleet_up(fleet: Fleet, count: int, deadline: float) -> bool:
+    _room(fleet.dsn, count, fleet.pool, fleet.listen)
+    for _ in range(count):
+        fleet.start()
+    return fleet.wait_ready(deadline)
+
+
+def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    sizes = sorted(int(x) for x in args.replicas.split(","))
+    pool, listen, why = connections_for(
+        args.database_url, sizes[-1], args.pool_max_size, args.listen
+    )
+    spec = {"prefix": "tick", "count": args.steady_schedules}
+    print(f"steady: {spec['count']} per-second exclusive crons; {why}", flush=True)
+    names = [name for name, _ in _schedules(spec)]
+    results = []
+    for size in sizes:
+        with scratch_database(args.database_url, "fleet_steady") as dsn:
+            fleet = Fleet(dsn, work / f"steady{size}", pool, listen, spec)
+            try:
+                _fleet_up(fleet, size, time.time() + 60 + 5 * size)
+                time.sleep(args.warmup)
+                t0 = math.ceil(time.time()) + 1
+                postmaster = _server(dsn)[0]
+                pids = {r.proc.pid: r.index for r in fleet.replicas}
+                meter = CpuMeter(postmaster, str(conninfo_to_dict(dsn)["dbname"]), pids)
+                xacts: list[int] = []
+                for step in range(2 * args.seconds + 1):
+                    _sleep_until(t0 - 0.5 + step / 2)
+                    meter.scan()
+                    if step in (0, 2 * args.seconds):
+                        xacts.append(_xacts(args.database_url, meter.dbname))
+                with psycopg.connect(dsn) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    ).fetchone()
+                backends = int(row[0]) - 1 if row else 0
+                load = os.getloadavg()[0]
+            finally:
+                fleet.stop()
+            counts = tally(fleet, names, range(t0, t0 + args.seconds))
+        cpu = meter.seconds()
+        ticks = counts["ticks"]
+        per, unit = (ticks, "tick") if ticks else (args.seconds, "s")  # 0 schedules: per second
+        result = {
+            "replicas": size, "per": unit, "backends": backends, "load_1m": load,
+            "pg_db_ms": cpu["db"] * 1000 / per, "pg_background_ms": cpu["background"] * 1000 / per,
+            "fleet_ms": cpu["fleet"] * 1000 / per, "pg_xacts": (xacts[1] - xacts[0]) / per,
+            **counts,
+        }  # fmt: skip
+        results.append(result)
+        late = counts["lateness_ms"]
+        print(
+            f"  R={size:<3} PG (scratch db backends: {backends}) {result['pg_db_ms']:.3f} ms/{unit}"
+            f" ({result['pg_xacts']:.1f} transactions), PG background "
+            f"{result['pg_background_ms']:.3f} ms/{unit}, fleet {result['fleet_ms']:.2f} ms/{unit}"
+            f"; {verdict(counts)}; start p50 {late['p50']:.0f} ms, p99 {late['p99']:.0f} ms; "
+            f"load {load:.1f}",
+            flush=True,
+        )
+    if len(results) >= 2:
+        lo, hi = results[0], results[-1]
+        for field_, target, what in (
+            ("pg_db_ms", 1.5, "PostgreSQL CPU (scratch db backends)"),
+            ("pg_background_ms", None, "PostgreSQL background CPU"),
+            ("fleet_ms", 2.0, "fleet CPU"),
+        ):
+            if not lo[field_]:
+                print(f"  {what}: none measured at R={lo['replicas']}")
+                continue
+            ratio = hi[field_] / lo[field_]
+            met = "met" if ratio <= (target or 0) else "MISSED"
+            goal = f"; target <= {target}x: {met}" if target and unit == "tick" else ""
+            print(f"  {hi['replicas']}/{lo['replicas']}: {what} per {unit} {ratio:.2f}x{goal}")
+    return results
+
+
+def burst(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    count, results = args.burst_schedules, []
+    for size in sorted(int(x) for x in args.burst_replicas.split(",")):
+        pool, listen, why = connections_for(
+            args.database_url, size, args.pool_max_size, args.listen
+        )
+        _room(args.database_url, size, pool, listen)
+        lead = args.burst_lead or 15 + size * count / 2000
+        at = float(int(time.time() + lead) + 1)
+        spec = {"at": at, "count": count}
+        print(
+            f"burst: {count} exclusive ticks at one instant ({lead:.0f} s ahead); {why}", flush=True
+        )
+        with scratch_database(args.database_url, "fleet_burst") as dsn:
+            fleet = Fleet(dsn, work / f"burst{size}", pool, listen, spec)
+            try:
+                in_time = _fleet_up(fleet, size, at - 1)
+                if not in_time:
+                    fleet.wait_ready(at + 120)
+                margin = at - max(float(r.ready.read_text()) for r in fleet.replicas)
+                while (
+                    time.time() < at + 120
+                    and sum(1 for runs in fleet.runs().values() for x in runs if x.ended) < count
+                ):
+                    time.sleep(1)
+                time.sleep(2)
+            finally:
+                fleet.stop()
+            names = [name for name, _ in _schedules(spec)]
+            counts = tally(fleet, names, range(int(at), int(at) + 1))
+        starts = sorted(x.start - at for runs in fleet.runs().values() for x in runs)
+        result = {
+            "replicas": size, "schedules": count, "ready_before_s": margin, "in_time": in_time,
+            **counts, "first_ms": starts[0] * 1000 if starts else math.nan,
+            "p50_ms": statistics.median(starts) * 1000 if starts else math.nan,
+            "last_ms": starts[-1] * 1000 if starts else math.nan,
+        }  # fmt: skip
+        results.append(result)
+        met = "met" if result["last_ms"] <= 1000 else "MISSED"
+        print(
+            f"  R={size:<3} handler start after the instant: first {result['first_ms']:.0f} ms, "
+            f"p50 {result['p50_ms']:.0f} ms, last {result['last_ms']:.0f} ms (target <= 1000 "
+            f"ms: {met}); {verdict(counts)}; last replica ready {margin:.1f} s before the instant"
+            f"{'' if in_time else ' (LATE: not all replicas were up in time)'}",
+            flush=True,
+        )
+    return results
+
+
+def kill(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    spec = {"prefix": "k", "count": args.kill_schedules}
+    names = [name for name, _ in _schedules(spec)]
+    size = args.kill_replicas
+    pool, listen, why = connections_for(args.database_url, size, args.pool_max_size, args.listen)
+    print(
+        f"kill: {size} replicas, {len(names)} per-second crons, handlers {args.work_ms} ms; {why}"
+    )
+    results = []
+    for victims in (1, 2):
+        with scratch_database(args.database_url, "fleet_kill") as dsn:
+            fleet = Fleet(dsn, work / f"kill{victims}", pool, listen, spec, args.work_ms)
+            try:
+                _fleet_up(fleet, size, time.time() + 60 + 5 * size)
+                time.sleep(args.warmup + 4)
+                killed_at = math.floor(time.time()) + 1.5
+                first = int(killed_at) + 1  # the first instant after the kill
+                _sleep_until(killed_at - 0.3)
+                score: dict[int, tuple[int, int]] = {}  # replica: (ticks started, latest)
+                for (_, t), started in fleet.runs().items():
+                    for x in started if first - 4 <= t < first else ():
+                        n, latest = score.get(x.replica, (0, 0))
+                        score[x.replica] = (n + 1, max(latest, t))
+                ranked = sorted(score, key=score.__getitem__, reverse=True)
+                chosen = [fleet.replicas[i] for i in ranked[:victims]]
+                _sleep_until(killed_at)
+                for r in chosen:
+                    fleet.kill(r)
+                time.sleep(args.kill_observe)
+            finally:
+                fleet.stop()
+            counts = tally(fleet, names, range(first - 4, first + args.kill_observe - 2))
+        runs, gone = fleet.runs(), {r.index for r in chosen}
+        labels = ", ".join(f"r{r.index}" for r in chosen)
+        print(f"  kill -9 {labels} at {killed_at:.1f} (instant +0.5 s); schedules they ran:")
+        delays = []
+        for name in names:
+            before = range(first - 4, first)
+            if not any(x.replica in gone for t in before for x in runs.get((name, t), [])):
+                continue
+            seq = " ".join(
+                ("| " if t == first else "")
+                + ("+".join(f"r{x.replica}" for x in runs.get((name, t), [])) or "--")
+                for t in range(first - 4, first + 5)
+            )
+            after = [t for t in range(first, first + args.kill_observe) if runs.get((name, t))]
+            if not after:
+                print(f"    {name}: no tick started after the kill; ran by: {seq}")
+                continue
+            x = runs[(name, after[0])][0]
+            delays.append((x.start - first) * 1000)
+            print(
+                f"    {name}: next tick started by r{x.replica} {delays[-1]:.0f} ms after the "
+                f"first instant past the kill ({after[0] - first} skipped); ran by: {seq}"
+            )
+        late = counts["lateness_ms"]
+        print(
+            f"  {victims} killed: worst next-tick delay {max(delays, default=math.nan):.0f} ms "
+            f"(all ticks: start p50 {late['p50']:.0f} ms, max {late['max']:.0f} ms); "
+            f"{verdict(counts)}",
+            flush=True,
+        )
+        results.append({"victims": victims, "delays_ms": delays, **counts})
+    return results
+
+
+def churn(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    spec = {"prefix": "c", "count": 5}
+    names = [name for name, _ in _schedules(spec)]
+    pool, listen, why = connections_for(args.database_url, 15, args.pool_max_size, args.listen)
+    print(f"churn: 10 replicas, 5 per-second crons, a start or a kill -9 every 2 s; {why}")
+    rng = random.Random(args.seed)
+    actions: Counter[str] = Counter()
+    with scratch_database(args.database_url, "fleet_churn") as dsn:
+        fleet = Fleet(dsn, work / "churn", pool, listen, spec, args.work_ms)
+        try:
+            _room(dsn, 15, pool, listen)
+            _fleet_up(fleet, 10, time.time() + 120)
+            time.sleep(args.warmup)
+            begin = math.ceil(time.time())
+            for step in range(args.churn_seconds // 2):
+                _sleep_until(begin + 2 * step + rng.random())  # any phase of the second
+                live = [r for r in fleet.live() if r.is_ready()]
+                if len(fleet.live()) <= 5 or (len(fleet.live()) < 15 and rng.random() < 0.5):
+                    fleet.start()
+                    actions["started"] += 1
+                elif live:
+                    fleet.kill(rng.choice(live))
+                    actions["killed"] += 1
+            end = begin + 2 * (args.churn_seconds // 2)
+            _sleep_until(end + 3)
+            alive = len(fleet.live())
+        finally:
+            fleet.stop()
+        counts = tally(fleet, names, range(begin, end))
+    late = counts["lateness_ms"]
+    print(
+        f"  {actions['started']} started, {actions['killed']} killed ({alive} live at the end); "
+        f"{verdict(counts)}; start p50 "
+        f"{late['p50']:.0f} ms, p99 {late['p99']:.0f} ms, max {late['max']:.0f} ms",
+        flush=True,
+    )
+    return [{"actions": dict(actions), **counts}]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser((__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--only", choices=("steady", "burst", "kill", "churn"), action="append")
+    parser.add_argument("--replicas", default="3,24", help="steady: fleet sizes (default 3,24)")
+    parser.add_argument("--seconds", type=int, default=30, help="steady: window (default 30)")
+    parser.add_argument("--steady-schedules", type=int, default=20, help="0: an idle fleet")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds once all are up")
+    parser.add_argument("--burst-replicas", default="3,24")
+    parser.add_argument("--burst-schedules", type=int, default=10_000)
+    parser.add_argument("--burst-lead", type=float, default=0.0, help="0: 15 s + R*N/2000 s")
+    parser.add_argument("--kill-replicas", type=int, default=5)
+    parser.add_argument("--kill-schedules", type=int, default=8)
+    parser.add_argument("--kill-observe", type=int, default=20, help="seconds after a kill")
+    parser.add_argument("--churn-seconds", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--work-ms", type=int, default=100, help="kill/churn handler duration")
+    parser.add_argument("--pool-max-size", type=int, default=0, help="0: auto (see above)")
+    parser.add_argument("--listen", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--json", help="also write the raw results to this file")
+    parser.add_argument("--keep", action="store_true", help="keep the ledgers and replica logs")
+    parser.add_argument("--replica", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.replica:
+        asyncio.run(_replica(json.loads(args.replica)))
+        return 0
+    with psycopg.connect(args.database_url) as conn:
+        print(machine(conn), flush=True)
+    modes = {"steady": steady, "burst": burst, "kill": kill, "churn": churn}
+    results: dict[str, Any] = {}
+    tmp = tempfile.mkdtemp(prefix="sdcore-fleet-")
+    for name, run in modes.items():
+        if args.only is None or name in args.only:
+            results[name] = run(args, Path(tmp))
+    if args.keep:
+        print(f"ledgers and replica logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
