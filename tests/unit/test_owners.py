@@ -266,3 +266,81 @@ async def test_both_owners_killed_the_others_take_over_and_catch_up_what_fell_be
     # and the next read (a beat at most), then the sweep (its cadence: the lease, 2 s).
     first = min(at for _, _, at in after)
     assert first - killed <= 3.0 + 1.0 + 2.0 + 1.0
+
+
+# --- views built from the declarations --------------------------------------------------------
+
+
+async def _idle_controls(cluster: _Cluster, count: int) -> list[tuple[Scheduler, ScheduleControl]]:
+    """Replicas whose membership reads the test drives by hand (heartbeat of an hour)."""
+    replicas = []
+    for _ in range(count):
+        scheduler = Scheduler(jobs=cluster.jobs, lease_ms=2_000, clock=cluster.now)
+
+        async def base(tick: Tick) -> None:
+            pass
+
+        scheduler.add_interval("base", 60_000, base)
+        control = ScheduleControl(
+            scheduler,
+            cluster.store,
+            poll_interval_ms=3_600_000,
+            heartbeat_ms=3_600_000,
+            clock=cluster.now,
+        )
+        await control.start()
+        await scheduler.start_all()
+        replicas.append((scheduler, control))
+    cluster.replicas.extend(replicas)
+    return replicas
+
+
+def _declarers_seen(control: ScheduleControl, name: str) -> set[str]:
+    """The replicas ``control`` counts as declaring ``name``."""
+    members = control._owners.members or ()
+    own = name in control._hooks.names()  # a member's names None: "as this replica declares"
+    return {m.replica_id for m in members if (own if m.names is None else name in m.names)}
+
+
+def _rank_order(name: str, ids: Sequence[str]) -> list[str]:
+    from sdcore.scheduling._owners import _score
+
+    return sorted(ids, key=lambda r: (_score(name, r), r), reverse=True)
+
+
+@in_loop_time
+async def test_a_digest_read_while_a_replica_redeclares_is_not_taken_for_its_holders() -> None:
+    # Five replicas declare {"base"} (one digest). "x" is then added on three of them; before
+    # those write their new digest, a reader that meets the old digest reads the declarations
+    # of its most recently seen holder, which may already declare "x": those names must not be
+    # cached for the digest, or the two replicas that never declare "x" stay its owners in the
+    # reader's view, and nobody asks for its ticks.
+    cluster = _cluster()
+    try:
+        reps = await _idle_controls(cluster, 5)
+        ids = [control.replica.replica_id for _, control in reps]
+        # e, a, b declare "x"; c, d never do; pick a name ranked c, d above a, b above e.
+        for i in range(10_000):
+            name = f"x{i}"
+            order = _rank_order(name, ids)
+            if set(order[:2]) == {ids[3], ids[4]} and order[4] == ids[0]:
+                break
+        e, a, b = reps[0], reps[1], reps[2]
+        for scheduler, _ in (e, a, b):
+
+            async def handler(tick: Tick) -> None:
+                pass
+
+            scheduler.add_interval(name, 1_000, handler)
+        await asyncio.sleep(0.1)  # each redeclares (the registry woke its loop)
+        store = cluster.store
+        await store.heartbeat(e[1].replica)  # e: the freshest holder of the old digest
+        await a[1]._read_members()
+        await store.heartbeat(e[1].replica)
+        await b[1]._read_members()
+        await e[1]._read_members()
+        for _, control in reps[:3]:
+            assert _declarers_seen(control, name) <= {ids[0], ids[1], ids[2]}
+        assert any(control._owners.owns(name) for _, control in reps[:3])
+    finally:
+        await cluster.stop_all()

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -438,22 +438,34 @@ class ScheduleControl:
     async def _read_members(self) -> None:
         """Read the live replicas and what each declares: the owners of each exclusive schedule
         are chosen among them (:mod:`sdcore.scheduling._owners`)."""
-        mine = sorted({*self._declared, *self._stored})
-        digest = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:32]
+        digest = _digest({*self._declared, *self._stored})
         ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
         rows = await self.store.members(self.replica, digest, ttl_ms)
-        known: dict[str | None, frozenset[str] | None] = {digest: None}
+        known: dict[str, frozenset[str] | None] = {digest: None}
+        cached: dict[str, frozenset[str]] = {}
         members: list[Member] = []
         for row in rows:
+            held = row.digest
             if row.replica_id == self.replica.replica_id:
                 continue
-            if row.digest not in known:
-                names = self._digests.get(row.digest) if row.digest is not None else frozenset()
-                if names is None and row.digest is not None:
-                    names = await self.store.declared_names(row.digest)
-                known[row.digest] = names
-            members.append(Member(row.replica_id, known[row.digest]))
-        self._digests = {d: n for d, n in known.items() if d is not None and n is not None}
+            if held is None:  # no digest recorded (an older version): declares nothing here
+                members.append(Member(row.replica_id, frozenset()))
+                continue
+            if held not in known:
+                names = self._digests.get(held)
+                if names is None:
+                    names = await self.store.declared_names(held)
+                    if _digest(names) != held:
+                        # The holder read has changed its declarations since it wrote this
+                        # digest: they are not the other holders'. Counted as declaring
+                        # nothing until a read matches (a replica left out of a schedule's
+                        # owners only makes the others ask for it).
+                        known[held] = frozenset()
+                        members.append(Member(row.replica_id, known[held]))
+                        continue
+                cached[held] = known[held] = names
+            members.append(Member(row.replica_id, known[held]))
+        self._digests = cached
         self._owners.update(members)
 
     async def _apply_changes(self) -> None:
@@ -616,6 +628,11 @@ class ScheduleControl:
             row.expression,
             extra={"action": "stored_applied", "schedule": row.name},
         )
+
+
+def _digest(names: Iterable[str]) -> str:
+    """The digest a replica records for the schedule names it declares."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:32]
 
 
 def _bind(function: Callable[..., Any], args: Mapping[str, Any]) -> Handler:
