@@ -291,6 +291,8 @@ async def _idle_controls(cluster: _Cluster, count: int) -> list[tuple[Scheduler,
         await control.start()
         await scheduler.start_all()
         replicas.append((scheduler, control))
+    for _, control in replicas:  # each reads the others (all of one digest)
+        await control._read_members()
     cluster.replicas.extend(replicas)
     return replicas
 
@@ -342,5 +344,30 @@ async def test_a_digest_read_while_a_replica_redeclares_is_not_taken_for_its_hol
         for _, control in reps[:3]:
             assert _declarers_seen(control, name) <= {ids[0], ids[1], ids[2]}
         assert any(control._owners.owns(name) for _, control in reps[:3])
+    finally:
+        await cluster.stop_all()
+
+
+@in_loop_time
+async def test_a_schedule_added_here_is_not_taken_for_one_the_others_declare() -> None:
+    # Four replicas declare {"base"}; one adds "x". Until its next membership read, the others
+    # (of the digest it had) declare what it declared then, not "x": it must not rank them
+    # above itself for "x", or nobody asks for its ticks until that read.
+    cluster = _cluster()
+    try:
+        reps = await _idle_controls(cluster, 4)
+        ids = [control.replica.replica_id for _, control in reps]
+        name = next(f"x{i}" for i in range(1_000) if _rank_order(f"x{i}", ids)[-1] == ids[0])
+        scheduler, control = reps[0]
+        ran: list[str] = []
+
+        async def handler(tick: Tick) -> None:
+            ran.append(tick.run_key or "")
+
+        scheduler.add_interval(name, 1_000, handler)
+        assert _declarers_seen(control, name) == set()
+        assert control._owners.rank(name) == 0
+        await asyncio.sleep(3.5)
+        assert len(ran) == 3
     finally:
         await cluster.stop_all()

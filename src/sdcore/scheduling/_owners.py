@@ -61,8 +61,9 @@ class Member:
 
     Attributes:
         replica_id: Its id.
-        names: The schedules it declares; ``None`` when it declares exactly what this replica
-            declares (equal digests).
+        names: The schedules it declares; ``None``: whatever this replica declares when it
+            ranks (the control plane names them: this replica's own declarations may change
+            before the next read, the other's do not change with them).
     """
 
     replica_id: str

@@ -438,11 +438,17 @@ class ScheduleControl:
     async def _read_members(self) -> None:
         """Read the live replicas and what each declares: the owners of each exclusive schedule
         are chosen among them (:mod:`sdcore.scheduling._owners`)."""
-        digest = _digest({*self._declared, *self._stored})
+        mine = frozenset({*self._declared, *self._stored})
+        digest = _digest(mine)
         ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
         rows = await self.store.members(self.replica, digest, ttl_ms)
-        known: dict[str, frozenset[str] | None] = {digest: None}
-        cached: dict[str, frozenset[str]] = {}
+        # A replica of this digest declares what this one declares now, and keeps doing so
+        # when this one's declarations change before the next read: its names are these, not
+        # "the same as mine" (the frozenset kept from read to read: an unchanged view compares
+        # equal by identity).
+        mine = self._digests.get(digest, mine)
+        known: dict[str, frozenset[str]] = {digest: mine}
+        cached: dict[str, frozenset[str]] = {digest: mine}
         members: list[Member] = []
         for row in rows:
             held = row.digest
