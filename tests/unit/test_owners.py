@@ -371,3 +371,37 @@ async def test_a_schedule_added_here_is_not_taken_for_one_the_others_declare() -
         assert len(ran) == 3
     finally:
         await cluster.stop_all()
+
+
+@in_loop_time
+async def test_a_fleet_killed_and_restarted_within_the_ttl_catches_up_its_downtime() -> None:
+    # Every replica killed -9 and started again before their heartbeats lapse: at start, the
+    # new replicas see the dead ones as owners and leave the start-up catch-up to them. The one
+    # that becomes an owner once they lapse must catch up the downtime then (its sweep looks
+    # back only to its own start).
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    names = [f"s{i}" for i in range(40)]
+    try:
+        for i in range(3):
+            await cluster.start(i, names)
+        await asyncio.sleep(5.0)
+        for i in range(3):
+            await cluster.crash(i)
+        down = loop.time()
+        await asyncio.sleep(2.3)  # less than the TTL (3 beats of 1 s)
+        for i in range(3, 6):
+            await cluster.start(i, names)
+        await asyncio.sleep(12.0)
+        end = loop.time()
+    finally:
+        await cluster.stop_all()
+    per_tick = Counter((n, k) for n, k, _, _ in cluster.ran)
+    assert set(per_tick.values()) == {1}
+    never = [
+        (n, s)
+        for s in range(int(down) + 1, int(end) - 2)
+        for n in names
+        if (n, (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")) not in per_tick
+    ]
+    assert never == []
