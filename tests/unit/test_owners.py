@@ -92,6 +92,26 @@ def test_ranks_adjusted_on_a_view_change_equal_ranks_counted_afresh() -> None:
         assert [kept.rank(n) for n in names] == [fresh.rank(n) for n in names]
 
 
+def test_ranks_adjusted_when_replicas_add_or_drop_a_few_names() -> None:
+    rng = random.Random(11)
+    ids = _ids(12)
+    names = [f"s{i}" for i in range(400)]
+    declared = {r: frozenset(rng.sample(names, 300)) for r in ids[1:]}
+    kept = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+    kept.update(Member(r, declared[r]) for r in ids[1:])
+    assert [kept.rank(n) for n in names]  # every rank computed, then adjusted
+    for _ in range(30):
+        for r in rng.sample(ids[1:], 5):
+            added = set(rng.sample(names, 3))
+            dropped = set(rng.sample(sorted(declared[r]), 3))
+            declared[r] = frozenset((declared[r] - dropped) | added)
+        live = [r for r in ids[1:] if rng.random() < 0.9]
+        kept.update(Member(r, declared[r]) for r in live)
+        fresh = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+        fresh.update(Member(r, declared[r]) for r in live)
+        assert [kept.rank(n) for n in names] == [fresh.rank(n) for n in names]
+
+
 def test_no_view_or_a_stale_one_asks_for_everything() -> None:
     now = [0.0]
     owners = Owners(_ids(1)[0], stale_s=15.0, clock=lambda: now[0])
