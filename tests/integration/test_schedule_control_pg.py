@@ -189,3 +189,24 @@ async def test_replicas_count_each_other_as_declarers_of_code_and_stored_schedul
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_without_the_digest_column_every_replica_asks(
+    pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Code deployed before `sdcore db upgrade --schedules` applied schedules/0005: the control
+    # plane starts, warns once, and this replica asks for every tick (no view of the owners).
+    async with pool.connection() as conn:
+        await conn.execute("ALTER TABLE sdcore_schedules_replicas DROP COLUMN schedules_digest")
+    jobs = JobSchedulerService(pool, max_connections=1)
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval("report", 60_000, lambda tick: None)
+    control = ScheduleControl(scheduler, PostgresScheduleStore(pool), listen=False)
+    await control.start()
+    try:
+        await control._read_members()
+        assert control._owners.members is None
+        warned = [r for r in caplog.records if getattr(r, "action", None) == "owners_off"]
+        assert len(warned) == 1
+    finally:
+        await control.aclose()

@@ -398,9 +398,10 @@ class ScheduleStore(Protocol):
         """Mark the replica alive; ``False`` if its row was expired (sync again)."""
         ...
 
-    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
         """Record ``digest`` (of the names ``replica`` declares) on its row; return the replicas
-        seen within ``ttl_ms`` with their digests (this replica's may be its previous one)."""
+        seen within ``ttl_ms`` with their digests (this replica's may be its previous one), or
+        ``None`` when the store keeps no digests (a migration pending): every replica asks."""
         ...
 
     async def declared_names(self, digest: str) -> frozenset[str]:

@@ -149,7 +149,7 @@ class InMemoryScheduleStore:
         self._replicas[replica.replica_id] = (replica, self._clock())
         return True
 
-    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
         limit = self._clock() - timedelta(milliseconds=ttl_ms)
         rows = [
             MemberRow(replica_id=rid, digest=self._digests.get(rid))

@@ -193,6 +193,7 @@ class ScheduleControl:
         # declared under each digest it has met.
         self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
         self._digests: dict[str, frozenset[str]] = {}
+        self._no_members_warned = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -442,6 +443,16 @@ class ScheduleControl:
         digest = _digest(mine)
         ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
         rows = await self.store.members(self.replica, digest, ttl_ms)
+        if rows is None:
+            if not self._no_members_warned:
+                self._no_members_warned = True
+                self._log.warning(
+                    "the control plane cannot read replica digests (run `sdcore db upgrade "
+                    "--schedules`); this replica asks for every exclusive tick meanwhile",
+                    extra={"action": "owners_off"},
+                )
+            self._owners.forget()
+            return
         # A replica of this digest declares what this one declares now, and keeps doing so
         # when this one's declarations change before the next read: its names are these, not
         # "the same as mine" (the frozenset kept from read to read: an unchanged view compares
