@@ -425,3 +425,35 @@ async def test_a_fleet_killed_and_restarted_within_the_ttl_catches_up_its_downti
         if (n, (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")) not in per_tick
     ]
     assert never == []
+
+
+@in_loop_time
+async def test_ticks_only_a_new_version_has_are_asked_for_during_a_rolling_deploy() -> None:
+    # Three replicas run "report" every 2 s (old code), three every 1 s (new code). The owners
+    # are chosen among the replicas of each version: the odd seconds, which only the new code
+    # fires, are not left to two old replicas that never fire them.
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    try:
+        reps = await _idle_controls(cluster, 6)
+        ids = [control.replica.replica_id for _, control in reps]
+        name = next(
+            f"r{i}" for i in range(1_000) if set(_rank_order(f"r{i}", ids)[:2]) <= set(ids[:3])
+        )
+        ran: list[str] = []
+
+        async def handler(tick: Tick) -> None:
+            ran.append(tick.run_key or "")
+
+        for i, (scheduler, _) in enumerate(reps):
+            scheduler.add_interval(name, 2_000 if i < 3 else 1_000, handler)
+        await asyncio.sleep(0.1)  # each declares it
+        for _, control in [*reps, *reps]:  # each records its digest, then reads the others'
+            await control._read_members()
+        start = loop.time()
+        await asyncio.sleep(10.0)
+    finally:
+        await cluster.stop_all()
+    seconds = [datetime.fromisoformat(k.replace("Z", "+00:00")) - BASE for k in ran]
+    odd = [s for s in seconds if start < s.total_seconds() < start + 9.5 and s.seconds % 2]
+    assert len(odd) >= 4

@@ -404,8 +404,9 @@ class ScheduleStore(Protocol):
         ``None`` when the store keeps no digests (a migration pending): every replica asks."""
         ...
 
-    async def declared_names(self, digest: str) -> frozenset[str]:
-        """The names declared by the replica last seen with ``digest`` (empty: none is)."""
+    async def declared_versions(self, digest: str) -> dict[str, str]:
+        """The schedules declared by the replica last seen with ``digest``, each with the
+        fingerprint of its definition there (empty: no replica has that digest)."""
         ...
 
     async def leave(self, replica: Replica) -> None:

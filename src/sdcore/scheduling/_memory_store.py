@@ -160,12 +160,12 @@ class InMemoryScheduleStore:
             self._digests[replica.replica_id] = digest
         return rows
 
-    async def declared_names(self, digest: str) -> frozenset[str]:
+    async def declared_versions(self, digest: str) -> dict[str, str]:
         holders = [rid for rid, d in self._digests.items() if d == digest and rid in self._replicas]
         if not holders:
-            return frozenset()
+            return {}
         rid = max(holders, key=lambda r: self._replicas[r][1])
-        return frozenset(n for (n, r) in self._declarations if r == rid)
+        return {n: fp for (n, r), fp in self._declarations.items() if r == rid}
 
     async def leave(self, replica: Replica) -> None:
         self._digests.pop(replica.replica_id, None)
