@@ -149,3 +149,65 @@ async def test_runtime_without_the_tables_runs_without_the_control_plane(
             assert runtime.scheduler.running
             assert not runtime.control.running
     assert any("control plane is off" in r.getMessage() for r in caplog.records)
+
+
+async def test_replicas_count_each_other_as_declarers_of_code_and_stored_schedules(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    # Each replica reads another's declarations once per digest and keeps them only if they
+    # hash to that digest: on PostgreSQL, a replica's declarations (code and stored schedules)
+    # must hash to the digest it records, or the others would never count it among the owners.
+    # It counts the other for the schedules both run in the same version only.
+    jobs = JobSchedulerService(pool, max_connections=1)
+    controls = []
+    try:
+        for version in (1, 2):
+            scheduler = Scheduler(jobs=jobs)
+            scheduler.add_interval("report", 60_000, lambda tick: None)
+            scheduler.add_interval("changed", 60_000 * version, lambda tick: None)
+            scheduler.add_cron(f"only-v{version}", "0 * * * *", lambda tick: None)
+            scheduler.handler("bill")(lambda tick, args: None)
+            control = ScheduleControl(
+                scheduler, PostgresScheduleStore(pool), listen=False, poll_interval_ms=50
+            )
+            await control.start()
+            controls.append(control)
+        await ScheduleAdmin(PostgresScheduleStore(pool)).create(
+            "bill-acme", handler="bill", every_ms=60_000, actor="ops"
+        )
+        await _until(lambda: _true(all("bill-acme" in c._stored for c in controls)))
+        await asyncio.sleep(0.2)  # the declarations of the stored schedule are written
+        for control in [*controls, *controls]:  # each records its new digest, then reads
+            await control._read_members()
+        one, two = controls
+        (seen_by_one,) = one._owners.members or ()
+        (seen_by_two,) = two._owners.members or ()
+        assert seen_by_one.names == seen_by_two.names == frozenset({"report", "bill-acme"})
+    finally:
+        for control in controls:
+            await control.aclose()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_without_the_digest_column_every_replica_asks(
+    pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Code deployed before `sdcore db upgrade --schedules` applied schedules/0005: the control
+    # plane starts, warns once, and this replica asks for every tick (no view of the owners).
+    async with pool.connection() as conn:
+        await conn.execute("ALTER TABLE sdcore_schedules_replicas DROP COLUMN schedules_digest")
+    jobs = JobSchedulerService(pool, max_connections=1)
+    scheduler = Scheduler(jobs=jobs)
+    scheduler.add_interval("report", 60_000, lambda tick: None)
+    control = ScheduleControl(scheduler, PostgresScheduleStore(pool), listen=False)
+    await control.start()
+    try:
+        await control._read_members()
+        assert control._owners.members is None
+        warned = [r for r in caplog.records if getattr(r, "action", None) == "owners_off"]
+        assert len(warned) == 1
+    finally:
+        await control.aclose()

@@ -332,7 +332,8 @@ async def test_members_carry_each_replicas_digest_and_its_declared_names(
     await store.sync(other, [_declared(f"m-{tag}-1")])
     ids = {mine.replica_id, other.replica_id}
 
-    def ours(rows: list[Any]) -> dict[str, str | None]:
+    def ours(rows: list[Any] | None) -> dict[str, str | None]:
+        assert rows is not None
         return {r.replica_id: r.digest for r in rows if r.replica_id in ids}
 
     # The statement reads the rows as they were before its own write.
@@ -345,9 +346,11 @@ async def test_members_carry_each_replicas_digest_and_its_declared_names(
         mine.replica_id: f"dm-{tag}",
         other.replica_id: f"do-{tag}",
     }
-    assert await store.declared_names(f"dm-{tag}") == {f"m-{tag}-1", f"m-{tag}-2"}
-    assert await store.declared_names(f"do-{tag}") == {f"m-{tag}-1"}
-    assert await store.declared_names(f"unknown-{tag}") == frozenset()
+    assert set(await store.declared_versions(f"dm-{tag}")) == {f"m-{tag}-1", f"m-{tag}-2"}
+    assert await store.declared_versions(f"do-{tag}") == {
+        f"m-{tag}-1": _declared(f"m-{tag}-1").fingerprint
+    }
+    assert await store.declared_versions(f"unknown-{tag}") == {}
     await store.leave(other)
     assert ours(await store.members(mine, f"dm-{tag}", 30_000)) == {mine.replica_id: f"dm-{tag}"}
-    assert await store.declared_names(f"do-{tag}") == frozenset()
+    assert await store.declared_versions(f"do-{tag}") == {}

@@ -92,6 +92,26 @@ def test_ranks_adjusted_on_a_view_change_equal_ranks_counted_afresh() -> None:
         assert [kept.rank(n) for n in names] == [fresh.rank(n) for n in names]
 
 
+def test_ranks_adjusted_when_replicas_add_or_drop_a_few_names() -> None:
+    rng = random.Random(11)
+    ids = _ids(12)
+    names = [f"s{i}" for i in range(400)]
+    declared = {r: frozenset(rng.sample(names, 300)) for r in ids[1:]}
+    kept = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+    kept.update(Member(r, declared[r]) for r in ids[1:])
+    assert [kept.rank(n) for n in names]  # every rank computed, then adjusted
+    for _ in range(30):
+        for r in rng.sample(ids[1:], 5):
+            added = set(rng.sample(names, 3))
+            dropped = set(rng.sample(sorted(declared[r]), 3))
+            declared[r] = frozenset((declared[r] - dropped) | added)
+        live = [r for r in ids[1:] if rng.random() < 0.9]
+        kept.update(Member(r, declared[r]) for r in live)
+        fresh = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+        fresh.update(Member(r, declared[r]) for r in live)
+        assert [kept.rank(n) for n in names] == [fresh.rank(n) for n in names]
+
+
 def test_no_view_or_a_stale_one_asks_for_everything() -> None:
     now = [0.0]
     owners = Owners(_ids(1)[0], stale_s=15.0, clock=lambda: now[0])
@@ -266,3 +286,174 @@ async def test_both_owners_killed_the_others_take_over_and_catch_up_what_fell_be
     # and the next read (a beat at most), then the sweep (its cadence: the lease, 2 s).
     first = min(at for _, _, at in after)
     assert first - killed <= 3.0 + 1.0 + 2.0 + 1.0
+
+
+# --- views built from the declarations --------------------------------------------------------
+
+
+async def _idle_controls(cluster: _Cluster, count: int) -> list[tuple[Scheduler, ScheduleControl]]:
+    """Replicas whose membership reads the test drives by hand (heartbeat of an hour)."""
+    replicas = []
+    for _ in range(count):
+        scheduler = Scheduler(jobs=cluster.jobs, lease_ms=2_000, clock=cluster.now)
+
+        async def base(tick: Tick) -> None:
+            pass
+
+        scheduler.add_interval("base", 60_000, base)
+        control = ScheduleControl(
+            scheduler,
+            cluster.store,
+            poll_interval_ms=3_600_000,
+            heartbeat_ms=3_600_000,
+            clock=cluster.now,
+        )
+        await control.start()
+        await scheduler.start_all()
+        replicas.append((scheduler, control))
+    for _, control in replicas:  # each reads the others (all of one digest)
+        await control._read_members()
+    cluster.replicas.extend(replicas)
+    return replicas
+
+
+def _declarers_seen(control: ScheduleControl, name: str) -> set[str]:
+    """The replicas ``control`` counts as declaring ``name``."""
+    members = control._owners.members or ()
+    own = name in control._hooks.names()  # a member's names None: "as this replica declares"
+    return {m.replica_id for m in members if (own if m.names is None else name in m.names)}
+
+
+def _rank_order(name: str, ids: Sequence[str]) -> list[str]:
+    from sdcore.scheduling._owners import _score
+
+    return sorted(ids, key=lambda r: (_score(name, r), r), reverse=True)
+
+
+@in_loop_time
+async def test_a_digest_read_while_a_replica_redeclares_is_not_taken_for_its_holders() -> None:
+    # Five replicas declare {"base"} (one digest). "x" is then added on three of them; before
+    # those write their new digest, a reader that meets the old digest reads the declarations
+    # of its most recently seen holder, which may already declare "x": those names must not be
+    # cached for the digest, or the two replicas that never declare "x" stay its owners in the
+    # reader's view, and nobody asks for its ticks.
+    cluster = _cluster()
+    try:
+        reps = await _idle_controls(cluster, 5)
+        ids = [control.replica.replica_id for _, control in reps]
+        # e, a, b declare "x"; c, d never do; pick a name ranked c, d above a, b above e.
+        for i in range(10_000):
+            name = f"x{i}"
+            order = _rank_order(name, ids)
+            if set(order[:2]) == {ids[3], ids[4]} and order[4] == ids[0]:
+                break
+        e, a, b = reps[0], reps[1], reps[2]
+        for scheduler, _ in (e, a, b):
+
+            async def handler(tick: Tick) -> None:
+                pass
+
+            scheduler.add_interval(name, 1_000, handler)
+        await asyncio.sleep(0.1)  # each redeclares (the registry woke its loop)
+        store = cluster.store
+        await store.heartbeat(e[1].replica)  # e: the freshest holder of the old digest
+        await a[1]._read_members()
+        await store.heartbeat(e[1].replica)
+        await b[1]._read_members()
+        await e[1]._read_members()
+        for _, control in reps[:3]:
+            assert _declarers_seen(control, name) <= {ids[0], ids[1], ids[2]}
+        assert any(control._owners.owns(name) for _, control in reps[:3])
+    finally:
+        await cluster.stop_all()
+
+
+@in_loop_time
+async def test_a_schedule_added_here_is_not_taken_for_one_the_others_declare() -> None:
+    # Four replicas declare {"base"}; one adds "x". Until its next membership read, the others
+    # (of the digest it had) declare what it declared then, not "x": it must not rank them
+    # above itself for "x", or nobody asks for its ticks until that read.
+    cluster = _cluster()
+    try:
+        reps = await _idle_controls(cluster, 4)
+        ids = [control.replica.replica_id for _, control in reps]
+        name = next(f"x{i}" for i in range(1_000) if _rank_order(f"x{i}", ids)[-1] == ids[0])
+        scheduler, control = reps[0]
+        ran: list[str] = []
+
+        async def handler(tick: Tick) -> None:
+            ran.append(tick.run_key or "")
+
+        scheduler.add_interval(name, 1_000, handler)
+        assert _declarers_seen(control, name) == set()
+        assert control._owners.rank(name) == 0
+        await asyncio.sleep(3.5)
+        assert len(ran) == 3
+    finally:
+        await cluster.stop_all()
+
+
+@in_loop_time
+async def test_a_fleet_killed_and_restarted_within_the_ttl_catches_up_its_downtime() -> None:
+    # Every replica killed -9 and started again before their heartbeats lapse: at start, the
+    # new replicas see the dead ones as owners and leave the start-up catch-up to them. The one
+    # that becomes an owner once they lapse must catch up the downtime then (its sweep looks
+    # back only to its own start).
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    names = [f"s{i}" for i in range(40)]
+    try:
+        for i in range(3):
+            await cluster.start(i, names)
+        await asyncio.sleep(5.0)
+        for i in range(3):
+            await cluster.crash(i)
+        down = loop.time()
+        await asyncio.sleep(2.3)  # less than the TTL (3 beats of 1 s)
+        for i in range(3, 6):
+            await cluster.start(i, names)
+        await asyncio.sleep(12.0)
+        end = loop.time()
+    finally:
+        await cluster.stop_all()
+    per_tick = Counter((n, k) for n, k, _, _ in cluster.ran)
+    assert set(per_tick.values()) == {1}
+    never = [
+        (n, s)
+        for s in range(int(down) + 1, int(end) - 2)
+        for n in names
+        if (n, (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")) not in per_tick
+    ]
+    assert never == []
+
+
+@in_loop_time
+async def test_ticks_only_a_new_version_has_are_asked_for_during_a_rolling_deploy() -> None:
+    # Three replicas run "report" every 2 s (old code), three every 1 s (new code). The owners
+    # are chosen among the replicas of each version: the odd seconds, which only the new code
+    # fires, are not left to two old replicas that never fire them.
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    try:
+        reps = await _idle_controls(cluster, 6)
+        ids = [control.replica.replica_id for _, control in reps]
+        name = next(
+            f"r{i}" for i in range(1_000) if set(_rank_order(f"r{i}", ids)[:2]) <= set(ids[:3])
+        )
+        ran: list[str] = []
+
+        async def handler(tick: Tick) -> None:
+            ran.append(tick.run_key or "")
+
+        for i, (scheduler, _) in enumerate(reps):
+            scheduler.add_interval(name, 2_000 if i < 3 else 1_000, handler)
+        await asyncio.sleep(0.1)  # each declares it
+        for _, control in [*reps, *reps]:  # each records its digest, then reads the others'
+            await control._read_members()
+        start = loop.time()
+        await asyncio.sleep(10.0)
+    finally:
+        await cluster.stop_all()
+    seconds = [datetime.fromisoformat(k.replace("Z", "+00:00")) - BASE for k in ran]
+    odd = [s for s in seconds if start < s.total_seconds() < start + 9.5 and s.seconds % 2]
+    assert len(odd) >= 4

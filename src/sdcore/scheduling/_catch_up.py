@@ -12,7 +12,9 @@ Rules (docs/explanation/scheduling.md, "Catch-up"):
 - ``latest`` considers only the most recent instant of its range, found by walking back from the
   range's end (any frequency); ``all`` the most recent :data:`MAX_CATCH_UP` instants.
 - The sweep considers only ticks fired since the schedule became active on this scheduler, plus the
-  ticks start-up catch-up found ``RUNNING`` (maybe abandoned): never ticks from before.
+  ticks start-up catch-up found ``RUNNING`` (maybe abandoned): never ticks from before, except
+  that the first sweep of a replica that left its start-up catch-up to the schedule's owners and
+  owns it now does that start-up catch-up.
 """
 
 from __future__ import annotations

@@ -398,13 +398,15 @@ class ScheduleStore(Protocol):
         """Mark the replica alive; ``False`` if its row was expired (sync again)."""
         ...
 
-    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
         """Record ``digest`` (of the names ``replica`` declares) on its row; return the replicas
-        seen within ``ttl_ms`` with their digests (this replica's may be its previous one)."""
+        seen within ``ttl_ms`` with their digests (this replica's may be its previous one), or
+        ``None`` when the store keeps no digests (a migration pending): every replica asks."""
         ...
 
-    async def declared_names(self, digest: str) -> frozenset[str]:
-        """The names declared by the replica last seen with ``digest`` (empty: none is)."""
+    async def declared_versions(self, digest: str) -> dict[str, str]:
+        """The schedules declared by the replica last seen with ``digest``, each with the
+        fingerprint of its definition there (empty: no replica has that digest)."""
         ...
 
     async def leave(self, replica: Replica) -> None:

@@ -26,6 +26,7 @@ class Entry:
     __slots__ = (
         "active",
         "active_since",
+        "catch_up_owed",
         "handler",
         "in_flight",
         "kind",
@@ -62,6 +63,9 @@ class Entry:
         self.version = 0
         self.active_since: datetime | None = None
         self.swept_until: datetime | None = None
+        # The start whose start-up catch-up this replica left to the schedule's owners: it does
+        # it once it owns the schedule (sweep).
+        self.catch_up_owed: datetime | None = None
         self.pending: AbstractSet[datetime] = NO_INSTANTS
         self.offered: AbstractSet[datetime] = NO_INSTANTS
         self.stopped_at: datetime | None = None

@@ -149,7 +149,7 @@ class InMemoryScheduleStore:
         self._replicas[replica.replica_id] = (replica, self._clock())
         return True
 
-    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
         limit = self._clock() - timedelta(milliseconds=ttl_ms)
         rows = [
             MemberRow(replica_id=rid, digest=self._digests.get(rid))
@@ -160,12 +160,12 @@ class InMemoryScheduleStore:
             self._digests[replica.replica_id] = digest
         return rows
 
-    async def declared_names(self, digest: str) -> frozenset[str]:
+    async def declared_versions(self, digest: str) -> dict[str, str]:
         holders = [rid for rid, d in self._digests.items() if d == digest and rid in self._replicas]
         if not holders:
-            return frozenset()
+            return {}
         rid = max(holders, key=lambda r: self._replicas[r][1])
-        return frozenset(n for (n, r) in self._declarations if r == rid)
+        return {n: fp for (n, r), fp in self._declarations.items() if r == rid}
 
     async def leave(self, replica: Replica) -> None:
         self._digests.pop(replica.replica_id, None)

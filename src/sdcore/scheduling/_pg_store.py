@@ -239,13 +239,16 @@ class PostgresScheduleStore:
     async def heartbeat(self, replica: Replica) -> bool:
         return await self._exec("heartbeat", (replica.replica_id,)) > 0
 
-    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow]:
-        rows = await self._all("members", (digest, replica.replica_id, ttl_ms))
+    async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
+        try:
+            rows = await self._all("members", (digest, replica.replica_id, ttl_ms))
+        except psycopg.errors.UndefinedColumn:
+            return None  # schedules/0005_replica_digest not applied yet
         return [MemberRow(replica_id=r[0], digest=r[1]) for r in rows]
 
-    async def declared_names(self, digest: str) -> frozenset[str]:
-        rows = await self._all("declared_names", (digest,))
-        return frozenset(r[0] for r in rows)
+    async def declared_versions(self, digest: str) -> dict[str, str]:
+        rows = await self._all("declared_versions", (digest,))
+        return {r[0]: r[1] for r in rows}
 
     async def leave(self, replica: Replica) -> None:
         await self._exec("leave", (replica.replica_id,))

@@ -189,10 +189,12 @@ class ScheduleControl:
         # _stale_s gates every tick as unknown until the next successful poll.
         self._fresh_at: float | None = None
         self._stale_s = max(STALE_AFTER_S, self._poll_s + 1.0)
-        # This replica's view of the live replicas (read with each heartbeat), and the names
-        # declared under each digest it has met.
+        # This replica's view of the live replicas (read with each heartbeat), and what the
+        # holders of each digest of that view declare (see _read_members).
         self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
-        self._digests: dict[str, frozenset[str]] = {}
+        self._versions: dict[str, dict[str, str]] = {}
+        self._same: tuple[str, dict[str, frozenset[str]]] = ("", {})
+        self._no_members_warned = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -225,7 +227,8 @@ class ScheduleControl:
         self._closing = False
         self._since = self._clock() - timedelta(seconds=5)  # clock skew with the database
         self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
-        self._digests = {}
+        self._versions = {}
+        self._same = ("", {})
         self._hooks.link(
             ControlLink(
                 gate=self._gate,
@@ -444,22 +447,57 @@ class ScheduleControl:
     async def _read_members(self) -> None:
         """Read the live replicas and what each declares: the owners of each exclusive schedule
         are chosen among them (:mod:`sdcore.scheduling._owners`)."""
-        mine = sorted({*self._declared, *self._stored})
-        digest = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:32]
+        mine = {**self._declared, **self._stored}  # name -> fingerprint declared here
+        digest = _digest(mine)
         ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
         rows = await self.store.members(self.replica, digest, ttl_ms)
-        known: dict[str | None, frozenset[str] | None] = {digest: None}
+        if rows is None:
+            if not self._no_members_warned:
+                self._no_members_warned = True
+                self._log.warning(
+                    "the control plane cannot read replica digests (run `sdcore db upgrade "
+                    "--schedules`); this replica asks for every exclusive tick meanwhile",
+                    extra={"action": "owners_off"},
+                )
+            self._owners.forget()
+            return
+        # What the holders of each digest declare (name -> fingerprint), and of that the names
+        # they declare in this replica's version: a schedule's owners are chosen among the
+        # replicas that run its definition as this one does (a rolling deploy that changes it
+        # fires ticks that only one version has). The holders of this replica's digest declare
+        # what it declares now, and keep doing so when its declarations change before the next
+        # read. Each frozenset is kept from read to read while this replica's digest stays: an
+        # unchanged view compares equal by identity.
+        before = self._same[1] if self._same[0] == digest else {}
+        versions: dict[str, dict[str, str]] = {digest: mine}
+        same: dict[str, frozenset[str]] = {digest: before.get(digest) or frozenset(mine)}
         members: list[Member] = []
         for row in rows:
+            held = row.digest
             if row.replica_id == self.replica.replica_id:
                 continue
-            if row.digest not in known:
-                names = self._digests.get(row.digest) if row.digest is not None else frozenset()
-                if names is None and row.digest is not None:
-                    names = await self.store.declared_names(row.digest)
-                known[row.digest] = names
-            members.append(Member(row.replica_id, known[row.digest]))
-        self._digests = {d: n for d, n in known.items() if d is not None and n is not None}
+            if held is None:  # no digest recorded (an older version): declares nothing here
+                members.append(Member(row.replica_id, frozenset()))
+                continue
+            if held not in same:
+                declared = self._versions.get(held)
+                if declared is None:
+                    declared = await self.store.declared_versions(held)
+                    if _digest(declared) != held:
+                        # The holder read has changed its declarations since it wrote this
+                        # digest: they are not the other holders'. Counted as declaring
+                        # nothing until a read matches (a replica left out of a schedule's
+                        # owners only makes the others ask for it).
+                        same[held] = frozenset()
+                        members.append(Member(row.replica_id, same[held]))
+                        continue
+                versions[held] = declared
+                same[held] = before.get(held) or frozenset(
+                    name for name, version in declared.items() if mine.get(name) == version
+                )
+            members.append(Member(row.replica_id, same[held]))
+        self._versions = versions
+        self._same = (digest, same)
         self._owners.update(members)
 
     async def _apply_changes(self) -> None:
@@ -622,6 +660,12 @@ class ScheduleControl:
             row.expression,
             extra={"action": "stored_applied", "schedule": row.name},
         )
+
+
+def _digest(declared: Mapping[str, str]) -> str:
+    """The digest a replica records for what it declares (schedule name -> fingerprint)."""
+    lines = sorted(f"{name}\t{version}" for name, version in declared.items())
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
 
 
 def _bind(function: Callable[..., Any], args: Mapping[str, Any]) -> Handler:

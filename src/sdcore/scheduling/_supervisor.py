@@ -556,7 +556,14 @@ class TickStarter:
         if jobs is None:
             return
         for entry in entries:
-            if not entry.catches_up or not entry.active or not self.owns(entry):
+            entry.catch_up_owed = None
+            if not entry.catches_up or not entry.active:
+                continue
+            if not self.owns(entry):
+                # Its owners catch up. They may be dead replicas whose heartbeats have not
+                # lapsed yet (a fleet killed and restarted at once): owed until this one owns
+                # the schedule, then done by its sweep (which looks back only to this start).
+                entry.catch_up_owed = now
                 continue
             entry.swept_until = now
             window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
@@ -586,6 +593,9 @@ class TickStarter:
         since = max(active, window_start, entry.swept_until or active)
         if entry.policy.catch_up is CatchUp.LATEST:
             since = max(active, window_start)
+        if entry.catch_up_owed is not None:
+            await self._catch_up_owed(entry, entry.catch_up_owed, window_start, live)
+            return  # the next round sweeps from the start on
         try:
             fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
             consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
@@ -602,6 +612,38 @@ class TickStarter:
         if end > (entry.swept_until or end):
             entry.swept_until = end
         self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
+
+    async def _catch_up_owed(
+        self,
+        entry: Entry,
+        owed: datetime,
+        window_start: datetime,
+        live: Callable[[Entry], bool],
+    ) -> None:
+        """The start-up catch-up of the start at ``owed``, which this replica left to the
+        schedule's owners then and owns now (within today's catch-up window)."""
+        jobs = self._jobs
+        assert jobs is not None  # noqa: S101 - sweep checked it
+        try:
+            start = await at_start(
+                jobs,
+                entry.name,
+                entry.trigger,
+                entry.policy.catch_up,
+                max(window_start, owed - timedelta(milliseconds=entry.policy.catch_up_window_ms)),
+                owed,
+            )
+        except (JobSchedulerError, ValueError) as exc:
+            self._catch_up_failed(entry, exc)
+            return  # still owed: the next round tries again
+        if not live(entry) or entry.catch_up_owed != owed:
+            return  # stopped, removed or restarted while we awaited
+        entry.catch_up_owed = None
+        # The pending ticks were chosen already (a resume's): replacing the set keeps them.
+        held = (t for t in entry.pending if t >= window_start)
+        self.start_pending(
+            entry, sorted({*start, *held}), StartPath.CATCH_UP, log_level=logging.INFO
+        )
 
     def start_pending(
         self, entry: Entry, instants: list[datetime], path: StartPath, *, log_level: int

@@ -103,9 +103,10 @@ WITH me AS (
 SELECT replica_id::text, schedules_digest FROM {replicas}
 WHERE last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
 
--- name: declared_names
--- The schedules declared by the most recently seen replica with this digest.
-SELECT d.schedule FROM {declarations} AS d
+-- name: declared_versions
+-- The schedules (with their fingerprints) declared by the most recently seen replica with this
+-- digest.
+SELECT d.schedule, d.fingerprint FROM {declarations} AS d
 WHERE d.replica_id = (SELECT r.replica_id FROM {replicas} AS r WHERE r.schedules_digest = %s
                       ORDER BY r.last_seen DESC LIMIT 1)
 
