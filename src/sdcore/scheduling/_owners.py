@@ -3,15 +3,24 @@
 Without a view of the cluster every replica asks for every tick, and the lease picks one: the
 database then answers one statement per replica per tick, so the fleet's cost grows with its
 size. With the control plane on, each replica knows the live replicas (their heartbeats) and
-which schedules each declares; an exclusive cron or interval schedule's ticks are then asked
-for by its **owners** only, the top :data:`OWNERS` replicas of a rendezvous hash of (schedule,
-replica id) over the live replicas that declare it:
+which schedules each declares; an exclusive cron or interval schedule's tick is then asked for
+by its **owners** only, the top :data:`OWNERS` replicas of a rendezvous hash of (tick instant,
+replica id) over the live replicas that declare the schedule (:meth:`Owners.fire_rank`):
 
 - the first owner acquires at the instant;
 - the second acquires :func:`second_delay` later (a quarter of the schedule's spacing, at most
   1 s); if the first owner started the tick, that costs one losing statement, and if it is
   dead or cut off, the tick starts that much late;
-- every other replica leaves the tick alone, and neither catches up nor sweeps it.
+- every other replica leaves the tick alone.
+
+The ticks due at one instant share their owners, so each owner sends them as one batch statement
+and records their outcomes and history together: the database's work per instant is that of one
+replica, whatever the fleet's size (owners by schedule instead, the 20 ticks of a second went
+out as about 14 statements of one or two keys each on 24 replicas; see ``docs/benchmarks.md``,
+*Fleet*). Consecutive instants rotate over the replicas, which spreads the work over time; the
+ticks of one instant (a burst at 08:00) run on one replica while it is live. The duties that are
+not a fire — start-up catch-up and the sweep — go by schedule (:meth:`Owners.owns`: the top
+:data:`OWNERS` by a hash of (schedule, replica id)), so they spread over the replicas too.
 
 The lease still decides who runs a tick: replicas whose views of the cluster differ (one joined,
 one's heartbeat lapsed) at worst both ask, an extra statement, never a double run. A replica
@@ -30,7 +39,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 __all__ = [
     "MEMBER_TTL_BEATS",
@@ -43,6 +52,7 @@ __all__ = [
 OWNERS = 2  # replicas that ask for each exclusive tick
 # A replica whose heartbeat is older than this many heartbeat intervals is no longer an owner.
 MEMBER_TTL_BEATS = 3
+_MAX_ORDERS = 64  # instants whose order is kept (a burst reuses one; per-second ticks one each)
 _MAX_SECOND_DELAY_S = 1.0
 _MIN_SECOND_DELAY_S = 0.05
 
@@ -96,6 +106,8 @@ class Owners:
         self._others: tuple[Member, ...] | None = None
         self._read_at = 0.0
         self._ranks: dict[str, int] = {}
+        # Each recent instant's replicas in rendezvous order (None: this replica).
+        self._orders: dict[datetime, tuple[Member | None, ...]] = {}
 
     @property
     def members(self) -> tuple[Member, ...] | None:
@@ -121,6 +133,7 @@ class Owners:
         if others == old:
             return
         self._others = others
+        self._orders = {}
         if old is None:
             self._ranks = {}
             return
@@ -166,9 +179,40 @@ class Owners:
         """Drop the view: every tick is asked for here again."""
         self._others = None
         self._ranks = {}
+        self._orders = {}
+
+    def fire_rank(self, name: str, instant: datetime) -> int:
+        """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first; 0
+        without a fresh view): the live replicas that declare ``name``, in the rendezvous order
+        of the instant, which every schedule due then shares."""
+        others = self._others
+        if others is None:
+            return 0
+        if self._clock() - self._read_at > self._stale_s:
+            self.forget()
+            return 0
+        order = self._orders.get(instant)
+        if order is None:
+            if len(self._orders) >= _MAX_ORDERS:
+                self._orders.clear()
+            key = instant.isoformat()
+            scored: list[tuple[tuple[bytes, str], Member | None]] = [
+                ((_score(key, m.replica_id), m.replica_id), m) for m in others
+            ]
+            scored.append(((_score(key, self.replica_id), self.replica_id), None))
+            scored.sort(key=lambda item: item[0], reverse=True)
+            order = self._orders[instant] = tuple(m for _, m in scored)
+        rank = 0
+        for m in order:
+            if m is None:
+                return rank
+            if m.names is None or name in m.names:
+                rank += 1
+        return rank  # pragma: no cover - this replica is always in its own order
 
     def rank(self, name: str) -> int:
-        """This replica's place among the owners of ``name`` (0 first; 0 without a fresh view)."""
+        """This replica's place among the owners of ``name``'s duties (start-up catch-up, the
+        sweep): by a hash of (schedule, replica id) (0 first; 0 without a fresh view)."""
         others = self._others
         if others is None:
             return 0

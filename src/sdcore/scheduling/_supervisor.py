@@ -265,7 +265,7 @@ class TickStarter:
         as the tick's run for the overlap policy, and the tick as in flight.
         """
         if path is StartPath.FIRE and not owned:
-            rank = self.route(entry)
+            rank = self.route(entry, due)
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
             if rank > 0:
@@ -289,10 +289,11 @@ class TickStarter:
         entry.in_flight.add(due)
         return True
 
-    def route(self, entry: Entry) -> int:
-        """This replica's rank among the owners of ``entry``'s regular fires: 0 asks at the
-        instant, 1 a :func:`second_delay` later, :data:`OWNERS` or more never (0 for every
-        schedule that has no owners: not exclusive, one-shot, or no view of the cluster)."""
+    def route(self, entry: Entry, due: datetime | None = None) -> int:
+        """This replica's rank among the owners of ``entry``'s regular fire at ``due`` (``None``:
+        of its catch-up and sweep): 0 asks at the instant, 1 a :func:`second_delay` later,
+        :data:`OWNERS` or more never (0 for every schedule that has no owners: not exclusive,
+        one-shot, or no view of the cluster)."""
         owners = self.owners
         if (
             owners is None
@@ -301,10 +302,12 @@ class TickStarter:
             or entry.kind not in _OWNED_KINDS
         ):
             return 0
-        return owners.rank(entry.name)
+        if due is None:
+            return owners.rank(entry.name)
+        return owners.fire_rank(entry.name, due)
 
     def owns(self, entry: Entry) -> bool:
-        """Whether this replica asks for (and catches up) ``entry``'s ticks at all."""
+        """Whether this replica does ``entry``'s start-up catch-up and sweep."""
         return self.route(entry) < OWNERS
 
     def _start_later(self, fire: _Fire) -> None:
