@@ -7,6 +7,7 @@ The rank function on its own, then real schedulers and control planes on one sha
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import uuid
 from collections import Counter
@@ -157,7 +158,14 @@ class _Cluster:
     ran: list[tuple[str, str, int, float]] = field(default_factory=list)
     replicas: list[tuple[Scheduler, ScheduleControl]] = field(default_factory=list)
 
-    async def start(self, index: int, names: Sequence[str]) -> None:
+    async def start(
+        self,
+        index: int,
+        names: Sequence[str],
+        *,
+        heartbeat_ms: int = 1_000,
+        catch_up: str = "all",
+    ) -> None:
         loop = asyncio.get_running_loop()
         scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=self.now)
         for name in names:
@@ -165,9 +173,9 @@ class _Cluster:
             async def handler(tick: Tick, index: int = index) -> None:
                 self.ran.append((tick.schedule, tick.run_key or "", index, loop.time()))
 
-            scheduler.add_interval(name, 1_000, handler, catch_up="all")
+            scheduler.add_interval(name, 1_000, handler, catch_up=catch_up)
         control = ScheduleControl(
-            scheduler, self.store, poll_interval_ms=200, heartbeat_ms=1_000, clock=self.now
+            scheduler, self.store, poll_interval_ms=200, heartbeat_ms=heartbeat_ms, clock=self.now
         )
         await control.start()
         await scheduler.start_all()
@@ -476,3 +484,33 @@ async def test_ticks_only_a_new_version_has_are_asked_for_during_a_rolling_deplo
     seconds = [datetime.fromisoformat(k.replace("Z", "+00:00")) - BASE for k in ran]
     odd = [s for s in seconds if start < s.total_seconds() < start + 9.5 and s.seconds % 2]
     assert len(odd) >= 4
+
+
+@in_loop_time
+async def test_both_owners_stopping_gracefully_leave_no_tick_behind() -> None:
+    """Owners leaving (a scale-down, a rolling deploy by two) notify the others, which read the
+    live replicas at once instead of at their next heartbeat (5 s here): with catch-up off, no
+    tick of the instants the two owned is lost."""
+    cluster = _cluster()
+    names = ["s0", "s1", "s2"]
+    loop = asyncio.get_running_loop()
+    try:
+        for i in range(5):
+            await cluster.start(i, names, heartbeat_ms=5_000, catch_up="off")
+        await asyncio.sleep(11.0)  # two heartbeats: every view holds every replica
+        target = math.ceil(loop.time()) + 1.0
+        leaving = _fire_owners(cluster, "s0", target)
+        await asyncio.sleep(target - 0.5 - loop.time())
+        for index in leaving:
+            _, control = cluster.replicas[index]
+            await control.aclose()  # leaves: its row is deleted, the others are notified
+            await cluster.replicas[index][0].aclose()
+        await asyncio.sleep(4.6)
+    finally:
+        await cluster.stop_all()
+    per_tick = Counter((n, k) for n, k, _, _ in cluster.ran)
+    assert set(per_tick.values()) == {1}
+    for t in range(int(target), int(target) + 4):
+        run_key = (BASE + timedelta(seconds=t)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for name in names:
+            assert per_tick[name, run_key] == 1, (name, run_key)

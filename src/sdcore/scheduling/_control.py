@@ -410,7 +410,8 @@ class ScheduleStore(Protocol):
         ...
 
     async def leave(self, replica: Replica) -> None:
-        """Forget the replica and its declarations."""
+        """Forget the replica and its declarations, and notify the listeners (the others read
+        the live replicas again at once)."""
         ...
 
     async def revision(self) -> int:

@@ -169,11 +169,14 @@ class InMemoryScheduleStore:
 
     async def leave(self, replica: Replica) -> None:
         self._digests.pop(replica.replica_id, None)
-        self._replicas.pop(replica.replica_id, None)
+        gone = self._replicas.pop(replica.replica_id, None)
         self._started.pop(replica.replica_id, None)
         for key in [k for k in self._declarations if k[1] == replica.replica_id]:
             del self._declarations[key]
             self._definitions.pop(key, None)
+        if gone is not None:
+            for wake in list(self._listeners):
+                wake()
 
     # --- rows --------------------------------------------------------------------------------
 

@@ -251,7 +251,7 @@ class PostgresScheduleStore:
         return {r[0]: r[1] for r in rows}
 
     async def leave(self, replica: Replica) -> None:
-        await self._exec("leave", (replica.replica_id,))
+        await self._exec("leave", (replica.replica_id, self.channel))
 
     async def revision(self) -> int:
         row = await self._one("revision")

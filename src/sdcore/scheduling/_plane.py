@@ -394,6 +394,7 @@ class ScheduleControl:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         self._last_beat = loop.time()
+        woken = False
         while not self._closing:
             # Cleared before the poll: a notification arriving during it wakes the next one.
             self._wake.clear()
@@ -405,6 +406,10 @@ class ScheduleControl:
                     if not await self.store.heartbeat(self.replica):
                         await self._sync()
                     await self._read_members()
+                elif woken:
+                    # A notification (a replica left, or a control write): the owners of the
+                    # ticks a leaving replica owned must know at once, not at the next beat.
+                    await self._read_members()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive a bad round
@@ -413,9 +418,10 @@ class ScheduleControl:
             # a TimeoutError, and aclose() would wait for this loop forever.
             waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({waiter}, timeout=self._poll_s)
+                done, _ = await asyncio.wait({waiter}, timeout=self._poll_s)
             finally:
                 waiter.cancel()
+            woken = bool(done)
 
     async def poll(self) -> None:
         """Apply every change since the last poll and start the open actions this replica can."""

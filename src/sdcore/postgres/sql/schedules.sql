@@ -111,7 +111,10 @@ WHERE d.replica_id = (SELECT r.replica_id FROM {replicas} AS r WHERE r.schedules
                       ORDER BY r.last_seen DESC LIMIT 1)
 
 -- name: leave
-DELETE FROM {replicas} WHERE replica_id = %s::uuid
+-- Forget the replica (its declarations go with it) and wake the others: each reads the live
+-- replicas again at once, so the ticks this replica owned find their other owners.
+WITH gone AS (DELETE FROM {replicas} WHERE replica_id = %s::uuid RETURNING 1)
+SELECT pg_notify(%s, 'members') FROM gone
 
 -- name: revision
 SELECT coalesce(max(revision), 0) FROM {table}
