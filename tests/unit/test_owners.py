@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobAcquireResult
 from sdcore.scheduling import ScheduleControl, Scheduler, Tick
@@ -164,7 +165,7 @@ class _Cluster:
         names: Sequence[str],
         *,
         heartbeat_ms: int = 1_000,
-        catch_up: str = "all",
+        catch_up: Literal["off", "latest", "all"] = "all",
     ) -> None:
         loop = asyncio.get_running_loop()
         scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=self.now)

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
 from sdcore._internal.sql import queries
+from sdcore.postgres import notifications
 
 
 async def _connect_args(
@@ -58,7 +59,7 @@ async def pg_notifications(
     async with conn:
         await conn.execute(statement)
         yield None
-        async for _ in conn.notifies():
+        async for _ in notifications(conn):
             yield None
 
 

@@ -17,6 +17,7 @@ from sdcore.postgres._migrations import (
     outbox_schema_sql,
     schema_sql,
 )
+from sdcore.postgres._notify import notifications
 from sdcore.postgres._pool import (
     DatabaseConnectError,
     PoolSettings,
@@ -59,6 +60,7 @@ __all__ = [
     "migration_scripts",
     "migration_status",
     "migrations",
+    "notifications",
     "open_pool",
     "outbox_schema_sql",
     "redact_dsn",

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.identifiers import MAX_IDENTIFIER_BYTES, qualified
 from sdcore._internal.sql import queries
 from sdcore.job_scheduler import JobScheduler
-from sdcore.postgres import derived_name, migrate
+from sdcore.postgres import derived_name, migrate, notifications
 from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,
@@ -474,5 +474,5 @@ class PostgresScheduleStore:
         async with conn:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             wake()  # anything written before LISTEN took effect is read by the next poll
-            async for _ in conn.notifies():
+            async for _ in notifications(conn):
                 wake()
