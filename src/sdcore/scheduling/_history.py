@@ -172,6 +172,16 @@ class _Group(Generic[T, R]):
                 await asyncio.sleep(0)
 
 
+def _status(exc: BaseException | None) -> str:
+    return "SUCCESS" if exc is None else "FAIL"
+
+
+def _error(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else error_text(exc)
+
+
 class RunHistory:
     """Records runs for one replica.
 
@@ -214,11 +224,18 @@ class RunHistory:
         if inspect.iscoroutinefunction(handler):
 
             async def recorded(tick: Tick) -> Any:
-                run_id = await history.started(tick, run_source(tick))
+                # The start row is queued, not awaited: nothing may come between the gate's
+                # last look (the runner's, just before) and the handler's first line.
+                start = history.start(tick, run_source(tick))
                 try:
                     result = await handler(tick)
                 except BaseException as exc:
-                    await history.finished(tick.schedule, run_id, exc)
+                    history.finish_when_started(tick.schedule, start, exc)
+                    raise
+                try:
+                    run_id = await asyncio.shield(start)
+                except asyncio.CancelledError as exc:  # the run is cancelled: so is its record
+                    history.finish_when_started(tick.schedule, start, exc)
                     raise
                 await history.finished(tick.schedule, run_id, None)
                 return result
@@ -228,13 +245,28 @@ class RunHistory:
         def recorded_sync(tick: Tick) -> Any:
             # Runs in a worker thread (the runner's to_thread, which carries the tick's context);
             # the writes go through the loop.
-            run_id = history._from_thread(history.started(tick, run_source(tick)))
+            loop = history.loop
+            start = (
+                None
+                if loop is None
+                else asyncio.run_coroutine_threadsafe(history.started(tick, run_source(tick)), loop)
+            )
+
+            def run_id() -> int | None:
+                if start is None:
+                    return None
+                try:
+                    return start.result(_RECORD_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - history must never fail a run
+                    start.cancel()
+                    return None
+
             try:
                 result = handler(tick)
             except BaseException as exc:
-                history._from_thread(history.finished(tick.schedule, run_id, exc))
+                history._from_thread(history.finished(tick.schedule, run_id(), exc))
                 raise
-            history._from_thread(history.finished(tick.schedule, run_id, None))
+            history._from_thread(history.finished(tick.schedule, run_id(), None))
             return result
 
         return recorded_sync
@@ -254,6 +286,10 @@ class RunHistory:
 
     async def started(self, tick: Tick, source: str) -> int | None:
         """Record the start of a run; its history id, or ``None`` if not recorded."""
+        return await self.start(tick, source)
+
+    def start(self, tick: Tick, source: str) -> asyncio.Future[int | None]:
+        """Queue the start of a run; the future of its history id (``None``: not recorded)."""
         lease = tick.lease
         run = RunStart(
             schedule=tick.schedule,
@@ -264,21 +300,35 @@ class RunHistory:
             fencing_token=None if lease is None else lease.fencing_token,
             replica=self.replica,
         )
-        return await self._starts.submit(run, tick.schedule)
+        return self._starts.submit(run, tick.schedule)
+
+    def finish_when_started(
+        self, schedule: str, start: asyncio.Future[int | None], exc: BaseException
+    ) -> None:
+        """Record the end of a run that raised ``exc`` once its start row is written, without
+        waiting for it (the run may be cancelled: its end is recorded all the same)."""
+
+        def written(future: asyncio.Future[int | None]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            run_id = future.result()
+            if run_id is not None:
+                self._ends.submit(
+                    RunFinish(run_id=run_id, status=_status(exc), error=_error(exc)), schedule
+                )
+
+        if start.done():
+            written(start)
+        else:
+            start.add_done_callback(written)
 
     async def finished(self, schedule: str, run_id: int | None, exc: BaseException | None) -> None:
         """Record the end of a run of ``schedule`` (``exc``: what it raised)."""
         if run_id is None:
             return
-        if exc is None:
-            status, error = "SUCCESS", None
-        else:
-            status = "FAIL"
-            error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_text(exc)
+        finish = RunFinish(run_id=run_id, status=_status(exc), error=_error(exc))
         # Shielded: the end of a cancelled run is recorded too.
-        await asyncio.shield(
-            self._ends.submit(RunFinish(run_id=run_id, status=status, error=error), schedule)
-        )
+        await asyncio.shield(self._ends.submit(finish, schedule))
 
     async def _start_rows(self, rows: list[RunStart]) -> list[int]:
         return await self.store.runs_started(rows)
