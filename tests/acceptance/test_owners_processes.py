@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from sdcore.scheduling._owners import Member, Owners
+from sdcore.scheduling._owners import OWNERS, Member, Owners
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["beat-0", "beat-1", "beat-2"]
@@ -135,17 +135,18 @@ def test_an_owner_killed_9_leaves_its_ticks_to_the_second_owner_and_none_runs_tw
     runs = [r for i in lines for r in lines[i]]
     per_tick = Counter((r["schedule"], r["run_key"]) for r in runs)
     assert set(per_tick.values()) == {1}, "a tick ran twice"
-    # Every tick ran on its instant's first owner, or on the second where the first was killed
-    # (within the victim's heartbeat TTL, 1.5 s, the others' views still hold it).
+    # Every tick ran on one of its instant's owners (the first, unless it was slow or killed),
+    # never on the killed replica after the kill (within its heartbeat TTL, 1.5 s, the others'
+    # views still hold it).
+    replicas = list(ids.values())
     for r in runs:
         at = _instant(r["run_key"])
         if not killed - 2.0 < at < killed + 1.5:
             continue  # start-up (views incomplete) or after the TTL
-        first, second = _owners(at, list(ids.values()))[:2]
-        if at > killed and first == order[0]:
-            assert r["replica"] == second, r
-        else:
-            assert r["replica"] == first, r
+        owners = _owners(at, replicas)[:OWNERS]
+        assert r["replica"] in owners, (r, owners)
+        if at > killed:
+            assert r["replica"] != order[0], r
     late = [round(r["late"], 3) for r in runs if _instant(r["run_key"]) == target]
     assert len(late) == len(NAMES), "a tick of the killed owner's instant did not run"
     print(f"the killed owner's instant ran on its second owner, late {late} s")  # noqa: T201

@@ -273,7 +273,7 @@ async def test_an_owner_killed_leaves_its_ticks_to_the_second_owner_a_quarter_se
     finally:
         await cluster.stop_all()
     delay = second_delay(timedelta(seconds=1))
-    for t, (first, second) in owners.items():
+    for t, (first, second, *_) in owners.items():
         run_key = (BASE + timedelta(seconds=t)).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name in names:
             replica, at = ran[name, run_key]

@@ -49,7 +49,7 @@ _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
 
 @dataclass(frozen=True, slots=True)
 class _Fire:
-    """A regular fire acquired before its task exists (in an open batch), or one a second owner
+    """A regular fire acquired before its task exists (in an open batch), or one a later owner
     starts later."""
 
     entry: Entry
@@ -106,7 +106,7 @@ class TickStarter:
         # Set by the control plane: which replicas ask for an exclusive schedule's regular fires
         # (sdcore.scheduling._owners); None: every replica asks for every tick.
         self.owners: Owners | None = None
-        # The fires this replica starts later as a schedule's second owner, by start time.
+        # The fires this replica starts later as a later owner of their instant, by start time.
         self._later: dict[float, list[_Fire]] = {}
         self._later_handles: set[asyncio.TimerHandle] = set()
         runner.held = self._held
@@ -255,8 +255,8 @@ class TickStarter:
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
 
         A regular fire of an exclusive cron or interval schedule is started here only by the
-        schedule's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
-        the second (``owned``: that later start).
+        instant's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
+        the second, twice that by the third (``owned``: such a later start).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -269,7 +269,7 @@ class TickStarter:
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
             if rank > 0:
-                self._start_later(_Fire(entry, due, None, deadline))
+                self._start_later(_Fire(entry, due, None, deadline), rank)
                 return True
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
             return self.launch(entry, due, path, deadline=deadline) is not None
@@ -291,9 +291,9 @@ class TickStarter:
 
     def route(self, entry: Entry, due: datetime | None = None) -> int:
         """This replica's rank among the owners of ``entry``'s regular fire at ``due`` (``None``:
-        of its catch-up and sweep): 0 asks at the instant, 1 a :func:`second_delay` later,
-        :data:`OWNERS` or more never (0 for every schedule that has no owners: not exclusive,
-        one-shot, or no view of the cluster)."""
+        of its catch-up and sweep): 0 asks at the instant, ``r`` below :data:`OWNERS` asks ``r``
+        times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
+        that has no owners: not exclusive, one-shot, or no view of the cluster)."""
         owners = self.owners
         if (
             owners is None
@@ -310,11 +310,12 @@ class TickStarter:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
         return self.route(entry) < OWNERS
 
-    def _start_later(self, fire: _Fire) -> None:
-        """Start ``fire`` as its schedule's second owner: the fires of one instant that wait as
-        long share one timer, and go out as one batch."""
+    def _start_later(self, fire: _Fire, rank: int) -> None:
+        """Start ``fire`` as its instant's owner of ``rank`` (1 or more), ``rank`` times
+        :func:`second_delay` late: the fires of one instant that wait as long share one timer,
+        and go out as one batch."""
         loop = asyncio.get_running_loop()
-        at = loop.time() + second_delay(fire.entry.trigger.spacing)
+        at = loop.time() + rank * second_delay(fire.entry.trigger.spacing)
         at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
         waiting = self._later.get(at)
         if waiting is None:
