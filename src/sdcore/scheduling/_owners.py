@@ -185,15 +185,18 @@ class Owners:
         self._ranks = {}
         self._orders = {}
 
+    def _fresh(self) -> tuple[Member, ...] | None:
+        """The other replicas of the view, or ``None`` (no view, or one gone stale: dropped)."""
+        if self._others is not None and self._clock() - self._read_at > self._stale_s:
+            self.forget()
+        return self._others
+
     def fire_rank(self, name: str, instant: datetime) -> int:
         """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first; 0
         without a fresh view): the live replicas that declare ``name``, in the rendezvous order
         of the instant, which every schedule due then shares."""
-        others = self._others
+        others = self._fresh()
         if others is None:
-            return 0
-        if self._clock() - self._read_at > self._stale_s:
-            self.forget()
             return 0
         order = self._orders.get(instant)
         if order is None:
@@ -217,11 +220,8 @@ class Owners:
     def rank(self, name: str) -> int:
         """This replica's place among the owners of ``name``'s duties (start-up catch-up, the
         sweep): by a hash of (schedule, replica id) (0 first; 0 without a fresh view)."""
-        others = self._others
+        others = self._fresh()
         if others is None:
-            return 0
-        if self._clock() - self._read_at > self._stale_s:
-            self.forget()
             return 0
         rank = self._ranks.get(name)
         if rank is None:
