@@ -569,7 +569,7 @@ async def main():
     def report(tick):  # a thread: nothing cancels it when the lease is lost
         with open(sys.argv[2], "a") as out:
             out.write(json.dumps([os.getpid(), tick.run_key, tick.lease.fencing_token]) + "\\n")
-        time.sleep(1.0)
+        time.sleep(3.0)  # long enough for the test to stop this process mid-run, even when busy
 
     scheduler.add_interval("report", 20_000, report, catch_up="latest", lease_ms=2_000)
     async with ScheduleControl(scheduler, PostgresScheduleStore(pool), poll_interval_ms=200):
@@ -622,7 +622,7 @@ async def test_a_suspended_replica_s_late_return_keeps_its_run_abandoned(
             await asyncio.sleep(1.5)  # the takeover's run ends
         finally:
             os.kill(sleeper, signal.SIGCONT)
-        await asyncio.sleep(3.0)  # the woken handler returns; its completion is refused
+        await asyncio.sleep(4.5)  # the woken handler returns; its completion is refused
         history = [r for r in await admin.history("report") if r.run_key == run_key]
     finally:
         for child in children:
