@@ -108,7 +108,7 @@ class TickStarter:
         self.owners: Owners | None = None
         # The fires this replica starts later as a later owner of their instant, by start time.
         self._later: dict[float, list[_Fire]] = {}
-        self._later_handles: set[asyncio.TimerHandle] = set()
+        self._later_handles: dict[float, asyncio.TimerHandle] = {}
         runner.held = self._held
         runner.admits = self._admits
         # Set from the start of shutdown until the scheduler starts again: no pending catch-up
@@ -321,11 +321,11 @@ class TickStarter:
         if waiting is None:
             waiting = self._later[at] = []
             handle = loop.call_at(at, self._start_waiting, at)
-            self._later_handles.add(handle)
+            self._later_handles[at] = handle
         waiting.append(fire)
 
     def _start_waiting(self, at: float) -> None:
-        self._later_handles = {h for h in self._later_handles if not h.cancelled()}
+        self._later_handles.pop(at, None)
         waiting = self._later.pop(at, [])
         if self.closed:
             return
@@ -770,7 +770,7 @@ class TickStarter:
         # Fires that were waiting belong to this run of the scheduler: none starts after it.
         self._unknown.clear()
         self._deferred.clear()
-        for handle in self._later_handles:
+        for handle in self._later_handles.values():
             handle.cancel()
         self._later_handles.clear()
         self._later.clear()
