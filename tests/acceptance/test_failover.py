@@ -173,9 +173,7 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
         replicas = [_spawn(dsn, index, start_at) for index in range(REPLICAS)]
         try:
             _wait_for(replicas, "started", start_at + 30)
-            started = max(
-                e["t"] for r in replicas for e in r.events if e["event"] == "started"
-            )
+            started = max(e["t"] for r in replicas for e in r.events if e["event"] == "started")
             time.sleep(max(0.0, started + BEFORE_S - time.time()))
             # The replication stall: the primary's WAL sender stops shipping (with synchronous
             # replication, commits now wait). It dies without sending anything more.

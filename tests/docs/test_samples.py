@@ -155,9 +155,22 @@ def test_program_runs_as_written(sample: Sample, pg_dsn: str, tmp_path: Path) ->
     command = [sys.executable, str(script)]
     if tests:
         command = [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-            str(tmp_path), "-c", os.devnull, "-o", "asyncio_mode=auto", "-o",
-            "asyncio_default_fixture_loop_scope=function", "-W", "error",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            "-o",
+            "asyncio_mode=auto",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "-W",
+            "error",
             str(script),
         ]
     elif _has_top_level_await(sample.code):

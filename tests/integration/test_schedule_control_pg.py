@@ -84,14 +84,15 @@ async def test_history_of_a_plain_function_with_its_error(pool: AsyncConnectionP
             return (await admin.action(action.id)).outcome == "FAIL"
 
         await _until(failed)
-    runs = await admin.history("flaky")
+    # The hourly tick itself may fire mid-test: look at triggered runs only.
+    runs = [r for r in await admin.history("flaky") if r.source == "trigger"]
     assert [r.run_key for r in runs] == [f"trigger:{action.id}"]
     assert runs[0].status == "FAIL"
     assert "boom in a thread" in (runs[0].error or "")
     assert runs[0].source == "trigger"
     assert runs[0].pid == os.getpid()
     assert runs[0].fencing_token == 1
-    assert calls == [f"trigger:{action.id}"]
+    assert [c for c in calls if c and c.startswith("trigger:")] == [f"trigger:{action.id}"]
 
 
 async def test_refusals_are_validated_before_sql(pool: AsyncConnectionPool[Any]) -> None:

@@ -8,8 +8,10 @@ so hours of schedule run in milliseconds and nothing depends on the machine's lo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -486,7 +488,13 @@ async def test_a_fire_during_the_previous_tick_s_jitter_is_an_overlap_skip() -> 
     an overlap (recorded skipped), not a tick 'waiting on the database' left without a row."""
     jobs = InMemoryJobScheduler(clock=loop_clock())
     scheduler = Scheduler(jobs=jobs, clock=loop_clock())
-    scheduler.add_interval("jit", 1000, lambda tick: None, jitter_ms=2500, catch_up="off")
+
+    async def handler(tick: Tick) -> None:
+        # Async: a worker thread's hand-offs move loop time with real time (see the next test),
+        # and a tick whose handler has returned waits on the database until its completion.
+        return None
+
+    scheduler.add_interval("jit", 1000, handler, jitter_ms=2500, catch_up="off")
     async with scheduler:
         await asyncio.sleep(20)
     missed = await scheduler.missed_ticks(
@@ -494,3 +502,39 @@ async def test_a_fire_during_the_previous_tick_s_jitter_is_an_overlap_skip() -> 
     )
     assert missed, "a 2.5 s jitter every second overlaps"
     assert all(m.skipped == "overlap" for m in missed), missed
+
+
+class _SlowStart(ThreadPoolExecutor):
+    """An executor whose workers are all busy for ``delay`` seconds (real time) before a call."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(max_workers=2)
+        self.delay = delay
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def late() -> Any:
+            time.sleep(self.delay)
+            return fn(*args, **kwargs)
+
+        return super().submit(late)
+
+
+@in_loop_time
+async def test_a_fire_while_a_plain_handler_waits_for_a_thread_is_an_overlap_skip() -> None:
+    """A plain handler whose lease is won counts as running while its worker thread has not
+    started yet: a fire meanwhile is an overlap (recorded skipped), not a missed tick without a
+    reason. The loop's time moves in step with real time while a thread is pending."""
+    executor = _SlowStart(0.7)
+    asyncio.get_running_loop().set_default_executor(executor)
+    jobs = InMemoryJobScheduler(clock=loop_clock())
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    ran: list[str | None] = []
+    scheduler.add_interval("slow", 500, lambda tick: ran.append(tick.run_key), catch_up="off")
+    async with scheduler:
+        await asyncio.sleep(2.2)
+    missed = await scheduler.missed_ticks(
+        "slow", BASE + timedelta(seconds=0.5), BASE + timedelta(seconds=2)
+    )
+    assert ran, "the handler ran"
+    assert missed, "a handler that starts 0.7 s late overlaps a tick every 0.5 s"
+    assert [m.skipped for m in missed] == ["overlap"] * len(missed), missed

@@ -6,10 +6,10 @@ Nothing here raises into the timer loop except ``CancelledError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import random
-import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -462,7 +462,8 @@ class TickRunner:
             return tick.attempt, True
         options = tick_options(name, kind, policy, tick.run_key) if first is None else first.options
         bound = _Bound(handler, tick, run, self.telemetry, self.in_handler)
-        call = bound.run_async if inspect.iscoroutinefunction(handler) else bound.run_sync
+        threaded = not inspect.iscoroutinefunction(handler)
+        call = bound.run_sync if threaded else bound.run_async
         if first is None:
             assert self.acquirer is not None  # noqa: S101 - set with jobs
             acquired = await self.acquirer.acquire(options, policy.budget)
@@ -489,12 +490,19 @@ class TickRunner:
             if reason is not None:
                 await self._give_back(name, tick, acquired[0].lease, reason)
                 return 0, False
+        if threaded and acquired[0].acquired:
+            # From the lease won, not from the thread's start: a worker thread may wait for a
+            # free executor slot, and a fire meanwhile is an overlap of the schedule with itself,
+            # not a tick that waits on the database.
+            bound.hold()
         try:
             outcome = await self.jobs.run_acquired_attempt(options, acquired, call)
         except (asyncio.CancelledError, JobSchedulerError):
             raise
         except Exception as exc:
             raise _HandlerFailed(bound.attempt, exc) from exc
+        finally:
+            bound.release()  # the thread never started, or the run ended without waiting for it
         if not outcome.acquired:
             if self.log.isEnabledFor(logging.DEBUG):
                 self._log_not_ours(name, tick)
@@ -569,35 +577,38 @@ class TickRunner:
 
 
 class HandlerCount:
-    """How many handlers of each schedule execute now; updated from the loop and from worker
-    threads (sync handlers), read from the loop."""
+    """How many handlers of each schedule execute now (a tick waiting out its jitter or a retry
+    backoff counts as one); updated and read on the loop only."""
 
-    __slots__ = ("_counts", "_lock")
+    __slots__ = ("_counts",)
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def enter(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + 1
+        self._counts[name] = self._counts.get(name, 0) + 1
 
     def leave(self, name: str) -> None:
-        with self._lock:
-            left = self._counts.get(name, 1) - 1
-            if left:
-                self._counts[name] = left
-            else:
-                self._counts.pop(name, None)
+        left = self._counts.get(name, 1) - 1
+        if left:
+            self._counts[name] = left
+        else:
+            self._counts.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._counts
 
 
 class _Bound:
-    """A tick's handler, called with the tick bound to the lease and attempt it runs under."""
+    """A tick's handler, called with the tick bound to the lease and attempt it runs under.
 
-    __slots__ = ("attempt", "busy", "handler", "run", "telemetry", "tick")
+    It counts in ``busy`` while it executes. An async handler enters and leaves around its
+    call. A plain function is held on the loop before its worker thread is asked to start
+    (:meth:`hold`) and released on the loop once it returns (:meth:`release`, idempotent):
+    the count only ever changes on the loop.
+    """
+
+    __slots__ = ("attempt", "busy", "handler", "holding", "loop", "run", "telemetry", "tick")
 
     def __init__(
         self,
@@ -613,6 +624,8 @@ class _Bound:
         self.telemetry = telemetry
         self.busy = busy
         self.attempt = 0  # the attempt number, once the lease is won
+        self.holding = False
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _bind(self, lease: JobExecutionLease, attempt: int) -> Tick:
         self.attempt = attempt
@@ -636,15 +649,28 @@ class _Bound:
         finally:
             self.busy.leave(name)
 
+    def hold(self) -> None:
+        """Count the plain function as executing from now (on the loop)."""
+        self.loop = asyncio.get_running_loop()
+        self.holding = True
+        self.busy.enter(self.tick.schedule)
+
+    def release(self) -> None:
+        """Stop counting it, once (on the loop)."""
+        if self.holding:
+            self.holding = False
+            self.busy.leave(self.tick.schedule)
+
     def run_sync(self, lease: JobExecutionLease, attempt: int) -> Any:
         # Run in a worker thread by run_acquired_attempt, which, if the lease is lost, waits for
         # the thread (it cannot be stopped) before releasing the row.
-        name = self.tick.schedule
-        self.busy.enter(name)
         try:
             return self.handler(self._bind(lease, attempt))
         finally:
-            self.busy.leave(name)
+            loop = self.loop
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
+                    loop.call_soon_threadsafe(self.release)
 
 
 _SUCCEEDED_ONCE = TickOutcome(ran=True, succeeded=True, attempts=1)
