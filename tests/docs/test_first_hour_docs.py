@@ -6,6 +6,8 @@ import ast
 import json
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +89,58 @@ def test_the_readme_scheduler_is_a_runtime_the_cli_can_name(tmp_path: Path) -> N
 )
 def test_runs_at_import_detection(code: str, expected: list[int]) -> None:
     assert _runs_at_import(code) == expected
+
+
+def _operate_commands() -> list[list[str]]:
+    """The README's ``sdcore schedules …`` lines right after its first program, as argv lists."""
+    text = README.read_text(encoding="utf-8")
+    first = next(sample for sample in extract(README) if not sample.fragment)
+    after = text.splitlines()[first.line + first.code.count("\n") + 1 :]
+    opening = next(i for i, line in enumerate(after) if line.startswith("```"))
+    assert after[opening] == "```bash", "the first program is followed by its sdcore commands"
+    closing = after.index("```", opening + 1)
+    return [
+        shlex.split(line.split("#", 1)[0].replace(".venv/bin/sdcore", "sdcore"))
+        for line in after[opening + 1 : closing]
+    ]
+
+
+@pytest.mark.slow
+def test_the_readme_runtime_is_operated_by_the_commands_below_it(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """While the README's first program runs, each command shown under it works on its schedule."""
+    first = next(sample for sample in extract(README) if not sample.fragment)
+    (tmp_path / "nightly.py").write_text(first.code, encoding="utf-8")
+    env = {**os.environ, "DATABASE_URL": pg_dsn, "PYTHONUNBUFFERED": "1"}
+    replica = subprocess.Popen(
+        [sys.executable, "nightly.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert replica.stdout is not None
+        assert "Ctrl-C" in replica.stdout.readline()
+        commands = _operate_commands()
+        assert [command[:2] for command in commands] == [["sdcore", "schedules"]] * len(commands)
+        assert {command[2] for command in commands} >= {"list", "pause", "resume", "trigger"}
+        for command in commands:
+            done = subprocess.run(
+                [sys.executable, "-m", "sdcore.cli", *command[1:]],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 0, f"{shlex.join(command)}\n{done.stdout}{done.stderr}"
+            if command[2] != "history":  # a table of runs, which may still be empty
+                assert "mark-overdue-tasks" in done.stdout, shlex.join(command)
+    finally:
+        replica.send_signal(signal.SIGINT)
+        _, errors = replica.communicate(timeout=60)
+    assert replica.returncode == 0, errors
