@@ -29,6 +29,11 @@ pytestmark = pytest.mark.slow
 PACKAGE = ROOT / "src" / "sdcore"
 PROBE = Path(__file__).with_name("_wheel_probe.py")
 TIMEOUT_S = 120
+# The sdist's top level: pyproject's include list, plus what hatchling always adds.
+SDIST_TOP = {
+    *("src", "tests", "docs", "examples", "benchmarks", ".ci", "CHANGELOG.md", "conftest.py"),
+    *("pyproject.toml", "README.md", "LICENSE", ".gitignore", "PKG-INFO"),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +103,8 @@ def test_the_sdist_carries_the_package_and_the_project_files(dists: Dists) -> No
     wanted += ["pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "PKG-INFO"]
     missing = [name for name in wanted if name not in names]
     assert not missing, f"not in {dists.sdist.name}: {missing}"
+    top = {name.split("/", 1)[0] for name in names}
+    assert top <= SDIST_TOP, f"unexpected in {dists.sdist.name}: {sorted(top - SDIST_TOP)}"
 
 
 def test_twine_accepts_both_distributions(dists: Dists) -> None:
