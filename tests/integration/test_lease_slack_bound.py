@@ -1,6 +1,6 @@
 """``run_exclusive`` returns within one ``LEASE_SLACK_MS`` after the client deadline when the
 database is cut off: the thread wait, the finalize and the read-back share that one slack
-(each used to get a slack of its own after the deadline: about 2 x in all)."""
+(not a slack each after the deadline, which would add up to about twice the bound)."""
 
 from __future__ import annotations
 
