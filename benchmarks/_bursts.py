@@ -252,8 +252,8 @@ async def run_bursts(
     results = []
     for round_ in range(1, rounds + 1):
         # The same lead (spawn to instant) for a case and its baseline: a process that idles
-        # longer starts its burst slower on this kind of VM (measured: 10,000 plain ticks took
-        # ~120 ms after a 2 s idle, ~180 ms after 10 s), so both idle alike.
+        # longer starts its burst slower on this kind of VM (about half again as slow after a
+        # 10 s idle as after 2 s), so both idle alike.
         for mode, processes, lead in (
             ("bare-tasks", 1, 10.0),
             ("sdcore-plain", 1, 10.0),

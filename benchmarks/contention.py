@@ -28,10 +28,11 @@ statement's duration logged), so that the figures are the server's, not the clie
 - **server p50 / p99 per acquire** over all N × ticks acquires (N − 1 of every N are losers);
 - **WAL records per acquire** (``pg_stat_statements.wal_records`` / calls): 0 for a loser that
   wrote nothing;
-- the client-side summed time per tick and loser p50 / p99, as before (on a 2-core machine they
+- the client-side summed time per tick and loser p50 / p99 (on a 2-core machine they
   include the client's own queueing: all N clients share one event loop).
 
-Targets (issue 14): server time per tick at 30 replicas ≤ 5× that at 3; loser p99 ≤ 5 ms.
+Targets: server time per tick at 30 replicas ≤ 5× that at 3; loser p99 ≤ 5 ms. Current figures:
+docs/benchmarks.md#a-contended-tick-what-the-losers-cost.
 
 Usage::
 

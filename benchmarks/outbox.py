@@ -49,7 +49,7 @@ table (``INSERT … RETURNING id``) and commits, in seven variants alternating i
     NOTIFY debounced (``notify_interval_ms`` = 20: at most one notifying enqueue per 20 ms in
     this process).
 ``+once_notify_all``
-    The same with ``Outbox(notify_interval_ms=0)``: every insert notifies (sdcore ≤ 0.2).
+    The same with ``Outbox(notify_interval_ms=0)``: every insert notifies (no debounce).
 ``+once_no_notify``
     The same with ``Outbox(notify=False)``: the same statement and Python work, never a NOTIFY.
     The target's baseline: ``+enqueue_once`` ≥ 0.9× this at 8 clients.
@@ -509,7 +509,7 @@ def _enqueue_variants(conn: psycopg.AsyncConnection[Any], outbox: Outbox) -> dic
     variants: dict[str, Txn] = {
         "plain": plain,
         "+enqueue_once": public_api(outbox),
-        # The NOTIFY on every insert (sdcore ≤ 0.2), and never: the same Python work as
+        # The NOTIFY on every insert (no debounce), and never: the same Python work as
         # +enqueue_once, so the ratios to these two price the NOTIFY alone.
         "+once_notify_all": public_api(Outbox(notify_interval_ms=0)),
         "+once_no_notify": public_api(Outbox(notify=False)),

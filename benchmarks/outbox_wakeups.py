@@ -1,4 +1,4 @@
-"""Wake-up latency of the debounced outbox NOTIFY in its edge cases (docs/benchmarks.md).
+"""Wake-up latency of the debounced outbox NOTIFY in its edge cases (docs/benchmarks.md#outbox).
 
 One relay (LISTEN/NOTIFY, ``--poll-ms`` poll, a publisher that only records the time) runs idle:
 each case starts after its look-again window (1 s after the last rows it found) has passed. A

@@ -1,4 +1,4 @@
-"""The BullMQ publisher's memory against the number of distinct queue names (docs/benchmarks.md).
+"""The BullMQ publisher's memory against the number of distinct queue names.
 
 One ``BullMQPublisher`` publishes one small job to each of ``--queues`` distinct queue names
 (``tenant-0`` …), ``--batch`` messages per ``publish`` call, under a fresh key prefix of the
@@ -6,7 +6,8 @@ Redis at ``--redis-url`` (its keys are deleted at the end). After each tenth of 
 Python heap is measured with tracemalloc after a GC, and the process's RSS is read. No database:
 the messages are made in memory.
 
-Run: ``python benchmarks/publisher_queues.py [--queues 10000] [--batch 500]``.
+Run: ``python benchmarks/publisher_queues.py [--queues 10000] [--batch 500]``; the current
+figure is in docs/benchmarks.md#outbox.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def _where(path: list[str]) -> str:
 
 def _walk(field: str, value: object, path: list[str], depth: int, active: set[int]) -> None:
     # ``path`` is a stack of segments, joined only when an error is raised: building the text
-    # of every key's path for valid data cost half of enqueue_once's Python time.
+    # of every key's path for valid data would dominate enqueue_once's Python time.
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):

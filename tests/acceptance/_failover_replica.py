@@ -95,7 +95,7 @@ async def amain(args: argparse.Namespace) -> int:
             # The test is about the lease across a failover, not the overlap policy: with the
             # default "skip", every tick that falls while the previous run's commit hangs on the
             # stalled standby is skipped by policy on every replica (their own acquire of the
-            # previous tick is in flight too) and never runs — by design (issue 10).
+            # previous tick is in flight too) and never runs — by design.
             overlap=Overlap.ALLOW,
         )
         emit({"event": "ready", "replica_id": args.replica_id})

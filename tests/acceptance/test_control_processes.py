@@ -1,4 +1,4 @@
-"""Issue 13, "How we will know it works": three replica processes (``sdcore run``) on one database
+"""The control plane end to end: three replica processes (``sdcore run``) on one database
 steered through the CLI — pause, trigger while paused, backfill, resume, a SIGKILL mid-backfill,
 and a stored schedule created, changed and removed at run time.
 

@@ -271,8 +271,8 @@ def test_ctrl_c_gives_a_partial_verdict(pg_dsn: str, sigint: signal.Handlers) ->
 @pytest.mark.slow
 @pytest.mark.usefixtures("leftovers")
 def test_embedded_postgres_is_private_and_removed(tmp_path: Path) -> None:
-    # The review's reproduction: a TMPDIR too long for a socket path, and a private
-    # XDG_RUNTIME_DIR that embedded-postgres used to open to everyone (0777 socket, trust auth).
+    # A TMPDIR too long for a socket path, and a private XDG_RUNTIME_DIR, which embedded-postgres
+    # left to itself would open to everyone (0777 socket, trust auth).
     long_tmp = tmp_path / ("t" * 60) / ("m" * 60)
     long_tmp.mkdir(parents=True, mode=0o700)
     runtime = tmp_path / "xdg"

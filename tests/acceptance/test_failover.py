@@ -1,4 +1,4 @@
-"""Failover of the database under three scheduler replicas (issue 8, item 3).
+"""Failover of the database under three scheduler replicas.
 
 Our own primary and a streaming standby (``pg_basebackup -R``) on free loopback ports; three
 ``python -m tests.acceptance._failover_replica`` processes on the multi-host DSN
@@ -20,7 +20,7 @@ Synchronous replication must give 0 missed and 0 stuck, and a tick may run twice
 first owner's completion was never acknowledged: the owner logged "could not record the outcome"
 for it (its ``SUCCESS`` commit waited on the stalled standby when the primary crashed, so the
 promoted server rightly holds the run as unfinished, and the re-run has a higher fencing token —
-the at-least-once window of every lease, seen once in CI under load). Asynchronous replication
+the at-least-once window of every lease, which a loaded machine can hit). Asynchronous replication
 loses what the stall kept from the standby, and those ticks run again (measured and reported,
 see docs/how-to/production-topologies.md).
 """
@@ -246,8 +246,8 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
         assert all(len(set(t)) == len(t) for t in tokens.values()), tokens
     else:
         # Asynchronous replication may lose a run's completion with the stall: the promoted
-        # server then holds that tick's row as RUNNING, its owner gone (seen once in CI: one such
-        # row in 13 ticks). Only a tick whose handler did start may be left like that; its
+        # server then holds that tick's row as RUNNING, its owner gone (rare: the stall must
+        # catch the completion in flight). Only a tick whose handler did start may be left so; its
         # lease has expired, so `sdcore jobs list` and the dashboard show it as expired.
         assert all(runs[key] >= 1 for key in stuck), (stuck, runs)
         assert first_good - promoted_at < 10.0  # a deadline, not a speed target

@@ -1,4 +1,4 @@
-"""``acquire_many`` raced by real OS processes over overlapping key sets (issue 14, item 3).
+"""``acquire_many`` raced by real OS processes over overlapping key sets.
 
 Every contender is a ``tests.acceptance._worker`` process with its own service and connection.
 Each round, every process asks for its own random subset of a shared pool of keys, in its own

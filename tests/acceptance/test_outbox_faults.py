@@ -5,7 +5,7 @@ Two loops each start a relay process (its own pool and BullMQ publisher), let it
 private server with ``appendfsync always``, so an acknowledged write survives a crash) is
 ``kill -9``-ed and restarted twice. Then a clean relay drains the outbox and a consumer runs
 every job: committed = processed, every key once, one job per key in Redis (RELIABILITY.md
-OB-01/OB-02 under load, issue 9's "fault campaign stays green").
+OB-01/OB-02 under load).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerS
 from sdcore.scheduling._catch_up import settled
 from tests.contract._lease import Backend
 
-# Every key a caller's data used to be read for, and the skip reason, at once.
+# Every key named like a reopen mark, and the skip reason, at once: the caller's data only.
 PAYLOAD: dict[str, Any] = {
     "released": True,
     "released_by": "operator",

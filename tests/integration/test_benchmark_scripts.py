@@ -1,7 +1,7 @@
 """The benchmark scripts still start and still render their SQL (CI never runs them in full).
 
-``benchmarks/outbox.py`` broke silently when the enqueue statement gained its trace parameter:
-its pgbench scripts are built before anything is measured, and nothing ran them.
+A script builds its statements (its pgbench scripts too) before it measures anything, and
+nothing else runs it: a statement that gains a parameter would otherwise break it silently.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def test_missing_outbox_table_hint_is_the_outbox_upgrade(
 def test_a_lease_table_named_outbox_is_named_as_such(
     pg_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # What the old, wrong hint (`sdcore --table outbox db upgrade`) produced.
+    # A lease table named "outbox" (what `sdcore --table outbox db upgrade` creates).
     assert main(["--database-url", pg_dsn, "--table", "outbox", "db", "upgrade"]) == 0
     capsys.readouterr()
     assert main(["--database-url", pg_dsn, "outbox", "list"]) == 1

@@ -489,8 +489,8 @@ async def test_a_burst_of_queue_views_shares_one_redis_connection(
             pages = await asyncio.gather(*(client.get("/queues") for _ in range(50)))
             after = await stats()
     assert all(page.status_code == 200 and "q19" in page.text for page in pages)
-    # Each anonymous view opened its own connection and sent 7 commands per queue (50 and
-    # about 7,000 here); now the burst shares one read, or two if it spans the 2 s lifetime.
+    # A view of its own per request would open a connection and send 7 commands per queue (50
+    # and about 7,000 here); the burst shares one read, or two if it spans the 2 s lifetime.
     assert after[0] - connections <= 3, f"{after[0] - connections} Redis connections"
     assert after[1] - commands <= 3 * (7 * 20 + 10), f"{after[1] - commands} commands"
 

@@ -92,8 +92,8 @@ def test_without_redis_everything_but_queues_runs(
                 "SELECT tablename FROM pg_tables WHERE schemaname='public'"
             ).fetchall()
         }
-    # Seen once in a CI run (2026-12-03): a row FAIL beside the SUCCESS ones, not reproduced
-    # since (12 runs beside four CPU hogs); the failing rows and what the handler saw say why.
+    # Every tick's row is SUCCESS; if one is not, the failing rows and what the handler saw (in
+    # the assertion's message) say why.
     assert rows, "no lease row: the ticks ran without the lease"
     failed = [row for row in rows if row[1] != "SUCCESS"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -185,7 +185,7 @@ def test_configuration_errors() -> None:
 
 
 def test_health_details_only_for_whom_the_gate_lets_through(pg_dsn: str) -> None:
-    """Security review: anonymous /health showed internal hosts, ports and exception text."""
+    """Anonymous /health shows no internal hosts, ports or exception text."""
     sd = Sdcore(database_url=pg_dsn)
     app = FastAPI(lifespan=sd.lifespan)
     install(app, sd)

@@ -1,4 +1,4 @@
-"""Client-side lease deadlines against real PostgreSQL (issue 8, item 1).
+"""Client-side lease deadlines against real PostgreSQL.
 
 Each test makes the database or the network misbehave in one way and checks the lease's promise
 from the client's side: at most one owner at a time, an owner that learns of its loss within its
@@ -483,8 +483,8 @@ async def test_a_tick_whose_acquire_answered_too_late_is_given_back_for_another_
 ) -> None:
     """The slow replica's INSERT sleeps 1.2 s (past half of a 2 s lease) and its confirming
     heartbeat is refused: it gives the tick back unstarted. With retries=0 the tick must still
-    run once: the other replica takes it at once as attempt 1 (a plain FAIL, as 0.1.0 wrote it,
-    used up the budget and no replica ever ran the tick)."""
+    run once: the other replica takes it at once as attempt 1 (a plain FAIL would use up the
+    budget, and no replica would ever run the tick)."""
     await _sleep_trigger(pg_dsn, "AFTER", "INSERT", "slow", 1.2)
     await _sql(
         pg_dsn,

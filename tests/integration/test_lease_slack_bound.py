@@ -1,6 +1,6 @@
 """``run_exclusive`` returns within one ``LEASE_SLACK_MS`` after the client deadline when the
 database is cut off: the thread wait, the finalize and the read-back share that one slack
-(each used to get a slack of its own after the deadline: about 2 x in all)."""
+(not a slack each after the deadline, which would add up to about twice the bound)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sdcore.job_scheduler import (
 from tests.integration.test_lease_deadlines import Proxy
 
 SLACK_S = LEASE_SLACK_MS / 1000
-# Halfway between the documented bound (1 x the slack) and the old behaviour (2 x): the test
+# Halfway between the documented bound (1 x the slack) and a slack per step (2 x): the test
 # tells the two apart without depending on a tight wall-clock bound.
 BOUND_S = 1.5 * SLACK_S
 

@@ -1,4 +1,4 @@
-"""The outbox and its BullMQ publisher against real PostgreSQL and Redis: edges of 0.2.
+"""The outbox and its BullMQ publisher against real PostgreSQL and Redis: the edge cases.
 
 - A reply error is an outage only by its class or error code, never by words in the queue name
   or the key prefix that redis-py writes in front of a pipeline's error.
@@ -626,8 +626,8 @@ async def test_a_hand_written_row_with_another_rows_id_and_no_namespace_ends_dea
 ) -> None:
     """A row written by hand without job_namespace (as an INSERT that leaves the new column out
     writes it) cannot have its sd2- id checked against its key: it must still not share another
-    row's id. A pre-0.3 row (no namespace, its own key's id) and a row whose id is another
-    outbox's (no other row holds it) are published."""
+    row's id. A row older than outbox/0005 (no namespace, its own key's id) and one whose id is
+    another outbox's (no other row holds it) are published."""
     outbox = Outbox(max_attempts=1)
     victim_id = await _enqueue(pool, outbox, "victim", "q", {"n": 1})
     async with pool.connection() as conn:

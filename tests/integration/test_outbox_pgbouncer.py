@@ -1,4 +1,4 @@
-"""The outbox relay through a real PgBouncer (issue 8 item 2, the relay's part).
+"""The outbox relay through a real PgBouncer.
 
 A PgBouncer of this test (Debian's ``pgbouncer``, run as the postgres OS user when the tests run
 as root, on a free loopback port) forwards to the test database. Measured per mode, and reported
@@ -226,7 +226,7 @@ async def test_relay_through_transaction_pooling(pg_dsn: str) -> None:
                 await asyncio.sleep(0.3)
                 listen_lat = await _latencies(bouncer, woken, 5, timeout=3)
             assert all(v is not None and v < 3 for v in listen_lat)
-            # 0.1.0's behaviour, for the record: LISTEN through the pooler.
+            # For contrast, neither switch set: LISTEN through the pooler.
             naive = Stamped()
             async with OutboxRelay(pool_a, naive, poll_interval_ms=60_000) as fooled:
                 said_listening = await _listening(fooled)

@@ -1,4 +1,4 @@
-"""Issue 9: the outbox delivers every message exactly as written, once.
+"""The outbox delivers every message exactly as written, once.
 
 Real PostgreSQL, and real Redis/BullMQ where a job's fate matters:
 
@@ -809,7 +809,7 @@ async def test_sqlalchemy_sessions_get_the_same_conflict_rules(
 async def test_a_row_written_by_hand_with_a_bad_queue_or_job_id_is_never_published(
     pg_dsn: str,
 ) -> None:
-    """Security review: the relay re-validates rows it did not write (queue name, job id)."""
+    """The relay re-validates rows it did not write (queue name, job id)."""
     from sdcore.outbox import OutboxRelay, OutboxStatus
     from sdcore.testing import RecordingPublisher
 
@@ -926,7 +926,7 @@ async def test_database_errors_reach_relay_callers_as_outbox_errors(pg_dsn: str)
 async def test_claimed_json_is_decoded_from_text_and_equal_options_are_shared(
     pg_dsn: str,
 ) -> None:
-    """Issue 14 (relay): each distinct options value is decoded once per store and read-only."""
+    """Each distinct options value is decoded once per store and read-only."""
     from sdcore.outbox import PostgresOutboxStore, ReadOnlyDict, ReadOnlyList
 
     outbox = Outbox()

@@ -1,4 +1,4 @@
-"""The lease through a real PgBouncer, in transaction and session mode (issue 8, item 2).
+"""The lease through a real PgBouncer, in transaction and session mode.
 
 A PgBouncer of our own (Debian's ``pgbouncer``, as the postgres OS user, on a free loopback port)
 forwards to the test database. Eight contender processes call ``run_exclusive`` for the same 100

@@ -7,7 +7,7 @@
 - Outbox end to end: commit → relay → processor; rollback publishes nothing (OB-12); a late
   commit is still published (OB-11); SIGKILL between publish and mark (OB-01); Redis down then
   back (OB-02); a poison row dead-letters while the others flow (OB-13); four relays (OB-09).
-- Workers: retry gaps follow the backoff (the whole-second rounding trap is fixed), final
+- Workers: retry gaps follow the backoff (not rounded to whole seconds), final
   failure hook and log, hooks that raise, graceful close, start while Redis is down.
 
 Every test uses its own key prefix and deletes its keys. Private Redis servers (for OOM and
@@ -887,7 +887,7 @@ async def test_close_resends_a_lost_cancellation_of_the_idle_wait(
     redis: aioredis.Redis, prefix: str
 ) -> None:
     """bullmq's close cancels its idle wait for the next job once; a cancellation lost inside
-    redis-py (seen in CI: close hung 120 s) must not hang Workers.close. Injected here: the
+    redis-py (the close then hangs) must not hang Workers.close. Injected here: the
     worker's next wait swallows the first cancellation, as the lost one did."""
     recorder = Recorder("idle")
     workers = Workers([recorder], redis_url=REDIS_URL, prefix=prefix)

@@ -46,7 +46,7 @@ async def test_retries_zero_makes_fail_final_for_ticks_but_not_for_the_plain_lea
     await asyncio.sleep(0.05)
     again, attempt = await store.acquire_attempt(_tick(), budget)
     assert (again.acquired, attempt) == (False, 0)
-    # The plain lease API keeps 0.1.0's behaviour: a FAIL row is taken at once.
+    # The plain lease API has no attempt budget: a FAIL row is taken at once.
     plain = await store.acquire(_tick())
     assert plain.acquired
 
@@ -106,7 +106,7 @@ async def test_a_run_given_back_unstarted_keeps_its_attempt_for_the_next_taker(
     # An acquire that won a tick but will not run it (its answer came too late to keep the
     # lease, or its caller was cancelled) gives it back. With retries=0 the tick must still run
     # once: any replica takes it at once with the same attempt number, and catch-up does not
-    # count it settled. (0.1.0's give-back was a plain FAIL: an exhausted budget, a lost tick.)
+    # count it settled. (A plain FAIL instead would exhaust the budget: a lost tick.)
     budget = AttemptBudget(max_attempts=1, backoff_ms=60_000)
     key = _tick().lock_key
     got, attempt = await store.acquire_attempt(_tick(), budget)

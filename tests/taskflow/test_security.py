@@ -1,8 +1,8 @@
-"""The security review's TaskFlow findings, one request/response test each.
+"""TaskFlow's request handling at its edges, one request/response test each.
 
-Body limit before parsing and before auth (M3), unstorable text as 422 (L1), JWT issuer /
-audience / lifetime and weak secrets (L3; the token cases are in ``test_unit_domain.py``),
-``/health`` details for operators only (L2), one-line start-up errors (first-hour §2.7).
+Body limit before parsing and before auth, unstorable text as 422, JWT issuer / audience /
+lifetime and weak secrets (the token cases are in ``test_unit_domain.py``), ``/health`` details
+for operators only, one-line start-up errors.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
         yield chunk
 
 
-# --------------------------------------------------------------------------- body limit (M3)
+# --------------------------------------------------------------------------- body limit
 
 
 @pytest.mark.parametrize("authorized", [False, True], ids=["anonymous", "with-token"])
@@ -163,7 +163,7 @@ def test_responses_are_nosniff_and_api_responses_not_cached() -> None:
     assert "cache-control" not in docs.headers
 
 
-# --------------------------------------------------------------------------- text (L1)
+# --------------------------------------------------------------------------- text
 
 
 @pytest.mark.parametrize(
@@ -214,7 +214,7 @@ def test_a_nul_in_the_tokens_email_is_refused_before_the_database() -> None:
     assert "email" in response.json()["detail"]
 
 
-# --------------------------------------------------------------------------- secrets (L3)
+# --------------------------------------------------------------------------- secrets
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ def test_a_token_from_another_issuer_gets_401_over_http() -> None:
     assert response.json()["detail"] == "The token was not issued for this service."
 
 
-# --------------------------------------------------------------------------- /health (L2)
+# --------------------------------------------------------------------------- /health
 
 
 def test_health_details_only_for_operators(make_settings: SettingsFactory) -> None:

@@ -142,7 +142,7 @@ def _claims(**changes: object) -> dict[str, object]:
         (_forge(_claims(), algorithm="HS512"), "not valid"),
         (_forge(_claims(), key="", algorithm="none"), "not valid"),
         ("not-a-jwt", "not valid"),
-        # The security review's gaps: issuer, audience, lifetime, claim types, e-mail.
+        # What a valid signature does not vouch for: issuer, audience, lifetime, claim types.
         (_forge(_claims(iss="https://evil.example")), "not issued for this service"),
         (_forge(_claims(iss=None)), "not valid"),
         (_forge(_claims(aud="another-api")), "not issued for this service"),

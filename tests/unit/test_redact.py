@@ -1,4 +1,4 @@
-"""Password redaction in DSNs and messages: the two 0.1.0 leaks and a property over secrets."""
+"""Password redaction in DSNs and in messages that quote them, and a property over secrets."""
 
 from __future__ import annotations
 

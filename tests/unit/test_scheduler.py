@@ -432,7 +432,7 @@ async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
     async with scheduler:
         await asyncio.sleep(0.3)
     # The latest tick of the window succeeded: "latest" has nothing to do (the tick before it is
-    # not the "latest" one; before 0.2 it ran, and each sweep walked one tick further back).
+    # not the "latest" one; running it would make each sweep walk one tick further back).
     assert ran == []
 
 

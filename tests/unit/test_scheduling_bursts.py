@@ -153,8 +153,8 @@ async def test_a_failed_batch_call_fails_only_that_turn() -> None:
 async def test_the_ticks_of_a_failed_call_do_not_lengthen_its_shared_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Every tick of the call raises the call's one exception; each raise used to add two frames
-    # to its traceback (600 for these 300 ticks), keeping every tick's frames alive.
+    # Every tick of the call raises the call's one exception; raised as it is, each raise would
+    # add two frames to its traceback (600 for these 300 ticks), keeping every tick's frames alive.
     jobs = _Counting(clock=loop_clock())
     jobs.down = True
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
@@ -203,7 +203,7 @@ async def test_a_job_scheduler_bug_in_a_batch_call_is_logged_per_tick_and_ends_n
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # "Nothing here raises into the timer loop": an exception that is not a JobSchedulerError
-    # (a custom job scheduler's bug) used to end every tick task of the call with it, each
+    # (a custom job scheduler's bug) must not end every tick task of the call with it, each
     # reported by asyncio as "Task exception was never retrieved".
     contexts: list[dict[str, Any]] = []
     asyncio.get_running_loop().set_exception_handler(lambda _, context: contexts.append(context))

@@ -1,5 +1,6 @@
-"""Scheduling policies, driven by loop time (``looptime``, see ``_looptime.py``): the ten
-reproductions of issue 10 and the policy matrix (overlap × catch-up × retries × start path).
+"""Scheduling policies, driven by loop time (``looptime``, see ``_looptime.py``): ten
+scenarios (``test_r1`` … ``test_r10``) and the policy matrix (overlap × catch-up × retries ×
+start path).
 
 Every scheduler and the in-memory lease read one clock derived from the event loop's (fake) time,
 so hours of schedule run in milliseconds and nothing depends on the machine's load.
@@ -147,7 +148,7 @@ async def test_r5_a_schedule_removed_while_the_sweep_awaits_does_not_run() -> No
             await asyncio.sleep(0.5)
             return await super().tick_records(lock_keys)
 
-        async def statuses(self, lock_keys: Any) -> Any:  # what 0.1.0's sweep asked
+        async def statuses(self, lock_keys: Any) -> Any:  # the plain lease's status read
             await asyncio.sleep(0.5)
             return await super().statuses(lock_keys)
 

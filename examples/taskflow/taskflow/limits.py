@@ -1,8 +1,8 @@
 """``BodyLimit``: an ASGI middleware that bounds request bodies before anything reads them.
 
 FastAPI reads and parses the whole JSON body before it resolves the ``CurrentUser`` dependency,
-so without this an anonymous caller could make the server buffer and decode any size (the
-security review measured ~400 MB of memory for one 100 MB body). Here, in order:
+so without this an anonymous caller could make the server buffer and decode any size (a
+decoded body takes several times its size in memory). Here, in order:
 
 1. a ``Content-Length`` above the limit gets a 413 at once, body unread;
 2. a request to ``/v1/…`` that has a body but no valid Bearer token gets its 401 at once, body

@@ -209,7 +209,7 @@ class _LeaseState:
     """Mutable state shared between ``run_exclusive``, the backend and the callable.
 
     ``lost`` is a plain attribute: a bool store is atomic under the GIL, and a
-    ``threading.Event`` per lease cost microseconds on the lease hot path. ``deadline`` is a
+    ``threading.Event`` per lease would cost microseconds on the lease hot path. ``deadline`` is a
     :func:`time.monotonic` instant (``inf`` when no client deadline is known, e.g. for a lease
     built by hand); ``valid`` is how long one confirmation holds the lease on the client.
     """

@@ -38,10 +38,10 @@ def _shut_down(conn: psycopg.AsyncConnection[Any]) -> None:
 class _Watchdog:
     """Abandons statements that outlive their limit; one timer per service, not per statement.
 
-    A timer per statement (``call_later`` + ``cancel``) cost ~8 µs, two per lease cycle. Here a
-    statement costs a dict insert and a pop; a sweep every ``TICK`` seconds runs only while
-    statements are in flight. A statement is abandoned between ``limit - TICK`` and ``limit``
-    after it started, never later.
+    A timer per statement (``call_later`` + ``cancel``) would put two timer-heap operations on every
+    lease statement's hot path. Here a statement costs a dict insert and a pop; a sweep every
+    ``TICK`` seconds runs only while statements are in flight. A statement is abandoned between
+    ``limit - TICK`` and ``limit`` after it started, never later.
     """
 
     TICK = 0.05

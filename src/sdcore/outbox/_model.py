@@ -281,7 +281,7 @@ class OutboxMessage:
     trace_context: dict[str, str] | None = None
     """The enqueuing span's W3C trace context (``traceparent``…), with ``sdcore.tracing``."""
     job_namespace: str | None = None
-    """The namespace ``job_id`` was derived from (``None`` for rows written before sdcore 0.3)."""
+    """The namespace ``job_id`` was derived from (``None`` on rows before ``outbox/0005``)."""
 
 
 class Publisher(Protocol):

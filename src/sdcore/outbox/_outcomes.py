@@ -42,7 +42,7 @@ def invalid_message(message: OutboxMessage) -> InvalidOutboxMessageError | None:
         )
     # Another key's job id would make BullMQ keep one of the two messages and drop the other as
     # its duplicate. A 0.1.0 id derives from the key alone; a v2 id from the stored namespace and
-    # the key (rows written before sdcore 0.3 have no stored namespace and are not checked).
+    # the key (rows older than migration outbox/0005 have no stored namespace: not checked).
     namespace = message.job_namespace
     if message.job_id.startswith("sd-"):
         expected: str | None = bullmq_job_id(message.idempotency_key)

@@ -56,7 +56,7 @@ class RelayState:
     """``time.monotonic()`` when a round (claim, publish, record) last completed."""
 
 
-# Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md).
+# Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md#outbox).
 DEFAULT_RELAY_BATCH_SIZE = 500
 # Payload bytes per claim: bounds the relay's memory (about 4 copies of each batch in flight,
 # two in flight: benchmarks/relay_memory.py) and the size of a Redis pipeline.
@@ -95,12 +95,12 @@ class OutboxRelay(AsyncStartStop):
             :attr:`store`.
         publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
         outbox: The outbox table (default ``Outbox()``).
-        batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``;
-            a batch waits for its whole ``addBulk``, ~40 ms at 500, before its first job is in
-            Redis, and only a backlog fills a batch).
+        batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``,
+            ``docs/benchmarks.md#outbox``; a batch waits for its whole ``addBulk`` before its
+            first job is in Redis, and only a backlog fills a batch).
         batch_bytes: Payload bytes per claim (as jsonb text), besides ``batch_size``; a row
             larger than this is claimed alone. The relay's memory grows with it (about 7.5
-            times ``batch_bytes`` with two batches in flight: ``benchmarks/relay_memory.py``),
+            times ``batch_bytes`` with two batches in flight: ``docs/benchmarks.md#relay-memory``),
             and so does each Redis pipeline, which must be written within the publisher's
             socket timeout.
         poll_interval_ms: Fallback polling period.

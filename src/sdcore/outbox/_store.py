@@ -376,10 +376,10 @@ class PostgresOutboxStore:
     async def shared_job_ids(self, messages: Sequence[OutboxMessage]) -> set[int]:
         """Return the ids of the messages whose job id another row of the table holds too.
 
-        Only rows with an ``sd2-`` id and no stored ``job_namespace`` (written before sdcore 0.3,
-        or by hand) are looked up, and of those only the ones whose id is not their key's under
-        the outbox's default namespace or its ``namespace``: every other id is checked against
-        its key by the relay. Optional for other stores.
+        Only rows with an ``sd2-`` id and no stored ``job_namespace`` (older than migration
+        ``outbox/0005``, or written by hand) are looked up, and of those only the ones whose id
+        is not their key's under the outbox's default namespace or its ``namespace``: every
+        other id is checked against its key by the relay. Optional for other stores.
         """
         unknown = [m for m in messages if m.job_namespace is None and m.job_id.startswith("sd2-")]
         if not unknown:

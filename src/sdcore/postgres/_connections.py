@@ -1,12 +1,12 @@
 """A few pool connections held for short autocommit statements, off the pool's hot path.
 
-Checking a connection out of ``psycopg_pool`` for every statement costs a lock, a deque
-operation and a status check each way; a lease cycle is two statements of about 0.4 ms each,
-so that overhead alone is several percent. The holder takes up to ``size`` connections from the
-pool once, configures their session for lease statements (autocommit, READ COMMITTED whatever
-the role default, durable commits), and hands them out from a list. A broken connection goes
-back to the pool, which replaces it. On close every session setting is reset before the
-connection is returned, so a pool the application owns gets its connections back unchanged.
+Checking a connection out of ``psycopg_pool`` for every statement costs a lock, a deque operation
+and a status check each way; a lease cycle is two sub-millisecond statements, so that overhead alone
+is several percent (``docs/benchmarks.md#lease-cycles``). The holder takes up to ``size``
+connections from the pool once, configures their session for lease statements (autocommit, READ
+COMMITTED whatever the role default, durable commits), and hands them out from a list. A broken
+connection goes back to the pool, which replaces it. On close every session setting is reset before
+the connection is returned, so a pool the application owns gets its connections back unchanged.
 
 Behind a transaction-mode pooler (``transaction_pooling=True``) a session setting would reach other
 clients and theirs would reach us, so nothing is set on the session: every statement carries its

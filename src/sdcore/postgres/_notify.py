@@ -1,9 +1,10 @@
 """Notifications on an idle LISTEN connection, without polling.
 
-psycopg's ``AsyncConnection.notifies()`` waits in rounds of 100 ms (it checks for interrupts
-between them): ten wake-ups a second for each listening connection, about 3 ms of CPU a second
-here whether anything is notified or not, in every replica (the control plane's and the
-relay's listeners). :func:`notifications` waits for the socket to become readable instead.
+psycopg's ``AsyncConnection.notifies()`` waits in rounds of 100 ms (it checks for interrupts between
+them): ten wake-ups a second for each listening connection, a few milliseconds of CPU a second
+whether anything is notified or not, in every replica (the control plane's and the relay's
+listeners; ``docs/benchmarks.md#scheduling``). :func:`notifications` waits for the socket to become
+readable instead.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The connection pool sdcore opens for itself: reconnect timing, open timeout, pooler mode.
 
 ``psycopg_pool`` replaces a broken connection with a backoff of 1, 2, 4 … seconds; after a failover
-that step, not the database, decided when the service worked again (14.5 s after a Patroni
-failover, 62 s after a pg_auto_failover one). Here the backoff doubles from a small first delay
-and is capped, so a promoted standby is used within about a second of accepting connections.
+that step, not the database, decides when the service works again: the longer the HA tool takes
+to promote a standby, the further the doubling has run. Here the backoff doubles from a small
+first delay and is capped, so a promoted standby is used within about a second of accepting
+connections (``docs/benchmarks.md#failover``).
 
 Opening waits for the first connection up to a deadline, but a server that *refuses* (unknown
 database or role, failed authentication) fails at once, with the server's own words instead of

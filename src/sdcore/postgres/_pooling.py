@@ -10,15 +10,14 @@ each statement sdcore runs outside a transaction is sent as one simple-protocol 
            set_config('lock_timeout', '0', true), set_config('search_path', …, true);
     <the statement>
 
-A multi-statement message is one implicit transaction: the pooler keeps it on one server
-connection, the ``LOCAL`` settings hold for exactly that transaction (and are gone when it
-commits), the commit waits as ``synchronous_commit = on`` says, and PostgreSQL restarts the
-statement timer for each statement of the message, so the statement gets sdcore's timeout. One
-round trip, no prepared statement, nothing left behind. Through PgBouncer 1.18 it reached
-0.84-0.99x of the bare statement's lease cycles per second (a pipeline of separate statements:
-0.69-0.92x; ``docs/benchmarks.md``). Parameters are bound on the client (psycopg's
-``ClientCursor``). Inside an explicit transaction (the migrations) the ``set_config`` part is
-sent ahead of each statement instead.
+A multi-statement message is one implicit transaction: the pooler keeps it on one server connection,
+the ``LOCAL`` settings hold for exactly that transaction (and are gone when it commits), the commit
+waits as ``synchronous_commit = on`` says, and PostgreSQL restarts the statement timer for each
+statement of the message, so the statement gets sdcore's timeout. One round trip, no prepared
+statement, nothing left behind, and cheaper than a pipeline of separate statements, which adds a
+Parse/Bind/Execute per statement (``docs/benchmarks.md#pgbouncer-transaction-pooling``). Parameters
+are bound on the client (psycopg's ``ClientCursor``). Inside an explicit transaction (the
+migrations) the ``set_config`` part is sent ahead of each statement instead.
 
 Both cursors also name the likely cause of the protocol errors a transaction-mode pooler produces
 when a client uses server-side prepared statements.

@@ -305,12 +305,11 @@ class Workers(AsyncStartStop):
         """Wait for bullmq's closes (at most ``limit_s``); return those still pending.
 
         A closing bullmq worker cancels its idle wait for the next job (``BZPOPMIN``) once, and
-        its close then waits for that wait to end. That one cancellation can be lost: seen in CI
-        (a test's ``async with Workers`` hung 120 s) and twice in about 1,600 closes of an idle
-        worker here, the wait's task marked *cancelling* yet still reading the reply 20 s later,
-        inside redis-py's ``asyncio.timeout`` around the read (Python 3.11.7, redis 8.1,
-        bullmq 3.4). So while the closes are pending, a wait for the next job that is still
-        running is cancelled again.
+        its close then waits for that wait to end. That one cancellation can be lost (rarely,
+        with Python 3.11, redis-py 8.1 and bullmq 3.4): the wait's task is marked *cancelling*
+        yet goes on reading the reply inside redis-py's ``asyncio.timeout`` around the read, and
+        the close hangs with it. So while the closes are pending, a wait for the next job that
+        is still running is cancelled again.
         """
         loop = asyncio.get_running_loop()
         deadline = None if limit_s is None else loop.time() + limit_s

@@ -6,12 +6,11 @@ tick's task): ``trigger``, ``backfill``, or ``tick`` for every other path. Histo
 a run: a write that fails is logged and the run goes on.
 
 The writes are group-committed: the starts requested in one turn of the event loop, or while
-:data:`IN_FLIGHT` start statements are already out, leave together as one ``runs_started``
-statement (at most :data:`MAX_ITEMS` rows), and the ends likewise as one ``runs_finished``. A
-burst of 10,000 ticks thus costs tens of statements instead of 20,000 (``docs/benchmarks.md``,
-"Run history writes"). A lone run waits one loop turn, no timer. A handler still starts only
-once its start row is recorded (or failed): its end needs the row's id, and the wait is the one
-round trip the burst shares.
+:data:`IN_FLIGHT` start statements are already out, leave together as one ``runs_started`` statement
+(at most :data:`MAX_ITEMS` rows), and the ends likewise as one ``runs_finished``. A burst of 10,000
+ticks thus costs tens of statements instead of 20,000 (``docs/benchmarks.md#control-plane``). A lone
+run waits one loop turn, no timer. A handler still starts only once its start row is recorded (or
+failed): its end needs the row's id, and the wait is the one round trip the burst shares.
 """
 
 from __future__ import annotations

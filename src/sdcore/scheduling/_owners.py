@@ -14,17 +14,18 @@ replica id) over the live replicas that declare the schedule (:meth:`Owners.fire
 - every other replica leaves the tick alone.
 
 Three, not two: a replica killed with ``kill -9`` stays in the others' view until its heartbeat
-lapses, and an instant is lost only when every owner is such a replica (two owners lost 10 of 300
-ticks with a replica killed or started every 2 s on 10, three none: ``benchmarks/fleet.py``).
+lapses, and an instant is lost only when every owner is such a replica. Under churn (a replica
+killed or started every 2 s) two owners per instant lose ticks that three keep; see
+``docs/benchmarks.md#fleet-owners-replicas-and-bursts-through-the-runtime``.
 
-The ticks due at one instant share their owners, so each owner sends them as one batch statement
-and records their outcomes and history together: the database's work per instant is that of one
-replica, whatever the fleet's size (owners by schedule instead, the 20 ticks of a second went
-out as about 14 statements of one or two keys each on 24 replicas; see ``docs/benchmarks.md``,
-*Fleet*). Consecutive instants rotate over the replicas, which spreads the work over time; the
-ticks of one instant (a burst at 08:00) run on one replica while it is live. The duties that are
-not a fire — start-up catch-up and the sweep — go by schedule (:meth:`Owners.owns`: the top
-:data:`OWNERS` by a hash of (schedule, replica id)), so they spread over the replicas too.
+The ticks due at one instant share their owners, so each owner sends them as one batch statement and
+records their outcomes and history together: the database's work per instant is that of one replica,
+whatever the fleet's size (owners by schedule instead would spread one instant's ticks over most of
+the fleet, each replica sending a statement of one or two keys). Consecutive instants rotate over
+the replicas, which spreads the work over time; the ticks of one instant (a burst at 08:00) run on
+one replica while it is live. The duties that are not a fire — start-up catch-up and the sweep — go
+by schedule (:meth:`Owners.owns`: the top :data:`OWNERS` by a hash of (schedule, replica id)), so
+they spread over the replicas too.
 
 The lease still decides who runs a tick: replicas whose views of the cluster differ (one joined,
 one's heartbeat lapsed) at worst both ask, an extra statement, never a double run. A replica

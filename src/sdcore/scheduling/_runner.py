@@ -178,7 +178,7 @@ class TickRunner:
     ) -> Coroutine[Any, Any, TickOutcome]:
         """The coroutine that runs ``tick`` within its attempt budget; it never raises except
         ``CancelledError``. (Without jitter or cluster guard it is the attempts' coroutine
-        itself: one frame less per tick in flight.)
+        itself, not a wrapper around it.)
 
         Args:
             name: Schedule name.
@@ -469,9 +469,9 @@ class TickRunner:
             acquired = await self.acquirer.acquire(options, policy.budget)
         elif isinstance(first.answer, Exception):
             # Every tick of a failed batch call holds this one exception. Raised as it is, each
-            # tick's raise would add its frames to the traceback all of them share: 10,000 ticks
-            # of a burst made it 20,000 frames long, kept every tick's frames alive, and an error
-            # that ends the tasks printed all of it once per task. Each raise starts afresh (the
+            # tick's raise would add its frames to the traceback all of them share: a burst of N
+            # ticks grows it to 2N frames, keeps every tick's frames alive, and an error that
+            # ends the tasks prints all of it once per task. Each raise starts afresh (the
             # database error it wraps keeps its own traceback as ``__cause__``).
             raise first.answer.with_traceback(None)
         else:

@@ -49,8 +49,8 @@ WHERE created_at < %(cutoff)s AND modified_at < %(cutoff)s AND status = ANY(%(st
 -- modified_at) is re-checked by FOR UPDATE on the newest row version, and the predicate is
 -- repeated on the DELETE so it never removes a row that stopped matching. The picked ids are a
 -- MATERIALIZED CTE: as "id IN (SELECT … LIMIT … SKIP LOCKED)" the planner may re-run the
--- subquery per row, each run skipping the rows the previous ones locked, and one "batch" of
--- 500 deleted 1,170 rows (seen on PostgreSQL 15).
+-- subquery per row, each run skipping the rows the previous ones locked, so a "batch" could
+-- delete more rows than its limit (PostgreSQL 15 does; tests/integration/test_lease_admin.py).
 WITH picked AS MATERIALIZED (
     SELECT id FROM {table}
     WHERE created_at < %(cutoff)s

@@ -1,4 +1,4 @@
--- Expiry is the owner's, and fencing tokens never restart (issue 8). Idempotent: running it
+-- Expiry is the owner's, and fencing tokens never restart. Idempotent: running it
 -- again (e.g. after `sdcore db sql` was applied by hand) changes nothing.
 --
 -- lease_ms: the lease the current owner asked for, written by every acquire. A contender may

@@ -1,4 +1,4 @@
--- Scheduler attempt budgets (issue 10): how many runs a scheduled tick has started across the
+-- Scheduler attempt budgets: how many runs a scheduled tick has started across the
 -- cluster. Rows written by 0.1.0 were acquired at least once: they take the default 1. A tick
 -- recorded as skipped (overlap) has 0. Only sdcore.scheduling's tick acquire reads or writes it;
 -- the plain lease API ignores it (a FAIL row stays takeable there, as in 0.1.0).

@@ -1,4 +1,4 @@
--- HOT-friendly indexes (issue 14, item 4). An UPDATE is a heap-only tuple (HOT) update, which
+-- HOT-friendly indexes. An UPDATE is a heap-only tuple (HOT) update, which
 -- writes no index entry at all, only when it changes no indexed column and the new row version
 -- fits on the same page. complete/fail set status and modified_at, a heartbeat sets modified_at:
 -- with the (status, modified_at) index of 0001 every one of them wrote a new entry into all four

@@ -1,4 +1,4 @@
--- Time-ordered ids (issue 14, item 4). New rows get a UUID version 7 (RFC 9562): the first 48
+-- Time-ordered ids. New rows get a UUID version 7 (RFC 9562): the first 48
 -- bits are the database clock's Unix time in milliseconds, the version nibble is 7, the rest is
 -- gen_random_uuid()'s randomness (74 random bits: collisions stay as unlikely as before; the
 -- primary key still rejects one). With gen_random_uuid() every insert wrote its primary-key entry

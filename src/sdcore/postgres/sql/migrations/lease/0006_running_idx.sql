@@ -1,6 +1,6 @@
 -- The RUNNING rows, for operators: `sdcore jobs list --status RUNNING`, LeaseAdmin.list_runs and
--- the dashboard's leases page (issue 15). After 0004 no index held status, so listing what runs
--- now read the whole table: 163 ms on a million finished rows, against a few RUNNING ones. This
+-- the dashboard's leases page. Since 0004 no other index holds status, so listing what runs
+-- would read the whole table (a million finished rows, against a few RUNNING ones). This
 -- partial index holds only RUNNING rows (a handful, whatever the table's size) in the listing's
 -- order.
 --

@@ -1,4 +1,4 @@
--- sdcore 0.2 outbox: outcomes fenced by a claim token, key reuse detected by a message digest,
+-- Outbox: outcomes fenced by a claim token, key reuse detected by a message digest,
 -- and pruned keys kept as tombstones for the deduplication window. Rows written by 0.1.0 keep
 -- their job_id ("sd-" + sha256(key)): the relay publishes the stored id, never a recomputed one.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claim_token uuid;

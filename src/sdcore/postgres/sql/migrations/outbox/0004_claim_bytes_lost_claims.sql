@@ -1,4 +1,4 @@
--- sdcore 0.3 outbox: claims bounded in bytes, and claims lost with their relay counted.
+-- Outbox: claims bounded in bytes, and claims lost with their relay counted.
 -- payload_bytes is the payload's size as jsonb text (what the claim returns), kept by PostgreSQL
 -- itself (a stored generated column: no writer computes it, and a tombstone's shrinks with its
 -- payload), so that the claim can stop at a byte budget without reading a single payload.

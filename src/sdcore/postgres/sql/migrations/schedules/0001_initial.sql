@@ -1,4 +1,4 @@
--- sdcore schedules control plane (issue 13): the schedules of the cluster, the replicas that
+-- sdcore schedules control plane: the schedules of the cluster, the replicas that
 -- declare them, the control-action log (who/why/when, progress) and the run history.
 CREATE TABLE IF NOT EXISTS {table} (
     name          text        PRIMARY KEY,

@@ -1,4 +1,4 @@
--- sdcore 0.3 schedules: a trigger or backfill carries the request id its client chose (the CLI
+-- Schedules: a trigger or backfill carries the request id its client chose (the CLI
 -- draws one per invocation, the dashboard one per rendered form). A retry after a lost COMMIT
 -- reply, or a double submit, finds the action its first request recorded instead of recording
 -- a second run: one action per (schedule, request id). NULL for actions recorded without one
