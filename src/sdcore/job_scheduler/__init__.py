@@ -94,15 +94,26 @@ __all__ = [
 ]
 
 # Names that left the public surface, resolved for one release with a DeprecationWarning that
-# says where each went: old name -> (its value's home, the message).
-_MOVED: dict[str, tuple[Any, str]] = {
-    "RunRecord": (_admin, "renamed sdcore.job_scheduler.LeaseRecord"),
-    "MAX_BACKOFF_MS": (_attempts, "private now: AttemptBudget checks backoff_ms against it"),
-    "given_back": (_attempts, "private now: give_back(lease, reason) writes that data"),
-    "js_trim": (_options, "private now: a helper of sdcore.scheduling"),
-    "resolve_timing": (_options, "private now: JobAcquireOptions resolves the timing"),
+# says where each went: old name -> (the module that holds it, its name there, the message).
+_MOVED: dict[str, tuple[Any, str, str]] = {
+    "RunRecord": (_admin, "LeaseRecord", "renamed sdcore.job_scheduler.LeaseRecord"),
+    "MAX_BACKOFF_MS": (
+        _attempts,
+        "MAX_BACKOFF_MS",
+        "private now: AttemptBudget checks backoff_ms against it",
+    ),
+    "given_back": (
+        _attempts,
+        "given_back",
+        "private now: give_back(lease, reason) writes that data",
+    ),
+    "js_trim": (_options, "js_trim", "private now: a helper of sdcore.scheduling"),
+    "resolve_timing": (
+        _options,
+        "resolve_timing",
+        "private now: JobAcquireOptions resolves the timing",
+    ),
 }
-
 
 if not TYPE_CHECKING:  # type checkers keep reporting unknown names (and these) as errors
 
@@ -110,11 +121,11 @@ if not TYPE_CHECKING:  # type checkers keep reporting unknown names (and these) 
         """Resolve a name that left the public surface, with a ``DeprecationWarning``."""
         if name not in _MOVED:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        home, message = _MOVED[name]
+        home, attribute, message = _MOVED[name]
         warnings.warn(
             f"sdcore.job_scheduler.{name} is deprecated and goes away in the next release: "
             f"{message}",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(home, "LeaseRecord" if name == "RunRecord" else name)
+        return getattr(home, attribute)

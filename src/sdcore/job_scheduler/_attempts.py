@@ -108,7 +108,7 @@ class AttemptAcquireResult:
             acquired.
 
     Unpacking it as the former ``(result, attempt)`` pair, or indexing it with 0 or 1, still
-    works; both go away in the release after next. Read the attributes.
+    works for one release more (without a warning); read the attributes.
     """
 
     result: JobAcquireResult
