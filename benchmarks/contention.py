@@ -123,7 +123,7 @@ async def _service_tick(
         await barrier.wait()
         start = time.perf_counter()
         if tick:
-            outcome, _ = await service.acquire_attempt(options, BUDGET)
+            outcome = (await service.acquire_attempt(options, BUDGET)).result
         else:
             outcome = await service.acquire(options)
         times.append(((time.perf_counter() - start) * 1000, outcome.acquired))

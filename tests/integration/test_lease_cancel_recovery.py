@@ -79,8 +79,9 @@ async def test_cancelled_during_recovery_gives_the_row_back(
     assert row == ("FAIL", "cancelled")  # committed, then given back: not RUNNING, no owner
     # Another replica takes the run at once (the tick acquire with the same attempt number).
     if path.startswith("acquire_attempt"):
-        got, attempt = await jobs.acquire_attempt(OPTIONS, BUDGET)
-        assert (got.acquired, attempt) == (True, 1)
+        ticked = await jobs.acquire_attempt(OPTIONS, BUDGET)
+        got = ticked.result
+        assert (got.acquired, ticked.attempt) == (True, 1)
     else:
         got = await jobs.acquire(OPTIONS)
         assert got.acquired

@@ -244,8 +244,8 @@ def test_migration_scripts_run_by_another_tool_count_as_applied(pg_dsn: str) -> 
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for component, table in (("lease", "jobs_x"), ("outbox", "out_x")):
-            for _, script in migration_scripts(component, table=table, schema="ops"):  # type: ignore[arg-type]
-                conn.execute(script.encode())
+            for script in migration_scripts(component, table=table, schema="ops"):  # type: ignore[arg-type]
+                conn.execute(script.sql.encode())
 
     async def check() -> tuple[list[Migration], bool]:
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:

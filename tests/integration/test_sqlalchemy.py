@@ -287,8 +287,8 @@ async def test_explicit_migration_recipe_from_the_docs(
         op = Operations(context)
         # docs/how-to/sqlalchemy-alembic.md, "Option B":
         op.execute(sa.text("SELECT pg_advisory_xact_lock(:id)").bindparams(id=SCHEMA_LOCK_ID))
-        for _migration, script in migration_scripts("lease", table=table, schema=schema):
-            op.execute(script)
+        for script in migration_scripts("lease", table=table, schema=schema):
+            op.execute(script.sql)
         return list(compare_metadata(context, metadata))
 
     async with engine_for(pg_dsn) as engine, engine.begin() as conn:

@@ -32,10 +32,11 @@ def _tick(run_key: str = "2026-07-20T03:00:00Z", **extra: Any) -> JobAcquireOpti
 
 
 async def _fail_attempt(store: BaseJobScheduler, budget: AttemptBudget) -> int:
-    got, attempt = await store.acquire_attempt(_tick(), budget)
+    ticked = await store.acquire_attempt(_tick(), budget)
+    got = ticked.result
     assert got.acquired
     assert await store.fail(got.lease, {"error": "boom"})
-    return attempt
+    return ticked.attempt
 
 
 async def test_retries_zero_makes_fail_final_for_ticks_but_not_for_the_plain_lease(

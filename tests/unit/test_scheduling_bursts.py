@@ -18,6 +18,7 @@ import pytest
 from cronsim import CronSim
 
 from sdcore.job_scheduler import (
+    AttemptAcquireResult,
     AttemptBudget,
     JobAcquireOptions,
     JobAcquireResult,
@@ -46,7 +47,7 @@ class _Counting(InMemoryJobScheduler):
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
-    ) -> list[tuple[JobAcquireResult, int]]:
+    ) -> list[AttemptAcquireResult]:
         self.batches.append(len(items))
         at = asyncio.get_running_loop().time()
         limit = self.fail_next_larger_than
@@ -58,7 +59,7 @@ class _Counting(InMemoryJobScheduler):
         if self.delay:
             await asyncio.sleep(self.delay)
         results = await super().acquire_attempts(items)
-        self.calls.append((at, len(items), sum(1 for r, _ in results if r.acquired)))
+        self.calls.append((at, len(items), sum(1 for r in results if r.result.acquired)))
         return results
 
 
@@ -181,7 +182,7 @@ class _Buggy(InMemoryJobScheduler):
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
-    ) -> list[tuple[JobAcquireResult, int]]:
+    ) -> list[AttemptAcquireResult]:
         if self.broken_calls:
             self.broken_calls -= 1
             raise TypeError("injected: a bug in the job scheduler")

@@ -56,8 +56,8 @@ def db_sql(
         if lines:
             lines.append("")
         if per_migration:
-            for _, script in migration_scripts(component, table=table.table, schema=table.schema):
-                lines += [*script.rstrip("\n").splitlines(), ""]
+            for script in migration_scripts(component, table=table.table, schema=table.schema):
+                lines += [*script.sql.rstrip("\n").splitlines(), ""]
             lines.pop()
             continue
         lines += (

@@ -38,9 +38,9 @@ from sdcore.job_scheduler import (
     JobNotFoundError,
     JobNotRunningError,
     LeaseAdmin,
+    LeaseRecord,
     PruneReport,
     ReleasedRun,
-    RunRecord,
 )
 
 PROGRESS_EVERY_S = 5.0
@@ -85,7 +85,7 @@ def list_jobs(
         CliError: Database unreachable or table missing.
     """
 
-    async def fetch(admin: LeaseAdmin, conn: AsyncConn) -> list[RunRecord]:
+    async def fetch(admin: LeaseAdmin, conn: AsyncConn) -> list[LeaseRecord]:
         return await admin.list_runs(conn, code=code, status=status, limit=limit)
 
     rows = run_admin(target, fetch)
@@ -102,7 +102,7 @@ def list_jobs(
         emit(f"(limit {limit} reached: older jobs may exist; raise --limit or filter)")
 
 
-def _as_cells(row: RunRecord) -> list[str]:
+def _as_cells(row: LeaseRecord) -> list[str]:
     return [
         row.id,
         row.code,
@@ -130,7 +130,7 @@ _JSON_FIELDS = (
 )
 
 
-def _as_json(row: RunRecord) -> dict[str, Any]:
+def _as_json(row: LeaseRecord) -> dict[str, Any]:
     shown: dict[str, Any] = {name: getattr(row, name) for name in _JSON_FIELDS}
     shown["created_at"] = utc_iso(row.created_at, precise=True)
     shown["modified_at"] = utc_iso(row.modified_at, precise=True)

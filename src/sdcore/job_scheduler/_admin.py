@@ -62,8 +62,9 @@ class JobNotRunningError(JobSchedulerError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunRecord:
-    """One row as an operator sees it: never the owner token."""
+class LeaseRecord:
+    """One row of the lease table as an operator sees it (:meth:`LeaseAdmin.list_runs`): never
+    the owner token."""
 
     id: str
     code: str
@@ -139,7 +140,7 @@ class LeaseAdmin:
         code: str | None = None,
         status: JobSchedulerStatus | str | None = None,
         limit: int = 50,
-    ) -> list[RunRecord]:
+    ) -> list[LeaseRecord]:
         """Return runs newest first.
 
         Args:
@@ -167,7 +168,7 @@ class LeaseAdmin:
         async with self._errors(), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query, params)
             rows = await cur.fetchall()
-        return [RunRecord(**row) for row in rows]
+        return [LeaseRecord(**row) for row in rows]
 
     async def release(
         self, conn: psycopg.AsyncConnection[Any], job_id: str, *, reason: str | None = None
@@ -359,7 +360,7 @@ __all__ = [
     "JobNotFoundError",
     "JobNotRunningError",
     "LeaseAdmin",
+    "LeaseRecord",
     "PruneReport",
     "ReleasedRun",
-    "RunRecord",
 ]

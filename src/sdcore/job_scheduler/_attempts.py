@@ -34,10 +34,12 @@ flight is taken over by that insert: a skip never costs a run another replica wo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 from sdcore._internal.validation import int_between
-from sdcore.job_scheduler._model import JobSchedulerStatus
+from sdcore.job_scheduler._model import JobAcquireResult, JobSchedulerStatus
 
 MAX_BACKOFF_MS = 2**31 - 1  # also written out in lease_ticks.sql
 GIVEN_BACK = "given_back"  # the data key of a run given back unstarted (see the rules above)
@@ -94,3 +96,37 @@ class TickRecord:
     age_ms: float = 0.0
     given_back: bool = False
     given_back_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptAcquireResult:
+    """What ``acquire_attempt`` (and each item of ``acquire_attempts``) answers.
+
+    Attributes:
+        result: The acquire's outcome, as ``acquire`` returns it.
+        attempt: The row's attempt number once acquired (1 for a first run); 0 when not
+            acquired.
+
+    Unpacking it as the former ``(result, attempt)`` pair, or indexing it with 0 or 1, still
+    works for one release more (without a warning); read the attributes.
+    """
+
+    result: JobAcquireResult
+    attempt: int
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.result
+        yield self.attempt
+
+    @overload
+    def __getitem__(self, index: Literal[0]) -> JobAcquireResult: ...
+
+    @overload
+    def __getitem__(self, index: Literal[1]) -> int: ...
+
+    def __getitem__(self, index: int) -> JobAcquireResult | int:
+        if index == 0:
+            return self.result
+        if index == 1:
+            return self.attempt
+        raise IndexError(f"AttemptAcquireResult index must be 0 or 1, got {index!r}")

@@ -13,7 +13,12 @@ from datetime import datetime
 from typing import Any, TypeVar, overload
 
 from sdcore._internal.telemetry import NOOP, Telemetry
-from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord, given_back
+from sdcore.job_scheduler._attempts import (
+    AttemptAcquireResult,
+    AttemptBudget,
+    TickRecord,
+    given_back,
+)
 from sdcore.job_scheduler._model import (
     JobAcquireResult,
     JobExecutionLease,
@@ -228,7 +233,7 @@ class BaseJobScheduler(abc.ABC):
 
     async def acquire_attempt(
         self, options: JobAcquireOptions, budget: AttemptBudget
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         """``acquire`` within an attempt budget (see :mod:`sdcore.job_scheduler._attempts`).
 
         Returns:
@@ -269,7 +274,7 @@ class BaseJobScheduler(abc.ABC):
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
-    ) -> list[tuple[JobAcquireResult, int]]:
+    ) -> list[AttemptAcquireResult]:
         """:meth:`acquire_attempt` for many ticks: one result per item, in the order given.
 
         This default answers the items one after the other; ``JobSchedulerService`` answers
@@ -286,20 +291,20 @@ class BaseJobScheduler(abc.ABC):
     async def run_acquired_attempt(
         self,
         options: JobAcquireOptions,
-        acquired: tuple[JobAcquireResult, int],
+        acquired: AttemptAcquireResult,
         fn: Callable[[JobExecutionLease, int], Any],
     ) -> RunExclusiveResult[Any]:
         """The run half of :meth:`run_attempt`, for an ``acquire_attempt(s)`` result.
 
         Args:
             options: The options the lease was acquired with.
-            acquired: ``(result, attempt)`` as :meth:`acquire_attempt` returned it.
+            acquired: What :meth:`acquire_attempt` returned.
             fn: ``fn(lease, attempt)``: async (awaited) or plain (run in a worker thread).
 
         Returns:
             ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
         """
-        outcome, attempt = acquired
+        outcome, attempt = acquired.result, acquired.attempt
         if not outcome.acquired:
             return RunExclusiveResult(acquired=False, result=None)
         if outcome.lease.time_left <= 0:

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.identifiers import random_uuid
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._acquire import Acquirer, check_ticks
-from sdcore.job_scheduler._attempts import AttemptBudget, TickRecord
+from sdcore.job_scheduler._attempts import AttemptAcquireResult, AttemptBudget, TickRecord
 from sdcore.job_scheduler._base import BaseJobScheduler
 from sdcore.job_scheduler._core import (
     STATUS,
@@ -473,7 +473,7 @@ class JobSchedulerService(BaseJobScheduler):
 
     async def acquire_attempt(
         self, options: JobAcquireOptions, budget: AttemptBudget
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         """``acquire`` within a tick's attempt budget (needs migration ``lease/0003``).
 
         Raises:
@@ -481,11 +481,12 @@ class JobSchedulerService(BaseJobScheduler):
             JobSchedulerDatabaseError: The database refused the statement (e.g. no
                 ``attempts`` column: run ``sdcore db upgrade``).
         """
-        return await self._acquirer.one(options, budget)
+        result, attempt = await self._acquirer.one(options, budget)
+        return AttemptAcquireResult(result=result, attempt=attempt)
 
     async def acquire_attempts(
         self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
-    ) -> list[tuple[JobAcquireResult, int]]:
+    ) -> list[AttemptAcquireResult]:
         """``acquire_attempt`` for many ticks in one statement; one result per item, in order.
 
         Each key is won or not exactly as by :meth:`acquire_attempt` (its attempt budget
@@ -497,7 +498,8 @@ class JobSchedulerService(BaseJobScheduler):
             JobSchedulerUnavailableError: The database could not be reached.
             JobSchedulerDatabaseError: The database refused the statement.
         """
-        return await self._acquirer.many(check_ticks(items))
+        answers = await self._acquirer.many(check_ticks(items))
+        return [AttemptAcquireResult(result=result, attempt=n) for result, n in answers]
 
     async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
         """Record a tick as skipped (``FAIL``, 0 attempts) if it has no row; ``True`` if written.

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -120,6 +122,31 @@ class Migration:
             return sql.Identifier(name).as_string(None)
 
         return _PLACEHOLDER.sub(fill, self.template)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigrationScript:
+    """One migration as a self-recording script (:func:`migration_scripts`).
+
+    Attributes:
+        migration: The migration it applies.
+        sql: Its SQL for one table, with the statements that create ``sdcore_migrations`` if
+            missing and record the migration there.
+    """
+
+    migration: Migration
+    sql: str
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpack as the former ``(migration, script)`` pair (deprecated: read the attributes)."""
+        warnings.warn(
+            "unpacking a MigrationScript is deprecated and goes away in the next release: "
+            "read .migration and .sql",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        yield self.migration
+        yield self.sql
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,7 +258,7 @@ def full_sql(component: Component, *, table: str, schema: str | None = None) -> 
 
 def migration_scripts(
     component: Component, *, table: str, schema: str | None = None
-) -> list[tuple[Migration, str]]:
+) -> list[MigrationScript]:
     """Return each migration's SQL with the bookkeeping statements, for an external tool.
 
     Each script creates ``sdcore_migrations`` if missing and records itself, so a database
@@ -256,7 +283,7 @@ def migration_scripts(
             migration.render(table=table, schema=schema),
             record.as_string(None) + ";\n",
         ]
-        out.append((migration, "".join(script)))
+        out.append(MigrationScript(migration=migration, sql="".join(script)))
     return out
 
 

@@ -10,6 +10,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("sdcore.scheduling needs cronsim: pip install 'sdcore[scheduling]'") from exc
 
+import warnings
+from typing import TYPE_CHECKING, Any
+
 from sdcore.scheduling._admin import ScheduleAdmin
 from sdcore.scheduling._catch_up import MissedTick
 from sdcore.scheduling._control import (
@@ -34,7 +37,6 @@ from sdcore.scheduling._policy import (
     ScheduleNotFoundError,
     ScheduleOptions,
 )
-from sdcore.scheduling._runner import TickOutcome
 from sdcore.scheduling._scheduler import Scheduler
 from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 
@@ -64,6 +66,21 @@ __all__ = [
     "Scheduler",
     "SchedulingError",
     "Tick",
-    "TickOutcome",
     "format_run_key",
 ]
+
+if not TYPE_CHECKING:  # type checkers keep reporting unknown names (and this one) as errors
+
+    def __getattr__(name: str) -> Any:
+        """Resolve ``TickOutcome``, which left the public surface, with a DeprecationWarning."""
+        if name != "TickOutcome":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            "sdcore.scheduling.TickOutcome is deprecated and goes away in the next release: "
+            "private now: no public API returns it",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from sdcore.scheduling._runner import TickOutcome
+
+        return TickOutcome

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdcore.job_scheduler import (
+    AttemptAcquireResult,
     AttemptBudget,
     BaseJobScheduler,
     JobAcquireOptions,
@@ -39,7 +40,7 @@ class _Request:
 
     options: JobAcquireOptions
     budget: AttemptBudget | None
-    future: asyncio.Future[tuple[JobAcquireResult, int]]
+    future: asyncio.Future[AttemptAcquireResult]
 
 
 class TickAcquirer:
@@ -66,7 +67,7 @@ class TickAcquirer:
 
     async def acquire(
         self, options: JobAcquireOptions, budget: AttemptBudget
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         """Acquire one tick's lease with the other requests of this loop turn.
 
         Raises:
@@ -77,7 +78,7 @@ class TickAcquirer:
     async def acquire_each(
         self,
         items: list[tuple[JobAcquireOptions, AttemptBudget]],
-    ) -> list[tuple[JobAcquireResult, int] | Exception]:
+    ) -> list[AttemptAcquireResult | Exception]:
         """Acquire many ticks' leases with the other requests of this loop turn, in one await.
 
         The batch start's path: the answers come back in ``items``' order, each a result or the
@@ -88,16 +89,14 @@ class TickAcquirer:
             items: Each tick's lease options and attempt budget.
         """
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[tuple[JobAcquireResult, int]]] = [
-            loop.create_future() for _ in items
-        ]
+        futures: list[asyncio.Future[AttemptAcquireResult]] = [loop.create_future() for _ in items]
         if items and not self._pending:
             loop.call_soon(self.flush)
         self._pending.extend(
             _Request(options, budget, future)
             for (options, budget), future in zip(items, futures, strict=True)
         )
-        answers: list[tuple[JobAcquireResult, int] | Exception] = []
+        answers: list[AttemptAcquireResult | Exception] = []
         try:
             for future in futures:
                 try:
@@ -116,14 +115,13 @@ class TickAcquirer:
         Raises:
             JobSchedulerError: As ``acquire`` (the whole call failed).
         """
-        result, _ = await self._queue(options, None)
-        return result
+        return (await self._queue(options, None)).result
 
     async def _queue(
         self, options: JobAcquireOptions, budget: AttemptBudget | None
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[JobAcquireResult, int]] = loop.create_future()
+        future: asyncio.Future[AttemptAcquireResult] = loop.create_future()
         if not self._pending:
             loop.call_soon(self.flush)
         self._pending.append(_Request(options, budget, future))
@@ -186,7 +184,7 @@ class TickAcquirer:
             else:
                 request.future.set_result(result)
 
-    async def _call(self, call: list[_Request]) -> list[tuple[JobAcquireResult, int]]:
+    async def _call(self, call: list[_Request]) -> list[AttemptAcquireResult]:
         jobs = self._jobs
         if call[0].budget is not None:
             return await jobs.acquire_attempts(
@@ -194,11 +192,14 @@ class TickAcquirer:
             )
         many = getattr(jobs, "acquire_many", None)
         if many is not None:
-            return [(result, 0) for result in await many([r.options for r in call])]
-        return [(await jobs.acquire(r.options), 0) for r in call]
+            return [
+                AttemptAcquireResult(result=result, attempt=0)
+                for result in await many([r.options for r in call])
+            ]
+        return [AttemptAcquireResult(result=await jobs.acquire(r.options), attempt=0) for r in call]
 
-    def _give_back_result(self, result: tuple[JobAcquireResult, int]) -> None:
-        outcome, _ = result
+    def _give_back_result(self, result: AttemptAcquireResult) -> None:
+        outcome = result.result
         if not outcome.acquired:
             return
         task = asyncio.create_task(self._release(outcome), name="sdcore-tick-acquire-give-back")

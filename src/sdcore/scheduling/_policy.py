@@ -15,13 +15,12 @@ from typing import Any, Literal, TypedDict
 
 from sdcore.job_scheduler import (
     DEFAULT_HEARTBEAT_MS,
-    MAX_BACKOFF_MS,
     AttemptBudget,
     InvalidJobIdentityOptionsError,
     JobAcquireOptions,
-    js_trim,
-    resolve_timing,
 )
+from sdcore.job_scheduler._attempts import MAX_BACKOFF_MS
+from sdcore.job_scheduler._options import js_trim, resolve_timing
 from sdcore.scheduling._cron import InvalidScheduleError, SchedulingError
 from sdcore.scheduling._triggers import ScheduleKind
 

@@ -24,9 +24,9 @@ from sdcore._internal.telemetry import (
     Telemetry,
 )
 from sdcore.job_scheduler import (
+    AttemptAcquireResult,
     BaseJobScheduler,
     JobAcquireOptions,
-    JobAcquireResult,
     JobExecutionLease,
     JobSchedulerError,
     JobSchedulerStatus,
@@ -62,8 +62,8 @@ class FirstOffer:
     """A tick's first offer, acquired before its task started (batch start)."""
 
     options: JobAcquireOptions
-    answer: tuple[JobAcquireResult, int] | Exception
-    """``(result, attempt)`` as ``acquire_attempt`` returns it, or what the acquire raised."""
+    answer: AttemptAcquireResult | Exception
+    """What ``acquire_attempt`` returned, or what the acquire raised."""
 
 
 def tick_options(
@@ -157,7 +157,7 @@ class TickRunner:
         """Whether ``first`` (a lost first offer) is the whole of the tick on this process: the
         tick needs no task (no retry offers follow, as in :meth:`run`)."""
         answer = first.answer
-        if isinstance(answer, Exception) or answer[0].acquired or policy.retries:
+        if isinstance(answer, Exception) or answer.result.acquired or policy.retries:
             return False
         if self.log.isEnabledFor(logging.DEBUG):
             self._log_not_ours(name, tick)
@@ -476,7 +476,7 @@ class TickRunner:
             raise first.answer.with_traceback(None)
         else:
             acquired = first.answer
-        if acquired[0].acquired and self.admits is not None:
+        if acquired.result.acquired and self.admits is not None:
             # The gate admitted the tick before its acquire, which may have waited (a slow or
             # locked database, a suspended process): a pause this
             # replica applied meanwhile must hold the tick, as it holds a retry.
@@ -488,9 +488,9 @@ class TickRunner:
                 # would wait for catch-up (or, with catch-up off, never run).
                 reason = await self.held(name, wait_until)
             if reason is not None:
-                await self._give_back(name, tick, acquired[0].lease, reason)
+                await self._give_back(name, tick, acquired.result.lease, reason)
                 return 0, False
-        if threaded and acquired[0].acquired:
+        if threaded and acquired.result.acquired:
             # From the lease won, not from the thread's start: a worker thread may wait for a
             # free executor slot, and a fire meanwhile is an overlap of the schedule with itself,
             # not a tick that waits on the database.

@@ -20,6 +20,7 @@ from typing import Any
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._attempts import (
     MAX_BACKOFF_MS,
+    AttemptAcquireResult,
     AttemptBudget,
     TickRecord,
 )
@@ -200,7 +201,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
 
     async def acquire_attempt(
         self, options: JobAcquireOptions, budget: AttemptBudget
-    ) -> tuple[JobAcquireResult, int]:
+    ) -> AttemptAcquireResult:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.acquire_attempt`."""
         key = options.lock_key
         current = self._rows.get(key)
@@ -219,10 +220,10 @@ class InMemoryJobScheduler(BaseJobScheduler):
                 0 if attempts == 0 else min(budget.backoff_ms * 2 ** (attempts - 1), MAX_BACKOFF_MS)
             )
             if attempts >= budget.max_attempts or waited < timedelta(milliseconds=backoff):
-                return JobNotAcquired(), 0
+                return AttemptAcquireResult(result=JobNotAcquired(), attempt=0)
         outcome = await self.acquire(options)
         if not outcome.acquired:
-            return outcome, 0
+            return AttemptAcquireResult(result=outcome, attempt=0)
         if current is None or released:
             number = 1
         elif fail and returned:
@@ -230,7 +231,7 @@ class InMemoryJobScheduler(BaseJobScheduler):
         else:
             number = attempts + 1
         self._attempts[key] = number
-        return outcome, number
+        return AttemptAcquireResult(result=outcome, attempt=number)
 
     async def record_skipped(self, options: JobAcquireOptions, reason: str) -> bool:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.record_skipped`."""
