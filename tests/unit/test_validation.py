@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -17,12 +18,18 @@ from sdcore._internal.validation import (
     boolean,
     field_error,
     int_between,
+    integer,
     non_empty_str,
     number_at_least,
+    positive_number,
     positive_timedelta,
     shown,
 )
+from sdcore.events import EventBus
+from sdcore.job_scheduler import InvalidJobLeaseOptionsError, JobAcquireOptions
+from sdcore.outbox import Outbox
 from sdcore.queues import Job, Processor, Workers
+from sdcore.scheduling import InMemoryScheduleStore, ScheduleAdmin, ScheduleControlError
 
 Check = Callable[..., object]
 
@@ -43,6 +50,7 @@ CASES: list[tuple[Check, tuple[object, ...], object, object, object, str]] = [
     (at_least, (1,), 1, "3", 0, "an int of at least 1"),
     (int_between, (1, 10), 10, 1.5, 11, "an int from 1 to 10"),
     (number_at_least, (0.5,), 0.5, "1", 0.4, "a number of at least 0.5"),
+    (positive_number, (), 0.25, "1", 0, "a positive number"),
     (non_empty_str, (), "x", b"x", "", "a non-empty str"),
     (positive_timedelta, (), timedelta(seconds=1), 1, timedelta(0), "a positive timedelta"),
 ]
@@ -87,13 +95,21 @@ def test_a_caller_raises_its_own_field_error_with_the_same_problem(
 
 
 @pytest.mark.parametrize(
-    "check", [at_least, int_between, number_at_least], ids=lambda check: check.__name__
+    ("check", "bounds"),
+    [(at_least, (0,)), (int_between, (0, 10)), (number_at_least, (0,)), (positive_number, ())],
+    ids=["at_least", "int_between", "number_at_least", "positive_number"],
 )
-def test_a_bool_is_not_a_number(check: Check) -> None:
-    bounds = (0, 10) if check is int_between else (0,)
+def test_a_bool_is_not_a_number(check: Check, bounds: tuple[int, ...]) -> None:
     for value in (True, False):
-        with pytest.raises(TypeError, match=r"must be an? (int|number) .*, got (True|False)$"):
+        with pytest.raises(TypeError, match=r"must be an? .*(int|number).*, got (True|False)$"):
             check("flag", value, *bounds)
+
+
+def test_integer_takes_any_int_and_nothing_else() -> None:
+    assert integer("expected_version", -(2**70)) == -(2**70)
+    for value in (True, 1.0, "1", None):
+        with pytest.raises(TypeError, match=r"^expected_version must be an int, got "):
+            integer("expected_version", value)
 
 
 def test_the_bounds_are_inclusive() -> None:
@@ -101,6 +117,11 @@ def test_the_bounds_are_inclusive() -> None:
     assert int_between("x", 3, 1, 3) == 3
     assert at_least("x", 0, 0) == 0
     assert number_at_least("x", 2, 1, maximum=2) == 2
+    assert positive_number("x", 3600, maximum=3600) == 3600
+    with pytest.raises(
+        ValueError, match=r"^x must be a positive number of at most 3600, got 3601$"
+    ):
+        positive_number("x", 3601, maximum=3600)
     with pytest.raises(ValueError, match=r"^x must be a number from 1 to 2, got 2\.5$"):
         number_at_least("x", 2.5, 1, maximum=2)
 
@@ -109,6 +130,8 @@ def test_the_bounds_are_inclusive() -> None:
 def test_a_number_is_finite(value: float) -> None:
     with pytest.raises(ValueError, match=r"^x must be a number of at least 0, got "):
         number_at_least("x", value, 0)
+    with pytest.raises(ValueError, match=r"^x must be a positive number, got "):
+        positive_number("x", value)
 
 
 def test_boolean_takes_only_a_bool() -> None:
@@ -172,3 +195,51 @@ def test_workers_name_the_bad_stall_option() -> None:
         Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", stalled_interval_ms=99)
     with pytest.raises(ValueError, match="max_stalled_count must be an int of at least 0"):
         Workers([_Nothing()], redis_url="redis://127.0.0.1:1/0", max_stalled_count=-1)
+
+
+def _lease(**options: Any) -> object:
+    return JobAcquireOptions(code="nightly", type="SCHEDULE", run_key="r", **options)
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (
+            lambda: Outbox(max_attempts=0),
+            ValueError,
+            "max_attempts must be an int from 1 to 1000, got 0",
+        ),
+        (
+            lambda: Outbox(notify_interval_ms="5"),  # type: ignore[arg-type]
+            TypeError,
+            "notify_interval_ms must be an int from 0 to 10000, got '5'",
+        ),
+        (lambda: EventBus(strict=1), TypeError, "strict must be a bool, got 1"),  # type: ignore[arg-type]
+        (
+            lambda: _lease(lease_ms=2),
+            InvalidJobLeaseOptionsError,
+            "invalid lease_ms: must be an int from 3 to 9007199254740991, got 2",
+        ),
+        (
+            lambda: _lease(lease_ms=9, heartbeat_ms=True),
+            InvalidJobLeaseOptionsError,
+            "invalid heartbeat_ms: must be an int from 0 to 9007199254740991, got True",
+        ),
+    ],
+    ids=["outbox-range", "outbox-type", "bus-bool", "lease-field", "heartbeat-bool"],
+)
+def test_public_apis_refuse_in_the_same_words(
+    build: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as caught:
+        build()
+    assert str(caught.value) == message
+
+
+async def test_the_schedule_admin_words_a_refusal_as_its_own_error() -> None:
+    admin = ScheduleAdmin(InMemoryScheduleStore())
+    with pytest.raises(ScheduleControlError) as caught:
+        await admin.history("nightly", limit=0)
+    assert str(caught.value) == "limit must be an int from 1 to 10000, got 0"
+    with pytest.raises(ScheduleControlError, match=r"^older_than must be a positive timedelta"):
+        await admin.prune(timedelta(0))

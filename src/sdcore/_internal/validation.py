@@ -25,8 +25,10 @@ __all__ = [
     "boolean",
     "field_error",
     "int_between",
+    "integer",
     "non_empty_str",
     "number_at_least",
+    "positive_number",
     "positive_timedelta",
     "shown",
 ]
@@ -110,6 +112,17 @@ def at_least(name: str, value: object, minimum: int, *, error: ErrorFactory | No
     return value
 
 
+def integer(name: str, value: object, *, error: ErrorFactory | None = None) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``), of any size.
+
+    Raises:
+        TypeError: Not an ``int`` (unless ``error`` is given).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        _refuse(name, "an int", value, wrong_type=True, error=error)
+    return value
+
+
 def int_between(
     name: str, value: object, low: int, high: int, *, error: ErrorFactory | None = None
 ) -> int:
@@ -154,6 +167,24 @@ def number_at_least(
     if isinstance(value, bool) or not isinstance(value, int | float):
         _refuse(name, rule, value, wrong_type=True, error=error)
     if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
+        _refuse(name, rule, value, wrong_type=False, error=error)
+    return value
+
+
+def positive_number(
+    name: str, value: object, *, maximum: float | None = None, error: ErrorFactory | None = None
+) -> float:
+    """Return ``value`` if it is a finite ``int`` or ``float`` (not a ``bool``) above zero.
+
+    Raises:
+        TypeError: Not a number (unless ``error`` is given).
+        ValueError: Zero, negative, above ``maximum``, NaN or infinite (unless ``error`` is
+            given).
+    """
+    rule = "a positive number" if maximum is None else f"a positive number of at most {maximum}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _refuse(name, rule, value, wrong_type=True, error=error)
+    if not math.isfinite(value) or value <= 0 or (maximum is not None and value > maximum):
         _refuse(name, rule, value, wrong_type=False, error=error)
     return value
 
