@@ -19,14 +19,14 @@ timeouts); the relay's publisher is ``BullMQPublisher(client, prefix=…, check_
     after another: the baseline of the relay's target (≥ 0.8×).
 ``relay-B``
     N rows already committed in the outbox (written with ``Outbox.enqueue_once`` before the clock
-    starts, then ``ANALYZE`` and ``CHECKPOINT``); timed: ``OutboxRelay(pool, BullMQPublisher(…),
-    batch_size=B).drain(max_rows=…)`` — what the relay's background loop runs — until all N rows
-    are claimed, published and marked. That is rows committed → jobs in Redis, with the claim and
-    mark statements (each an autocommit statement with a durable commit) and the relay's Python
-    work, pipelined (the next claim and the previous mark overlap a publish). B sweeps 100, 250,
-    500 (the default ``batch_size``, chosen from this sweep) and 1000. A thin wrapper around
-    the publisher times ``publish`` (with the pipeline, the overlapping claim and mark work of
-    the same process runs inside that time too).
+    starts, then ``ANALYZE`` and ``CHECKPOINT``); timed: ``OutboxRelay(PostgresOutboxStore(pool),
+    BullMQPublisher(…), batch_size=B).drain(max_rows=…)`` — what the relay's background loop runs
+    — until all N rows are claimed, published and marked. That is rows committed → jobs in Redis,
+    with the claim and mark statements (each an autocommit statement with a durable commit) and
+    the relay's Python work, pipelined (the next claim and the previous mark overlap a publish).
+    B sweeps 100, 250, 500 (the default ``batch_size``, chosen from this sweep) and 1000. A thin
+    wrapper around the publisher times ``publish`` (with the pipeline, the overlapping claim and
+    mark work of the same process runs inside that time too).
 
 The workloads alternate in chunks of ``--chunk`` jobs (default 2000, a multiple of the largest
 batch; order A…F, F…A, … starting at a different workload each round) until each has put N jobs
@@ -127,7 +127,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from sdcore.job_scheduler import bullmq_job_id
-from sdcore.outbox import DEFAULT_KEEP, OutboxMessage, OutboxRelay, Publisher
+from sdcore.outbox import DEFAULT_KEEP, OutboxMessage, OutboxRelay, PostgresOutboxStore, Publisher
 from sdcore.outbox._outbox import DEFAULT_NOTIFY_INTERVAL_MS, Outbox
 from sdcore.queues import BullMQPublisher
 from sdcore.queues._redis import connect
@@ -334,7 +334,9 @@ class RelayWorkload(Workload):
             BullMQPublisher(bench.client, prefix=bench.prefix, check_server=False)
         )
         self.relay = OutboxRelay(
-            bench.pool, self.publisher, outbox=self.outbox, batch_size=self.batch
+            PostgresOutboxStore(bench.pool, outbox=self.outbox),
+            self.publisher,
+            batch_size=self.batch,
         )
 
     async def step(self, target: int) -> None:
@@ -735,7 +737,7 @@ async def wake_latency(
     stamped = _Stamped(BullMQPublisher(client, prefix=prefix, check_server=False))
     committed: dict[str, float] = {}
     claimed: dict[str, float] = {}
-    relay = OutboxRelay(pool, stamped, outbox=outbox, poll_interval_ms=poll_ms)
+    relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), stamped, poll_interval_ms=poll_ms)
     claim = relay.store.claim
 
     async def stamped_claim(**kwargs: Any) -> list[OutboxMessage]:

@@ -35,7 +35,7 @@ import psycopg
 from _harness import base_parser, machine, scratch_database
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxMessage, OutboxRelay
+from sdcore.outbox import Outbox, OutboxMessage, OutboxRelay, PostgresOutboxStore
 
 LIVELY_S = 1.0  # the relay looks again for max(1 s, 50 intervals) after it found rows
 
@@ -124,9 +124,8 @@ async def run(args: Any) -> None:
                 writer = Outbox(notify_interval_ms=interval)
                 recorder = Recorder()
                 relay = OutboxRelay(
-                    pool,
+                    PostgresOutboxStore(pool, outbox=Outbox(notify_interval_ms=interval)),
                     recorder,
-                    outbox=Outbox(notify_interval_ms=interval),
                     poll_interval_ms=args.poll_ms,
                 )
                 async with relay:

@@ -9,10 +9,10 @@ redis-server of this run on a spare port (``--redis-server``, default ``redis-se
 **Measured.** For each budget of ``--budgets`` (MiB; default 2, 4, 8, 16 and 32, the relay's
 default ``batch_bytes`` among them), a fresh Python process imports sdcore, opens its pool and
 its ``BullMQPublisher`` and reads its own ``VmHWM`` (peak RSS so far: the baseline), then runs
-``OutboxRelay(pool, publisher, batch_bytes=budget).drain()`` — what the relay's background loop
-runs, two batches in flight — until every row is ``PUBLISHED``, and reads ``VmHWM`` again (the
-peak) and the elapsed time. Between budgets every row is made ``PENDING`` again. The rows are
-written once (about 1.5 s per 100 MiB here).
+``OutboxRelay(PostgresOutboxStore(pool), publisher, batch_bytes=budget).drain()`` — what the
+relay's background loop runs, two batches in flight — until every row is ``PUBLISHED``, and reads
+``VmHWM`` again (the peak) and the elapsed time. Between budgets every row is made ``PENDING``
+again. The rows are written once (about 1.5 s per 100 MiB here).
 
 **Reported.** Per budget: the baseline and peak RSS in MB, the growth over the baseline, the
 growth per MiB of budget (the relay holds about five copies of each batch's payload: libpq's
@@ -52,7 +52,7 @@ MIB = 1024 * 1024
 _RELAY = """
 import asyncio, json, sys, time
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import OutboxRelay
+from sdcore.outbox import OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 def hwm():
@@ -65,7 +65,7 @@ async def main(dsn, url, budget):
     async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
         await pool.open()
         async with BullMQPublisher.from_url(url, check_server=False) as publisher:
-            relay = OutboxRelay(pool, publisher, batch_bytes=int(budget))
+            relay = OutboxRelay(PostgresOutboxStore(pool), publisher, batch_bytes=int(budget))
             await relay.stats()
             base = hwm()
             started = time.perf_counter()

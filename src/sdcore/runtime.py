@@ -424,6 +424,7 @@ class Runtime(AsyncStartStop):
             self._log.exception("could not stop %s cleanly", name, extra={"action": "stop"})
 
     async def _start_queues(self, redis_url: str, stack: AsyncExitStack) -> None:
+        from sdcore.outbox import PostgresOutboxStore
         from sdcore.queues import BullMQPublisher, Workers
 
         publisher = BullMQPublisher.from_url(redis_url, prefix=self._prefix)
@@ -431,14 +432,17 @@ class Runtime(AsyncStartStop):
         self.publisher = publisher
         stack.push_async_callback(self._step, "publisher", publisher.close)
         if self.run_relay:
-            relay = OutboxRelay(
+            store = PostgresOutboxStore(
                 self.pool,
-                publisher,
                 outbox=self.outbox,
+                listen_dsn=self.relay_listen_url,
+                transaction_pooling=self.transaction_pooling,
+            )
+            relay = OutboxRelay(
+                store,
+                publisher,
                 batch_size=self._relay_batch_size,
                 batch_bytes=self._relay_batch_bytes,
-                transaction_pooling=self.transaction_pooling,
-                listen_dsn=self.relay_listen_url,
             )
             relay.telemetry = self.telemetry
             await relay.start()

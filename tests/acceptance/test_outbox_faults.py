@@ -26,7 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from tests._servers import RedisServer
 from tests._servers import redis_server as private_redis_server
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 _RELAY = """
 import asyncio, sys
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import OutboxRelay
+from sdcore.outbox import OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 async def main(dsn, url, prefix):
@@ -47,7 +47,7 @@ async def main(dsn, url, prefix):
             url, prefix=prefix, socket_timeout_s=1.0, connect_timeout_s=1.0, check_server=False
         )
         relay = OutboxRelay(
-            pool, publisher, batch_size=7, poll_interval_ms=50, claim_ms=600,
+            PostgresOutboxStore(pool), publisher, batch_size=7, poll_interval_ms=50, claim_ms=600,
             unavailable_max_ms=300,
         )
         async with publisher, relay:
@@ -161,7 +161,7 @@ async def test_relays_killed_in_a_loop_and_redis_crashed_lose_and_double_nothing
 
     ledger = Ledger()
     async with BullMQPublisher.from_url(redis_server.url, prefix=prefix) as publisher:
-        drain = OutboxRelay(pool, publisher, claim_ms=600)
+        drain = OutboxRelay(PostgresOutboxStore(pool), publisher, claim_ms=600)
         await asyncio.sleep(0.7)  # claims of killed relays expire
         deadline = time.monotonic() + 30
         while (await drain.stats()).pending:
@@ -208,14 +208,16 @@ async def test_relays_killed_in_a_loop_and_redis_crashed_lose_and_double_nothing
 _RELAY_FROZEN_BEFORE_MARK = """
 import asyncio, sys
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import OutboxRelay
+from sdcore.outbox import OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 async def main(dsn, url, prefix):
     async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
         await pool.open()
         publisher = BullMQPublisher.from_url(url, prefix=prefix, check_server=False)
-        relay = OutboxRelay(pool, publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000)
+        relay = OutboxRelay(
+            PostgresOutboxStore(pool), publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000
+        )
 
         async def frozen(ids):  # the jobs are in Redis; the rows are not marked yet
             print("published", len(ids), flush=True)
@@ -260,7 +262,9 @@ async def test_a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing
         before = await client.llen(f"{prefix}:campaign:wait")
         assert 5 <= before < len(keys)  # at least the frozen batch is in Redis
         publisher = BullMQPublisher(client, prefix=prefix, check_server=False)
-        relay = OutboxRelay(pool, publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000)
+        relay = OutboxRelay(
+            PostgresOutboxStore(pool), publisher, batch_size=5, poll_interval_ms=50, claim_ms=1000
+        )
         async with relay:
             deadline = time.monotonic() + 30
             while (await relay.stats()).published < len(keys):

@@ -45,7 +45,7 @@ POISONS = 4
 _RELAY = """
 import asyncio, os, sys
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 class DiesOnPoison:
@@ -64,7 +64,8 @@ async def main(dsn, url, prefix, max_attempts):
             url, prefix=prefix, socket_timeout_s=2.0, connect_timeout_s=1.0, check_server=False
         )
         relay = OutboxRelay(
-            pool, DiesOnPoison(publisher), outbox=Outbox(max_attempts=int(max_attempts)),
+            PostgresOutboxStore(pool, outbox=Outbox(max_attempts=int(max_attempts))),
+            DiesOnPoison(publisher),
             poll_interval_ms=100, claim_ms=1500, unavailable_max_ms=300,
         )
         async with publisher, relay:

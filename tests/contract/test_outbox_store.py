@@ -262,11 +262,11 @@ async def test_key_reuse_is_checked_as_one_message(store: StoreBackend) -> None:
 
 BAD_CALLS: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("claim", {"limit": 0, "claim_ms": 1000, "token": uuid.uuid4()}, ValueError),
-    ("claim", {"limit": True, "claim_ms": 1000, "token": uuid.uuid4()}, ValueError),
+    ("claim", {"limit": True, "claim_ms": 1000, "token": uuid.uuid4()}, TypeError),
     ("claim", {"limit": 1, "claim_ms": 0, "token": uuid.uuid4()}, ValueError),
     ("claim", {"limit": 1, "claim_ms": 1000, "token": str(uuid.uuid4())}, TypeError),
     ("mark_published", {"ids": "12"}, TypeError),
-    ("mark_published", {"ids": [1, "2"]}, ValueError),
+    ("mark_published", {"ids": [1, "2"]}, TypeError),
     ("mark_published", {"ids": [0]}, ValueError),
     ("mark_failed", {"failures": [_fail(1), _fail(1)], "token": uuid.uuid4()}, ValueError),
     ("mark_failed", {"failures": [(1, "e", 5)], "token": uuid.uuid4()}, TypeError),

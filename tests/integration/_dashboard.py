@@ -25,7 +25,7 @@ import pytest
 import uvicorn
 
 from sdcore import Runtime
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.scheduling import Tick
 from sdcore.testing import RecordingPublisher
 
@@ -116,7 +116,9 @@ async def _outbox(a: Runtime) -> int:
             )
     publisher = RecordingPublisher()
     publisher.fail.add("<i>poison</i>")
-    async with OutboxRelay(a.pool, publisher, outbox=outbox, poll_interval_ms=50):
+    async with OutboxRelay(
+        PostgresOutboxStore(a.pool, outbox=outbox), publisher, poll_interval_ms=50
+    ):
         deadline = time.monotonic() + 20
         while True:
             async with a.pool.connection() as conn:

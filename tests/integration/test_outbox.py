@@ -25,9 +25,10 @@ from sdcore.outbox import (
     Outbox,
     OutboxEntry,
     OutboxRelay,
+    PostgresOutboxStore,
 )
 from sdcore.outbox._model import job_id_v2
-from sdcore.testing import RecordingPublisher
+from sdcore.testing import MemoryOutboxStore, RecordingPublisher
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ async def test_a_rolled_back_transaction_publishes_nothing(
         with pytest.raises(RuntimeError):
             await fail_after_enqueue()
     publisher = RecordingPublisher()
-    assert await OutboxRelay(pool, publisher).run_once() == 0
+    assert await OutboxRelay(PostgresOutboxStore(pool), publisher).run_once() == 0
     assert await _rows(pool) == []
     assert publisher.publishes == []
 
@@ -307,7 +308,7 @@ async def test_relay_publishes_and_marks(pool: AsyncConnectionPool[Any], pg_dsn:
         for i in range(5):
             await _enqueue(conn, f"k{i}")
     publisher = RecordingPublisher()
-    relay = OutboxRelay(pool, publisher, batch_size=2)
+    relay = OutboxRelay(PostgresOutboxStore(pool), publisher, batch_size=2)
     assert await relay.run_once() == 2
     assert await relay.run_once() == 2
     assert await relay.run_once() == 1
@@ -322,7 +323,7 @@ async def test_notify_wakes_the_relay_long_before_the_poll(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
     publisher = RecordingPublisher()
-    async with OutboxRelay(pool, publisher, poll_interval_ms=60_000) as relay:
+    async with OutboxRelay(PostgresOutboxStore(pool), publisher, poll_interval_ms=60_000) as relay:
         for _ in range(50):
             if relay.state.listening:
                 break
@@ -342,7 +343,7 @@ async def test_a_row_committed_late_is_still_published(
     pool: AsyncConnectionPool[Any], pg_dsn: str
 ) -> None:
     publisher = RecordingPublisher()
-    relay = OutboxRelay(pool, publisher)
+    relay = OutboxRelay(PostgresOutboxStore(pool), publisher)
     async with (
         await psycopg.AsyncConnection.connect(pg_dsn) as slow,
         await psycopg.AsyncConnection.connect(pg_dsn) as fast,
@@ -375,7 +376,9 @@ async def test_broker_outage_does_not_count_attempts_or_spin(
         return await original(messages)
 
     publisher.publish = counting  # type: ignore[method-assign]
-    async with OutboxRelay(pool, publisher, poll_interval_ms=20, unavailable_max_ms=400) as relay:
+    async with OutboxRelay(
+        PostgresOutboxStore(pool), publisher, poll_interval_ms=20, unavailable_max_ms=400
+    ) as relay:
         await asyncio.sleep(1.5)
         assert not relay.state.broker_available
         assert (await _rows(pool))[0][1:3] == ("PENDING", 0)
@@ -402,7 +405,9 @@ async def test_a_poison_message_dies_without_blocking_the_rest(
             )
     publisher = RecordingPublisher()
     publisher.fail.add("poison")
-    relay = OutboxRelay(pool, publisher, outbox=outbox, retry_base_ms=1, retry_max_ms=1)
+    relay = OutboxRelay(
+        PostgresOutboxStore(pool, outbox=outbox), publisher, retry_base_ms=1, retry_max_ms=1
+    )
     for _ in range(10):
         await relay.run_once()
         await asyncio.sleep(0.01)
@@ -424,7 +429,7 @@ async def test_an_abandoned_claim_is_republished_with_the_same_job_id(
         # A relay claimed the row, published, and died before marking it.
         await conn.execute(Outbox().sql.claim, (10, 2**40, 200, uuid.uuid4()))
     publisher = RecordingPublisher()
-    relay = OutboxRelay(pool, publisher, claim_ms=200)
+    relay = OutboxRelay(PostgresOutboxStore(pool), publisher, claim_ms=200)
     assert await relay.run_once() == 0  # still claimed
     await asyncio.sleep(0.3)
     assert await relay.run_once() == 1
@@ -439,7 +444,7 @@ async def test_four_relays_publish_each_row_once(
         for i in range(200):
             await _enqueue(conn, f"row{i}")
     publisher = RecordingPublisher()
-    relays = [OutboxRelay(pool, publisher, batch_size=7) for _ in range(4)]
+    relays = [OutboxRelay(PostgresOutboxStore(pool), publisher, batch_size=7) for _ in range(4)]
 
     async def drain(relay: OutboxRelay) -> None:
         while await relay.run_once():
@@ -458,7 +463,9 @@ async def test_prune_removes_old_published_rows_only(
         for key in ("ancient", "old", "new", "pending"):
             await _enqueue(conn, key)
     outbox = Outbox(dedup_window_ms=24 * 3600 * 1000)
-    relay = OutboxRelay(pool, RecordingPublisher(), outbox=outbox, retention_ms=60_000)
+    relay = OutboxRelay(
+        PostgresOutboxStore(pool, outbox=outbox), RecordingPublisher(), retention_ms=60_000
+    )
     async with pool.connection() as conn:
         for key, age in (("ancient", "2 days"), ("old", "1 hour"), ("new", "0 s")):
             await conn.execute(
@@ -488,20 +495,19 @@ async def test_outbox_options_are_validated() -> None:
     with pytest.raises(ValueError, match="channel"):
         Outbox(channel="")
     with pytest.raises(ValueError, match="batch_size"):
-        OutboxRelay(None, RecordingPublisher(), batch_size=0)  # type: ignore[arg-type]
+        OutboxRelay(MemoryOutboxStore(), RecordingPublisher(), batch_size=0)
     with pytest.raises(ValueError, match="dedup_window_ms"):
         Outbox(dedup_window_ms=999)
     with pytest.raises(ValueError, match="must not exceed the outbox's dedup_window_ms"):
         OutboxRelay(
-            None,  # type: ignore[arg-type]
+            MemoryOutboxStore(outbox=Outbox(dedup_window_ms=60_000)),
             RecordingPublisher(),
-            outbox=Outbox(dedup_window_ms=60_000),
             retention_ms=60_001,
         )
     with pytest.raises(InvalidOutboxMessageError, match="namespace"):
         Outbox(namespace="")
     with pytest.raises(ValueError, match="listen_dsn"):
-        OutboxRelay(None, RecordingPublisher(), listen_dsn="")  # type: ignore[arg-type]
+        PostgresOutboxStore(None, listen_dsn="")  # type: ignore[arg-type]
 
 
 async def test_quiet_outbox_sends_no_notify_and_is_found_by_polling(
@@ -526,4 +532,4 @@ async def test_quiet_outbox_sends_no_notify_and_is_found_by_polling(
         heard = [n async for n in listener.notifies(timeout=1, stop_after=1)]
         assert [n.channel for n in heard] == ["sdcore_outbox"]
     publisher = RecordingPublisher()
-    assert await OutboxRelay(pool, publisher, outbox=quiet).run_once() == 2
+    assert await OutboxRelay(PostgresOutboxStore(pool, outbox=quiet), publisher).run_once() == 2

@@ -24,7 +24,13 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxDatabaseError, OutboxRelay, PublisherUnavailableError
+from sdcore.outbox import (
+    Outbox,
+    OutboxDatabaseError,
+    OutboxRelay,
+    PostgresOutboxStore,
+    PublisherUnavailableError,
+)
 from sdcore.queues import BullMQPublisher
 from tests._servers import redis_server
 
@@ -33,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CRASHING_RELAY = """
 import asyncio, os, sys
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 class DiesOnPoison:
@@ -49,8 +55,8 @@ async def main(dsn, url, prefix):
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
         await pool.open()
         async with BullMQPublisher.from_url(url, prefix=prefix, check_server=False) as publisher:
-            relay = OutboxRelay(pool, DiesOnPoison(publisher), outbox=Outbox(max_attempts=2),
-                                claim_ms=300)
+            store = PostgresOutboxStore(pool, outbox=Outbox(max_attempts=2))
+            relay = OutboxRelay(store, DiesOnPoison(publisher), claim_ms=300)
             print(await relay.drain(), flush=True)
 
 asyncio.run(main(*sys.argv[1:]))
@@ -198,7 +204,7 @@ async def test_a_batch_too_big_to_write_within_the_socket_timeout_is_split(
                 f"redis://127.0.0.1:{port}", socket_timeout_s=0.5, check_server=False
             ) as publisher,
         ):
-            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher)
             outages = 0
             for _ in range(12):
                 try:
@@ -251,7 +257,7 @@ async def test_a_delivery_whose_mark_failed_ends_published_not_dead(pg_dsn: str)
             BullMQPublisher.from_url(url, prefix=prefix, check_server=False) as publisher,
         ):
             await pool.open()
-            relay = OutboxRelay(pool, publisher, outbox=outbox, claim_ms=100)
+            relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher, claim_ms=100)
             for _ in range(3):
                 with contextlib.suppress(OutboxDatabaseError):
                     await relay.run_once()
@@ -292,7 +298,7 @@ async def test_a_split_batch_does_not_grow_back_into_the_size_that_was_refused(
                 f"redis://127.0.0.1:{port}", socket_timeout_s=0.5, check_server=False
             ) as publisher,
         ):
-            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher)
             rounds: list[int | str] = []
             for _ in range(60):
                 try:
@@ -336,7 +342,7 @@ async def test_a_redis_stall_longer_than_the_claim_does_not_bury_a_healthy_messa
             BullMQPublisher.from_url(url, socket_timeout_s=1.0, check_server=False) as second,
         ):
             relays = [
-                OutboxRelay(pool, publisher, outbox=outbox, claim_ms=300)
+                OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher, claim_ms=300)
                 for publisher in (first, second)
             ]
 
@@ -395,8 +401,8 @@ async def test_a_single_row_too_big_for_the_socket_timeout_ends_dead_and_does_no
             # 1 s, to keep the splits 51 → 25 → … → 1 short), so a row handed back as an outage
             # for ever holds the rows behind it to a trickle, and never ends.
             relay = OutboxRelay(
-                pool, publisher, outbox=outbox, retry_base_ms=200, poll_interval_ms=100,
-                unavailable_max_ms=1_000,
+                PostgresOutboxStore(pool, outbox=outbox), publisher, retry_base_ms=200,
+                poll_interval_ms=100, unavailable_max_ms=1_000,
             )  # fmt: skip
             await relay.start()
             try:

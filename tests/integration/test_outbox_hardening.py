@@ -30,7 +30,13 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxKeyConflictError, OutboxMessage, OutboxRelay
+from sdcore.outbox import (
+    Outbox,
+    OutboxKeyConflictError,
+    OutboxMessage,
+    OutboxRelay,
+    PostgresOutboxStore,
+)
 from sdcore.outbox._model import job_id_v2
 from sdcore.queues import BullMQPublisher
 from tests.conftest import delete_prefix
@@ -91,7 +97,7 @@ async def test_a_marker_word_in_a_queue_or_prefix_name_is_not_an_outage(
         # BullMQ's add script then fails for this one job with WRONGTYPE, inside the EXEC.
         await redis.set(f"{prefix}:{queue}:{poison_id}", "not a hash")
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher)
             await relay.run_once()
         rows = await _status(pool)
         assert rows["good"][:2] == ("PUBLISHED", 1)
@@ -178,7 +184,7 @@ async def test_what_enqueue_once_accepts_the_default_publisher_publishes(
     try:
         await _enqueue(pool, outbox, "fits", "q", payload)
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+            await OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher).run_once()
         assert (await _status(pool))["fits"][:2] == ("PUBLISHED", 1)
         bigger = {"text": text + text[:4]}
         async with pool.connection() as conn, conn.transaction():
@@ -202,7 +208,7 @@ async def test_big_floats_are_measured_as_jsonb_returns_them(
         fits = {"n": [1e300] * 3400}  # about 1,027,000 bytes once jsonb wrote the digits out
         await _enqueue(pool, outbox, "fits", "q", fits)
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+            await OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher).run_once()
         assert (await _status(pool))["fits"][:2] == ("PUBLISHED", 1)
         async with pool.connection() as conn, conn.transaction():
             with pytest.raises(JsonValueError, match="as the relay sends it"):
@@ -367,7 +373,9 @@ async def _idle_relay(pool: AsyncConnectionPool[Any]) -> AsyncIterator[_Recorder
     """A listening relay that has found nothing yet (so it does not look again by itself)."""
     recorder = _Recorder()
     relay_outbox = Outbox(notify_interval_ms=0)
-    async with OutboxRelay(pool, recorder, outbox=relay_outbox, poll_interval_ms=POLL_MS) as relay:
+    async with OutboxRelay(
+        PostgresOutboxStore(pool, outbox=relay_outbox), recorder, poll_interval_ms=POLL_MS
+    ) as relay:
         deadline = time.monotonic() + 10
         while not relay.state.listening:
             if time.monotonic() > deadline:
@@ -603,7 +611,7 @@ async def test_hand_written_rows_with_another_keys_id_or_foreign_options_end_dea
     prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
     try:
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+            await OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher).run_once()
         rows = await _status(pool)
         assert rows["victim"][0] == "PUBLISHED"
         assert rows["fine"][0] == "PUBLISHED"
@@ -652,7 +660,7 @@ async def test_a_hand_written_row_with_another_rows_id_and_no_namespace_ends_dea
     prefix = f"sdcore-test-{uuid.uuid4().hex[:12]}"
     try:
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            await OutboxRelay(pool, publisher, outbox=outbox).run_once()
+            await OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher).run_once()
         rows = await _status(pool)
         assert {k: v[0] for k, v in rows.items()} == {
             "victim": "PUBLISHED",

@@ -32,7 +32,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox, OutboxMessage, OutboxRelay
+from sdcore.outbox import Outbox, OutboxMessage, OutboxRelay, PostgresOutboxStore
 from sdcore.testing import RecordingPublisher
 
 pytestmark = pytest.mark.slow
@@ -193,10 +193,16 @@ async def test_relay_through_transaction_pooling(pg_dsn: str) -> None:
             # Polling only.
             polled = Stamped()
             relay = OutboxRelay(
-                pool_a, polled, poll_interval_ms=200, transaction_pooling=True, batch_size=5
+                PostgresOutboxStore(pool_a, transaction_pooling=True),
+                polled,
+                poll_interval_ms=200,
+                batch_size=5,
             )
             other = OutboxRelay(
-                pool_b, polled, poll_interval_ms=200, transaction_pooling=True, batch_size=5
+                PostgresOutboxStore(pool_b, transaction_pooling=True),
+                polled,
+                poll_interval_ms=200,
+                batch_size=5,
             )
             async with relay, other:
                 assert not await _listening(relay)
@@ -220,7 +226,9 @@ async def test_relay_through_transaction_pooling(pg_dsn: str) -> None:
             # LISTEN on a direct connection, claims through PgBouncer.
             woken = Stamped()
             async with OutboxRelay(
-                pool_a, woken, poll_interval_ms=60_000, transaction_pooling=True, listen_dsn=pg_dsn
+                PostgresOutboxStore(pool_a, transaction_pooling=True, listen_dsn=pg_dsn),
+                woken,
+                poll_interval_ms=60_000,
             ) as listening:
                 assert await _listening(listening)
                 await asyncio.sleep(0.3)
@@ -228,7 +236,9 @@ async def test_relay_through_transaction_pooling(pg_dsn: str) -> None:
             assert all(v is not None and v < 3 for v in listen_lat)
             # For contrast, neither switch set: LISTEN through the pooler.
             naive = Stamped()
-            async with OutboxRelay(pool_a, naive, poll_interval_ms=60_000) as fooled:
+            async with OutboxRelay(
+                PostgresOutboxStore(pool_a), naive, poll_interval_ms=60_000
+            ) as fooled:
                 said_listening = await _listening(fooled)
                 await asyncio.sleep(0.3)
                 naive_lat = await _latencies(bouncer, naive, 3, timeout=2)
@@ -249,7 +259,9 @@ async def test_relay_through_session_pooling_listens(pg_dsn: str) -> None:
         async with AsyncConnectionPool(bouncer, min_size=1, max_size=1, open=False) as pool:
             await pool.open()
             publisher = Stamped()
-            async with OutboxRelay(pool, publisher, poll_interval_ms=60_000) as relay:
+            async with OutboxRelay(
+                PostgresOutboxStore(pool), publisher, poll_interval_ms=60_000
+            ) as relay:
                 assert await _listening(relay)
                 await asyncio.sleep(0.3)
                 lat = await _latencies(bouncer, publisher, 5, timeout=3)

@@ -123,7 +123,12 @@ async def test_two_tenant_schemas_on_one_redis_each_message_runs_once(
             Workers([runs], redis_url=REDIS_URL, prefix=prefix),
         ):
             for outbox in tenants.values():
-                assert await OutboxRelay(pool, publisher, outbox=outbox).run_once() == 3
+                assert (
+                    await OutboxRelay(
+                        PostgresOutboxStore(pool, outbox=outbox), publisher
+                    ).run_once()
+                    == 3
+                )
 
             async def all_ran() -> bool:
                 return sum(runs.runs.values()) >= 6
@@ -176,7 +181,12 @@ async def test_explicit_namespaces_separate_services_sharing_a_table_name(
                         name="n",
                         payload={"who": service},
                     )
-                assert await OutboxRelay(pool, publisher, outbox=outbox).run_once() == 1
+                assert (
+                    await OutboxRelay(
+                        PostgresOutboxStore(pool, outbox=outbox), publisher
+                    ).run_once()
+                    == 1
+                )
                 assert (await _rows(pool))[0][3] == outbox.job_id("order:1")
             async with Workers([runs], redis_url=REDIS_URL, prefix=prefix):
 
@@ -223,7 +233,7 @@ async def test_rows_written_by_0_1_0_keep_their_job_ids(
                     conn, idempotency_key="legacy", queue="q", name="n", payload={"a": 2}
                 )
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            assert await OutboxRelay(pool, publisher).run_once() == 1
+            assert await OutboxRelay(PostgresOutboxStore(pool), publisher).run_once() == 1
         assert (await _rows(pool))[0][1:] == ("PUBLISHED", 1, bullmq_job_id("legacy"))
     assert await redis.exists(f"{prefix}:q:{bullmq_job_id('legacy')}") == 1
 
@@ -392,7 +402,7 @@ async def test_an_autocommit_sqlalchemy_session_raises(
 async def test_prune_keeps_the_key_for_the_window(pool: AsyncConnectionPool[Any]) -> None:
     outbox = Outbox(dedup_window_ms=24 * 3600 * 1000)
     publisher = RecordingPublisher()
-    relay = OutboxRelay(pool, publisher, outbox=outbox, retention_ms=60_000)
+    relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher, retention_ms=60_000)
     message: dict[str, Any] = {"queue": "q", "name": "n", "payload": {"v": 1}}
     async with pool.connection() as conn, conn.transaction():
         assert await outbox.enqueue_once(conn, idempotency_key="k", **message)
@@ -475,8 +485,10 @@ async def test_a_taken_over_relay_cannot_mark_a_delivered_row_dead(
         BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as big,
     ):
         gated = Gated(small)
-        relay_a = OutboxRelay(pool, gated, outbox=outbox, claim_ms=200, retry_base_ms=1)
-        relay_b = OutboxRelay(pool, big, outbox=outbox, claim_ms=200)
+        relay_a = OutboxRelay(
+            PostgresOutboxStore(pool, outbox=outbox), gated, claim_ms=200, retry_base_ms=1
+        )
+        relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), big, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
         await _until_claim_expired(pool)  # A's publish outlasted its kept claim
@@ -505,8 +517,8 @@ async def test_a_row_delivered_by_a_taken_over_relay_ends_published(
         BullMQPublisher.from_url(REDIS_URL, prefix=prefix, max_job_bytes=100) as small,
     ):
         gated = Gated(big)
-        relay_a = OutboxRelay(pool, gated, outbox=outbox, claim_ms=200)
-        relay_b = OutboxRelay(pool, small, outbox=outbox, claim_ms=200)
+        relay_a = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), gated, claim_ms=200)
+        relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), small, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
         await _until_claim_expired(pool)  # A's publish outlasted its kept claim
@@ -539,8 +551,8 @@ async def test_a_broker_outage_does_not_release_another_relays_claim(
             return await down.publish(messages)
 
     slow = Slow()
-    relay_a = OutboxRelay(pool, slow, outbox=outbox, claim_ms=200)
-    relay_b = OutboxRelay(pool, gated_inner, outbox=outbox, claim_ms=60_000)
+    relay_a = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), slow, claim_ms=200)
+    relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), gated_inner, claim_ms=60_000)
     a_round = asyncio.create_task(relay_a.run_once())
     await asyncio.wait_for(slow.entered.wait(), 10)
     await _until_claim_expired(pool)  # A's publish outlasted its kept claim
@@ -578,7 +590,7 @@ async def test_a_row_committed_during_a_batch_is_published_without_the_poll(
 
     publisher = HoldsFirstBatch()
     outbox = Outbox()
-    async with OutboxRelay(pool, publisher, poll_interval_ms=60_000) as relay:
+    async with OutboxRelay(PostgresOutboxStore(pool), publisher, poll_interval_ms=60_000) as relay:
 
         async def listening() -> bool:
             return relay.state.listening
@@ -613,7 +625,7 @@ async def test_transaction_pooling_polls_and_does_not_claim_to_listen(
     publisher = RecordingPublisher()
     outbox = Outbox()
     async with OutboxRelay(
-        pool, publisher, poll_interval_ms=200, transaction_pooling=True
+        PostgresOutboxStore(pool, transaction_pooling=True), publisher, poll_interval_ms=200
     ) as relay:
         await asyncio.sleep(0.5)
         assert not relay.state.listening
@@ -640,7 +652,9 @@ async def test_listen_dsn_listens_on_its_own_connection(
     outbox = Outbox()
     listen_dsn = f"{pg_dsn} application_name=sdcore-relay-listen"
     async with OutboxRelay(
-        pool, publisher, poll_interval_ms=60_000, transaction_pooling=True, listen_dsn=listen_dsn
+        PostgresOutboxStore(pool, transaction_pooling=True, listen_dsn=listen_dsn),
+        publisher,
+        poll_interval_ms=60_000,
     ) as relay:
 
         async def listening() -> bool:
@@ -692,7 +706,7 @@ async def test_what_jsonb_does_to_payloads(pool: AsyncConnectionPool[Any]) -> No
     async with pool.connection() as conn, conn.transaction():
         await outbox.enqueue_once(conn, idempotency_key="k", queue="q", name="n", payload=payload)
     publisher = RecordingPublisher()
-    await OutboxRelay(pool, publisher).run_once()
+    await OutboxRelay(PostgresOutboxStore(pool), publisher).run_once()
     back = publisher.publishes[0].payload
     for name, _, expected in ROUND_TRIPS:
         assert back[name] == expected, name
@@ -832,7 +846,7 @@ async def test_a_row_written_by_hand_with_a_bad_queue_or_job_id_is_never_publish
         publisher = RecordingPublisher()
         pool = AsyncConnectionPool(pg_dsn, kwargs={"autocommit": True}, open=False)
         async with pool:
-            relay = OutboxRelay(pool, publisher, outbox=outbox)
+            relay = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), publisher)
             assert await relay.run_once() == 3
         assert [m.idempotency_key for m in publisher.publishes] == ["good"]
         cur = await conn.execute(
@@ -880,7 +894,9 @@ async def test_rows_committed_without_a_notify_are_found_by_the_relay_that_is_bu
     """The relay that just found rows looks again every interval: an unannounced row waits ~that."""
     outbox = Outbox(notify_interval_ms=300)
     publisher = RecordingPublisher()
-    async with OutboxRelay(pool, publisher, outbox=outbox, poll_interval_ms=60_000) as relay:
+    async with OutboxRelay(
+        PostgresOutboxStore(pool, outbox=outbox), publisher, poll_interval_ms=60_000
+    ) as relay:
 
         async def listening() -> bool:
             return relay.state.listening
@@ -909,7 +925,9 @@ async def test_database_errors_reach_relay_callers_as_outbox_errors(pg_dsn: str)
     """No psycopg error escapes: a missing table, then a closed pool, are OutboxDatabaseError."""
     async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
         await pool.open()
-        relay = OutboxRelay(pool, RecordingPublisher(), outbox=Outbox(table="no_such_outbox"))
+        relay = OutboxRelay(
+            PostgresOutboxStore(pool, outbox=Outbox(table="no_such_outbox")), RecordingPublisher()
+        )
         for call in (relay.run_once, relay.drain, relay.stats, relay.prune):
             with pytest.raises(OutboxDatabaseError) as caught:
                 await call()
@@ -1013,7 +1031,9 @@ async def test_a_row_whose_json_python_cannot_decode_fails_alone_and_ends_dead(
         publisher = RecordingPublisher()
         pool = AsyncConnectionPool(pg_dsn, kwargs={"autocommit": True}, open=False)
         async with pool:
-            relay = OutboxRelay(pool, publisher, outbox=outbox, retry_base_ms=1)
+            relay = OutboxRelay(
+                PostgresOutboxStore(pool, outbox=outbox), publisher, retry_base_ms=1
+            )
             assert await relay.run_once() == 6
             await asyncio.sleep(0.05)
             assert await relay.run_once() == 4  # the second and last attempt of each bad row

@@ -43,6 +43,7 @@ from sdcore.outbox import (
     Outbox,
     OutboxMessage,
     OutboxRelay,
+    PostgresOutboxStore,
     PublisherUnavailableError,
     check_options,
 )
@@ -526,7 +527,7 @@ async def test_outbox_commit_reaches_processor_and_rollback_does_not(
     publisher = BullMQPublisher.from_url(REDIS_URL, prefix=prefix)
     async with (
         publisher,
-        OutboxRelay(pool, publisher, poll_interval_ms=100) as relay,
+        OutboxRelay(PostgresOutboxStore(pool), publisher, poll_interval_ms=100) as relay,
         Workers([recorder], redis_url=REDIS_URL, prefix=prefix),
     ):
         await _until(lambda: _true(len(recorder.completed) == 1), what="the job")
@@ -544,7 +545,7 @@ async def test_late_commit_is_published(
     """OB-11: T1 inserts first and commits last; the relay ran in between; nothing is lost."""
     outbox = Outbox()
     async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-        relay = OutboxRelay(pool, publisher)
+        relay = OutboxRelay(PostgresOutboxStore(pool), publisher)
         async with await psycopg.AsyncConnection.connect(pg_dsn) as t1:
             await outbox.enqueue_once(
                 t1, idempotency_key="early", queue="q", name="n", payload={"k": 1}
@@ -565,7 +566,7 @@ async def test_late_commit_is_published(
 _CRASHING_RELAY = """
 import asyncio, os, signal, sys
 from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import OutboxRelay
+from sdcore.outbox import OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher
 
 class KilledAfterPublish:
@@ -582,7 +583,8 @@ async def main(dsn, url, prefix, claim_ms, batch):
     async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
         publisher = BullMQPublisher.from_url(url, prefix=prefix)
         relay = OutboxRelay(
-            pool, KilledAfterPublish(publisher), claim_ms=int(claim_ms), batch_size=int(batch)
+            PostgresOutboxStore(pool), KilledAfterPublish(publisher), claim_ms=int(claim_ms),
+            batch_size=int(batch),
         )
         print("claimed", await relay.run_once(), flush=True)
 
@@ -633,7 +635,7 @@ async def test_relay_killed_between_publish_and_mark(
         BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher,
         Workers([recorder], redis_url=REDIS_URL, prefix=prefix),
     ):
-        relay = OutboxRelay(pool, publisher, claim_ms=claim_ms)
+        relay = OutboxRelay(PostgresOutboxStore(pool), publisher, claim_ms=claim_ms)
         while await relay.run_once():
             pass
         await _until(lambda: _true(len(recorder.done) == 10), what="10 deliveries")
@@ -675,7 +677,9 @@ async def test_redis_down_then_back(
     up = BullMQPublisher.from_url(REDIS_URL, prefix=prefix)
     switch = _Switch(down, up)
     async with down, up:
-        relay = OutboxRelay(pool, switch, poll_interval_ms=100, unavailable_max_ms=1000)
+        relay = OutboxRelay(
+            PostgresOutboxStore(pool), switch, poll_interval_ms=100, unavailable_max_ms=1000
+        )
         async with relay:
             await asyncio.sleep(3.0)
             calls_while_down = switch.calls
@@ -712,7 +716,9 @@ async def test_poison_message_dead_letters(
                 conn, idempotency_key=f"ok{i}", queue="q", name="n", payload={"i": i}
             )
     async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix, max_job_bytes=1024) as pub:
-        relay = OutboxRelay(pool, pub, outbox=outbox, batch_size=2, retry_base_ms=50)
+        relay = OutboxRelay(
+            PostgresOutboxStore(pool, outbox=outbox), pub, batch_size=2, retry_base_ms=50
+        )
         started = time.monotonic()
         good_at = None
         while time.monotonic() - started < 10:
@@ -758,7 +764,9 @@ async def test_four_relays_publish_each_row_once(
             pub = await stack.enter_async_context(
                 BullMQPublisher.from_url(REDIS_URL, prefix=prefix)
             )
-            relays.append(OutboxRelay(p, _Recording(pub, published), batch_size=10))
+            relays.append(
+                OutboxRelay(PostgresOutboxStore(p), _Recording(pub, published), batch_size=10)
+            )
         started = time.monotonic()
         for relay in relays:
             await stack.enter_async_context(relay)

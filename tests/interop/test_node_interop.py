@@ -17,7 +17,7 @@ from bullmq import Queue  # type: ignore[import-untyped]
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.job_scheduler import bullmq_job_id
-from sdcore.outbox import Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from tests.interop.conftest import REDIS_URL
 
@@ -65,7 +65,7 @@ async def test_node_worker_runs_jobs_published_by_the_relay(
                     options=options,
                 )
         async with BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as publisher:
-            assert await OutboxRelay(pool, publisher).run_once() == 3
+            assert await OutboxRelay(PostgresOutboxStore(pool), publisher).run_once() == 3
     lines = await _node(node_env, "work", REDIS_URL, prefix, "emails", "3")
     processed = {line["id"]: line for line in lines if line["event"] == "processed"}
     assert not [line for line in lines if line["event"] == "error"]

@@ -91,11 +91,16 @@ async def test_a_failing_read_is_up_zero_with_the_last_figures_kept(
 
 
 @pytest.mark.parametrize(
-    ("option", "bad"),
-    [("missed_window_s", 0), ("timeout_s", -1), ("cache_s", -0.5), ("missed_settle_s", "1")],
+    ("option", "bad", "error"),
+    [
+        ("missed_window_s", 0, ValueError),
+        ("timeout_s", -1, ValueError),
+        ("cache_s", -0.5, ValueError),
+        ("missed_settle_s", "1", TypeError),
+    ],
 )
-def test_bad_options_are_refused(option: str, bad: Any) -> None:
-    with pytest.raises(ValueError, match=option.removeprefix("missed_")):
+def test_bad_options_are_refused(option: str, bad: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=rf"^{option.removeprefix('missed_')} must be a number"):
         SdcoreMetrics(**{option: bad})
 
 

@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from sdcore.outbox import (
     Outbox,
     OutboxMessage,
     OutboxRelay,
     OutboxStatus,
+    PostgresOutboxStore,
     PublisherUnavailableError,
 )
 from sdcore.testing import FakeClock, MemoryOutboxStore, RecordingPublisher
@@ -218,4 +220,21 @@ def test_settings_of_the_postgres_store_are_refused_with_another_store() -> None
         OutboxRelay(store, RecordingPublisher(), listen_dsn="postgresql://x")
     with pytest.raises(ValueError, match="listen_dsn / transaction_pooling"):
         OutboxRelay(store, RecordingPublisher(), transaction_pooling=True)
-    assert OutboxRelay(store, RecordingPublisher(), outbox=store.outbox).outbox is store.outbox
+    with pytest.warns(DeprecationWarning, match="leave outbox= unset"):
+        relay = OutboxRelay(store, RecordingPublisher(), outbox=store.outbox)
+    assert relay.outbox is store.outbox
+
+
+async def test_a_pool_still_works_for_one_release_and_names_the_store_form() -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool("dbname=none", open=False)
+    outbox = Outbox(table="orders_outbox")
+    with pytest.warns(DeprecationWarning, match=r"OutboxRelay\(PostgresOutboxStore\(pool, outbox="):
+        relay = OutboxRelay(pool, RecordingPublisher(), outbox=outbox, transaction_pooling=True)
+    assert isinstance(relay.store, PostgresOutboxStore)
+    assert (relay.store.pool, relay.store.outbox, relay.outbox) == (pool, outbox, outbox)
+    assert not relay.store.listens  # transaction pooling without a listen_dsn
+
+
+def test_what_is_neither_a_store_nor_a_pool_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"^store must be an OutboxStore.*got NoneType"):
+        OutboxRelay(None, RecordingPublisher())  # type: ignore[arg-type]

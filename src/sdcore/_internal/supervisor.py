@@ -28,6 +28,7 @@ from typing import Any
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.validation import positive_number
 
 Factory = Callable[[], Coroutine[Any, Any, None]]
 
@@ -52,8 +53,7 @@ class Supervisor:
         backoff_max_s: float = 30.0,
         stable_s: float = 60.0,
     ) -> None:
-        if not 0 < backoff_s <= backoff_max_s:
-            raise ValueError("backoff_s must be positive and at most backoff_max_s")
+        positive_number("backoff_s", backoff_s, maximum=backoff_max_s)
         self.name = name
         self._log = logger
         self._backoff = backoff_s

@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.supervisor import Supervisor
+from sdcore._internal.validation import Refusal, int_between, non_empty_str, shown
 from sdcore.dashboard import _format
 from sdcore.dashboard._auth import (
     COOKIE,
@@ -84,6 +85,10 @@ class Visit:
     base: str
 
 
+def _refused(refusal: Refusal) -> DashboardError:
+    return DashboardError(refusal.message)
+
+
 def dashboard_app(
     source: Runtime | AsyncConnectionPool[Any],
     *,
@@ -132,10 +137,9 @@ def dashboard_app(
             ``refresh_s``, ``queue_prefix`` or ``allowed_hosts``.
     """
     token = check_token(token)
-    if isinstance(refresh_s, bool) or not isinstance(refresh_s, int) or not 0 <= refresh_s <= 3600:
-        raise DashboardError(f"refresh_s must be an int from 0 to 3600, got {refresh_s!r:.40}")
-    if not isinstance(queue_prefix, str) or not queue_prefix or "\x00" in queue_prefix:
-        raise DashboardError(f"queue_prefix must be a non-empty str, got {queue_prefix!r:.40}")
+    int_between("refresh_s", refresh_s, 0, 3600, error=_refused)
+    if "\x00" in non_empty_str("queue_prefix", queue_prefix, error=_refused):
+        raise DashboardError(f"queue_prefix must be a str without NUL, got {shown(queue_prefix)}")
     if secret is not None and not isinstance(secret, bytes):
         raise DashboardError("secret must be bytes (at least 16)")
     if isinstance(allowed_hosts, str) or (

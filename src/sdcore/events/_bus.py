@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from sdcore._internal.validation import boolean
 from sdcore.events._background import Background
 from sdcore.events._errors import (
     EventLoopRequiredError,
@@ -50,8 +51,7 @@ class EventBus:
     """
 
     def __init__(self, *, logger_name: str = "sdcore.events", strict: bool = False) -> None:
-        if not isinstance(strict, bool):
-            raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+        boolean("strict", strict)
         self._log = logging.getLogger(logger_name)
         self._strict = strict
         self._subscriptions: list[Subscription] = []
@@ -100,10 +100,7 @@ class EventBus:
         if not callable(listener):
             raise InvalidListenerError(listener, "must be callable")
         for option, value in (("deferred", deferred), ("propagate_errors", propagate_errors)):
-            if not isinstance(value, bool):
-                raise InvalidListenerError(
-                    listener, f"{option} must be a bool, got {type(value).__name__}"
-                )
+            boolean(option, value, error=lambda r: InvalidListenerError(listener, r.message))
         if deferred and propagate_errors:
             raise InvalidListenerError(
                 listener,

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from sdcore._internal.errors import FieldError
 from sdcore._internal.identifiers import check_identifier, qualified
 from sdcore._internal.sql import queries, render
+from sdcore._internal.validation import field_error, int_between, positive_timedelta
 from sdcore.job_scheduler._model import (
     _UUID,
     JobSchedulerError,
@@ -244,8 +245,7 @@ class LeaseAdmin:
         Raises:
             InvalidAdminRequestError: A bad age, status or batch size.
         """
-        if not isinstance(older_than, timedelta) or not timedelta(0) < older_than <= MAX_AGE:
-            raise InvalidAdminRequestError("older_than", "must be a positive timedelta ≤ 36,500 d")
+        positive_timedelta("older_than", older_than, at_most=MAX_AGE, error=_refused)
         _check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         if isinstance(statuses, str) or not statuses:
             raise InvalidAdminRequestError("statuses", "must be a non-empty sequence")
@@ -340,10 +340,11 @@ class _DriverErrors:
         raise JobSchedulerDatabaseError(f"statement refused: {detail}", exc.sqlstate) from exc
 
 
+_refused = field_error(InvalidAdminRequestError)
+
+
 def _check_int(field: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidAdminRequestError(field, f"must be an int from {low} to {high}")
-    return value
+    return int_between(field, value, low, high, error=_refused)
 
 
 def _status(field: str, value: object) -> JobSchedulerStatus:

@@ -31,6 +31,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
+from sdcore._internal.validation import at_least, int_between
 from sdcore.job_scheduler._model import (
     JobLease,
     JobSchedulerError,
@@ -135,14 +136,8 @@ class LeaseEngine:
         transaction_pooling: bool,
         log: logging.Logger,
     ) -> None:
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise TypeError("max_connections must be an int")
-        if max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
-        if isinstance(statement_timeout_ms, bool) or not isinstance(statement_timeout_ms, int):
-            raise TypeError("statement_timeout_ms must be an int")
-        if not 0 <= statement_timeout_ms <= 2**31 - 1:
-            raise ValueError(f"statement_timeout_ms out of range: {statement_timeout_ms}")
+        at_least("max_connections", max_connections, 1)
+        int_between("statement_timeout_ms", statement_timeout_ms, 0, 2**31 - 1)
         self.log = log
         self.table = table
         self.schema = schema

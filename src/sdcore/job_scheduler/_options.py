@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sdcore._internal.validation import field_error, int_between
 from sdcore.job_scheduler._model import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
@@ -110,20 +111,13 @@ def _head(domain: str, type_: str) -> bytes:
     return _frame(domain.encode("ascii")) + _frame(type_.encode("ascii"))
 
 
-def _check_int(field_name: str, value: object) -> int:
+def _check_int(field_name: str, value: object, minimum: int) -> int:
     if value is None:
         raise InvalidJobLeaseOptionsError(
             field_name, "None is not 'omitted'; leave the option out to get its default"
         )
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJobLeaseOptionsError(
-            field_name, f"must be an int (milliseconds), got {_describe(value)}"
-        )
-    if value > MAX_SAFE_INTEGER:
-        raise InvalidJobLeaseOptionsError(
-            field_name, f"must be a safe integer (at most 2**53 - 1), got {value}"
-        )
-    return int(value)
+    error = field_error(InvalidJobLeaseOptionsError)
+    return int(int_between(field_name, value, minimum, MAX_SAFE_INTEGER, error=error))
 
 
 def resolve_timing(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
@@ -139,16 +133,10 @@ def resolve_timing(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
     Raises:
         InvalidJobLeaseOptionsError: Any violation of the timing rules.
     """
-    lease = _check_int("lease_ms", lease_ms)
-    if lease <= 2:
-        raise InvalidJobLeaseOptionsError("lease_ms", f"must be greater than 2, got {lease}")
+    lease = _check_int("lease_ms", lease_ms, 3)
     if type(heartbeat_ms) is _OmittedHeartbeat:
         return lease, min(DEFAULT_HEARTBEAT_MS, lease // 3)
-    heartbeat = _check_int("heartbeat_ms", heartbeat_ms)
-    if heartbeat < 0:
-        raise InvalidJobLeaseOptionsError(
-            "heartbeat_ms", f"must be non-negative (0 disables it), got {heartbeat}"
-        )
+    heartbeat = _check_int("heartbeat_ms", heartbeat_ms, 0)
     if heartbeat and 2 * heartbeat >= lease:
         raise InvalidJobLeaseOptionsError(
             "heartbeat_ms",

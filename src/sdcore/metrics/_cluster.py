@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.validation import number_at_least
 from sdcore.job_scheduler import JobSchedulerStatus
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class ClusterCollector(Collector):
         cache_s: Figures younger than this are served without a read.
 
     Raises:
+        TypeError: A window, timeout, settle or cache time that is not a number.
         ValueError: A non-positive window, timeout or a negative settle or cache time.
     """
 
@@ -94,8 +96,7 @@ class ClusterCollector(Collector):
             ("settle_s", settle_s, 0.0),
             ("cache_s", cache_s, 0.0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-                raise ValueError(f"{name} must be a number of at least {low}, got {value!r:.40}")
+            number_at_least(name, value, low)
         self.scheduler = scheduler
         self.jobs = jobs
         self.outbox = outbox

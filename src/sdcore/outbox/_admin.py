@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from sdcore._internal.validation import field_error, int_between
 from sdcore.outbox._model import InvalidOutboxRequestError, OutboxStatus
 from sdcore.outbox._outbox import Outbox
 from sdcore.outbox._store import database_errors
@@ -78,10 +79,7 @@ class OutboxAdmin:
             InvalidOutboxRequestError: An unknown or missing status, or a bad limit.
             OutboxDatabaseError: The statement failed (a missing table: ``sqlstate`` 42P01).
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIST_LIMIT:
-            raise InvalidOutboxRequestError(
-                "limit", f"must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r:.40}"
-            )
+        int_between("limit", limit, 1, MAX_LIST_LIMIT, error=field_error(InvalidOutboxRequestError))
         wanted = _statuses(statuses)
         return await self._rows(conn, wanted, limit, "list")
 
@@ -103,10 +101,7 @@ class OutboxAdmin:
             InvalidOutboxRequestError: ``row_id`` is not a positive 64-bit int.
             OutboxDatabaseError: The statement failed.
         """
-        if isinstance(row_id, bool) or not isinstance(row_id, int) or not 0 < row_id <= _MAX_ID:
-            raise InvalidOutboxRequestError(
-                "row id", f"must be a positive 64-bit int, got {row_id!r:.40}"
-            )
+        int_between("row id", row_id, 1, _MAX_ID, error=field_error(InvalidOutboxRequestError))
         with database_errors("retry"):
             cur = await conn.execute(self.outbox.sql.retry, (row_id,))
             return await cur.fetchone() is not None

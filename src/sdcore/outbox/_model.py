@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any, NoReturn, Protocol
 
 from sdcore._internal.errors import FieldError
+from sdcore._internal.validation import boolean, field_error, int_between
 from sdcore.exceptions import SdcoreError
 
 MAX_KEY_LENGTH = 1024
@@ -430,10 +431,11 @@ def check_exact_numbers(value: object, path: str = "$") -> None:
             check_exact_numbers(item, f"{path}[{index}]")
 
 
+_refused = field_error(InvalidOutboxMessageError)
+
+
 def _non_negative_int(field: str, value: object, limit: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
-        raise InvalidOutboxMessageError(field, f"must be an int from 0 to {limit}")
-    return value
+    return int_between(field, value, 0, limit, error=_refused)
 
 
 def _keep(field: str, value: object) -> object:
@@ -478,9 +480,7 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in options.items():
         if key == "attempts":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-                raise InvalidOutboxMessageError("options.attempts", "must be an int from 1 to 1000")
-            result[key] = value
+            result[key] = int_between("options.attempts", value, 1, 1000, error=_refused)
         elif key == "backoff":
             if isinstance(value, int) and not isinstance(value, bool):
                 result[key] = {
@@ -503,9 +503,7 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
                 f"options.{key}", value, 2**21 if key == "priority" else 2**31
             )
         elif key == "lifo":
-            if not isinstance(value, bool):
-                raise InvalidOutboxMessageError("options.lifo", "must be a bool")
-            result[key] = value
+            result[key] = boolean("options.lifo", value, error=_refused)
         elif key in ("removeOnComplete", "removeOnFail"):
             result[key] = _keep(f"options.{key}", value)
         elif key == "jobId":

@@ -13,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
 from sdcore._internal.telemetry import NOOP, Telemetry, trace_json
+from sdcore._internal.validation import at_least, int_between
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler import JobLease
 from sdcore.outbox._debounce import Plan, plan_notify, settle
@@ -98,7 +99,8 @@ class Outbox:
     Raises:
         InvalidIdentifierError: A bad table, schema or channel name.
         InvalidOutboxMessageError: A bad namespace.
-        ValueError: ``max_attempts`` or ``dedup_window_ms`` out of range.
+        TypeError: ``max_attempts``, ``dedup_window_ms`` or ``notify_interval_ms`` not an int.
+        ValueError: ``max_attempts``, ``dedup_window_ms`` or ``notify_interval_ms`` out of range.
     """
 
     telemetry: Telemetry = NOOP  # whose trace context rows carry (sdcore.tracing)
@@ -116,26 +118,9 @@ class Outbox:
         dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
         exact_numbers: bool = False,
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TypeError("max_attempts must be an int")
-        if not 1 <= max_attempts <= 1000:
-            raise ValueError(f"max_attempts must be from 1 to 1000, got {max_attempts}")
-        if (
-            isinstance(dedup_window_ms, bool)
-            or not isinstance(dedup_window_ms, int)
-            or dedup_window_ms < 1000
-        ):
-            raise ValueError(
-                f"dedup_window_ms must be an int of at least 1000, got {dedup_window_ms!r:.40}"
-            )
-        if (
-            isinstance(notify_interval_ms, bool)
-            or not isinstance(notify_interval_ms, int)
-            or not 0 <= notify_interval_ms <= 10_000
-        ):
-            raise ValueError(
-                f"notify_interval_ms must be an int from 0 to 10000, got {notify_interval_ms!r:.40}"
-            )
+        int_between("max_attempts", max_attempts, 1, 1000)
+        at_least("dedup_window_ms", dedup_window_ms, 1000)
+        int_between("notify_interval_ms", notify_interval_ms, 0, 10_000)
         target = qualified(table, schema)
         self.table = table
         self.schema = schema

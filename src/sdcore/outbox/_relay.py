@@ -8,6 +8,7 @@ import json
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,6 +64,44 @@ DEFAULT_RELAY_BATCH_SIZE = 500
 DEFAULT_RELAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
+def _store_of(
+    given: object, outbox: Outbox | None, listen_dsn: str | None, transaction_pooling: bool
+) -> OutboxStore:
+    """Return the relay's store: ``given``, or (deprecated) a pool wrapped in a Postgres store."""
+    if isinstance(given, OutboxStore):
+        own: object = getattr(given, "outbox", None)
+        if outbox is not None and outbox is not own:
+            raise ValueError("outbox= is the store's own: leave it unset with a store")
+        if listen_dsn is not None or transaction_pooling:
+            raise ValueError(
+                "listen_dsn / transaction_pooling configure a PostgresOutboxStore: pass"
+                " them to the store, not to a relay given a store"
+            )
+        if outbox is not None:
+            warnings.warn(
+                "OutboxRelay(store, publisher, outbox=…) is deprecated: the relay's outbox is"
+                " the store's, leave outbox= unset",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        return given
+    if not isinstance(given, AsyncConnectionPool):
+        raise TypeError(
+            "store must be an OutboxStore, e.g. PostgresOutboxStore(pool), got"
+            f" {type(given).__name__}"
+        )
+    warnings.warn(
+        "OutboxRelay(pool, publisher, outbox=…, listen_dsn=…, transaction_pooling=…) is"
+        " deprecated: pass a store, OutboxRelay(PostgresOutboxStore(pool, outbox=…,"
+        " listen_dsn=…, transaction_pooling=…), publisher)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return PostgresOutboxStore(
+        given, outbox=outbox, listen_dsn=listen_dsn, transaction_pooling=transaction_pooling
+    )
+
+
 class OutboxRelay(AsyncStartStop):
     """Claims due rows in short transactions, publishes them, marks them published.
 
@@ -88,13 +127,13 @@ class OutboxRelay(AsyncStartStop):
     deleted once the outbox's ``dedup_window_ms`` has passed since their publication.
 
     Args:
-        pool: Connection pool for the outbox's database, or an :class:`OutboxStore` (e.g.
-            ``sdcore.testing.MemoryOutboxStore``; then ``outbox`` is the store's and
-            ``listen_dsn`` / ``transaction_pooling`` configure nothing and must stay unset).
-            A pool is wrapped in a :class:`PostgresOutboxStore`, which the relay exposes as
-            :attr:`store`.
+        store: Where the relay claims rows and records outcomes: a
+            :class:`PostgresOutboxStore` (``PostgresOutboxStore(pool, outbox=…, listen_dsn=…)``),
+            or ``sdcore.testing.MemoryOutboxStore`` in tests. The relay's :attr:`outbox` is the
+            store's. A connection pool is still accepted, deprecated: the relay wraps it in a
+            :class:`PostgresOutboxStore` built from ``outbox``, ``listen_dsn`` and
+            ``transaction_pooling``.
         publisher: Where messages go (``sdcore.queues.BullMQPublisher``, or a test double).
-        outbox: The outbox table (default ``Outbox()``).
         batch_size: Rows per claim (500: chosen by the sweep of ``benchmarks/outbox.py``,
             ``docs/benchmarks.md#outbox``; a batch waits for its whole ``addBulk`` before its
             first job is in Redis, and only a backlog fills a batch).
@@ -115,28 +154,30 @@ class OutboxRelay(AsyncStartStop):
             ``dedup_window_ms``).
         prune_every_ms: How often to prune.
         logger_name: Logger for relay events.
-        listen_dsn: LISTEN on a direct connection to this DSN instead of one made from the
-            pool's settings (claims still go through the pool): for a pool behind PgBouncer in
-            transaction mode, where LISTEN cannot work.
-        transaction_pooling: The pool goes through a transaction-pooling proxy (PgBouncer
-            ``pool_mode = transaction``): statements are never prepared server-side, and without
-            ``listen_dsn`` the relay does not LISTEN (``state.listening`` stays false) and finds
-            rows by polling every ``poll_interval_ms``.
+        outbox: Deprecated, with a pool only: pass it to :class:`PostgresOutboxStore`.
+        listen_dsn: Deprecated, with a pool only: pass it to :class:`PostgresOutboxStore`.
+        transaction_pooling: Deprecated, with a pool only: pass it to
+            :class:`PostgresOutboxStore`.
 
     Raises:
-        ValueError: An out-of-range setting, ``retention_ms`` longer than the outbox's
+        TypeError: ``store`` is neither an :class:`OutboxStore` nor a pool, or an option is
+            not an ``int``.
+        ValueError: An out-of-range option, ``retention_ms`` longer than the outbox's
             ``dedup_window_ms``, or ``outbox`` / ``listen_dsn`` / ``transaction_pooling`` given
             with a store.
+
+    Warns:
+        DeprecationWarning: ``store`` is a connection pool (or ``outbox=`` repeats the
+            store's own outbox).
     """
 
     telemetry: Telemetry = NOOP  # observers of batches and rounds (sdcore.metrics, .tracing)
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any] | OutboxStore,
+        store: OutboxStore | AsyncConnectionPool[Any],
         publisher: Publisher,
         *,
-        outbox: Outbox | None = None,
         batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
         batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
         poll_interval_ms: int = 1_000,
@@ -147,22 +188,14 @@ class OutboxRelay(AsyncStartStop):
         retention_ms: int = 7 * 24 * 3600 * 1000,
         prune_every_ms: int = 3600 * 1000,
         logger_name: str = "sdcore.outbox",
+        outbox: Outbox | None = None,
         listen_dsn: str | None = None,
         transaction_pooling: bool = False,
     ) -> None:
         self._publisher = publisher
-        store = pool if isinstance(pool, OutboxStore) else None
-        if store is not None:
-            own: object = getattr(store, "outbox", None)
-            if outbox is not None and outbox is not own:
-                raise ValueError("outbox= is the store's own: leave it unset with a store")
-            if listen_dsn is not None or transaction_pooling:
-                raise ValueError(
-                    "listen_dsn / transaction_pooling configure a PostgresOutboxStore: pass"
-                    " them to the store, not to a relay given a store"
-                )
-            outbox = own if isinstance(own, Outbox) else None
-        self.outbox = outbox or Outbox()
+        store = _store_of(store, outbox, listen_dsn, transaction_pooling)
+        own: object = getattr(store, "outbox", None)
+        self.outbox = own if isinstance(own, Outbox) else Outbox()
         self._batch = at_least("batch_size", batch_size, 1)
         self._batch_bytes = at_least("batch_bytes", batch_bytes, 1)
         # Rows per claim after batches the broker refused: half the refused batch each time,
@@ -188,13 +221,6 @@ class OutboxRelay(AsyncStartStop):
                 f"retention_ms ({self._retention}) must not exceed the outbox's dedup_window_ms"
                 f" ({self.outbox.dedup_window_ms}): a key must stay taken at least as long as its"
                 " row is kept"
-            )
-        if store is None:
-            store = PostgresOutboxStore(
-                pool,  # type: ignore[arg-type]  # not a store, so a pool
-                outbox=self.outbox,
-                listen_dsn=listen_dsn,
-                transaction_pooling=transaction_pooling,
             )
         self.store: OutboxStore = store
         """Where the relay claims rows and records outcomes."""

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
-from sdcore._internal.validation import at_least
+from sdcore._internal.validation import at_least, non_empty_str
 from sdcore.outbox._listen import pg_notifications
 from sdcore.outbox._model import (
     OutboxDatabaseError,
@@ -253,7 +253,8 @@ class PostgresOutboxStore:
             never prepared server-side, and without ``listen_dsn`` the store does not listen.
 
     Raises:
-        ValueError: ``listen_dsn`` is empty or not a str.
+        TypeError: ``listen_dsn`` is not a str (nor ``None``).
+        ValueError: ``listen_dsn`` is empty.
     """
 
     def __init__(
@@ -264,8 +265,8 @@ class PostgresOutboxStore:
         listen_dsn: str | None = None,
         transaction_pooling: bool = False,
     ) -> None:
-        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
-            raise ValueError("listen_dsn must be a non-empty DSN str or None")
+        if listen_dsn is not None:
+            non_empty_str("listen_dsn", listen_dsn)
         self.pool = pool
         self.outbox = outbox or Outbox()
         self._sql = self.outbox.sql

@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff, BasePool
 
-from sdcore._internal.validation import int_between
+from sdcore._internal.validation import boolean, int_between
 from sdcore.exceptions import SdcoreError
 from sdcore.postgres._dsn import redact_dsn, redact_text
 
@@ -100,8 +100,7 @@ class PoolSettings:
             raise ValueError(f"min_size {self.min_size} is larger than max_size {self.max_size}")
         if not isinstance(self.application_name, str):
             raise TypeError("application_name must be a str")
-        if not isinstance(self.transaction_pooling, bool):
-            raise TypeError("transaction_pooling must be a bool")
+        boolean("transaction_pooling", self.transaction_pooling)
         if self.connect_timeout is not None:
             int_between("connect_timeout", self.connect_timeout, 1, 86_400)
         int_between("open_timeout_ms", self.open_timeout_ms, 0, _INT_MAX)

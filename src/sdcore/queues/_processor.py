@@ -6,6 +6,7 @@ import inspect
 import re
 from typing import Any
 
+from sdcore._internal.validation import int_between
 from sdcore.queues._bullmq import Job, UnrecoverableError
 from sdcore.queues._errors import InvalidProcessorError
 
@@ -103,8 +104,7 @@ def check_processor(processor: object) -> Processor:
         )
     for attr, low, high in (("concurrency", 1, 1000), ("lock_duration_ms", 1000, 24 * 3600_000)):
         value = getattr(processor, attr)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise InvalidProcessorError(name, f"{attr} must be an int from {low} to {high}")
+        int_between(attr, value, low, high, error=lambda r: InvalidProcessorError(name, r.message))
     for hook in ("process", "on_completed", "on_failed"):
         if not inspect.iscoroutinefunction(getattr(processor, hook)):
             raise InvalidProcessorError(name, f"{hook} must be an async def")

@@ -14,6 +14,7 @@ from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.telemetry import trace_option
+from sdcore._internal.validation import int_between, non_empty_str, shown
 from sdcore._json import MAX_JSON_BYTES
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 from sdcore.queues._bullmq import Queue, sibling_queue
@@ -41,9 +42,10 @@ MAX_CACHED_QUEUES = 1024
 
 def check_prefix(prefix: object) -> str:
     """Validate a BullMQ key prefix (``bull`` by default; keys are ``{prefix}:{queue}:…``)."""
-    if not isinstance(prefix, str) or not prefix or len(prefix) > 200 or "\x00" in prefix:
-        raise ValueError("prefix must be a non-empty str of at most 200 characters")
-    return prefix
+    text = non_empty_str("prefix", prefix, max_length=200)
+    if "\x00" in text:
+        raise ValueError(f"prefix must be a str without NUL, got {shown(text)}")
+    return text
 
 
 class BullMQPublisher(AsyncStartStop):
@@ -79,7 +81,8 @@ class BullMQPublisher(AsyncStartStop):
 
     Raises:
         RedisClientError: ``redis`` is not a ``redis.asyncio.Redis`` with ``decode_responses``.
-        ValueError: A bad prefix or limit.
+        TypeError: A prefix or limit of the wrong type.
+        ValueError: A prefix or limit out of range.
     """
 
     def __init__(
@@ -91,10 +94,8 @@ class BullMQPublisher(AsyncStartStop):
         check_server: bool = True,
         logger_name: str = "sdcore.queues",
     ) -> None:
-        if isinstance(max_job_bytes, bool) or not isinstance(max_job_bytes, int):
-            raise TypeError("max_job_bytes must be an int")
-        if not 2 <= max_job_bytes <= 512 * 1024 * 1024:
-            raise ValueError("max_job_bytes must be from 2 to 512 MiB (Redis' proto-max-bulk-len)")
+        # 512 MiB: Redis' proto-max-bulk-len.
+        int_between("max_job_bytes", max_job_bytes, 2, 512 * 1024 * 1024)
         self._redis = check_client(redis)
         self._prefix = check_prefix(prefix)
         self._max_job_bytes = max_job_bytes

@@ -15,6 +15,7 @@ from redis.backoff import ExponentialBackoff
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.validation import positive_number
 from sdcore.queues._errors import RedisClientError, RedisUnavailableError
 
 _SCHEMES = frozenset({"redis", "rediss", "unix"})
@@ -99,12 +100,13 @@ def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> R
     pooled socket), then the error surfaces so the outbox relay can back off.
 
     Raises:
+        TypeError: A timeout that is not a number.
         ValueError: Not a Redis URL, or a timeout out of range.
     """
     if not queues_enabled(url):
         raise ValueError("a Redis URL is required")
-    if not 0 < socket_timeout_s <= 3600 or not 0 < connect_timeout_s <= 3600:
-        raise ValueError("timeouts must be positive numbers of seconds (at most 3600)")
+    positive_number("socket_timeout_s", socket_timeout_s, maximum=3600)
+    positive_number("connect_timeout_s", connect_timeout_s, maximum=3600)
     client: Redis = Redis.from_url(
         url.strip(),
         decode_responses=True,

@@ -70,6 +70,7 @@ class Workers(AsyncStartStop):
 
     Raises:
         InvalidProcessorError: A processor is invalid.
+        TypeError: A prefix or stall option of the wrong type.
         ValueError: Two processors for one queue, no processor, a bad URL, prefix or interval.
     """
 

@@ -11,6 +11,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from sdcore._internal.validation import (
+    ErrorFactory,
+    boolean,
+    int_between,
+    integer,
+    positive_timedelta,
+)
 from sdcore.job_scheduler import DEFAULT_HEARTBEAT_MS
 from sdcore.scheduling._catch_up import MAX_RANGE_TICKS
 from sdcore.scheduling._control import (
@@ -53,6 +60,11 @@ class _Definition(NamedTuple):
     time_zone: str
     args: Mapping[str, Any] | None
     options: Mapping[str, Any] | None
+
+
+def _refused(schedule: str | None = None) -> ErrorFactory:
+    """Word a refused argument as a :class:`ScheduleControlError` about ``schedule``."""
+    return lambda refusal: ScheduleControlError(schedule, refusal.message)
 
 
 def _text(field_name: str, value: object, limit: int, *, optional: bool) -> str | None:
@@ -275,14 +287,8 @@ class ScheduleAdmin:
             raise ScheduleControlError(
                 None, "the window must lie in the past (--to is in the future)"
             )
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-            raise ScheduleControlError(None, "concurrency must be an int")
-        if not 1 <= concurrency <= MAX_BACKFILL_CONCURRENCY:
-            raise ScheduleControlError(
-                None, f"concurrency must be between 1 and {MAX_BACKFILL_CONCURRENCY}"
-            )
-        if not isinstance(rerun_succeeded, bool):
-            raise ScheduleControlError(None, "rerun_succeeded must be a bool")
+        int_between("concurrency", concurrency, 1, MAX_BACKFILL_CONCURRENCY, error=_refused())
+        boolean("rerun_succeeded", rerun_succeeded, error=_refused())
         if low < EARLIEST:
             raise ScheduleControlError(
                 None,
@@ -374,10 +380,8 @@ class ScheduleAdmin:
         """
         if not isinstance(name, str):
             raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
-        if expected_version is not None and (
-            isinstance(expected_version, bool) or not isinstance(expected_version, int)
-        ):
-            raise ScheduleControlError(name, "expected_version must be an int")
+        if expected_version is not None:
+            integer("expected_version", expected_version, error=_refused(name))
         if cron is not None and every_ms is not None:
             raise ScheduleControlError(name, "give at most one of cron or every_ms")
         given = (handler, cron, every_ms, time_zone, args)
@@ -456,8 +460,7 @@ class ScheduleAdmin:
             expression, schedule_kind = cron, ScheduleKind.CRON.value
         else:
             expression, schedule_kind = str(every_ms), ScheduleKind.INTERVAL.value
-            if isinstance(every_ms, bool) or not isinstance(every_ms, int):
-                raise ScheduleControlError(name, "every_ms must be an int")
+            integer("every_ms", every_ms, error=_refused(name))
         row_trigger(name, schedule_kind, expression, time_zone)
         arguments = dict(args or {})
         try:
@@ -592,8 +595,7 @@ class ScheduleAdmin:
         Raises:
             ScheduleControlError: Unknown schedule or a bad limit.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise ScheduleControlError(None, "limit must be an int between 1 and 10000")
+        int_between("limit", limit, 1, 10_000, error=_refused())
         if not isinstance(name, str):
             raise ScheduleControlError(None, f"schedule name must be a str, got {name!r:.60}")
         if await self.store.row(name) is None:
@@ -602,8 +604,7 @@ class ScheduleAdmin:
 
     async def actions(self, name: str, *, limit: int = 50) -> list[ControlAction]:
         """The control-action log of one schedule (who/why/when, progress), newest first."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise ScheduleControlError(None, "limit must be an int between 1 and 10000")
+        int_between("limit", limit, 1, 10_000, error=_refused())
         if not isinstance(name, str):
             raise ScheduleControlError(None, "schedule name must be a str")
         if await self.store.row(name) is None:
@@ -623,8 +624,7 @@ class ScheduleAdmin:
 
     async def prune(self, older_than: timedelta, *, batch_size: int = 10_000) -> int:
         """Delete history runs and finished actions older than ``older_than``; return the count."""
-        if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
-            raise ScheduleControlError(None, "older_than must be a positive timedelta")
+        positive_timedelta("older_than", older_than, error=_refused())
         return await self.store.prune(self._clock() - older_than, batch_size)
 
 

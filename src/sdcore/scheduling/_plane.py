@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore._internal.supervisor import Supervisor
+from sdcore._internal.validation import int_between
 from sdcore.scheduling._actions import ActionRunner
 from sdcore.scheduling._control import (
     ActionKind,
@@ -140,16 +141,8 @@ class ScheduleControl:
         logger_name: str = "sdcore.scheduling.control",
         history_store: ScheduleStore | None = None,
     ) -> None:
-        for label, value in (
-            ("poll_interval_ms", poll_interval_ms),
-            ("heartbeat_ms", heartbeat_ms),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 10 <= value <= 3_600_000
-            ):
-                raise ValueError(f"{label} must be an int between 10 and 3600000, got {value!r}")
+        int_between("poll_interval_ms", poll_interval_ms, 10, 3_600_000)
+        int_between("heartbeat_ms", heartbeat_ms, 10, 3_600_000)
         self.scheduler = scheduler
         self.store = store
         self._poll_s = poll_interval_ms / 1000

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
+from sdcore._internal.validation import boolean, int_between
 from sdcore.job_scheduler import (
     DEFAULT_HEARTBEAT_MS,
     AttemptBudget,
@@ -168,15 +169,9 @@ def check_ms(
     Raises:
         InvalidScheduleError: Not an int, or outside ``[minimum, maximum]``.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidScheduleError(
-            schedule, f"{option} must be an int (ms), got {type(value).__name__}"
-        )
-    if not minimum <= value <= maximum:
-        raise InvalidScheduleError(
-            schedule, f"{option} must be between {minimum} and {maximum}, got {value}"
-        )
-    return int(value)
+    return int_between(
+        option, value, minimum, maximum, error=lambda r: InvalidScheduleError(schedule, r.message)
+    )
 
 
 def check_name(name: object) -> str:
@@ -219,8 +214,7 @@ def build_policy(
     if unknown:
         raise InvalidScheduleError(name, f"unknown option(s): {', '.join(unknown)}")
     exclusive = options.get("exclusive", has_jobs)
-    if not isinstance(exclusive, bool):
-        raise InvalidScheduleError(name, "exclusive must be a bool")
+    boolean("exclusive", exclusive, error=lambda r: InvalidScheduleError(name, r.message))
     if exclusive and not has_jobs:
         raise InvalidScheduleError(name, "exclusive=True needs a job scheduler (jobs=...)")
     try:

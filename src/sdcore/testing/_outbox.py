@@ -70,9 +70,9 @@ class MemoryOutboxRow:
 class MemoryOutboxStore:
     """The outbox table and the relay's ``OutboxStore`` port, in process memory.
 
-    :meth:`enqueue` writes rows; given to :class:`~sdcore.outbox.OutboxRelay` in place of a pool
-    (``OutboxRelay(MemoryOutboxStore(), publisher)``), it lets a relay's retry, back-off,
-    dead-letter and pruning behaviour be tested with no database.
+    :meth:`enqueue` writes rows; given to :class:`~sdcore.outbox.OutboxRelay` in place of a
+    ``PostgresOutboxStore`` (``OutboxRelay(MemoryOutboxStore(), publisher)``), it lets a relay's
+    retry, back-off, dead-letter and pruning behaviour be tested with no database.
 
     It answers as :class:`~sdcore.outbox.PostgresOutboxStore` does (one contract suite runs
     against both), with ``clock`` playing PostgreSQL's ``clock_timestamp()``: pass a
