@@ -25,7 +25,7 @@ from sdcore.scheduling._control import (
     policy_options,
 )
 from sdcore.scheduling._policy import build_policy
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 
 REPLICA = Replica(replica_id=str(uuid.uuid4()), host="replica", pid=1, handlers=("digest",))
 
@@ -45,7 +45,7 @@ def _declared(name: str) -> Declared:
 @pytest.fixture(params=["memory", "postgres"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ScheduleStore]:
     if request.param == "memory":
-        yield InMemoryScheduleStore(InMemoryJobScheduler())
+        yield MemoryScheduleStore(MemoryJobScheduler())
         return
     dsn = request.getfixturevalue("pg_dsn")
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(

@@ -45,7 +45,7 @@ SHARED_PRIVATE = {"_internal", "_json"}  # "exceptions" is public
 # The in-memory doubles are twins of the real backends: they share the backends' private value
 # types and validators so that they cannot drift (the contract suites check the answers). This is
 # the one exception, and it is narrow: sdcore.testing only, and only these packages.
-FRIENDS = {"testing": {"job_scheduler", "outbox"}}
+FRIENDS = {"testing": {"job_scheduler", "outbox", "scheduling"}}
 
 
 def _package_of(path: Path) -> str:

@@ -101,10 +101,10 @@ def test_error_tree() -> None:
 def test_other_surfaces() -> None:
     assert sdcore.testing.__all__ == [
         "FakeClock",
-        "InMemoryJobScheduler",
-        "InMemoryScheduleStore",
+        "MemoryJobScheduler",
         "MemoryOutboxRow",
         "MemoryOutboxStore",
+        "MemoryScheduleStore",
         "RecordingPublisher",
     ]
     assert "schema_sql" in sdcore.postgres.__all__
@@ -162,7 +162,6 @@ def test_scheduling_surface() -> None:
         "ControlWriteUncertainError",
         "CronExpression",
         "DayRule",
-        "InMemoryScheduleStore",
         "InvalidScheduleError",
         "LiveVersion",
         "MissedTick",

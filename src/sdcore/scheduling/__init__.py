@@ -5,6 +5,9 @@ tick's identity (schedule name + the *scheduled* UTC instant) is the same everyw
 Needs the ``sdcore[scheduling]`` extra (cronsim, tzdata).
 """
 
+import warnings
+from typing import Any
+
 try:
     import cronsim  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised without the extra
@@ -24,7 +27,6 @@ from sdcore.scheduling._control import (
 )
 from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
-from sdcore.scheduling._memory_store import InMemoryScheduleStore
 from sdcore.scheduling._pg_store import PostgresScheduleStore
 from sdcore.scheduling._plane import ScheduleControl
 from sdcore.scheduling._policy import (
@@ -45,7 +47,6 @@ __all__ = [
     "ControlWriteUncertainError",
     "CronExpression",
     "DayRule",
-    "InMemoryScheduleStore",
     "InvalidScheduleError",
     "LiveVersion",
     "MissedTick",
@@ -67,3 +68,18 @@ __all__ = [
     "TickOutcome",
     "format_run_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-memory store's name of earlier releases, kept for one release.
+    if name == "InMemoryScheduleStore":
+        warnings.warn(
+            "sdcore.scheduling.InMemoryScheduleStore is deprecated; "
+            "use sdcore.testing.MemoryScheduleStore",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from sdcore.scheduling._memory_store import MemoryScheduleStore
+
+        return MemoryScheduleStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

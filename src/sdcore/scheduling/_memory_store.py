@@ -1,6 +1,7 @@
-"""``InMemoryScheduleStore``: the control plane's store in process memory, for unit tests.
+"""``MemoryScheduleStore``: the control plane's store in process memory, the twin of
+``PostgresScheduleStore`` (public as ``sdcore.testing.MemoryScheduleStore``).
 
-Share one instance (and one :class:`~sdcore.testing.InMemoryJobScheduler`) between several
+Share one instance (and one :class:`~sdcore.testing.MemoryJobScheduler`) between several
 schedulers to test code that pauses, triggers or backfills: it behaves as the PostgreSQL store
 does (revisions, open actions, declarations, run history), and notifies every listener at once.
 """
@@ -31,14 +32,14 @@ from sdcore.scheduling._control import (
     live_version,
 )
 
-__all__ = ["InMemoryScheduleStore"]
+__all__ = ["MemoryScheduleStore"]
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class InMemoryScheduleStore:
+class MemoryScheduleStore:
     """The schedules table, declarations, action log and run history in memory.
 
     Args:
