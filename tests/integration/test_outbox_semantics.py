@@ -346,46 +346,6 @@ async def test_an_autocommit_enqueue_raises_and_writes_nothing(
     assert [r[0] for r in await _rows(pool)] == ["in-tx", "alone"]
 
 
-async def test_an_autocommit_sqlalchemy_session_raises(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
-    from sqlalchemy.engine import URL
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-
-    params = conninfo_to_dict(pg_dsn)
-    url = URL.create(
-        "postgresql+psycopg",
-        username=str(params.get("user", "")) or None,
-        host=str(params.get("host", "")) or None,
-        port=int(str(params["port"])) if "port" in params else None,
-        database=str(params["dbname"]),
-    )
-    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    outbox = Outbox()
-    try:
-        async with AsyncSession(engine) as session:
-            with pytest.raises(OutboxTransactionRequiredError, match="AsyncSession"):
-                await outbox.enqueue_once(
-                    session, idempotency_key="k", queue="q", name="n", payload={}
-                )
-        async with engine.connect() as connection:
-            with pytest.raises(OutboxTransactionRequiredError, match="AsyncConnection"):
-                await outbox.enqueue_once(
-                    connection, idempotency_key="k", queue="q", name="n", payload={}
-                )
-            assert await outbox.enqueue_once(
-                connection,
-                idempotency_key="opted-out",
-                queue="q",
-                name="n",
-                payload={},
-                allow_autocommit=True,
-            )
-    finally:
-        await engine.dispose()
-    assert [r[0] for r in await _rows(pool)] == ["opted-out"]
-
-
 # --------------------------------------------------------------------------- 4. dedup window
 
 
