@@ -274,7 +274,9 @@ async def test_remove_then_create_starts_a_new_schedule(schedules: Schedules) ->
         None,
     )
     assert (row.paused, row.paused_at, row.resumed_at) == (False, None, None)
-    assert (await store.action(trigger.id) or trigger).outcome == "CANCELLED"
+    cancelled = await store.action(trigger.id)
+    assert cancelled is not None
+    assert cancelled.outcome == "CANCELLED"
     (state,) = await store.states()
     assert (state.paused, state.paused_by, state.paused_reason) == (False, None, None)
 

@@ -20,6 +20,7 @@ from sdcore.outbox import (
     OutboxKeyConflictError,
     OutboxTransactionRequiredError,
 )
+from sdcore.outbox._model import job_id_v2
 from sdcore.sqlalchemy import enqueue_once
 
 
@@ -76,6 +77,28 @@ async def test_a_session_write_joins_the_session_transaction(
     finally:
         await engine.dispose()
     assert await _rows(pool) == ["kept", "conn"]
+
+
+async def test_sessions_get_the_same_conflict_rules_and_job_id(
+    pool: AsyncConnectionPool[Any], pg_dsn: str
+) -> None:
+    engine = create_async_engine(_sa_url(pg_dsn))
+    outbox = Outbox()
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            assert await enqueue_once(outbox, session, **_message("k", a=1, b=2))
+        async with AsyncSession(engine) as session, session.begin():
+            assert not await enqueue_once(outbox, session, **_message("k", b=2, a=1))
+            with pytest.raises(OutboxKeyConflictError):
+                await enqueue_once(outbox, session, **_message("k", a=2))
+    finally:
+        await engine.dispose()
+    assert await _rows(pool) == ["k"]
+    # The id an outbox without a namespace derives from the database, schema and table.
+    identity = f"{conninfo_to_dict(pg_dsn)['dbname']}.public.outbox"
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT job_id FROM outbox")
+        assert await cur.fetchone() == (job_id_v2(identity, "k"),)
 
 
 class _RecordingCursor(psycopg.AsyncCursor[Any]):
