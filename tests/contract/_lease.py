@@ -14,7 +14,7 @@ from sdcore.job_scheduler import (
     JobAcquireOptions,
     JobSchedulerService,
 )
-from sdcore.testing import FakeClock, InMemoryJobScheduler
+from sdcore.testing import FakeClock, MemoryJobScheduler
 from tests.integration.test_migrations import DDL_0_1_0, LEGACY_CODE, SEED_0_1_0
 
 BACKENDS = ["memory", "postgres", "postgres-upgraded-from-0.1.0"]
@@ -36,7 +36,7 @@ class Backend:
 
 async def memory_backend() -> Backend:
     clock = FakeClock()
-    service = InMemoryJobScheduler(clock=clock)
+    service = MemoryJobScheduler(clock=clock)
 
     async def age(job_id: str, ms: int) -> None:
         clock.advance(ms=ms)

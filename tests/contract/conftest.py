@@ -16,11 +16,17 @@ import pytest
 
 from tests.contract._lease import BACKENDS, Backend, memory_backend, postgres_backend
 from tests.contract._outbox import STORES, StoreBackend, memory_store, postgres_store
+from tests.contract._schedules import (
+    SCHEDULE_STORES,
+    Schedules,
+    memory_schedules,
+    postgres_schedules,
+)
 
 HERE = Path(__file__).parent
 
 # The fixtures whose parameter names the implementation under test.
-IMPLEMENTATION_FIXTURES = ("backend", "store")
+IMPLEMENTATION_FIXTURES = ("backend", "store", "schedules")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -66,4 +72,14 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
         yield await memory_store()
         return
     async for value in postgres_store(request.getfixturevalue("schema_dsn")):
+        yield value
+
+
+@pytest.fixture(params=SCHEDULE_STORES)
+async def schedules(request: pytest.FixtureRequest) -> AsyncIterator[Schedules]:
+    """Each implementation of the schedule store port in turn (PostgreSQL needs ``pg_dsn``)."""
+    if request.param == "memory":
+        yield await memory_schedules()
+        return
+    async for value in postgres_schedules(request.getfixturevalue("schema_dsn")):
         yield value

@@ -7,7 +7,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -147,104 +147,6 @@ async def test_bad_keys(pool: AsyncConnectionPool[Any], pg_dsn: str, key: Any) -
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
         with pytest.raises(InvalidOutboxMessageError, match="idempotency_key"):
             await Outbox().enqueue_once(conn, idempotency_key=key, queue="q", name="n", payload={})
-
-
-def _sa_url(pg_dsn: str) -> Any:
-    """A SQLAlchemy URL (psycopg driver) for the test database."""
-    from psycopg.conninfo import conninfo_to_dict
-    from sqlalchemy.engine import URL
-
-    params = conninfo_to_dict(pg_dsn)
-    return URL.create(
-        "postgresql+psycopg",
-        username=str(params.get("user", "")) or None,
-        host=str(params.get("host", "")) or None,
-        port=int(str(params["port"])) if "port" in params else None,
-        database=str(params["dbname"]),
-    )
-
-
-async def test_sqlalchemy_session_joins_the_session_transaction(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-
-    url = _sa_url(pg_dsn)
-    engine = create_async_engine(url)
-    try:
-        async with AsyncSession(engine) as session:
-            # The very first statement of the session: the trap is a raw connection taken now,
-            # which would not be inside the session's transaction.
-            assert await Outbox().enqueue_once(
-                session, idempotency_key="rolled", queue="q", name="n", payload={}
-            )
-            await session.rollback()
-        async with AsyncSession(engine) as session:
-            assert await Outbox().enqueue_once(
-                session, idempotency_key="kept", queue="q", name="n", payload={}
-            )
-            await session.commit()
-        async with engine.connect() as connection:
-            assert await Outbox().enqueue_once(
-                connection, idempotency_key="conn", queue="q", name="n", payload={}
-            )
-            await connection.commit()
-    finally:
-        await engine.dispose()
-    assert [r[0] for r in await _rows(pool)] == ["kept", "conn"]
-
-
-class _RecordingCursor(psycopg.AsyncCursor[Any]):
-    """Notes the text of every statement a psycopg connection sends."""
-
-    sent: ClassVar[list[str]] = []
-
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        text = query.decode() if isinstance(query, bytes) else str(query)
-        _RecordingCursor.sent.append(text)
-        return await super().execute(query, params, **kwargs)
-
-
-async def test_psycopg_and_sqlalchemy_send_the_same_statements(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
-    from sqlalchemy import event
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-
-    def enqueue_twice_args(key: str) -> dict[str, Any]:
-        return {"idempotency_key": key, "queue": "q", "name": "n", "payload": {"a": 1}}
-
-    _RecordingCursor.sent = []
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, cursor_factory=_RecordingCursor
-    ) as conn:
-        for _ in range(2):  # the second one is a no-op: the "existing" statement runs too
-            async with conn.transaction():
-                await Outbox(notify_interval_ms=0).enqueue_once(conn, **enqueue_twice_args("pg"))
-    by_psycopg = [q for q in _RecordingCursor.sent if "outbox" in q]
-
-    url = _sa_url(pg_dsn)
-    engine = create_async_engine(url)
-    by_sqlalchemy: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        by_sqlalchemy.append(statement)
-
-    event.listen(engine.sync_engine, "before_cursor_execute", record)
-    try:
-        for _ in range(2):
-            async with AsyncSession(engine) as session, session.begin():
-                await Outbox(notify_interval_ms=0).enqueue_once(session, **enqueue_twice_args("sa"))
-    finally:
-        await engine.dispose()
-    outbox = Outbox()
-    assert by_psycopg == [
-        outbox.sql.enqueue.decode(),
-        outbox.sql.enqueue.decode(),
-        outbox.sql.existing.decode(),
-    ]
-    assert [q for q in by_sqlalchemy if "outbox" in q] == by_psycopg
-    assert [r[0] for r in await _rows(pool)] == ["pg", "sa"]
 
 
 async def test_unsupported_connection_type(pool: AsyncConnectionPool[Any]) -> None:

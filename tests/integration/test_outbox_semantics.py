@@ -356,46 +356,6 @@ async def test_an_autocommit_enqueue_raises_and_writes_nothing(
     assert [r[0] for r in await _rows(pool)] == ["in-tx", "alone"]
 
 
-async def test_an_autocommit_sqlalchemy_session_raises(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
-    from sqlalchemy.engine import URL
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-
-    params = conninfo_to_dict(pg_dsn)
-    url = URL.create(
-        "postgresql+psycopg",
-        username=str(params.get("user", "")) or None,
-        host=str(params.get("host", "")) or None,
-        port=int(str(params["port"])) if "port" in params else None,
-        database=str(params["dbname"]),
-    )
-    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    outbox = Outbox()
-    try:
-        async with AsyncSession(engine) as session:
-            with pytest.raises(OutboxTransactionRequiredError, match="AsyncSession"):
-                await outbox.enqueue_once(
-                    session, idempotency_key="k", queue="q", name="n", payload={}
-                )
-        async with engine.connect() as connection:
-            with pytest.raises(OutboxTransactionRequiredError, match="AsyncConnection"):
-                await outbox.enqueue_once(
-                    connection, idempotency_key="k", queue="q", name="n", payload={}
-                )
-            assert await outbox.enqueue_once(
-                connection,
-                idempotency_key="opted-out",
-                queue="q",
-                name="n",
-                payload={},
-                allow_autocommit=True,
-            )
-    finally:
-        await engine.dispose()
-    assert [r[0] for r in await _rows(pool)] == ["opted-out"]
-
-
 # --------------------------------------------------------------------------- 4. dedup window
 
 
@@ -782,42 +742,6 @@ async def test_the_database_and_python_derive_the_same_job_id(
     assert stored.startswith("sd2-")
     assert not stored.isdigit()
     assert ":" not in stored
-
-
-async def test_sqlalchemy_sessions_get_the_same_conflict_rules(
-    pool: AsyncConnectionPool[Any], pg_dsn: str
-) -> None:
-    from sqlalchemy.engine import URL
-    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-
-    params = conninfo_to_dict(pg_dsn)
-    url = URL.create(
-        "postgresql+psycopg",
-        username=str(params.get("user", "")) or None,
-        host=str(params.get("host", "")) or None,
-        port=int(str(params["port"])) if "port" in params else None,
-        database=str(params["dbname"]),
-    )
-    engine = create_async_engine(url)
-    outbox = Outbox()
-    try:
-        async with AsyncSession(engine) as session, session.begin():
-            assert await outbox.enqueue_once(
-                session, idempotency_key="k", queue="q", name="n", payload={"a": 1, "b": 2}
-            )
-        async with AsyncSession(engine) as session, session.begin():
-            assert not await outbox.enqueue_once(
-                session, idempotency_key="k", queue="q", name="n", payload={"b": 2, "a": 1}
-            )
-            with pytest.raises(OutboxKeyConflictError):
-                await outbox.enqueue_once(
-                    session, idempotency_key="k", queue="q", name="n", payload={"a": 2}
-                )
-    finally:
-        await engine.dispose()
-    rows = await _rows(pool)
-    assert [r[0] for r in rows] == ["k"]
-    assert rows[0][3] == job_id_v2(f"{_dbname(pg_dsn)}.public.outbox", "k")
 
 
 async def test_a_row_written_by_hand_with_a_bad_queue_or_job_id_is_never_published(

@@ -628,6 +628,7 @@ def test_public_surface() -> None:
         "JobSchedulerColumns",
         "JobSchedulerRecord",
         "ReadOnlyJobRecordError",
+        "enqueue_once",
         "forbid_orm_writes",
         "job_scheduler_table",
         "make_job_scheduler_model",

@@ -16,13 +16,13 @@ from sdcore.job_scheduler import (
 )
 from sdcore.job_scheduler._attempts import AttemptBudget
 from sdcore.scheduling._catch_up import settled
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 
 
 @pytest.fixture(params=["postgres", "memory"])
 def store(request: pytest.FixtureRequest) -> BaseJobScheduler:
     if request.param == "memory":
-        return InMemoryJobScheduler()
+        return MemoryJobScheduler()
     service: JobSchedulerService = request.getfixturevalue("jobs")
     return service
 

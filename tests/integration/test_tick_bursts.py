@@ -23,7 +23,7 @@ from sdcore.job_scheduler import (
     JobAcquireOptions,
     JobSchedulerService,
 )
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUDGET = AttemptBudget(max_attempts=2, backoff_ms=50)
@@ -97,7 +97,7 @@ async def test_each_key_of_a_batch_answers_as_a_single_acquire_attempt(
 
 
 async def test_the_memory_double_batch_answers_as_its_single_acquire_attempt() -> None:
-    await _batch_matches_single(InMemoryJobScheduler())
+    await _batch_matches_single(MemoryJobScheduler())
 
 
 async def _batch_matches_single(store: BaseJobScheduler) -> None:

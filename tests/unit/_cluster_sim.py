@@ -1,8 +1,8 @@
 """A deterministic cluster simulation: real schedulers and control planes on the in-memory doubles.
 
 N replicas (each a real :class:`~sdcore.scheduling.Scheduler` plus a real
-:class:`~sdcore.scheduling.ScheduleControl`) share one :class:`~sdcore.testing.InMemoryJobScheduler`
-and one :class:`~sdcore.testing.InMemoryScheduleStore`, on a ``looptime`` event loop whose time
+:class:`~sdcore.scheduling.ScheduleControl`) share one :class:`~sdcore.testing.MemoryJobScheduler`
+and one :class:`~sdcore.testing.MemoryScheduleStore`, on a ``looptime`` event loop whose time
 only moves when every task waits. A seeded random walk of steps drives them: operator actions
 (pause, resume, trigger, backfill, create, update, remove), replica crashes, graceful stops,
 restarts, network partitions and clock skews, and between steps the loop time advances while
@@ -41,7 +41,6 @@ from typing import Any, cast
 
 import looptime
 
-import sdcore.testing as testing_module
 from sdcore.job_scheduler import (
     BaseJobScheduler,
     JobAcquireOptions,
@@ -50,6 +49,7 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
     JobSchedulerUnavailableError,
 )
+from sdcore.job_scheduler import _memory as memory_module
 from sdcore.job_scheduler import _model as lease_model
 from sdcore.job_scheduler import _run as lease_run
 from sdcore.job_scheduler._attempts import (
@@ -69,7 +69,7 @@ from sdcore.scheduling import (
 from sdcore.scheduling._control import ScheduleStore
 from sdcore.scheduling._supervisor import current_path
 from sdcore.scheduling._triggers import IntervalTrigger
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 
 # Every name a check reports under. The strict ones fail the test; a name in the test's
 # KNOWN_HOLES set is counted and printed instead (a hole another change fixes).
@@ -270,7 +270,7 @@ class Link:
 class LinkedJobs(BaseJobScheduler):
     """The shared in-memory job scheduler as one replica reaches it."""
 
-    def __init__(self, shared: InMemoryJobScheduler, link: Link, sim: Sim, replica: Replica):
+    def __init__(self, shared: MemoryJobScheduler, link: Link, sim: Sim, replica: Replica):
         super().__init__(logger_name="sdcore.job_scheduler")
         self.shared = shared
         self.link = link
@@ -340,7 +340,7 @@ class LinkedJobs(BaseJobScheduler):
 class LinkedStore:
     """The shared in-memory schedule store as one replica reaches it (any call may be cut)."""
 
-    def __init__(self, shared: InMemoryScheduleStore, link: Link, sim: Sim) -> None:
+    def __init__(self, shared: MemoryScheduleStore, link: Link, sim: Sim) -> None:
         self.shared = shared
         self.link = link
         self.sim = sim
@@ -438,8 +438,8 @@ class Sim:
         self.config = config
         self.holes = holes
         self.loop = asyncio.get_running_loop()
-        self.jobs = InMemoryJobScheduler(clock=self.db_now)
-        self.store = InMemoryScheduleStore(self.jobs, clock=self.db_now)
+        self.jobs = MemoryJobScheduler(clock=self.db_now)
+        self.store = MemoryScheduleStore(self.jobs, clock=self.db_now)
         self.admin = ScheduleAdmin(self.store, clock=self.db_now)
         self.replicas = [Replica(i) for i in range(config.replicas)]
         self.runs: dict[tuple[str, str], list[Run]] = defaultdict(list)
@@ -1213,7 +1213,7 @@ class Sim:
 def loop_monotonic(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     """Make the lease code's client deadlines follow the loop's (simulated) clock."""
     shim = types.SimpleNamespace(monotonic=loop.time, time=time.time, sleep=time.sleep)
-    modules = (lease_model, lease_run, testing_module)
+    modules = (lease_model, lease_run, memory_module)
     saved = [m.time for m in modules]
     try:
         for module in modules:

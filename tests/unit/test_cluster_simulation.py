@@ -22,7 +22,7 @@ from sdcore.job_scheduler import JobAcquireOptions
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import current_path
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 from tests.unit._cluster_sim import BASE, HOLES, Def, Step, draw_steps, run_episode, shrink
 from tests.unit._looptime import in_loop_time
 
@@ -139,8 +139,8 @@ class _OneReplica:
     """One replica on in-memory stores, its clock the loop's (the database clock here)."""
 
     now: Callable[[], datetime]
-    jobs: InMemoryJobScheduler
-    store: InMemoryScheduleStore
+    jobs: MemoryJobScheduler
+    store: MemoryScheduleStore
     scheduler: Scheduler
     control: ScheduleControl
     admin: ScheduleAdmin
@@ -152,8 +152,8 @@ def _one_replica() -> _OneReplica:
     def now() -> datetime:
         return BASE + timedelta(seconds=loop.time())
 
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
+    jobs = MemoryJobScheduler(clock=now)
+    store = MemoryScheduleStore(jobs, clock=now)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
     control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
     admin = ScheduleAdmin(store, clock=now)
@@ -172,8 +172,8 @@ async def test_trigger_of_a_busy_schedule_starts_when_its_run_ends() -> None:
     def now() -> datetime:
         return BASE + timedelta(seconds=loop.time())
 
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
+    jobs = MemoryJobScheduler(clock=now)
+    store = MemoryScheduleStore(jobs, clock=now)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
     runs: list[tuple[str, float]] = []
 
@@ -215,8 +215,8 @@ async def test_trigger_requested_at_a_tick_instant_leaves_that_tick_alone() -> N
     def slow_clock() -> datetime:
         return db_now() - timedelta(milliseconds=50)
 
-    jobs = InMemoryJobScheduler(clock=db_now)
-    store = InMemoryScheduleStore(jobs, clock=db_now)
+    jobs = MemoryJobScheduler(clock=db_now)
+    store = MemoryScheduleStore(jobs, clock=db_now)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=slow_clock)
     runs: list[str] = []
 
@@ -251,7 +251,7 @@ async def test_no_pending_catch_up_tick_starts_once_aclose_began() -> None:
     def now() -> datetime:
         return BASE + timedelta(seconds=loop.time())
 
-    jobs = InMemoryJobScheduler(clock=now)
+    jobs = MemoryJobScheduler(clock=now)
     earlier = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
 
     async def quick(tick: Tick) -> None:
@@ -526,8 +526,8 @@ async def test_a_tick_due_at_the_instant_the_resume_is_applied_is_caught_up() ->
     def now() -> datetime:
         return BASE + timedelta(seconds=loop.time())
 
-    jobs = InMemoryJobScheduler(clock=now)
-    store = InMemoryScheduleStore(jobs, clock=now)
+    jobs = MemoryJobScheduler(clock=now)
+    store = MemoryScheduleStore(jobs, clock=now)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
     control = ScheduleControl(scheduler, store, poll_interval_ms=300, listen=False, clock=now)
     admin = ScheduleAdmin(store, clock=now)

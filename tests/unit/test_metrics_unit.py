@@ -146,7 +146,7 @@ async def test_ticks_of_sync_and_async_handlers_are_spans_and_counts(
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from sdcore.scheduling import Scheduler, Tick
-    from sdcore.testing import InMemoryJobScheduler
+    from sdcore.testing import MemoryJobScheduler
     from sdcore.tracing import SdcoreTracing
 
     exporter = InMemorySpanExporter()
@@ -154,7 +154,7 @@ async def test_ticks_of_sync_and_async_handlers_are_spans_and_counts(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     metrics = SdcoreMetrics()
     hub = Telemetry([metrics.observer, SdcoreTracing(tracer_provider=provider)])
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     scheduler = Scheduler(jobs=jobs)
     jobs.telemetry = scheduler.telemetry = hub
     current: dict[str, bool] = {}

@@ -19,7 +19,7 @@ from typing import Literal
 from sdcore.job_scheduler import AttemptAcquireResult, AttemptBudget, JobAcquireOptions
 from sdcore.scheduling import ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._owners import OWNERS, Member, Owners, second_delay
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 from tests.unit._looptime import BASE, in_loop_time
 
 # --- the rank on its own ----------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_the_second_owner_waits_a_quarter_of_the_spacing_between_50_ms_and_1_s()
 # --- a cluster on loop time -------------------------------------------------------------------
 
 
-class _Asking(InMemoryJobScheduler):
+class _Asking(MemoryJobScheduler):
     """Counts the keys each replica asks for."""
 
     def __init__(self, clock: Callable[[], datetime]) -> None:
@@ -155,7 +155,7 @@ class _Asking(InMemoryJobScheduler):
 class _Cluster:
     now: Callable[[], datetime]
     jobs: _Asking
-    store: InMemoryScheduleStore
+    store: MemoryScheduleStore
     ran: list[tuple[str, str, int, float]] = field(default_factory=list)
     replicas: list[tuple[Scheduler, ScheduleControl]] = field(default_factory=list)
 
@@ -204,7 +204,7 @@ def _cluster() -> _Cluster:
         return BASE + timedelta(seconds=loop.time())
 
     jobs = _Asking(now)
-    return _Cluster(now=now, jobs=jobs, store=InMemoryScheduleStore(jobs, clock=now))
+    return _Cluster(now=now, jobs=jobs, store=MemoryScheduleStore(jobs, clock=now))
 
 
 def _owners_of(cluster: _Cluster, name: str) -> list[int]:

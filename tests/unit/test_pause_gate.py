@@ -14,7 +14,7 @@ from sdcore.scheduling._policy import build_policy
 from sdcore.scheduling._runner import GATE_UNKNOWN, TickRunner
 from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import IntervalTrigger, ScheduleKind, Tick, make_tick
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 
 LOG = logging.getLogger("tests.pause_gate")
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -32,7 +32,7 @@ def _tick() -> Tick:
 
 
 async def test_a_tick_paused_during_its_jitter_does_not_run_and_is_recorded_paused() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     paused = {"beat"}
     runner.held = _gate(paused)
@@ -55,7 +55,7 @@ async def test_a_tick_paused_during_its_jitter_does_not_run_and_is_recorded_paus
 
 
 async def test_a_pause_applied_after_a_failed_attempt_stops_its_retries() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     paused: set[str] = set()
     runner.held = _gate(paused)
@@ -85,7 +85,7 @@ async def test_a_pause_applied_after_a_failed_attempt_stops_its_retries() -> Non
 async def test_a_retry_after_a_sleep_waits_for_the_paused_state_to_be_read_again() -> None:
     """The process slept through the backoff (its view is stale: the gate says unknown) and a
     pause was committed meanwhile: the retry waits for the re-read, which says paused."""
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
     view: list[str | None] = [None]
@@ -122,7 +122,7 @@ async def test_a_retry_after_a_sleep_waits_for_the_paused_state_to_be_read_again
 async def test_a_state_still_unknown_at_the_next_tick_starts_nothing_and_records_no_skip() -> None:
     """Jitter, then a gate that stays unknown until the next tick: the tick is neither run nor
     settled as skipped (no row: a missed tick, for the catch-up policy)."""
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
     sup.gate = lambda name: GATE_UNKNOWN
@@ -147,7 +147,7 @@ def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() ->
     """The wait for a re-read binds to the loop of the run; the next run (another loop) waits
     afresh instead of spinning on an event bound to the first loop (each wait failing at once
     with 'bound to a different event loop')."""
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     sup = TickStarter(TickRunner(jobs, LOG), jobs, lambda: datetime.now(UTC), LOG, 1.0)
     reads: list[str] = []
 
@@ -172,7 +172,7 @@ def test_a_scheduler_run_on_a_second_event_loop_can_wait_for_the_gate_again() ->
 async def _won_while_unknown(reread: str | None) -> tuple[list[Tick], object, object]:
     """A tick whose lease was just won while the view is stale (unknown); the poll reads the
     state again 0.3 s later and finds ``reread``."""
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     runner = TickRunner(jobs, LOG)
     sup = TickStarter(runner, jobs, lambda: datetime.now(UTC), LOG, 1.0)
     view: list[str | None] = [GATE_UNKNOWN]

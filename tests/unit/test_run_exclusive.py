@@ -16,11 +16,11 @@ from sdcore.job_scheduler import (
     JobSchedulerUnavailableError,
     LostJobLeaseError,
 )
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 from tests.unit._looptime import in_loop_time
 
 
-class Flaky(InMemoryJobScheduler):
+class Flaky(MemoryJobScheduler):
     """Heartbeats and finalizes that fail or stall on demand."""
 
     def __init__(self) -> None:
@@ -45,7 +45,7 @@ class Flaky(InMemoryJobScheduler):
         return await super().complete(lease, data)
 
 
-def _status(service: InMemoryJobScheduler) -> JobSchedulerStatus:
+def _status(service: MemoryJobScheduler) -> JobSchedulerStatus:
     (row,) = service.rows()
     return row.status
 
@@ -236,14 +236,14 @@ async def test_blocked_event_loop_is_reported(caplog: pytest.LogCaptureFixture) 
 
 
 async def test_fn_must_be_callable() -> None:
-    service = InMemoryJobScheduler()
+    service = MemoryJobScheduler()
     with pytest.raises(TypeError, match="callable"):
         await service.run_exclusive({"code": "c", "run_key": "r"}, "not callable")  # type: ignore[call-overload]
     assert service.rows() == []
 
 
 async def test_fencing_tokens_grow_across_re_creation_in_memory() -> None:
-    service = InMemoryJobScheduler()
+    service = MemoryJobScheduler()
     options = {"code": "c", "run_key": "r", "lease_ms": 60_000}
     first = await service.acquire(options)
     assert first.acquired
@@ -255,7 +255,7 @@ async def test_fencing_tokens_grow_across_re_creation_in_memory() -> None:
 
 
 async def test_the_lease_carries_its_client_deadline_in_memory() -> None:
-    service = InMemoryJobScheduler()
+    service = MemoryJobScheduler()
     won = await service.acquire({"code": "c", "run_key": "r", "lease_ms": 1_000})
     assert won.acquired
     lease = won.lease

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from sdcore.scheduling import InMemoryScheduleStore, Tick
+from sdcore.scheduling import Tick
 from sdcore.scheduling._control import Replica, RunFinish, RunStart
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._runner import Handler
+from sdcore.testing import MemoryScheduleStore
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 REPLICA = Replica(replica_id="00000000-0000-0000-0000-000000000001", host="h", pid=1)
@@ -25,7 +26,7 @@ class Refused(Exception):
     sqlstate = "22021"
 
 
-class CountingStore(InMemoryScheduleStore):
+class CountingStore(MemoryScheduleStore):
     """Counts the statements; refuses any containing a schedule of ``refuse``; fails the
     first ``fail`` start statements as a broken connection would; holds starts on ``gate``."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sdcore.scheduling import InMemoryScheduleStore
 from sdcore.scheduling._control import Replica, RunStart
+from sdcore.testing import MemoryScheduleStore
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -23,7 +23,7 @@ def _start(token: int, pid: int, run_key: str = "2026-12-01T09:00:00Z") -> RunSt
 
 
 async def test_a_takeover_closes_the_earlier_running_attempt() -> None:
-    store = InMemoryScheduleStore()
+    store = MemoryScheduleStore()
     await store.run_started(_start(1, 1))
     await store.run_started(_start(1, 3, run_key="2026-12-01T10:00:00Z"))  # another tick
     await store.run_started(_start(2, 2))

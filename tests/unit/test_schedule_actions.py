@@ -15,7 +15,7 @@ import pytest
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, ScheduleControlError, Scheduler, Tick
 from sdcore.scheduling._control import ActionKind, Declared, Write, fingerprint, policy_options
 from sdcore.scheduling._policy import build_policy
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 from tests.unit._looptime import in_loop_time
 from tests.unit.test_schedule_control import (
     EVERY_MS,
@@ -102,8 +102,8 @@ async def test_a_non_exclusive_row_from_another_version_runs_each_tick_once(
 @in_loop_time
 async def test_a_trigger_open_at_removal_never_runs_the_re_created_schedule() -> None:
     clock = loop_wall_clock()
-    jobs = InMemoryJobScheduler(clock=clock)
-    store = InMemoryScheduleStore(jobs, clock=clock)
+    jobs = MemoryJobScheduler(clock=clock)
+    store = MemoryScheduleStore(jobs, clock=clock)
     admin = ScheduleAdmin(store)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=clock)
     runs: list[tuple[str | None, dict[str, Any]]] = []

@@ -21,7 +21,7 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.scheduling._plane import LEAVE_TIMEOUT_S
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 from tests.unit._looptime import in_loop_time
 
 
@@ -49,8 +49,8 @@ class Cluster:
     ) -> None:
         now = clock or (lambda: datetime.now(UTC))
         self.clock = now
-        self.jobs = InMemoryJobScheduler(clock=now)
-        self.store = InMemoryScheduleStore(self.jobs, clock=now)
+        self.jobs = MemoryJobScheduler(clock=now)
+        self.store = MemoryScheduleStore(self.jobs, clock=now)
         self.admin = ScheduleAdmin(self.store)
         self.runs: list[tuple[str, int]] = []
         self.digests: list[tuple[str, dict[str, Any], int]] = []
@@ -282,7 +282,7 @@ async def test_a_stop_gives_up_leaving_a_store_that_does_not_answer(
         await asyncio.sleep(3_600)
         left.set()
 
-    cluster.store.leave = unanswered
+    cluster.store.leave = unanswered  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     start = loop.time()
     await cluster.controls[0].aclose()

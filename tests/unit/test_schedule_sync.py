@@ -23,7 +23,7 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.scheduling._control import fingerprint, row_trigger
-from sdcore.testing import InMemoryJobScheduler, InMemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 
 HOUR_MS = 3_600_000
 
@@ -44,15 +44,15 @@ async def _state(admin: ScheduleAdmin, name: str) -> ScheduleState | None:
 
 
 def _replica(
-    jobs: InMemoryJobScheduler, store: InMemoryScheduleStore, pid: int
+    jobs: MemoryJobScheduler, store: MemoryScheduleStore, pid: int
 ) -> tuple[Scheduler, ScheduleControl]:
     scheduler = Scheduler(jobs=jobs)
     return scheduler, ScheduleControl(scheduler, store, poll_interval_ms=20, pid=pid)
 
 
 async def test_code_sync_takes_over_a_removed_stored_row() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     admin = ScheduleAdmin(store)
     first, first_control = _replica(jobs, store, 1)
     first.handler("send")(lambda tick, args: None)
@@ -75,8 +75,8 @@ async def test_code_sync_takes_over_a_removed_stored_row() -> None:
 
 
 async def test_added_while_running_is_declared_and_removed_is_undeclared() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     admin = ScheduleAdmin(store)
     scheduler, control = _replica(jobs, store, 1)
     async with control, scheduler:
@@ -102,8 +102,8 @@ async def test_added_while_running_is_declared_and_removed_is_undeclared() -> No
 
 
 async def test_an_undeclared_code_schedule_can_be_removed_or_taken_by_create() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     admin = ScheduleAdmin(store)
     old, old_control = _replica(jobs, store, 1)
     old.add_interval("old-report", HOUR_MS, _noop)
@@ -133,8 +133,8 @@ def test_the_day_rule_changes_the_fingerprint_only_when_not_vixie() -> None:
 
 
 async def test_the_day_rule_of_a_code_schedule_is_recorded_when_it_matters() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     scheduler, control = _replica(jobs, store, 1)
     scheduler.add_cron("differs", "0 0 */10 * 0", _noop, day_rule="nestjs")
     scheduler.add_cron("alike", "0 0 * * 0", _noop, day_rule="nestjs")  # one restricted field
@@ -152,8 +152,8 @@ def test_an_interval_zone_is_checked() -> None:
 
 
 async def test_a_stored_interval_ticks_in_its_zone() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     admin = ScheduleAdmin(store)
     scheduler, control = _replica(jobs, store, 1)
     local: list[datetime] = []
@@ -177,8 +177,8 @@ async def test_a_stored_interval_ticks_in_its_zone() -> None:
 
 
 async def test_every_live_version_is_listed_with_its_replicas_and_next_fire() -> None:
-    jobs = InMemoryJobScheduler()
-    store = InMemoryScheduleStore(jobs)
+    jobs = MemoryJobScheduler()
+    store = MemoryScheduleStore(jobs)
     admin = ScheduleAdmin(store)
     old, old_control = _replica(jobs, store, 1)
     old.add_interval("report", HOUR_MS, _noop)
@@ -235,7 +235,7 @@ async def test_odd_names_and_texts_are_escaped_once_in_the_tables() -> None:
     from sdcore.scheduling import RunRecord
     from sdcore.scheduling._control import Replica
 
-    store = InMemoryScheduleStore(InMemoryJobScheduler())
+    store = MemoryScheduleStore(MemoryJobScheduler())
     admin = ScheduleAdmin(store)
     await store.sync(Replica(replica_id="r", host="web", pid=1, handlers=("h",)), [])
     await admin.create("a\nb", handler="h", every_ms=HOUR_MS, actor="ops")

@@ -24,24 +24,24 @@ from sdcore.scheduling import (
     Scheduler,
     Tick,
 )
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 from tests.unit._looptime import block_loop, in_loop_time, loop_clock
 
 
-async def _seen_at_start(jobs: InMemoryJobScheduler, code: str) -> None:
+async def _seen_at_start(jobs: MemoryJobScheduler, code: str) -> None:
     """Give ``code`` a row at time 0: the schedule existed, so catch-up applies to it."""
     old = await jobs.acquire({"code": code, "run_key": "2000-01-01T00:00:00Z"})
     assert old.acquired
     await jobs.complete(old.lease)
 
 
-def _statuses(jobs: InMemoryJobScheduler, code: str) -> Counter[str]:
+def _statuses(jobs: MemoryJobScheduler, code: str) -> Counter[str]:
     return Counter(row.status.value for row in jobs.rows() if row.code == code)
 
 
 @in_loop_time
 async def test_every_tick_runs_once_across_replicas() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     ledger: list[tuple[str, int]] = []
     schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for replica, scheduler in enumerate(schedulers):
@@ -75,7 +75,7 @@ async def test_without_jobs_every_process_runs_every_tick() -> None:
 async def test_run_key_is_the_scheduled_instant_not_now() -> None:
     seen: list[Tick] = []
     scheduler = Scheduler(
-        clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()), time_zone="Europe/Paris"
+        clock=loop_clock(), jobs=MemoryJobScheduler(clock=loop_clock()), time_zone="Europe/Paris"
     )
 
     @scheduler.cron("* * * * * *", name="sec")
@@ -100,7 +100,7 @@ async def test_run_key_is_the_scheduled_instant_not_now() -> None:
 async def test_handler_errors_are_logged_and_the_loop_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     calls = 0
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
@@ -240,7 +240,7 @@ async def test_sync_handlers_run_in_a_thread() -> None:
 
     main = threading.get_ident()
     threads: list[int] = []
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler = Scheduler(jobs=MemoryJobScheduler())
     scheduler.add_interval("sync", 200, lambda tick: threads.append(threading.get_ident()))
     async with scheduler, asyncio.timeout(5):
         while not threads:  # the first tick, within 200 ms
@@ -271,7 +271,7 @@ async def test_overlap_policy_on_this_process(overlap: str, expect_overlap: bool
 
 @in_loop_time
 async def test_cluster_wide_overlap_skip() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     active = 0
     peak = 0
     runs = 0
@@ -295,7 +295,7 @@ async def test_cluster_wide_overlap_skip() -> None:
 
 @in_loop_time
 async def test_failed_tick_is_retried_with_backoff() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     attempts: list[int] = []
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
 
@@ -316,7 +316,7 @@ async def test_failed_tick_is_retried_with_backoff() -> None:
 @in_loop_time
 async def test_retries_never_pass_the_next_tick() -> None:
     attempts: list[int] = []
-    scheduler = Scheduler(clock=loop_clock(), jobs=InMemoryJobScheduler(clock=loop_clock()))
+    scheduler = Scheduler(clock=loop_clock(), jobs=MemoryJobScheduler(clock=loop_clock()))
 
     @scheduler.interval(300, name="short", retries=5, retry_backoff_ms=250)
     async def handler(tick: Tick) -> None:
@@ -328,7 +328,7 @@ async def test_retries_never_pass_the_next_tick() -> None:
     assert max(attempts) <= 2
 
 
-class _DownThenUp(InMemoryJobScheduler):
+class _DownThenUp(MemoryJobScheduler):
     def __init__(self, clock: Any) -> None:
         super().__init__(clock=clock)
         self.down = True
@@ -357,7 +357,7 @@ async def test_database_outage_does_not_kill_the_loop(caplog: pytest.LogCaptureF
 
 @in_loop_time
 async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=100)
 
@@ -375,7 +375,7 @@ async def test_shutdown_mid_run_leaves_fail_not_running() -> None:
 
 @in_loop_time
 async def test_graceful_shutdown_lets_short_runs_finish() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     started = asyncio.Event()
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs, grace_period_ms=2000)
 
@@ -392,7 +392,7 @@ async def test_graceful_shutdown_lets_short_runs_finish() -> None:
 @pytest.mark.parametrize(("mode", "expected"), [("latest", 1), ("all", 3), ("off", 0)])
 @in_loop_time
 async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await _seen_at_start(jobs, "m")
     await asyncio.sleep(3 * 60 + 30)  # 03:01, 03:02, 03:03 missed while every replica was down
     ran: list[str] = []
@@ -414,7 +414,7 @@ async def test_catch_up_after_all_replicas_were_down(mode: str, expected: int) -
 
 @in_loop_time
 async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await _seen_at_start(jobs, "m")
     await asyncio.sleep(3 * 60 + 30)
     done = await jobs.acquire(JobAcquireOptions(code="m", run_key="2026-07-20T03:03:00Z"))
@@ -437,7 +437,7 @@ async def test_catch_up_latest_does_not_walk_back_past_a_success() -> None:
 
 
 async def test_missed_ticks_tell_a_tick_given_back_from_a_failed_run() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     scheduler = Scheduler(jobs=jobs)
     scheduler.add_cron("m", "*/10 * * * *", lambda tick: None)
     start = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
@@ -459,7 +459,7 @@ async def test_missed_ticks_tell_a_tick_given_back_from_a_failed_run() -> None:
 
 
 async def test_missed_ticks_query() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     scheduler = Scheduler(jobs=jobs)
     scheduler.add_cron("m", "*/10 * * * *", lambda tick: None)
     start = datetime(2026, 7, 20, 3, 0, tzinfo=UTC)
@@ -486,7 +486,7 @@ async def test_missed_ticks_query() -> None:
 
 @in_loop_time
 async def test_timeout_once_per_process_initial_once_per_cluster() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     ran: list[str] = []
     schedulers = [Scheduler(clock=loop_clock(), jobs=jobs) for _ in range(3)]
     for i, scheduler in enumerate(schedulers):
@@ -582,7 +582,7 @@ def test_unknown_default_zone() -> None:
 
 @in_loop_time
 async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     grid = 500
     now = loop_clock()()
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
@@ -618,7 +618,7 @@ async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
     """SC-04: a replica whose loop is blocked across ticks uses the schedule's keys."""
     seen: list[Tick] = []
     clock = loop_clock()
-    scheduler = Scheduler(clock=clock, jobs=InMemoryJobScheduler(clock=clock))
+    scheduler = Scheduler(clock=clock, jobs=MemoryJobScheduler(clock=clock))
     lateness: list[timedelta] = []
 
     def grid(tick: Tick) -> None:

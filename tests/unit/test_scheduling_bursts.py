@@ -29,11 +29,11 @@ from sdcore.scheduling import Scheduler, Tick
 from sdcore.scheduling._cron import CronSpec
 from sdcore.scheduling._supervisor import BATCH_TICKS
 from sdcore.scheduling._timer import SLICE
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 from tests.unit._looptime import in_loop_time, loop_clock
 
 
-class _Counting(InMemoryJobScheduler):
+class _Counting(MemoryJobScheduler):
     """Records each batch call (its size) and each single acquire_attempt."""
 
     def __init__(self, clock: Any, delay: float = 0.0) -> None:
@@ -171,7 +171,7 @@ async def test_the_ticks_of_a_failed_call_do_not_lengthen_its_shared_traceback(
         assert len(traceback.extract_tb(error.__traceback__)) <= 4
 
 
-class _Buggy(InMemoryJobScheduler):
+class _Buggy(MemoryJobScheduler):
     """A job scheduler with a bug: its first batch call, or every skip record, raises
     TypeError."""
 
@@ -262,7 +262,7 @@ async def test_a_lease_won_after_shutdown_cancelled_its_tick_is_given_back() -> 
 
 
 async def test_the_default_batch_refuses_two_items_for_one_key() -> None:
-    jobs = InMemoryJobScheduler()
+    jobs = MemoryJobScheduler()
     options = JobAcquireOptions(code="a", run_key="k")
     budget = AttemptBudget(max_attempts=1, backoff_ms=0)
     with pytest.raises(ValueError, match="two items for one lock key"):
@@ -311,7 +311,7 @@ def test_cached_cron_agrees_with_a_fresh_parse(expression: str, zone: str, day_r
         instant = expected + timedelta(seconds=1) if expected == instant else expected
 
 
-class _CountingMany(InMemoryJobScheduler):
+class _CountingMany(MemoryJobScheduler):
     def __init__(self, clock: Any) -> None:
         super().__init__(clock=clock)
         self.many: list[int] = []
@@ -391,7 +391,7 @@ async def test_a_replica_starts_a_task_only_for_the_ticks_it_won(
 @in_loop_time
 async def test_what_happens_before_an_instant_decides_at_the_instant() -> None:
     # A schedule stopped or removed before its instant does not fire; one added for it does.
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     scheduler = Scheduler(clock=loop_clock(), jobs=jobs)
     ran: list[tuple[str, str | None, bool]] = []
 
@@ -417,7 +417,7 @@ def test_schedules_with_equal_options_share_one_policy_and_no_catch_up_sets() ->
     from sdcore.scheduling._entry import NO_INSTANTS
     from sdcore.scheduling._policy import build_policy
 
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler = Scheduler(jobs=MemoryJobScheduler())
 
     async def handler(tick: Tick) -> None:
         return None

@@ -21,7 +21,7 @@ import pytest
 from sdcore.job_scheduler import JobAcquireOptions, JobLease, JobSchedulerStatus
 from sdcore.job_scheduler._options import JS_TRIM_CHARS, js_trim
 from sdcore.scheduling import InvalidScheduleError, Scheduler, Tick
-from sdcore.testing import InMemoryJobScheduler
+from sdcore.testing import MemoryJobScheduler
 from tests.unit._looptime import BASE, in_loop_time, loop_clock
 
 Clock = Callable[[], datetime]
@@ -31,7 +31,7 @@ def key(code: str, run_key: str) -> str:
     return JobAcquireOptions(code=code, run_key=run_key).lock_key
 
 
-async def seen_before(jobs: InMemoryJobScheduler, code: str) -> None:
+async def seen_before(jobs: MemoryJobScheduler, code: str) -> None:
     """Give ``code`` an old row, as a schedule that ran before (catch-up applies to it)."""
     got = await jobs.acquire({"code": code, "run_key": "2000-01-01T00:00:00Z"})
     assert got.acquired
@@ -47,7 +47,7 @@ async def test_r1_a_failed_tick_runs_at_most_retries_plus_one_times(
     retries: int, most: int
 ) -> None:
     """R1: three replicas 0/300/600 ms apart, a handler that always fails."""
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     runs: Counter[str] = Counter()
     active: Counter[str] = Counter()
     overlapped = []
@@ -79,7 +79,7 @@ async def test_r1_a_failed_tick_runs_at_most_retries_plus_one_times(
 
 @in_loop_time
 async def test_r2_the_sweep_obeys_overlap_skip_and_skips_are_recorded() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r2")
     active = peak = 0
     scheduler = Scheduler(jobs=jobs, clock=loop_clock(), lease_ms=2000)
@@ -103,7 +103,7 @@ async def test_r2_the_sweep_obeys_overlap_skip_and_skips_are_recorded() -> None:
 
 @in_loop_time
 async def test_r3_latest_catches_up_at_any_frequency() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r3")
     await asyncio.sleep(100)  # 100 s of 100 ms ticks nobody ran: 1,000 ticks in the window
     ran: list[str] = []
@@ -123,7 +123,7 @@ async def test_r3_latest_catches_up_at_any_frequency() -> None:
 
 @in_loop_time
 async def test_r4_latest_never_walks_back_through_the_window() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r4")
     ran: list[str] = []
 
@@ -143,7 +143,7 @@ async def test_r4_latest_never_walks_back_through_the_window() -> None:
 
 @in_loop_time
 async def test_r5_a_schedule_removed_while_the_sweep_awaits_does_not_run() -> None:
-    class Slow(InMemoryJobScheduler):
+    class Slow(MemoryJobScheduler):
         async def tick_records(self, lock_keys: Any) -> Any:
             await asyncio.sleep(0.5)
             return await super().tick_records(lock_keys)
@@ -179,7 +179,7 @@ async def test_r5_a_schedule_removed_while_the_sweep_awaits_does_not_run() -> No
 
 @in_loop_time
 async def test_r6_aclose_waits_for_the_run_of_a_removed_schedule() -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     finished: list[str] = []
     scheduler = Scheduler(jobs=jobs, clock=loop_clock(), grace_period_ms=5000)
 
@@ -234,7 +234,7 @@ async def test_r8_huge_numbers_fail_at_registration_even_at_run_time(register: A
     async def noop(tick: Tick) -> None:
         return None
 
-    scheduler = Scheduler(jobs=InMemoryJobScheduler(clock=loop_clock()), clock=loop_clock())
+    scheduler = Scheduler(jobs=MemoryJobScheduler(clock=loop_clock()), clock=loop_clock())
     with pytest.raises(InvalidScheduleError):
         register(scheduler, noop)
     async with scheduler:
@@ -249,7 +249,7 @@ async def test_r8_huge_numbers_fail_at_registration_even_at_run_time(register: A
 async def test_r9_the_overlap_guard_reacts_to_a_refused_heartbeat() -> None:
     guards: set[str] = set()
 
-    class Refusing(InMemoryJobScheduler):
+    class Refusing(MemoryJobScheduler):
         async def acquire(self, options: Any) -> Any:
             got = await super().acquire(options)
             if got.acquired and got.row.run_key == "overlap-guard":
@@ -300,7 +300,7 @@ def test_r10_codes_are_trimmed_as_javascript_trims(raw: str, trimmed: str) -> No
 
 @pytest.mark.parametrize("add", ["cron", "interval", "initial"])
 def test_names_follow_the_lease_identity_rules(add: str) -> None:
-    scheduler = Scheduler(jobs=InMemoryJobScheduler())
+    scheduler = Scheduler(jobs=MemoryJobScheduler())
     name = "report\ud800"
     register: dict[str, Callable[[], None]] = {
         "cron": lambda: scheduler.add_cron(name, "* * * * *", print),
@@ -331,7 +331,7 @@ CATCH_UPS = {"off": 0, "latest": 1, "all": 5}
 @pytest.mark.parametrize("catch_up", list(CATCH_UPS))
 @in_loop_time
 async def test_matrix_catch_up_start_path(overlap: str, catch_up: str) -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await asyncio.sleep(30)
     await seen_before(jobs, "m")  # the schedule first ran at 03:00:30
     await asyncio.sleep(5 * 60)  # then every replica was down: 03:01 … 03:05 missed
@@ -371,7 +371,7 @@ async def test_matrix_catch_up_start_path(overlap: str, catch_up: str) -> None:
 @pytest.mark.parametrize("overlap", OVERLAPS)
 @in_loop_time
 async def test_matrix_fire_path(overlap: str) -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     runs: Counter[str] = Counter()
     active = peak = 0
     schedulers = [Scheduler(jobs=jobs, clock=loop_clock(-skew)) for skew in (0, 300)]
@@ -408,7 +408,7 @@ async def test_matrix_fire_path(overlap: str) -> None:
 @pytest.mark.parametrize("path", ["fire", "catch_up", "sweep"])
 @in_loop_time
 async def test_matrix_retries_per_path(retries: int, path: str) -> None:
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "r")
     runs: Counter[str] = Counter()
 
@@ -459,7 +459,7 @@ async def test_matrix_retries_per_path(retries: int, path: str) -> None:
 async def test_matrix_pause_path(catch_up: str) -> None:
     """Ticks that fall while a schedule is stopped are not run by any path (the sweep looks only
     at ticks since it was started again) and are recorded as skipped (``"paused"``)."""
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     await seen_before(jobs, "p")
     ran: Counter[str] = Counter()
 
@@ -487,7 +487,7 @@ async def test_matrix_pause_path(catch_up: str) -> None:
 async def test_a_fire_during_the_previous_tick_s_jitter_is_an_overlap_skip() -> None:
     """A jittered tick counts as running from its start: a fire while it waits out its jitter is
     an overlap (recorded skipped), not a tick 'waiting on the database' left without a row."""
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     scheduler = Scheduler(jobs=jobs, clock=loop_clock())
 
     async def handler(tick: Tick) -> None:
@@ -527,7 +527,7 @@ async def test_a_fire_while_a_plain_handler_waits_for_a_thread_is_an_overlap_ski
     reason. The loop's time moves in step with real time while a thread is pending."""
     executor = _SlowStart(0.7)
     asyncio.get_running_loop().set_default_executor(executor)
-    jobs = InMemoryJobScheduler(clock=loop_clock())
+    jobs = MemoryJobScheduler(clock=loop_clock())
     scheduler = Scheduler(jobs=jobs, clock=loop_clock())
     ran: list[str | None] = []
     scheduler.add_interval("slow", 500, lambda tick: ran.append(tick.run_key), catch_up="off")

@@ -29,7 +29,8 @@ from sdcore.events import EventBus
 from sdcore.job_scheduler import InvalidJobLeaseOptionsError, JobAcquireOptions
 from sdcore.outbox import Outbox
 from sdcore.queues import Job, Processor, Workers
-from sdcore.scheduling import InMemoryScheduleStore, ScheduleAdmin, ScheduleControlError
+from sdcore.scheduling import ScheduleAdmin, ScheduleControlError
+from sdcore.testing import MemoryScheduleStore
 
 Check = Callable[..., object]
 
@@ -237,7 +238,7 @@ def test_public_apis_refuse_in_the_same_words(
 
 
 async def test_the_schedule_admin_words_a_refusal_as_its_own_error() -> None:
-    admin = ScheduleAdmin(InMemoryScheduleStore())
+    admin = ScheduleAdmin(MemoryScheduleStore())
     with pytest.raises(ScheduleControlError) as caught:
         await admin.history("nightly", limit=0)
     assert str(caught.value) == "limit must be an int from 1 to 10000, got 0"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdcore.outbox import Outbox, check_options
+from sdcore.sqlalchemy import enqueue_once
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from taskflow.events import TaskStatusChanged
@@ -92,7 +93,8 @@ class NotificationOutbox:
         Returns:
             ``True`` if written, ``False`` if this change was already staged.
         """
-        return await self._outbox.enqueue_once(
+        return await enqueue_once(
+            self._outbox,
             session,
             idempotency_key=f"{JOB_NAME}:{event.task_id}:v{version}",
             queue=NOTIFICATIONS_QUEUE,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Mapping, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -37,6 +38,38 @@ if TYPE_CHECKING:
     from sdcore.job_scheduler import JobSchedulerService
 
 DEFAULT_CHANNEL = "sdcore_outbox"
+
+
+class OutboxDriver(Protocol):
+    """How :meth:`Outbox.enqueue_via` writes through another database library.
+
+    An adapter of that library implements it (``sdcore.sqlalchemy``'s for a SQLAlchemy session);
+    the outbox itself only knows psycopg.
+    """
+
+    async def begin(self) -> Hashable:
+        """Join the caller's transaction, refusing an autocommit connection if the caller asked.
+
+        Returns:
+            The database written to (host, port, name): enqueues to one database share their
+            ``NOTIFY`` debouncing.
+
+        Raises:
+            OutboxTransactionRequiredError: No transaction to join.
+        """
+        ...
+
+    async def first(self, statement: str, params: Mapping[str, Any]) -> Sequence[Any] | None:
+        """Run ``statement`` (psycopg's ``%(name)s`` placeholders) in that transaction.
+
+        Returns:
+            Its first row, or ``None`` when it returned none.
+        """
+        ...
+
+
+# What runs one statement and returns its first row (psycopg bytes, or a driver's text).
+_First = Callable[[Any, dict[str, Any]], Awaitable[Sequence[Any] | None]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,9 +254,10 @@ class Outbox:
         serialization failure.
 
         Args:
-            conn: A psycopg ``AsyncConnection`` (inside the caller's transaction), or a SQLAlchemy
-                ``AsyncSession`` / ``AsyncConnection`` (the statement goes through the session,
-                so it joins the session's transaction).
+            conn: A psycopg ``AsyncConnection`` (inside the caller's transaction). For a
+                SQLAlchemy ``AsyncSession`` / ``AsyncConnection`` call
+                :func:`sdcore.sqlalchemy.enqueue_once` (passing one here still works until the
+                release after 0.2, with a ``DeprecationWarning``).
             idempotency_key: Unique per message, e.g. a run's ``lease.idempotency_key``.
             queue: BullMQ queue name (``[A-Za-z0-9_.-]``, 1–100).
             name: BullMQ job name.
@@ -246,16 +280,78 @@ class Outbox:
                 transaction (and ``allow_autocommit`` is false); nothing was written.
             TypeError: ``conn`` is not a supported connection or session.
         """
+        if not isinstance(conn, psycopg.AsyncConnection) and _from_sqlalchemy(conn):
+            warnings.warn(
+                "Outbox.enqueue_once(session, ...) with a SQLAlchemy session or connection is"
+                " deprecated; use sdcore.sqlalchemy.enqueue_once(outbox, session, ...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            # The one upward import, for this deprecated call only (see tests/unit/test_layers).
+            from sdcore.sqlalchemy import enqueue_once
+
+            return await enqueue_once(
+                self,
+                conn,
+                idempotency_key=idempotency_key,
+                queue=queue,
+                name=name,
+                payload=payload,
+                options=options,
+                allow_autocommit=allow_autocommit,
+            )
         row = self._prepare(idempotency_key, queue, name, payload, options)
-        if isinstance(conn, psycopg.AsyncConnection):
-            if (
-                not allow_autocommit
-                and conn.autocommit
-                and conn.info.transaction_status == TransactionStatus.IDLE
-            ):
-                raise OutboxTransactionRequiredError("psycopg AsyncConnection")
-            return await self._insert(conn, row)
-        return await self._enqueue_sqlalchemy(conn, row, allow_autocommit=allow_autocommit)
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(
+                f"conn must be a psycopg AsyncConnection, got {type(conn).__name__} (for a"
+                " SQLAlchemy session: sdcore.sqlalchemy.enqueue_once)"
+            )
+        if (
+            not allow_autocommit
+            and conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            raise OutboxTransactionRequiredError("psycopg AsyncConnection")
+        return await self._insert(conn, row)
+
+    async def enqueue_via(
+        self,
+        driver: OutboxDriver,
+        *,
+        idempotency_key: str,
+        queue: str,
+        name: str,
+        payload: Mapping[str, Any],
+        options: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """:meth:`enqueue_once` through another database library's adapter.
+
+        The message is validated first; then ``driver.begin()`` joins the caller's transaction
+        and the outbox's statements run through ``driver.first``, exactly as psycopg sends them.
+        ``sdcore.sqlalchemy.enqueue_once`` is such an adapter.
+
+        Args:
+            driver: The adapter (see :class:`OutboxDriver`).
+            idempotency_key: As for :meth:`enqueue_once`.
+            queue: As for :meth:`enqueue_once`.
+            name: As for :meth:`enqueue_once`.
+            payload: As for :meth:`enqueue_once`.
+            options: As for :meth:`enqueue_once`.
+
+        Returns:
+            ``True`` if the row was inserted, ``False`` if this key already holds the same
+            message.
+
+        Raises:
+            InvalidOutboxMessageError: A bad key, queue, name or option.
+            JsonTypeError: ``payload`` is not JSON.
+            JsonValueError: ``payload`` cannot be stored in jsonb.
+            OutboxKeyConflictError: The key holds a different message (nothing was written).
+            OutboxTransactionRequiredError: The driver has no transaction to join.
+        """
+        row = self._prepare(idempotency_key, queue, name, payload, options)
+        database = await driver.begin()
+        return await self._write(row, database, driver.first, text=True)
 
     def _plan(self, database: Hashable) -> Plan:
         """How this enqueue notifies (see ``notify_interval_ms``)."""
@@ -265,13 +361,13 @@ class Outbox:
             return Plan("notify")
         return plan_notify((database, self._target, self.channel), self.notify_interval_ms)
 
-    def _query(self, plan: Plan, *, named: bool) -> Any:
+    def _query(self, plan: Plan, *, text: bool) -> bytes | str:
         sql = self.sql
         if plan.kind == "notify":
-            return sql.enqueue_named if named else sql.enqueue
+            return sql.enqueue_text if text else sql.enqueue
         if plan.kind == "watch":
-            return sql.enqueue_watch_named if named else sql.enqueue_watch
-        return sql.enqueue_quiet_named if named else sql.enqueue_quiet
+            return sql.enqueue_watch_text if text else sql.enqueue_watch
+        return sql.enqueue_quiet_text if text else sql.enqueue_quiet
 
     def _params(self, row: _Prepared, plan: Plan) -> dict[str, Any]:
         params = self._row_params(row)
@@ -281,21 +377,30 @@ class Outbox:
         return params
 
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
+        async def first(query: bytes, params: dict[str, Any]) -> Sequence[Any] | None:
+            cur = await conn.execute(query, params)
+            return await cur.fetchone()
+
         info = conn.info
-        plan = self._plan((info.host, info.port, info.dbname))
+        return await self._write(row, (info.host, info.port, info.dbname), first, text=False)
+
+    async def _write(
+        self, row: _Prepared, database: Hashable, first: _First, *, text: bool
+    ) -> bool:
+        """Insert ``row``, or compare it with the key's row: the one loop of every connection."""
+        plan = self._plan(database)
         params = self._params(row, plan)
-        query = self._query(plan, named=False)
+        query = self._query(plan, text=text)
+        existing = self.sql.existing_text if text else self.sql.existing
         inserted: Sequence[Any] | None = None
         try:
             for _ in range(3):
-                cur = await conn.execute(query, params)
-                inserted = await cur.fetchone()
+                inserted = await first(query, params)
                 if inserted is not None:
                     return True
-                cur = await conn.execute(self.sql.existing, params)
-                existing = await cur.fetchone()
-                if existing is not None:
-                    return self._same_message(row, existing)
+                found = await first(existing, params)
+                if found is not None:
+                    return self._same_message(row, found)
         finally:
             settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
@@ -313,50 +418,6 @@ class Outbox:
                 pruned=bool(pruned),
             )
         return False
-
-    async def _enqueue_sqlalchemy(
-        self, conn: Any, row: _Prepared, *, allow_autocommit: bool
-    ) -> bool:
-        try:
-            from sqlalchemy import text
-            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-        except ImportError:
-            raise TypeError(
-                f"conn must be a psycopg AsyncConnection, got {type(conn).__name__}"
-            ) from None
-        if not isinstance(conn, AsyncSession | AsyncConnection):
-            raise TypeError(
-                "conn must be a psycopg AsyncConnection or a SQLAlchemy AsyncSession /"
-                f" AsyncConnection, got {type(conn).__name__}"
-            )
-        # session.connection() joins (or autobegins) the session's transaction.
-        bound = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        if not allow_autocommit:
-            # Only the driver knows whether that transaction is real or AUTOCOMMIT.
-            raw = await bound.get_raw_connection()
-            if getattr(raw.dbapi_connection, "autocommit", False):
-                raise OutboxTransactionRequiredError(f"SQLAlchemy {type(conn).__name__}")
-        # Through session.execute, never a raw driver connection taken before the session's
-        # first statement: that one is not yet inside the session's transaction (RESEARCH.md).
-        url = bound.engine.url
-        plan = self._plan((url.host, url.port, url.database))
-        params = self._params(row, plan)
-        query = text(self._query(plan, named=True))
-        inserted: Sequence[Any] | None = None
-        try:
-            for _ in range(3):
-                first = (await conn.execute(query, params)).first()
-                if first is not None:
-                    inserted = tuple(first)
-                    return True
-                found = (await conn.execute(text(self.sql.existing_named), params)).first()
-                if found is not None:
-                    return self._same_message(row, tuple(found))
-        finally:
-            settle(plan, inserted)
-        raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
-            f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
-        )
 
     async def complete_and_enqueue(
         self,
@@ -407,3 +468,8 @@ class Outbox:
                 await self._insert(conn, row)
             done = True
         return done
+
+
+def _from_sqlalchemy(conn: object) -> bool:
+    """Whether ``conn`` is a SQLAlchemy object (told by its class's module: nothing imported)."""
+    return any(cls.__module__.split(".", 1)[0] == "sqlalchemy" for cls in type(conn).__mro__)

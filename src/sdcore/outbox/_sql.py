@@ -1,39 +1,31 @@
 """The outbox statements, read once from ``sdcore/postgres/sql/outbox.sql``.
 
-The write path's statements use psycopg's named placeholders (``%(key)s``); :func:`named` turns
-them into SQLAlchemy ``text()`` binds (``:key``), which SQLAlchemy's psycopg dialect compiles
-back to the same ``%(key)s``: psycopg and SQLAlchemy callers send the server the same text.
+The write path's statements use psycopg's named placeholders (``%(key)s``), as bytes for psycopg
+and as text for the drivers of :meth:`~sdcore.outbox.Outbox.enqueue_via` (``sdcore.sqlalchemy``
+turns them into its own binds, which its psycopg dialect compiles back to the same text).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from psycopg import sql
 
 from sdcore._internal.sql import queries
 
-_PYFORMAT = re.compile(r"%\((\w+)\)s")
-
-
-def named(statement: str) -> str:
-    """Turn psycopg's ``%(name)s`` into SQLAlchemy ``text()``'s ``:name`` (nothing else)."""
-    return _PYFORMAT.sub(r":\1", statement)
-
 
 @dataclass(frozen=True, slots=True)
 class OutboxStatements:
-    """Every statement rendered once for one table (bytes for psycopg, str for ``text()``)."""
+    """Every statement rendered once for one table (bytes for psycopg, str for drivers)."""
 
     enqueue: bytes
-    enqueue_named: str
+    enqueue_text: str
     enqueue_quiet: bytes
-    enqueue_quiet_named: str
+    enqueue_quiet_text: str
     enqueue_watch: bytes
-    enqueue_watch_named: str
+    enqueue_watch_text: str
     existing: bytes
-    existing_named: str
+    existing_text: str
     claim: bytes
     published: bytes
     failed: bytes
@@ -71,13 +63,13 @@ class OutboxStatements:
         )
         return cls(
             enqueue=enqueue.encode(),
-            enqueue_named=named(enqueue),
+            enqueue_text=enqueue,
             enqueue_quiet=quiet.encode(),
-            enqueue_quiet_named=named(quiet),
+            enqueue_quiet_text=quiet,
             enqueue_watch=watch.encode(),
-            enqueue_watch_named=named(watch),
+            enqueue_watch_text=watch,
             existing=one("existing").encode(),
-            existing_named=named(one("existing")),
+            existing_text=one("existing"),
             claim=one("claim").encode(),
             published=one("published").encode(),
             failed=one("failed").encode(),

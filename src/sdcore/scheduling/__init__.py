@@ -27,7 +27,6 @@ from sdcore.scheduling._control import (
 )
 from sdcore.scheduling._cron import DayRule, InvalidScheduleError, SchedulingError
 from sdcore.scheduling._expressions import CronExpression
-from sdcore.scheduling._memory_store import InMemoryScheduleStore
 from sdcore.scheduling._pg_store import PostgresScheduleStore
 from sdcore.scheduling._plane import ScheduleControl
 from sdcore.scheduling._policy import (
@@ -47,7 +46,6 @@ __all__ = [
     "ControlWriteUncertainError",
     "CronExpression",
     "DayRule",
-    "InMemoryScheduleStore",
     "InvalidScheduleError",
     "LiveVersion",
     "MissedTick",
@@ -69,18 +67,28 @@ __all__ = [
     "format_run_key",
 ]
 
-if not TYPE_CHECKING:  # type checkers keep reporting unknown names (and this one) as errors
+if not TYPE_CHECKING:  # type checkers keep reporting unknown names (and these) as errors
 
     def __getattr__(name: str) -> Any:
-        """Resolve ``TickOutcome``, which left the public surface, with a DeprecationWarning."""
-        if name != "TickOutcome":
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        warnings.warn(
-            "sdcore.scheduling.TickOutcome is deprecated and goes away in the next release: "
-            "private now: no public API returns it",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from sdcore.scheduling._runner import TickOutcome
+        """Resolve the names that left this module, with a DeprecationWarning, for one release."""
+        if name == "TickOutcome":
+            warnings.warn(
+                "sdcore.scheduling.TickOutcome is deprecated and goes away in the next release: "
+                "private now: no public API returns it",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            from sdcore.scheduling._runner import TickOutcome
 
-        return TickOutcome
+            return TickOutcome
+        if name == "InMemoryScheduleStore":
+            warnings.warn(
+                "sdcore.scheduling.InMemoryScheduleStore is deprecated; "
+                "use sdcore.testing.MemoryScheduleStore",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            from sdcore.scheduling._memory_store import MemoryScheduleStore
+
+            return MemoryScheduleStore
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -96,7 +96,7 @@ class ScheduleAdmin:
 
     Args:
         store: Where the control plane lives (:class:`~sdcore.scheduling.PostgresScheduleStore`
-            or :class:`~sdcore.testing.InMemoryScheduleStore`).
+            or :class:`~sdcore.testing.MemoryScheduleStore`).
         clock: The wall clock (aware UTC) that bounds a backfill's window and computes next
             fire times (inject one in tests that move time).
     """

@@ -1,6 +1,7 @@
-"""``InMemoryScheduleStore``: the control plane's store in process memory, for unit tests.
+"""``MemoryScheduleStore``: the control plane's store in process memory, the twin of
+``PostgresScheduleStore`` (public as ``sdcore.testing.MemoryScheduleStore``).
 
-Share one instance (and one :class:`~sdcore.testing.InMemoryJobScheduler`) between several
+Share one instance (and one :class:`~sdcore.testing.MemoryJobScheduler`) between several
 schedulers to test code that pauses, triggers or backfills: it behaves as the PostgreSQL store
 does (revisions, open actions, declarations, run history), and notifies every listener at once.
 """
@@ -31,14 +32,25 @@ from sdcore.scheduling._control import (
     live_version,
 )
 
-__all__ = ["InMemoryScheduleStore"]
+__all__ = ["MemoryScheduleStore"]
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class InMemoryScheduleStore:
+def _definition(row: ScheduleRow) -> dict[str, Any]:
+    """A row's definition, as a declaration records it (``Declared.definition``)."""
+    return {
+        "kind": row.kind,
+        "expression": row.expression,
+        "time_zone": row.time_zone,
+        "day_rule": row.day_rule,
+        "options": dict(row.options),
+    }
+
+
+class MemoryScheduleStore:
     """The schedules table, declarations, action log and run history in memory.
 
     Args:
@@ -76,8 +88,22 @@ class InMemoryScheduleStore:
         limit = self._clock() - timedelta(milliseconds=self.live_ms)
         return {rid for rid, (_, seen) in self._replicas.items() if seen >= limit}
 
+    def _forget(self, replica_id: str) -> bool:
+        """Drop a replica with its declarations and digest; whether it was known."""
+        self._digests.pop(replica_id, None)
+        self._started.pop(replica_id, None)
+        for key in [k for k in self._declarations if k[1] == replica_id]:
+            del self._declarations[key]
+            self._definitions.pop(key, None)
+        return self._replicas.pop(replica_id, None) is not None
+
     async def sync(self, replica: Replica, declared: Sequence[Declared]) -> list[str]:
         now = self._clock()
+        # As the PostgreSQL store: a replica not seen for ten times live_ms is forgotten (its
+        # heartbeat then answers False, and it syncs again as a new start).
+        expired = now - timedelta(milliseconds=10 * self.live_ms)
+        for rid in [rid for rid, (_, seen) in self._replicas.items() if seen < expired]:
+            self._forget(rid)
         for d in declared:
             row = self._rows.get(d.name)
             if row is None or row.removed_at is not None:
@@ -140,8 +166,13 @@ class InMemoryScheduleStore:
             self._declarations.pop(key, None)
             self._definitions.pop(key, None)
         else:
+            # No definition given: the one recorded for this same version stays (as coalesce
+            # does in the PostgreSQL statement).
+            known = (
+                self._definitions.get(key) if self._declarations.get(key) == fingerprint else None
+            )
             self._declarations[key] = fingerprint
-            self._definitions[key] = None if definition is None else dict(definition)
+            self._definitions[key] = known if definition is None else dict(definition)
 
     async def heartbeat(self, replica: Replica) -> bool:
         if replica.replica_id not in self._replicas:
@@ -168,13 +199,7 @@ class InMemoryScheduleStore:
         return {n: fp for (n, r), fp in self._declarations.items() if r == rid}
 
     async def leave(self, replica: Replica) -> None:
-        self._digests.pop(replica.replica_id, None)
-        gone = self._replicas.pop(replica.replica_id, None)
-        self._started.pop(replica.replica_id, None)
-        for key in [k for k in self._declarations if k[1] == replica.replica_id]:
-            del self._declarations[key]
-            self._definitions.pop(key, None)
-        if gone is not None:
+        if self._forget(replica.replica_id):
             for wake in list(self._listeners):
                 wake()
 
@@ -448,7 +473,11 @@ class InMemoryScheduleStore:
             )
             by_print: dict[str, tuple[list[str], Mapping[str, Any] | None]] = {}
             first: dict[str, datetime] = {}
-            for rep, fp, definition, rid in holders:
+            for rep, fp, declared, rid in holders:
+                # A declaration without its definition: the row's, when it is that version.
+                definition = declared
+                if definition is None and fp == row.fingerprint:
+                    definition = _definition(row)
                 hosts, known = by_print.setdefault(fp, ([], definition))
                 hosts.append(f"{rep.host}:{rep.pid}")
                 started = self._started.get(rid, self._replicas[rid][1])

@@ -330,6 +330,8 @@ class PostgresScheduleStore:
                     d.fingerprint,
                     d.day_rule,
                     write.action is ActionKind.CREATE,
+                    d.name,
+                    write.action is ActionKind.CREATE,
                     self.live_ms,
                     write.expected_revision,
                 ),

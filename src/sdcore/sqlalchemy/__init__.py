@@ -1,4 +1,5 @@
-"""SQLAlchemy integration: the job scheduler table for Alembic autogenerate and ORM queries.
+"""SQLAlchemy integration: the job scheduler table for Alembic autogenerate and ORM queries, and
+the outbox's ``enqueue_once`` in a SQLAlchemy session's transaction.
 
 Requires the extra: ``pip install 'sdcore[sqlalchemy]'``. Only this package imports SQLAlchemy;
 ``sdcore`` and ``sdcore.job_scheduler`` never do.
@@ -25,12 +26,14 @@ from sdcore.sqlalchemy._orm import (  # noqa: E402
     forbid_orm_writes,
     make_job_scheduler_model,
 )
+from sdcore.sqlalchemy._outbox import enqueue_once  # noqa: E402
 from sdcore.sqlalchemy._table import job_scheduler_table  # noqa: E402
 
 __all__ = [
     "JobSchedulerColumns",
     "JobSchedulerRecord",
     "ReadOnlyJobRecordError",
+    "enqueue_once",
     "forbid_orm_writes",
     "job_scheduler_table",
     "make_job_scheduler_model",

@@ -160,12 +160,17 @@ WHERE name = %s AND removed_at IS NULL AND paused
 -- Create (or re-create after removal) or change a stored schedule. A create (first parameter of
 -- the WHERE) takes over only a removed row or a code schedule that no live replica declares, so of
 -- two racing creates one is refused; an update gives the revision its definition was merged from,
--- and a change since refuses it. A taken-over row keeps no pause history.
+-- and a change since refuses it, as does the lack of a row (an update never inserts one: the
+-- SELECT's WHERE, whose parameters are the create flag and the name again). A taken-over row keeps
+-- no pause history.
 INSERT INTO {table} AS s
     (name, origin, kind, expression, time_zone, options, handler, args, fingerprint, revision,
      day_rule)
-VALUES (%s, 'stored', %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, nextval({seq_text}::regclass),
-        %s)
+SELECT u.name, 'stored', u.kind, u.expression, u.time_zone, u.options::jsonb, u.handler,
+       u.args::jsonb, u.fingerprint, nextval({seq_text}::regclass), u.day_rule
+FROM (VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s))
+     AS u(name, kind, expression, time_zone, options, handler, args, fingerprint, day_rule)
+WHERE %s::boolean OR EXISTS (SELECT FROM {table} AS e WHERE e.name = %s)
 ON CONFLICT (name) DO UPDATE
 SET origin = 'stored', kind = EXCLUDED.kind, expression = EXCLUDED.expression,
     time_zone = EXCLUDED.time_zone, options = EXCLUDED.options, handler = EXCLUDED.handler,

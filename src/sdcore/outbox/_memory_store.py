@@ -1,4 +1,5 @@
-"""``MemoryOutboxStore``: the outbox table and the relay's store port, in process memory."""
+"""``MemoryOutboxStore``: the outbox table and the relay's store port in process memory, the twin
+of ``PostgresOutboxStore`` (public as ``sdcore.testing.MemoryOutboxStore``)."""
 
 from __future__ import annotations
 
