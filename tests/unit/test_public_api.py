@@ -108,6 +108,7 @@ def test_other_surfaces() -> None:
         "RecordingPublisher",
     ]
     assert "schema_sql" in sdcore.postgres.__all__
+    assert "PoolSettings" in sdcore.postgres.__all__
     assert sdcore.__all__ == ["Runtime", "SdcoreError", "__version__"]
     assert sdcore.runtime.__all__ == ["ComponentHealth", "Runtime", "RuntimeStateError"]
     assert sdcore.Runtime is sdcore.runtime.Runtime
@@ -159,6 +160,7 @@ def test_scheduling_surface() -> None:
         "ActionKind",
         "CatchUp",
         "ControlAction",
+        "ControlSettings",
         "ControlWriteUncertainError",
         "CronExpression",
         "DayRule",
@@ -180,6 +182,7 @@ def test_scheduling_surface() -> None:
         "ScheduleStore",
         "Scheduler",
         "SchedulingError",
+        "SchedulingSettings",
         "Tick",
         "TickOutcome",
         "format_run_key",
@@ -230,6 +233,7 @@ def test_events_outbox_fastapi_surfaces() -> None:
         "PublisherUnavailableError",
         "ReadOnlyDict",
         "ReadOnlyList",
+        "RelaySettings",
         "RelayState",
         "check_options",
     ]
