@@ -128,6 +128,7 @@ class _Chosen:
 
 
 def _choose(
+    call: str,
     pool: PoolSettings,
     relay: RelaySettings | bool | None,
     scheduling: SchedulingSettings | None,
@@ -139,7 +140,7 @@ def _choose(
     Raises:
         TypeError: An unknown keyword, or a 0.1 keyword beside the settings object holding it.
     """
-    refuse_unknown("Runtime", given, _DEPRECATED)
+    refuse_unknown(call, given, _DEPRECATED)
     stack = 3  # _choose → Runtime.__init__ → the caller
     if not isinstance(pool, PoolSettings):
         raise TypeError(f"pool must be a PoolSettings, got {pool!r:.40}")
@@ -150,7 +151,7 @@ def _choose(
     if moved.get("relay_listen_url") == "":
         moved["relay_listen_url"] = None  # 0.1 read an empty URL as none
     chosen_pool = fold_moved(
-        "Runtime",
+        call,
         "pool",
         pool,
         moved=_MOVED["pool"],
@@ -159,13 +160,13 @@ def _choose(
         stacklevel=stack,
     )
     if isinstance(relay, bool):
-        warn_switch("Runtime", "relay", relay, "relay", "RelaySettings", stacklevel=stack)
+        warn_switch(call, "relay", relay, "relay", "RelaySettings", stacklevel=stack)
     run_relay = relay is not None and relay is not False
     relay_base = relay if isinstance(relay, RelaySettings) else _RELAY
     if relay is not None and not isinstance(relay, bool | RelaySettings):
         raise TypeError(f"relay must be a RelaySettings or None, got {relay!r:.40}")
     chosen_relay = fold_moved(
-        "Runtime",
+        call,
         "relay",
         relay_base,
         moved=_MOVED["relay"],
@@ -174,10 +175,10 @@ def _choose(
         stacklevel=stack,
     )
     run_scheduler, sched_base = _switch(
-        "scheduler", "scheduling", scheduling, _SCHEDULING, SchedulingSettings, moved, stack
+        call, "scheduler", "scheduling", scheduling, _SCHEDULING, SchedulingSettings, moved, stack
     )
     chosen_scheduling = fold_moved(
-        "Runtime",
+        call,
         "scheduling",
         sched_base,
         moved=_MOVED["scheduling"],
@@ -186,10 +187,10 @@ def _choose(
         stacklevel=stack,
     )
     run_control, control_base = _switch(
-        "schedule_control", "control", control, _CONTROL, ControlSettings, moved, stack
+        call, "schedule_control", "control", control, _CONTROL, ControlSettings, moved, stack
     )
     chosen_control = fold_moved(
-        "Runtime",
+        call,
         "control",
         control_base,
         moved=_MOVED["control"],
@@ -209,6 +210,7 @@ def _choose(
 
 
 def _switch(
+    call: str,
     old: str,
     group: str,
     value: _S | None,
@@ -224,12 +226,12 @@ def _switch(
         return value is not None, default if value is None else value
     if value is not default:
         raise TypeError(
-            f"Runtime({old}=…) cannot be combined with Runtime({group}=…): give {group} only"
+            f"{call}({old}=…) cannot be combined with {call}({group}=…): give {group} only"
         )
     on = given[old]
     if not isinstance(on, bool):
         raise TypeError(f"{old} must be a bool, got {on!r:.40}")
-    warn_switch("Runtime", old, on, group, kind.__name__, stacklevel=stack + 1)
+    warn_switch(call, old, on, group, kind.__name__, stacklevel=stack + 1)
     return on, default
 
 
@@ -322,7 +324,7 @@ class Runtime(AsyncStartStop):
             raise ValueError("database_url is required")
         if processors and not redis_url:
             raise ValueError("processors need redis_url")
-        chosen = _choose(pool, relay, scheduling, control, deprecated)
+        chosen = _choose(type(self).__name__, pool, relay, scheduling, control, deprecated)
         settings = chosen.pool
         if settings.max_size < 2:
             raise ValueError(
