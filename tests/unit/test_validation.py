@@ -1,10 +1,13 @@
-"""The shared constructor check, and the components that use it."""
+"""The shared constructor checks, and the components that use them."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import pytest
 
-from sdcore._internal.validation import at_least, int_between
+from sdcore._internal.validation import at_least, flag, int_between, positive_number, text
 from sdcore.queues import Job, Processor, Workers
 
 
@@ -41,3 +44,28 @@ def test_int_between_names_the_type_or_the_range() -> None:
         int_between("max_size", True, 1, 10)
     with pytest.raises(ValueError, match=r"max_size must be in 1\.\.10, got 11"):
         int_between("max_size", 11, 1, 10)
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "error", "message"),
+    [
+        (lambda v: flag("listen", v), 1, TypeError, "listen must be a bool, got 1"),
+        (lambda v: text("time_zone", v), None, TypeError, "time_zone must be a str, got None"),
+        (lambda v: text("time_zone", v), " ", ValueError, "time_zone must be a non-empty str"),
+        (lambda v: positive_number("after_s", v), 0, ValueError, "after_s must be a positive"),
+        (lambda v: positive_number("after_s", v), True, ValueError, "got True"),
+        (lambda v: positive_number("after_s", v), float("inf"), ValueError, "got inf"),
+    ],
+    ids=["flag", "text-type", "text-blank", "number-zero", "number-bool", "number-inf"],
+)
+def test_each_check_names_the_argument_and_the_value(
+    check: Callable[[object], object], value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        check(value)
+
+
+def test_the_checks_return_what_they_accept() -> None:
+    assert flag("listen", False) is False
+    assert text("name", "", empty=True) == ""
+    assert positive_number("after_s", 2) == 2.0
