@@ -48,6 +48,7 @@ from typing import Any
 import psycopg
 
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import Scheduler, Tick
 
 REPLICAS = 3
@@ -120,7 +121,7 @@ async def _sdcore(count: int, at: float, dsn: str | None, seconds: float, freeze
         await run(Scheduler())
     else:
         async with JobSchedulerService.connect(
-            dsn, max_size=CONNECTIONS + 1, max_connections=CONNECTIONS
+            dsn, pool=PoolSettings(max_size=CONNECTIONS + 1), max_connections=CONNECTIONS
         ) as jobs:
             await run(Scheduler(jobs=jobs))
     _emit(event="done", lags=lags)

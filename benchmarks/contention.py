@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import base_parser, machine, scratch_database, summary
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService, lock_key
+from sdcore.postgres import PoolSettings
 
 FLOOR = """
 INSERT INTO floor_jobs (lock_key, owner_token) VALUES (%s, %s::uuid)
@@ -165,7 +166,7 @@ async def _measure(
         for name in ("acquire", "tick"):
             for _ in range(replicas):
                 cm = JobSchedulerService.connect(
-                    dsn, min_size=1, max_size=2, application_name=f"bench-{name}"
+                    dsn, pool=PoolSettings(min_size=1, max_size=2, application_name=f"bench-{name}")
                 )
                 services[name].append(await cm.__aenter__())
                 opened.append(cm)
@@ -327,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _schema(dsn: str) -> None:
-    async with JobSchedulerService.connect(dsn, max_size=1) as jobs:
+    async with JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1)) as jobs:
         await jobs.ensure_schema()
 
 

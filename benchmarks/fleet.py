@@ -94,8 +94,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from sdcore import Runtime
-from sdcore.postgres import DEFAULT_TABLES
-from sdcore.scheduling import Tick
+from sdcore.postgres import DEFAULT_TABLES, PoolSettings
+from sdcore.scheduling import ControlSettings, Tick
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import base_parser, machine, percentile, scratch_database
@@ -113,9 +113,8 @@ async def _replica(cfg: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.WARNING)  # stderr goes to the replica's log file
     runtime = Runtime(
         database_url=os.environ[_DSN_ENV],
-        pool_max_size=cfg["pool"],
-        schedules_listen=cfg["listen"],
-        application_name=f"fleet-r{cfg['index']}",
+        pool=PoolSettings(max_size=cfg["pool"], application_name=f"fleet-r{cfg['index']}"),
+        control=ControlSettings(listen=cfg["listen"]),
     )
     ledger = os.open(cfg["ledger"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     work = cfg["work_ms"] / 1000

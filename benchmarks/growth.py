@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import base_parser, machine, scratch_database, spread, summary
 
 from sdcore.job_scheduler import JobSchedulerService, LeaseAdmin
+from sdcore.postgres import PoolSettings
 
 FULL, BASELINE, EMPTY = "job_scheduler", "baseline_jobs", "empty_jobs"
 CHUNK = 500_000
@@ -89,8 +90,8 @@ def _fill(conn: psycopg.Connection[Any], table: str, rows: int) -> None:
 async def _cycles(dsn: str, cycles: int, slice_cycles: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {FULL: [], EMPTY: []}
     async with (
-        JobSchedulerService.connect(dsn, max_size=1) as full,
-        JobSchedulerService.connect(dsn, max_size=1, table=EMPTY) as empty,
+        JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1)) as full,
+        JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1), table=EMPTY) as empty,
     ):
         services = {FULL: full, EMPTY: empty}
         done = 0
@@ -191,7 +192,9 @@ def run(args: argparse.Namespace) -> None:
 
 async def _schema(dsn: str) -> None:
     for table in (FULL, BASELINE, EMPTY):
-        async with JobSchedulerService.connect(dsn, max_size=1, table=table) as jobs:
+        async with JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=1), table=table
+        ) as jobs:
             await jobs.ensure_schema()
     # The minimal batched delete gets the index it was written for (sdcore's table has only the
     # created_at one since migration lease/0004, which keeps complete a HOT update).

@@ -76,6 +76,7 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.identifiers import random_uuid
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerService
 from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres import PoolSettings
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TABLE = "job_scheduler"
@@ -431,7 +432,7 @@ class _Reset:
 
 
 async def _ensure_schema(dsn: str) -> None:
-    async with JobSchedulerService.connect(dsn, max_size=1) as jobs:
+    async with JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1)) as jobs:
         await jobs.ensure_schema()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(MINIMAL_DDL.encode())

@@ -52,6 +52,7 @@ from lease import (
 
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres import PoolSettings
 
 # variant -> its table (a copy of sdcore's, made by the migrations, then cut down)
 TABLES = {
@@ -65,7 +66,9 @@ SLICE_S = 0.5
 
 async def _schema(dsn: str) -> None:
     for table in TABLES.values():
-        async with JobSchedulerService.connect(dsn, max_size=2, table=table) as jobs:
+        async with JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=2), table=table
+        ) as jobs:
             await jobs.ensure_schema()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(MINIMAL_DDL.encode())

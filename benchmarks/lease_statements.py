@@ -47,6 +47,7 @@ from lease import LEASE_MS, MINIMAL_ACQUIRE, MINIMAL_COMPLETE, MINIMAL_DDL, MINI
 
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres import PoolSettings
 
 TABLE = "job_scheduler"
 OWN_SERVER = {
@@ -213,7 +214,7 @@ def _explain(conn: psycopg.Connection[Any]) -> None:
 
 
 async def _schema(dsn: str) -> None:
-    async with JobSchedulerService.connect(dsn, max_size=2) as jobs:
+    async with JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=2)) as jobs:
         await jobs.ensure_schema()
 
 

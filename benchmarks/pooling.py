@@ -15,7 +15,8 @@ hits all of them alike:
     The alternative: a libpq pipeline of ``SELECT set_config(…, true)`` and the statement, one
     Sync (one implicit transaction, extended protocol, one round trip).
 ``sdcore``
-    ``JobSchedulerService.connect(pgbouncer, transaction_pooling=True)`` through the public API.
+    ``JobSchedulerService.connect(pgbouncer, pool=PoolSettings(transaction_pooling=True))``
+    through the public API.
 
 Usage::
 
@@ -50,7 +51,7 @@ from tests._servers import pgbouncer
 
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerService
 from sdcore.job_scheduler._sql import LeaseStatements
-from sdcore.postgres import schema_sql
+from sdcore.postgres import PoolSettings, schema_sql
 from sdcore.postgres._pooling import _ISOLATION, statement_prelude
 from sdcore.postgres._schema import qualified
 
@@ -134,7 +135,9 @@ async def measure(dsn: str, seconds: float, slice_s: float) -> dict[str, list[fl
     """Alternate the workloads in slices until each ran ``seconds``; return cycles/s per slice."""
     async with (
         await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None) as c,
-        JobSchedulerService.connect(dsn, transaction_pooling=True, max_size=1) as jobs,
+        JobSchedulerService.connect(
+            dsn, pool=PoolSettings(transaction_pooling=True, max_size=1)
+        ) as jobs,
     ):
         await jobs.ensure_schema()
         cycles = {

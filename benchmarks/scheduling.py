@@ -87,6 +87,7 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
 )
 from sdcore.job_scheduler._sql import LeaseStatements
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import Scheduler, Tick
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -247,7 +248,9 @@ async def replica_main(mode: str, schedule: str) -> None:
         _emit("done", calls={}, per_tick={}, connections=0, **usage)
         return
     dsn = os.environ[_DSN_ENV]
-    async with CountingJobScheduler.connect(dsn, application_name="sdcore-bench") as jobs:
+    async with CountingJobScheduler.connect(
+        dsn, pool=PoolSettings(max_size=4, application_name="sdcore-bench")
+    ) as jobs:
         scheduler = Scheduler(jobs=jobs)
         scheduler.add_cron(schedule, "* * * * * *", _record)  # exclusive: the default with jobs
         usage = await _serve(scheduler)

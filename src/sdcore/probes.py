@@ -10,9 +10,10 @@ answer at all, which the probe's own timeout turns into a failure.
 plus the database answering ``SELECT 1`` within 2 s, plus the relay not being stuck.
 
 The relay is **stuck** when it runs in this process, outbox rows are due, and it has not
-completed a round (claim → publish → record, or an empty claim) for ``relay_stuck_after_s``
-(a healthy relay completes one at least every poll interval, 1 s by default; while the broker
-is down it backs off up to 30 s, so the default of 60 s reports an outage longer than a minute).
+completed a round (claim → publish → record, or an empty claim) for
+``RelaySettings.stuck_after_s`` (a healthy relay completes one at least every poll interval, 1 s
+by default; while the broker is down it backs off up to 30 s, so the default of 60 s reports an
+outage longer than a minute).
 A relay task that ended is stuck too. Without due rows an idle relay is never stuck.
 """
 

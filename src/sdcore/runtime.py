@@ -20,28 +20,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.legacy import fold_moved, refuse_unknown, warn_switch
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
-from sdcore.outbox import DEFAULT_RELAY_BATCH_BYTES, DEFAULT_RELAY_BATCH_SIZE, Outbox, OutboxRelay
+from sdcore.outbox import Outbox, OutboxRelay, RelaySettings
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings, create_pool, redact_dsn, redact_text
-from sdcore.probes import (
-    DEFAULT_RELAY_STUCK_AFTER_S,
-    ComponentHealth,
-    ProbeResult,
-    health,
-    liveness,
-    readiness,
+from sdcore.probes import ComponentHealth, ProbeResult, health, liveness, readiness
+from sdcore.scheduling import (
+    ControlSettings,
+    PostgresScheduleStore,
+    ScheduleControl,
+    Scheduler,
+    SchedulingSettings,
 )
-from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
 
 if TYPE_CHECKING:
     from sdcore.metrics import SdcoreMetrics
@@ -59,6 +60,181 @@ class RuntimeStateError(SdcoreError, RuntimeError):
     """A runtime that cannot be built or started as configured."""
 
 
+class _Deprecated(TypedDict, total=False):
+    """The keyword arguments of sdcore 0.1 that moved into settings objects (one more release)."""
+
+    pool_min_size: int
+    pool_max_size: int
+    transaction_pooling: bool
+    connect_timeout: int | None
+    reconnect_min_delay_ms: int
+    reconnect_max_delay_ms: int
+    reconnect_timeout_ms: int
+    application_name: str
+    relay_batch_size: int
+    relay_batch_bytes: int
+    relay_listen_url: str | None
+    relay_stuck_after_s: float
+    time_zone: str
+    scheduler: bool
+    schedules_listen: bool
+    schedule_control: bool
+
+
+# The defaults of the settings keywords; ``is`` tells them from a value the caller gave.
+_POOL = PoolSettings()
+_RELAY = RelaySettings()
+_SCHEDULING = SchedulingSettings()
+_CONTROL = ControlSettings()
+
+# Each 0.1 keyword, by the settings keyword that holds it now: old name → field.
+_MOVED: dict[str, dict[str, str]] = {
+    "pool": {
+        "pool_min_size": "min_size",
+        "pool_max_size": "max_size",
+        "transaction_pooling": "transaction_pooling",
+        "connect_timeout": "connect_timeout",
+        "reconnect_min_delay_ms": "reconnect_min_delay_ms",
+        "reconnect_max_delay_ms": "reconnect_max_delay_ms",
+        "reconnect_timeout_ms": "reconnect_timeout_ms",
+        "application_name": "application_name",
+    },
+    "relay": {
+        "relay_batch_size": "batch_size",
+        "relay_batch_bytes": "batch_bytes",
+        "relay_listen_url": "listen_url",
+        "relay_stuck_after_s": "stuck_after_s",
+    },
+    "scheduling": {"time_zone": "time_zone"},
+    "control": {"schedules_listen": "listen"},
+}
+_DEPRECATED = set(_Deprecated.__annotations__)
+
+
+_S = TypeVar("_S", SchedulingSettings, ControlSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """The settings a Runtime is built from, and which of its optional components run."""
+
+    pool: PoolSettings
+    relay: RelaySettings
+    scheduling: SchedulingSettings
+    control: ControlSettings
+    run_relay: bool
+    run_scheduler: bool
+    run_control: bool
+
+
+def _choose(
+    call: str,
+    pool: PoolSettings,
+    relay: RelaySettings | bool | None,
+    scheduling: SchedulingSettings | None,
+    control: ControlSettings | None,
+    given: Mapping[str, object],
+) -> _Chosen:
+    """Apply the 0.1 keywords (each with a DeprecationWarning pointing at the Runtime's caller).
+
+    Raises:
+        TypeError: An unknown keyword, or a 0.1 keyword beside the settings object holding it.
+    """
+    refuse_unknown(call, given, _DEPRECATED)
+    stack = 3  # _choose → Runtime.__init__ → the caller
+    if not isinstance(pool, PoolSettings):
+        raise TypeError(f"pool must be a PoolSettings, got {pool!r:.40}")
+    moved = dict(given)
+    least, most = moved.get("pool_min_size"), moved.get("pool_max_size", _POOL.max_size)
+    if isinstance(least, int) and isinstance(most, int) and least > most:
+        moved["pool_min_size"] = most  # 0.1 took the smaller of the two
+    if moved.get("relay_listen_url") == "":
+        moved["relay_listen_url"] = None  # 0.1 read an empty URL as none
+    chosen_pool = fold_moved(
+        call,
+        "pool",
+        pool,
+        moved=_MOVED["pool"],
+        given=moved,
+        explicit=pool is not _POOL,
+        stacklevel=stack,
+    )
+    if isinstance(relay, bool):
+        warn_switch(call, "relay", relay, "relay", "RelaySettings", stacklevel=stack)
+    run_relay = relay is not None and relay is not False
+    relay_base = relay if isinstance(relay, RelaySettings) else _RELAY
+    if relay is not None and not isinstance(relay, bool | RelaySettings):
+        raise TypeError(f"relay must be a RelaySettings or None, got {relay!r:.40}")
+    chosen_relay = fold_moved(
+        call,
+        "relay",
+        relay_base,
+        moved=_MOVED["relay"],
+        given=moved,
+        explicit=not isinstance(relay, bool) and relay is not _RELAY,
+        stacklevel=stack,
+    )
+    run_scheduler, sched_base = _switch(
+        call, "scheduler", "scheduling", scheduling, _SCHEDULING, SchedulingSettings, moved, stack
+    )
+    chosen_scheduling = fold_moved(
+        call,
+        "scheduling",
+        sched_base,
+        moved=_MOVED["scheduling"],
+        given=moved,
+        explicit=scheduling is not _SCHEDULING,
+        stacklevel=stack,
+    )
+    run_control, control_base = _switch(
+        call, "schedule_control", "control", control, _CONTROL, ControlSettings, moved, stack
+    )
+    chosen_control = fold_moved(
+        call,
+        "control",
+        control_base,
+        moved=_MOVED["control"],
+        given=moved,
+        explicit=control is not _CONTROL,
+        stacklevel=stack,
+    )
+    return _Chosen(
+        pool=chosen_pool,
+        relay=chosen_relay,
+        scheduling=chosen_scheduling,
+        control=chosen_control,
+        run_relay=run_relay,
+        run_scheduler=run_scheduler,
+        run_control=run_control,
+    )
+
+
+def _switch(
+    call: str,
+    old: str,
+    group: str,
+    value: _S | None,
+    default: _S,
+    kind: type[_S],
+    given: Mapping[str, object],
+    stack: int,
+) -> tuple[bool, _S]:
+    """Whether a component runs, and its settings (``default`` when off), from both spellings."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{group} must be a {kind.__name__} or None, got {value!r:.40}")
+    if old not in given:
+        return value is not None, default if value is None else value
+    if value is not default:
+        raise TypeError(
+            f"{call}({old}=…) cannot be combined with {call}({group}=…): give {group} only"
+        )
+    on = given[old]
+    if not isinstance(on, bool):
+        raise TypeError(f"{old} must be a bool, got {on!r:.40}")
+    warn_switch(call, old, on, group, kind.__name__, stacklevel=stack + 1)
+    return on, default
+
+
 class Runtime(AsyncStartStop):
     """The job scheduler, scheduler, event bus, outbox, relay and queue workers of one service.
 
@@ -67,149 +243,121 @@ class Runtime(AsyncStartStop):
     optional: without ``redis_url`` no ``sdcore.queues`` import happens, no relay or worker
     starts, and outbox rows wait in PostgreSQL until a replica with Redis relays them.
 
+    Configuration comes as a few frozen settings objects, each validated when it is built; a
+    component whose settings are ``None`` does not run in this process::
+
+        Runtime(
+            dsn,
+            pool=PoolSettings(max_size=20, application_name="billing"),
+            relay=RelaySettings(batch_size=200),
+            scheduling=SchedulingSettings(time_zone="Europe/Paris"),
+            control=None,            # the schedules run as declared, nothing else reaches them
+        )
+
+    The flat keywords of sdcore 0.1 (``pool_max_size=…``, ``relay=False``, ``time_zone=…``,
+    ``scheduler=False``, …) still work for one release, with a ``DeprecationWarning`` that
+    names the new spelling; one given beside the settings object holding it is a ``TypeError``.
+
     Args:
         database_url: libpq URL of the service's PostgreSQL.
         redis_url: Redis URL for BullMQ, or ``None`` (queues off).
-        time_zone: Default zone of cron schedules.
-        ensure_schema: Apply pending migrations of the lease and outbox tables at start (off
-            when ``sdcore db upgrade`` or your own migrations do it).
+        pool: The connection pool (:class:`~sdcore.postgres.PoolSettings`; the control plane
+            opens a second pool of 2 connections with the same settings). At least 2
+            connections: the job scheduler holds at most half of them, never the last one.
+        relay: Run an outbox relay in this process (with ``redis_url``):
+            :class:`~sdcore.outbox.RelaySettings`, or ``None``.
+        scheduling: Run the schedules in this process:
+            :class:`~sdcore.scheduling.SchedulingSettings`, or ``None`` (an API-only replica;
+            ``runtime.scheduler`` still takes declarations, with the default settings).
+        control: Run the schedules control plane with the scheduler (pause, trigger, backfill,
+            stored schedules; this replica's schedules are recorded in its tables):
+            :class:`~sdcore.scheduling.ControlSettings`, or ``None``.
         processors: Queue processors to run in this process (needs ``redis_url``).
-        relay: Run an outbox relay in this process (with ``redis_url``).
-        scheduler: Run the schedules in this process (``False``: an API-only replica).
-        queue_prefix: BullMQ key prefix.
-        pool_min_size: Pool minimum.
-        pool_max_size: Pool maximum. The job scheduler holds at most half of it, never all of
-            it, so the application's own ``runtime.pool.connection()`` always finds one.
-        grace_period_ms: How long running ticks and jobs may finish at shutdown.
         outbox: The outbox table (default ``Outbox()``).
-        schedules_listen: Control-plane changes (pause, trigger, stored schedules…) arrive by
-            LISTEN/NOTIFY and by polling every second; ``False`` (implied by
-            ``transaction_pooling``) polls only, with unprepared statements.
-        logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
-        transaction_pooling: ``database_url`` points at a transaction-mode pooler (PgBouncer
-            ``pool_mode=transaction``): no server-side prepared statements on the pool, and
-            every lease statement carries its own ``synchronous_commit=on`` and timeout.
-        connect_timeout: Seconds per connection attempt and host (libpq: whole seconds, at
-            least 2); ``None``: the URL's value, else 10.
-        reconnect_min_delay_ms: First pause before replacing a broken connection; doubles up
-            to ``reconnect_max_delay_ms``, so a promoted standby is used within about that long
-            of accepting connections.
-        reconnect_max_delay_ms: The cap of that pause.
-        reconnect_timeout_ms: Stop trying to replace a connection after this long.
-        relay_listen_url: A direct (not pooled) URL of the same database for the relay's
-            LISTEN. Under ``transaction_pooling`` without it the relay polls (a notification
-            cannot cross a transaction-mode pooler); with it, it is woken within milliseconds.
+        ensure_schema: Apply pending migrations of the lease, outbox and schedules tables at
+            start (off when ``sdcore db upgrade`` or your own migrations do it).
+        lease_table: The job lease table (the scheduler's run records).
+        schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
+        queue_prefix: BullMQ key prefix.
+        grace_period_ms: How long running ticks, jobs, the relay's batch and event handlers
+            may finish at shutdown (one budget for the whole process).
         metrics: Prometheus metrics (``sdcore[metrics]``): ``True`` for
             :class:`~sdcore.metrics.SdcoreMetrics` on a registry of their own, or your own
             instance; exposed as :attr:`metrics` (``None`` when off).
         tracing: OpenTelemetry spans and trace propagation through the outbox
             (``sdcore[otel]``): ``True`` for :class:`~sdcore.tracing.SdcoreTracing` on the
             global tracer provider, or your own instance; :attr:`tracing`.
-        relay_stuck_after_s: Readiness fails when the relay has rows due and completed no
-            round for this long (see :mod:`sdcore.probes`).
-        relay_batch_size: Outbox rows the relay claims at a time.
-        relay_batch_bytes: Payload bytes the relay claims at a time (``OutboxRelay``'s
-            ``batch_bytes``: its memory follows it).
-        lease_table: The job lease table (the scheduler's run records).
-        schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
-        application_name: Shown in ``pg_stat_activity`` for the pool's connections.
-        schedule_control: Run the schedules control plane with the scheduler (pause, trigger,
-            backfill, stored schedules; this replica's schedules are recorded in its tables).
-            ``False``: the schedules run as declared and nothing else reaches them.
+        logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
+        **deprecated: The 0.1 keywords, each mapped onto the settings above.
 
     Raises:
         ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
-            fewer than 2 connections (the job scheduler would hold the last one), or a
-            connection setting out of range.
+            fewer than 2 connections, or a 0.1 keyword's value out of range.
+        TypeError: A settings keyword of the wrong type, an unknown keyword, or a 0.1 keyword
+            beside the settings object that holds it.
     """
 
     default_logger_name = "sdcore.runtime"
 
     def __init__(
         self,
-        *,
         database_url: str,
+        *,
         redis_url: str | None = None,
-        time_zone: str = "UTC",
-        ensure_schema: bool = True,
+        pool: PoolSettings = _POOL,
+        relay: RelaySettings | bool | None = _RELAY,
+        scheduling: SchedulingSettings | None = _SCHEDULING,
+        control: ControlSettings | None = _CONTROL,
         processors: Sequence[Processor] = (),
-        relay: bool = True,
-        scheduler: bool = True,
-        queue_prefix: str = "bull",
-        pool_min_size: int = 1,
-        pool_max_size: int = 10,
-        grace_period_ms: int = 10_000,
         outbox: Outbox | None = None,
-        schedules_listen: bool = True,
-        logger_name: str | None = None,
-        transaction_pooling: bool = False,
-        connect_timeout: int | None = None,
-        reconnect_min_delay_ms: int = 100,
-        reconnect_max_delay_ms: int = 1_000,
-        reconnect_timeout_ms: int = 300_000,
-        relay_listen_url: str | None = None,
-        metrics: bool | SdcoreMetrics = False,
-        tracing: bool | SdcoreTracing = False,
-        relay_stuck_after_s: float = DEFAULT_RELAY_STUCK_AFTER_S,
-        relay_batch_size: int = DEFAULT_RELAY_BATCH_SIZE,
-        relay_batch_bytes: int = DEFAULT_RELAY_BATCH_BYTES,
+        ensure_schema: bool = True,
         lease_table: str = DEFAULT_TABLES["lease"],
         schema: str | None = None,
-        application_name: str = "sdcore",
-        schedule_control: bool = True,
+        queue_prefix: str = "bull",
+        grace_period_ms: int = 10_000,
+        metrics: bool | SdcoreMetrics = False,
+        tracing: bool | SdcoreTracing = False,
+        logger_name: str | None = None,
+        **deprecated: Unpack[_Deprecated],
     ) -> None:
         if not isinstance(database_url, str) or not database_url.strip():
             raise ValueError("database_url is required")
         if processors and not redis_url:
             raise ValueError("processors need redis_url")
-        if (
-            isinstance(relay_stuck_after_s, bool)
-            or not isinstance(relay_stuck_after_s, int | float)
-            or relay_stuck_after_s <= 0
-        ):
+        chosen = _choose(type(self).__name__, pool, relay, scheduling, control, deprecated)
+        settings = chosen.pool
+        if settings.max_size < 2:
             raise ValueError(
-                f"relay_stuck_after_s must be a positive number, got {relay_stuck_after_s!r:.40}"
-            )
-        sizes = (
-            ("pool_max_size", pool_max_size),
-            ("relay_batch_size", relay_batch_size),
-            ("relay_batch_bytes", relay_batch_bytes),
-        )
-        for name, value in sizes:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if pool_max_size < 2:
-            raise ValueError(
-                f"pool_max_size must be at least 2, got {pool_max_size}: the job scheduler holds "
-                "up to half of the pool and must never hold its last connection"
+                f"pool.max_size must be at least 2, got {settings.max_size}: the job scheduler "
+                "holds up to half of the pool and must never hold its last connection"
             )
         self.database_url = database_url
         self.redis_url = redis_url or None
-        settings = PoolSettings(
-            min_size=min(pool_min_size, pool_max_size),
-            max_size=pool_max_size,
-            transaction_pooling=transaction_pooling,
-            connect_timeout=connect_timeout,
-            reconnect_min_delay_ms=reconnect_min_delay_ms,
-            reconnect_max_delay_ms=reconnect_max_delay_ms,
-            reconnect_timeout_ms=reconnect_timeout_ms,
-            application_name=application_name,
-        )
-        self.transaction_pooling = transaction_pooling
-        self.relay_listen_url = relay_listen_url or None
-        self._pool_settings = settings
+        self.pool_settings = settings
+        """The pool's settings (the control plane's pool has the same, sized 1..2)."""
+        self.relay_settings = chosen.relay if chosen.run_relay else None
+        """The relay's settings, ``None`` when this process runs no relay."""
+        self.scheduling_settings = chosen.scheduling if chosen.run_scheduler else None
+        """The scheduler's settings, ``None`` when this process runs no schedules."""
+        self.control_settings = chosen.control if chosen.run_control else None
+        """The control plane's settings, ``None`` when it does not run."""
+        self.transaction_pooling = settings.transaction_pooling
+        self.relay_listen_url = chosen.relay.listen_url
         self.pool: AsyncConnectionPool[Any] = create_pool(database_url, settings)
         self.jobs = JobSchedulerService(
             self.pool,
             table=lease_table,
             schema=schema,
-            max_connections=max(1, pool_max_size // 2),
-            transaction_pooling=transaction_pooling,
+            max_connections=max(1, settings.max_size // 2),
+            transaction_pooling=settings.transaction_pooling,
         )
         self.scheduler = Scheduler(
-            jobs=self.jobs, time_zone=time_zone, grace_period_ms=grace_period_ms
+            jobs=self.jobs,
+            time_zone=chosen.scheduling.time_zone,
+            lease_ms=chosen.scheduling.lease_ms,
+            grace_period_ms=grace_period_ms,
         )
-        poll_only = transaction_pooling or not schedules_listen
+        poll_only = settings.transaction_pooling or not chosen.control.listen
         self.schedule_store = PostgresScheduleStore(
             self.pool, schema=schema, lease_table=lease_table, transaction_pooling=poll_only
         )
@@ -230,6 +378,8 @@ class Runtime(AsyncStartStop):
             self.scheduler,
             self._control_store,
             listen=not poll_only,
+            poll_interval_ms=chosen.control.poll_interval_ms,
+            heartbeat_ms=chosen.control.heartbeat_ms,
             history_store=self.schedule_store,
         )
         self.events = EventBus()
@@ -238,18 +388,19 @@ class Runtime(AsyncStartStop):
         self.publisher: BullMQPublisher | None = None
         self.relay: OutboxRelay | None = None
         self.workers: Workers | None = None
-        self.run_scheduler = bool(scheduler)
-        self.run_schedule_control = bool(schedule_control)
-        self.run_relay = bool(relay)
+        self.run_scheduler = chosen.run_scheduler
+        self.run_schedule_control = chosen.run_control
+        self.run_relay = chosen.run_relay
         self.run_processors = True
         self._ensure_schema = ensure_schema
         self._prefix = queue_prefix
-        self._relay_batch_size = relay_batch_size
-        self._relay_batch_bytes = relay_batch_bytes
+        self._relay_batch_size = chosen.relay.batch_size
+        self._relay_batch_bytes = chosen.relay.batch_bytes
         self._grace = grace_period_ms / 1000
+        self._open_timeout = max(settings.open_timeout_ms / 1000, 1.0)
         self._log = logging.getLogger(logger_name or self.default_logger_name)
         self._stack: AsyncExitStack | None = None
-        self.relay_stuck_after_s = float(relay_stuck_after_s)
+        self.relay_stuck_after_s = float(chosen.relay.stuck_after_s)
         self.started_at: float | None = None
         """``time.monotonic()`` when :meth:`start` completed (``None`` when stopped)."""
         self.metrics: SdcoreMetrics | None = None
@@ -312,7 +463,7 @@ class Runtime(AsyncStartStop):
         await self._preflight()
         stack = AsyncExitStack()
         try:
-            await self.pool.open(wait=True, timeout=30)
+            await self.pool.open(wait=True, timeout=self._open_timeout)
             stack.push_async_callback(self._step, "pool", self.pool.close)
             stack.push_async_callback(self._step, "job scheduler", self.jobs.close)
             stack.push_async_callback(self._step, "events", lambda: self.events.drain(self._grace))
@@ -327,7 +478,7 @@ class Runtime(AsyncStartStop):
                 # stopped first (no trigger or backfill starts a tick into a closing scheduler).
                 control = False
                 if self.run_schedule_control:
-                    await self.control_pool.open(wait=True, timeout=30)
+                    await self.control_pool.open(wait=True, timeout=self._open_timeout)
                     stack.push_async_callback(self._step, "control pool", self.control_pool.close)
                     control = await self._start_control()
                 try:
@@ -395,7 +546,7 @@ class Runtime(AsyncStartStop):
         # "pool initialization incomplete" after its timeout; this names the server's reason.
         import psycopg
 
-        kwargs = self._pool_settings.connection_kwargs(self.database_url)
+        kwargs = self.pool_settings.connection_kwargs(self.database_url)
         try:
             conn = await psycopg.AsyncConnection.connect(self.database_url, **kwargs)
         except psycopg.Error as exc:

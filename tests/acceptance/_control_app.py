@@ -9,14 +9,15 @@ import json
 import os
 from typing import Any
 
+from sdcore.postgres import PoolSettings
 from sdcore.runtime import Runtime
-from sdcore.scheduling import Tick
+from sdcore.scheduling import ControlSettings, Tick
 
 runtime = Runtime(
     database_url=os.environ["SDCORE_CONTROL_DSN"],
-    pool_max_size=6,
+    pool=PoolSettings(max_size=6),
+    control=ControlSettings(listen=os.environ.get("SDCORE_CONTROL_LISTEN", "1") == "1"),
     grace_period_ms=2_000,
-    schedules_listen=os.environ.get("SDCORE_CONTROL_LISTEN", "1") == "1",
 )
 
 

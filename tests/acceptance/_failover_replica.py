@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import CatchUp, Overlap, Scheduler, Tick
 
 _OUT = threading.Lock()
@@ -63,7 +64,10 @@ async def amain(args: argparse.Namespace) -> int:
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     async with JobSchedulerService.connect(
-        args.dsn, application_name=f"failover-{args.replica_id}", connect_timeout=2
+        args.dsn,
+        pool=PoolSettings(
+            max_size=4, application_name=f"failover-{args.replica_id}", connect_timeout=2
+        ),
     ) as jobs:
         await jobs.ensure_schema()
         scheduler = Scheduler(jobs=jobs, grace_period_ms=5_000)

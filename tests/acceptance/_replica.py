@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import CatchUp, Overlap, ScheduleOptions, Scheduler, Tick
 
 Json = dict[str, Any]
@@ -237,7 +238,9 @@ async def amain(args: argparse.Namespace) -> int:
         return datetime.now(UTC) + offset
 
     app = f"replica-{args.replica_id}-{os.getpid()}"
-    async with JobSchedulerService.connect(args.dsn, application_name=app) as jobs:
+    async with JobSchedulerService.connect(
+        args.dsn, pool=PoolSettings(max_size=4, application_name=app)
+    ) as jobs:
         await jobs.ensure_schema()
         async with await psycopg.AsyncConnection.connect(
             args.dsn, autocommit=True, application_name=f"{app}-ledger"

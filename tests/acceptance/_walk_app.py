@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any
 
+from sdcore.postgres import PoolSettings
 from sdcore.runtime import Runtime
 from sdcore.scheduling import Tick
 from tests.acceptance._walk_plan import (
@@ -28,9 +29,7 @@ from tests.acceptance._walk_plan import (
 )
 
 runtime = Runtime(
-    database_url=os.environ["SDCORE_WALK_DSN"],
-    pool_max_size=6,
-    grace_period_ms=1_500,
+    database_url=os.environ["SDCORE_WALK_DSN"], pool=PoolSettings(max_size=6), grace_period_ms=1_500
 )
 
 

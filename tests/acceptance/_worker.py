@@ -48,6 +48,7 @@ from sdcore.job_scheduler import (
     idempotency_key,
     lock_key,
 )
+from sdcore.postgres import PoolSettings
 
 Json = dict[str, Any]
 
@@ -105,9 +106,9 @@ class Worker:
         self.service = await stack.enter_async_context(
             JobSchedulerService.connect(
                 cmd["dsn"],
-                min_size=1,
-                max_size=1,
-                application_name=cmd.get("app", "sdcore"),
+                pool=PoolSettings(
+                    min_size=1, max_size=1, application_name=cmd.get("app", "sdcore")
+                ),
                 **cmd.get("options", {}),
             )
         )
@@ -179,9 +180,7 @@ class Worker:
     async def op_ensure_schema(self, cmd: Json) -> Json:
         async with JobSchedulerService.connect(
             cmd["dsn"],
-            min_size=1,
-            max_size=1,
-            application_name=cmd.get("app", "sdcore"),
+            pool=PoolSettings(min_size=1, max_size=1, application_name=cmd.get("app", "sdcore")),
             schema=cmd.get("schema"),
         ) as svc:
             if cmd.get("barrier"):

@@ -2,7 +2,7 @@
 steered through the CLI — pause, trigger while paused, backfill, resume, a SIGKILL mid-backfill,
 and a stored schedule created, changed and removed at run time.
 
-Replica 3 polls only (``schedules_listen=False``, as under PgBouncer transaction pooling)."""
+Replica 3 polls only (``ControlSettings(listen=False)``, as under PgBouncer transaction pooling)."""
 
 from __future__ import annotations
 

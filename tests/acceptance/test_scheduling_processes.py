@@ -41,6 +41,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import JobSchedulerService, JobSchedulerStatus
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import MissedTick, Scheduler, Tick, format_run_key
 
 Json = dict[str, Any]
@@ -412,7 +413,7 @@ def _expected(
 async def _missed_via_api(
     dsn: str, name: str, cron: str, start: float, end: float
 ) -> list[MissedTick]:
-    async with JobSchedulerService.connect(dsn, min_size=1, max_size=1) as jobs:
+    async with JobSchedulerService.connect(dsn, pool=PoolSettings(min_size=1, max_size=1)) as jobs:
         scheduler = Scheduler(jobs=jobs)
         scheduler.add_cron(name, cron, _noop)
         return await scheduler.missed_ticks(name, _utc(start), _utc(end))

@@ -169,8 +169,8 @@ async def _drop_prefix(prefix: str) -> None:
 async def cluster(dsn: str) -> AsyncIterator[Cluster]:
     """Start replicas A and B with data; stop them (and drop the Redis keys) after."""
     started = asyncio.Event()
-    a = Runtime(database_url=dsn, grace_period_ms=200, relay=False)
-    b = Runtime(database_url=dsn, grace_period_ms=200, relay=False)
+    a = Runtime(database_url=dsn, grace_period_ms=200, relay=None)
+    b = Runtime(database_url=dsn, grace_period_ms=200, relay=None)
     _declare(a, started)
     _declare(b, asyncio.Event())
     minute = (datetime.now(UTC).minute + 30) % 60

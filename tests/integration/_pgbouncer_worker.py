@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdcore.job_scheduler import JobExecutionLease, JobSchedulerService
+from sdcore.postgres import PoolSettings
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -35,7 +36,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[str] = []
     not_acquired = 0
     async with JobSchedulerService.connect(
-        args.dsn, max_size=2, transaction_pooling=args.transaction_pooling
+        args.dsn, pool=PoolSettings(max_size=2, transaction_pooling=args.transaction_pooling)
     ) as jobs:
         print(json.dumps({"event": "ready"}), flush=True)  # noqa: T201
         await asyncio.to_thread(sys.stdin.readline)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
+from sdcore.postgres import PoolSettings
 from sdcore.runtime import Runtime
 from sdcore.scheduling import Tick
 
 runtime = Runtime(
     database_url=os.environ["SDCORE_RUN_TEST_DSN"],
     redis_url=os.environ.get("SDCORE_RUN_TEST_REDIS") or None,
-    pool_max_size=4,
+    pool=PoolSettings(max_size=4),
     grace_period_ms=3_000,
 )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sdcore.postgres import PoolSettings
 from sdcore.runtime import Runtime, RuntimeStateError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,11 +130,11 @@ def test_a_runtime_that_cannot_reach_its_database_is_one_line(tmp_path: Path) ->
 
 def test_runtime_refuses_a_pool_it_would_exhaust() -> None:
     with pytest.raises(ValueError, match="at least 2"):
-        Runtime(database_url="postgresql://x@127.0.0.1/x", pool_max_size=1)
+        Runtime(database_url="postgresql://x@127.0.0.1/x", pool=PoolSettings(max_size=1))
 
 
 async def test_runtime_start_twice_is_an_error_and_stop_is_idempotent(pg_dsn: str) -> None:
-    runtime = Runtime(database_url=pg_dsn, pool_max_size=2)
+    runtime = Runtime(database_url=pg_dsn, pool=PoolSettings(max_size=2))
     states = []
     async with runtime:
         states.append(runtime.started)

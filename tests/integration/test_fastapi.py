@@ -23,7 +23,7 @@ from sdcore.fastapi import (
     health_router,
     install,
 )
-from sdcore.scheduling import Tick
+from sdcore.scheduling import SchedulingSettings, Tick
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -54,7 +54,7 @@ def _app(sd: Sdcore) -> FastAPI:
 def test_without_redis_everything_but_queues_runs(
     pg_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sd = Sdcore(database_url=pg_dsn, time_zone="Europe/Paris")
+    sd = Sdcore(database_url=pg_dsn, scheduling=SchedulingSettings(time_zone="Europe/Paris"))
     ticks: list[str] = []
     heard: list[Any] = []
     sd.events.on("thing.*", heard.append)
@@ -170,7 +170,7 @@ def test_with_redis_the_relay_publishes_and_health_reports_it(pg_dsn: str) -> No
 
 def test_unreachable_redis_is_reported_degraded(pg_dsn: str) -> None:
     pytest.importorskip("bullmq")
-    sd = Sdcore(database_url=pg_dsn, redis_url="redis://127.0.0.1:1/0", relay=False)
+    sd = Sdcore(database_url=pg_dsn, redis_url="redis://127.0.0.1:1/0", relay=None)
     with TestClient(_app(sd)) as client:
         response = client.get("/health")
     assert response.status_code == 503

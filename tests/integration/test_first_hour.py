@@ -117,7 +117,7 @@ async def test_a_paused_tick_is_counted_once_across_the_replicas(schema_dsn: str
     """
     name = "every-second-paused"
     replicas = [
-        Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False, metrics=True)
+        Runtime(database_url=schema_dsn, grace_period_ms=200, relay=None, metrics=True)
         for _ in range(2)
     ]
     for runtime in replicas:
@@ -161,7 +161,7 @@ import pathlib
 
 from sdcore import Runtime
 
-runtime = Runtime(database_url=os.environ["FIRST_HOUR_DSN"], relay=False)
+runtime = Runtime(database_url=os.environ["FIRST_HOUR_DSN"], relay=None)
 
 
 @runtime.scheduler.interval(1_000, name="nightly-report")
@@ -225,7 +225,7 @@ def test_app_takes_a_runtime_and_a_guarded_script(schema_dsn: str, tmp_path: Pat
 async def test_missed_works_from_the_database_and_says_why(schema_dsn: str, tmp_path: Path) -> None:
     """``missed NAME`` reads the stored definition (no --app, no --since) and names the pause."""
     name = "every-second-missed"
-    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=None)
     runtime.scheduler.add_interval(name, 1_000, lambda tick: None)
     async with runtime:
         admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))
@@ -321,7 +321,7 @@ def test_the_control_plane_says_why_it_is_empty_and_suggests_names(
     assert "a bare Scheduler does not" in capsys.readouterr().err
 
     async def declare() -> None:
-        runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+        runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=None)
         runtime.scheduler.add_interval("mark-overdue-tasks", 60_000, lambda tick: None)
         async with runtime:
             admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))
@@ -355,8 +355,8 @@ async def test_a_weak_redis_is_reported_once_per_process(
             redis_url=REDIS_URL,
             queue_prefix=prefix,
             processors=[_Echo()],
-            relay=False,
-            scheduler=False,
+            relay=None,
+            scheduling=None,
         )
         async with runtime:
             assert runtime.workers is not None
@@ -368,7 +368,7 @@ async def test_a_weak_redis_is_reported_once_per_process(
 async def test_the_dashboard_answers_head_and_the_browsers_icon_request(schema_dsn: str) -> None:
     from sdcore.dashboard import dashboard_app
 
-    runtime = Runtime(database_url=schema_dsn, relay=False, scheduler=False)
+    runtime = Runtime(database_url=schema_dsn, relay=None, scheduling=None)
     async with runtime:
         transport = httpx.ASGITransport(app=dashboard_app(runtime))
         async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
@@ -445,7 +445,7 @@ def _documented_keys(command: str) -> list[str]:
 
 
 async def test_the_cluster_listing_json_keys_are_the_documented_ones(schema_dsn: str) -> None:
-    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=False)
+    runtime = Runtime(database_url=schema_dsn, grace_period_ms=200, relay=None)
     runtime.scheduler.add_interval("documented", 60_000, lambda tick: None)
     async with runtime:
         admin = ScheduleAdmin(PostgresScheduleStore(runtime.pool))

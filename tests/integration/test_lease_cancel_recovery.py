@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
+from sdcore.postgres import PoolSettings
 from tests._pgproxy import PgProxy, on_message
 
 SLOW_S = 1.0  # every answer's delay once the first acquire's answer was dropped
@@ -59,7 +60,9 @@ async def test_cancelled_during_recovery_gives_the_row_back(
 ) -> None:
     async with (
         PgProxy(pg_dsn, slow_after_trip_s=SLOW_S) as proxy,
-        JobSchedulerService.connect(proxy.dsn, max_size=2, max_connections=1) as svc,
+        JobSchedulerService.connect(
+            proxy.dsn, pool=PoolSettings(max_size=2), max_connections=1
+        ) as svc,
     ):
         await svc.statuses(["warm-up"])  # the held connection is open before the fault
         proxy.arm(on_message(b"INSERT INTO"))

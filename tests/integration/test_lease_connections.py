@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import JobExecutionLease, JobSchedulerService
+from sdcore.postgres import PoolSettings
 
 
 async def _kill_lease_backends(dsn: str, application_name: str) -> int:
@@ -27,7 +28,9 @@ async def test_heartbeat_connections_killed_mid_run_cause_no_false_loss(
 ) -> None:
     kills = 0
     caplog.set_level("WARNING", logger="sdcore.job_scheduler")
-    async with JobSchedulerService.connect(pg_dsn, application_name="lease-hb-test") as jobs:
+    async with JobSchedulerService.connect(
+        pg_dsn, pool=PoolSettings(max_size=4, application_name="lease-hb-test")
+    ) as jobs:
         await jobs.ensure_schema()
 
         async def work(lease: JobExecutionLease) -> str:

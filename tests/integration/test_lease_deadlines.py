@@ -31,6 +31,7 @@ from sdcore.job_scheduler import (
     JobSchedulerStatus,
     LostJobLeaseError,
 )
+from sdcore.postgres import PoolSettings
 
 # Scheduling noise on a loaded 2-core CI machine: added to every upper bound, never to a lower one.
 TOLERANCE_S = 0.4
@@ -181,7 +182,9 @@ async def _sleep_trigger(dsn: str, timing: str, event: str, app: str, seconds: f
 
 @contextlib.asynccontextmanager
 async def _service(dsn: str, app: str) -> AsyncIterator[JobSchedulerService]:
-    async with JobSchedulerService.connect(dsn, application_name=app) as svc:
+    async with JobSchedulerService.connect(
+        dsn, pool=PoolSettings(max_size=4, application_name=app)
+    ) as svc:
         yield svc
 
 
@@ -445,7 +448,7 @@ async def test_the_lease_exposes_its_client_deadline(jobs: JobSchedulerService) 
 
 async def test_the_service_never_holds_the_last_connection_of_its_pool(pg_dsn: str) -> None:
     """connect(max_size=2): a handler that uses jobs.pool still gets a connection."""
-    async with JobSchedulerService.connect(pg_dsn, max_size=2) as svc:
+    async with JobSchedulerService.connect(pg_dsn, pool=PoolSettings(max_size=2)) as svc:
         await svc.ensure_schema()
         assert svc.max_connections == 1
 

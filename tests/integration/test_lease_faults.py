@@ -41,6 +41,7 @@ from sdcore.job_scheduler import (
     JobSchedulerUnavailableError,
     LostJobLeaseError,
 )
+from sdcore.postgres import PoolSettings
 from tests._pgproxy import PgProxy, on_message
 from tests.conftest import ADMIN_DSN
 
@@ -229,7 +230,9 @@ async def test_db02_answer_lost_after_commit_of_finalize(
     expected = {"complete": "SUCCESS", "fail": "FAIL", "release": "FAIL"}[method]
     async with (
         PgProxy(pg_dsn) as proxy,
-        JobSchedulerService.connect(proxy.dsn, application_name="sdcore-proxied") as svc,
+        JobSchedulerService.connect(
+            proxy.dsn, pool=PoolSettings(max_size=4, application_name="sdcore-proxied")
+        ) as svc,
     ):
         got = await _acquired(svc, {"code": "db02b", "run_key": method, "lease_ms": 60_000})
         proxy.arm(on_message(b"SET status"))
@@ -256,7 +259,9 @@ async def test_db03_answer_lost_after_commit_of_acquire(
     options = {"code": "db03", "run_key": "k", "lease_ms": 1000}
     async with (
         PgProxy(pg_dsn) as proxy,
-        JobSchedulerService.connect(proxy.dsn, application_name="sdcore-proxied") as svc,
+        JobSchedulerService.connect(
+            proxy.dsn, pool=PoolSettings(max_size=4, application_name="sdcore-proxied")
+        ) as svc,
     ):
         proxy.arm(on_message(b"INSERT INTO"))
         try:
@@ -300,7 +305,9 @@ async def test_db07_row_lock_held_elsewhere_fails_bounded(
     try:
         await blocker.execute("SELECT id FROM job_scheduler WHERE code = 'db07' FOR UPDATE")
         async with JobSchedulerService.connect(
-            pg_dsn, statement_timeout_ms=500, application_name="sdcore-db07"
+            pg_dsn,
+            statement_timeout_ms=500,
+            pool=PoolSettings(max_size=4, application_name="sdcore-db07"),
         ) as svc:
             calls: dict[str, Callable[[], Awaitable[object]]] = {
                 "acquire": lambda: svc.acquire(free),
@@ -415,13 +422,17 @@ async def test_db12_replicas_in_different_session_time_zones(
 
     await _sql(ADMIN_DSN, f"ALTER DATABASE \"{db}\" SET timezone = '{owner_tz}'")
     assert (await _sql(pg_dsn, "SHOW timezone"))[0][0] == owner_tz
-    async with JobSchedulerService.connect(pg_dsn, application_name="replica-a") as a:
+    async with JobSchedulerService.connect(
+        pg_dsn, pool=PoolSettings(max_size=4, application_name="replica-a")
+    ) as a:
         got = await _acquired(a, options)
     held = await _row(pg_dsn, "db12", run_key)
 
     await _sql(ADMIN_DSN, f"ALTER DATABASE \"{db}\" SET timezone = '{contender_tz}'")
     assert (await _sql(pg_dsn, "SHOW timezone"))[0][0] == contender_tz
-    async with JobSchedulerService.connect(pg_dsn, application_name="replica-b") as b:
+    async with JobSchedulerService.connect(
+        pg_dsn, pool=PoolSettings(max_size=4, application_name="replica-b")
+    ) as b:
         early = await b.acquire(options)
         after_early = await _row(pg_dsn, "db12", run_key)
         refused = 0
@@ -536,8 +547,12 @@ CREATE TRIGGER lease_audit AFTER UPDATE OR DELETE ON job_scheduler
 @contextlib.asynccontextmanager
 async def _two_replicas(dsn: str) -> AsyncIterator[tuple[JobSchedulerService, JobSchedulerService]]:
     async with (
-        JobSchedulerService.connect(dsn, application_name="replica-a") as a,
-        JobSchedulerService.connect(dsn, application_name="replica-b") as b,
+        JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=4, application_name="replica-a")
+        ) as a,
+        JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=4, application_name="replica-b")
+        ) as b,
     ):
         yield a, b
 
@@ -682,7 +697,9 @@ async def test_ensure_schema_after_lease_traffic_on_a_fully_held_pool(pg_dsn: st
     traffic every pool slot is held, and ``ensure_schema()`` — documented as idempotent, e.g.
     called again by a second component at start-up — must still work rather than wait for a
     pool connection that never comes back (psycopg_pool's 30 s timeout, then an error)."""
-    async with JobSchedulerService.connect(pg_dsn, application_name="sdcore-held") as svc:
+    async with JobSchedulerService.connect(
+        pg_dsn, pool=PoolSettings(max_size=4, application_name="sdcore-held")
+    ) as svc:
         await svc.ensure_schema()
         results = await asyncio.gather(
             *(svc.acquire({"code": "held", "run_key": f"k{i}"}) for i in range(8))

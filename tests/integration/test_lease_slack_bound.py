@@ -16,6 +16,7 @@ from sdcore.job_scheduler import (
     JobSchedulerService,
     LostJobLeaseError,
 )
+from sdcore.postgres import PoolSettings
 from tests.integration.test_lease_deadlines import Proxy
 
 SLACK_S = LEASE_SLACK_MS / 1000
@@ -33,7 +34,9 @@ async def test_run_exclusive_returns_within_one_slack_after_the_deadline(
     loop = asyncio.get_running_loop()
     async with (
         Proxy(pg_dsn) as proxy,
-        JobSchedulerService.connect(proxy.dsn, application_name="slack") as svc,
+        JobSchedulerService.connect(
+            proxy.dsn, pool=PoolSettings(max_size=4, application_name="slack")
+        ) as svc,
     ):
         await svc.ensure_schema()
 

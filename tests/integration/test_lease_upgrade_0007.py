@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import AttemptBudget, JobAcquireOptions, JobSchedulerService
-from sdcore.postgres import _migrations, migrate, migrations
+from sdcore.postgres import PoolSettings, _migrations, migrate, migrations
 
 BEFORE = [m for m in migrations("lease") if m.version < 7]
 
@@ -109,8 +109,8 @@ async def _recreated_token(dsn: str) -> tuple[int, int, int]:
     """Replica A draws a token, B creates run K, K is pruned, A creates K again: the tokens."""
     key = JobAcquireOptions(code="k", run_key="r")
     async with (
-        JobSchedulerService.connect(dsn, max_size=2, max_connections=1) as a,
-        JobSchedulerService.connect(dsn, max_size=2, max_connections=1) as b,
+        JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=2), max_connections=1) as a,
+        JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=2), max_connections=1) as b,
     ):
         first = await a.acquire(JobAcquireOptions(code="other", run_key="r"))
         created = await b.acquire(key)

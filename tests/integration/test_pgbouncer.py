@@ -27,7 +27,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.job_scheduler import JobSchedulerError, JobSchedulerService
-from sdcore.postgres import schema_sql
+from sdcore.postgres import PoolSettings, schema_sql
 from tests._servers import PgBouncer, pgbouncer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +245,9 @@ def test_nothing_left_on_the_server_session(prepared_db: str) -> None:
 
         async def traffic() -> None:
             async with JobSchedulerService.connect(
-                dsn, transaction_pooling=True, statement_timeout_ms=4321
+                dsn,
+                pool=PoolSettings(max_size=4, transaction_pooling=True),
+                statement_timeout_ms=4321,
             ) as jobs:
                 await jobs.ensure_schema()
                 for index in range(12):
@@ -278,8 +280,8 @@ def test_prepared_statements_through_transaction_pooling_name_the_switch(
         async def two_clients() -> list[str]:
             seen: list[str] = []
             async with (
-                JobSchedulerService.connect(dsn, max_size=1) as one,
-                JobSchedulerService.connect(dsn, max_size=1) as two,
+                JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1)) as one,
+                JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=1)) as two,
             ):
                 for index in range(8):  # psycopg prepares from the 6th execution on
                     for jobs in (one, two):
@@ -305,7 +307,9 @@ def test_runtime_switch_through_transaction_pooling(prepared_db: str) -> None:
 
         async def run() -> None:
             runtime = Sdcore(
-                database_url=dsn, transaction_pooling=True, pool_max_size=4, scheduler=False
+                database_url=dsn,
+                pool=PoolSettings(transaction_pooling=True, max_size=4),
+                scheduling=None,
             )
             assert runtime.pool.kwargs["prepare_threshold"] is None  # type: ignore[index]
             async with runtime:

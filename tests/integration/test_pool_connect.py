@@ -11,6 +11,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sdcore.job_scheduler import JobSchedulerService, JobSchedulerUnavailableError
+from sdcore.postgres import PoolSettings
 from tests._servers import free_port
 
 
@@ -24,7 +25,9 @@ async def test_a_refusing_server_fails_at_once_with_its_reason(pg_dsn: str) -> N
     dsn = _with(pg_dsn, dbname="sdcore_no_such_database", password="pw-hidden")
     started = time.monotonic()
     with pytest.raises(JobSchedulerUnavailableError) as caught:
-        async with JobSchedulerService.connect(dsn, open_timeout_ms=20_000):
+        async with JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=4, open_timeout_ms=20_000)
+        ):
             pass
     elapsed = time.monotonic() - started
     text = str(caught.value)
@@ -38,7 +41,9 @@ async def test_nothing_listening_waits_for_the_open_timeout_then_says_why(pg_dsn
     dsn = _with(pg_dsn, host="127.0.0.1", port=str(free_port()))
     started = time.monotonic()
     with pytest.raises(JobSchedulerUnavailableError, match="Connection refused"):
-        async with JobSchedulerService.connect(dsn, open_timeout_ms=1_500):
+        async with JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=4, open_timeout_ms=1_500)
+        ):
             pass
     assert 1.0 < time.monotonic() - started < 15
 
@@ -71,7 +76,9 @@ async def test_the_server_coming_up_during_the_open_timeout_is_waited_for(pg_dsn
     starting = asyncio.create_task(later())
     dsn = _with(pg_dsn, host="127.0.0.1", port=str(port))
     try:
-        async with JobSchedulerService.connect(dsn, open_timeout_ms=15_000) as jobs:
+        async with JobSchedulerService.connect(
+            dsn, pool=PoolSettings(max_size=4, open_timeout_ms=15_000)
+        ) as jobs:
             await jobs.ensure_schema()
             assert await jobs.statuses(["x"]) == {}
     finally:
@@ -86,7 +93,7 @@ async def test_weak_synchronous_commit_is_logged_once(
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off'.encode())
     caplog.set_level(logging.WARNING, logger="sdcore.postgres")
-    async with JobSchedulerService.connect(pg_dsn, max_size=3) as jobs:
+    async with JobSchedulerService.connect(pg_dsn, pool=PoolSettings(max_size=3)) as jobs:
         await jobs.ensure_schema()
         for index in range(3):
             outcome = await jobs.run_exclusive(

@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.fastapi import Sdcore, install, probes_router
+from sdcore.outbox import RelaySettings
+from sdcore.postgres import PoolSettings
 from sdcore.probes import serve
 from tests._servers import free_port, pgbouncer
 
@@ -40,7 +42,9 @@ async def test_readiness_follows_the_database(make_dsn: Callable[[], str]) -> No
         upstream_host="127.0.0.1", upstream_port=5432, mode="session", pool_size=8
     ) as bouncer:
         # A first connection through a PgBouncer just started can take seconds on a busy machine.
-        sd = Sdcore(database_url=bouncer.dsn(dbname), pool_max_size=4, connect_timeout=10)
+        sd = Sdcore(
+            database_url=bouncer.dsn(dbname), pool=PoolSettings(max_size=4, connect_timeout=10)
+        )
         app = FastAPI()
         install(app, sd)
         app.include_router(probes_router(details=True))
@@ -124,7 +128,12 @@ async def test_readiness_fails_while_the_relay_is_stuck(
     make_dsn: Callable[[], str], own_redis: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
     url, redis_process = own_redis
-    sd = Sdcore(database_url=make_dsn(), redis_url=url, scheduler=False, relay_stuck_after_s=1.0)
+    sd = Sdcore(
+        database_url=make_dsn(),
+        redis_url=url,
+        relay=RelaySettings(stuck_after_s=1.0),
+        scheduling=None,
+    )
     async with sd:
         ready = await sd.readiness()
         assert ready.ok, ready

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore import Runtime
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import (
     PostgresScheduleStore,
     ScheduleAdmin,
@@ -349,7 +350,7 @@ async def test_a_pause_reaches_a_replica_whose_application_pool_is_exhausted(
     the replica's control plane still reads the pause, on connections of its own."""
     from psycopg_pool import PoolTimeout
 
-    runtime = Runtime(database_url=pg_dsn, pool_max_size=4)
+    runtime = Runtime(database_url=pg_dsn, pool=PoolSettings(max_size=4))
     runtime.scheduler.add_interval("export", 250, lambda tick: None, overlap="allow")
     admin = ScheduleAdmin(PostgresScheduleStore(pool))  # the operator's own connections
     async with runtime:
@@ -558,6 +559,7 @@ import asyncio, json, os, sys, time
 from psycopg_pool import AsyncConnectionPool
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.scheduling import PostgresScheduleStore, ScheduleControl, Scheduler
+from sdcore.postgres import PoolSettings
 
 async def main():
     pool = AsyncConnectionPool(

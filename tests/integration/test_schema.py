@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from sdcore.job_scheduler import JobSchedulerDatabaseError, JobSchedulerService
-from sdcore.postgres import InvalidIdentifierError, derived_name, schema_sql
+from sdcore.postgres import InvalidIdentifierError, PoolSettings, derived_name, schema_sql
 
 
 def _indexes(dsn: str, table: str) -> set[str]:
@@ -22,7 +22,7 @@ def _indexes(dsn: str, table: str) -> set[str]:
 
 
 async def test_ensure_schema_is_idempotent_and_concurrent_safe(pg_dsn: str) -> None:
-    async with JobSchedulerService.connect(pg_dsn, max_size=8) as jobs:
+    async with JobSchedulerService.connect(pg_dsn, pool=PoolSettings(max_size=8)) as jobs:
         await asyncio.gather(*(jobs.ensure_schema() for _ in range(8)))
         await jobs.ensure_schema()
     assert len(_indexes(pg_dsn, "job_scheduler")) == 5

@@ -229,10 +229,11 @@ async def test_overlapping_batches_on_many_connections_win_each_key_once(pg_dsn:
 REPLICA = """\
 import asyncio, json, sys, time
 from sdcore.job_scheduler import JobSchedulerService
+from sdcore.postgres import PoolSettings
 from sdcore.scheduling import Scheduler
 
 async def main(dsn, count, start_at, seconds):
-    async with JobSchedulerService.connect(dsn, max_size=4) as jobs:
+    async with JobSchedulerService.connect(dsn, pool=PoolSettings(max_size=4)) as jobs:
         scheduler = Scheduler(jobs=jobs)
         for i in range(count):
             async def handler(tick):

@@ -147,7 +147,7 @@ async def test_trace_travels_outbox_relay_bullmq_processor(
 
 
 async def test_without_tracing_rows_carry_no_context(make_dsn: Callable[[], str]) -> None:
-    runtime = Runtime(database_url=make_dsn(), scheduler=False)
+    runtime = Runtime(database_url=make_dsn(), scheduling=None)
     tracer = TracerProvider().get_tracer("test")
     async with runtime:
         with tracer.start_as_current_span("request"):

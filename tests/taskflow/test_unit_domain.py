@@ -306,6 +306,7 @@ PUBLIC = {
     "sdcore.fastapi",
     "sdcore.job_scheduler",
     "sdcore.outbox",
+    "sdcore.postgres",
     "sdcore.queues",
     "sdcore.runtime",
     "sdcore.scheduling",

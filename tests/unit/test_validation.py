@@ -24,6 +24,7 @@ from sdcore._internal.validation import (
     positive_number,
     positive_timedelta,
     shown,
+    text,
 )
 from sdcore.events import EventBus
 from sdcore.job_scheduler import InvalidJobLeaseOptionsError, JobAcquireOptions
@@ -244,3 +245,13 @@ async def test_the_schedule_admin_words_a_refusal_as_its_own_error() -> None:
     assert str(caught.value) == "limit must be an int from 1 to 10000, got 0"
     with pytest.raises(ScheduleControlError, match=r"^older_than must be a positive timedelta"):
         await admin.prune(timedelta(0))
+
+
+def test_text_refuses_a_non_str_and_a_blank_one_unless_empty_is_allowed() -> None:
+    with pytest.raises(TypeError, match=re.escape("time_zone must be a non-blank str, got None")):
+        text("time_zone", None)
+    with pytest.raises(ValueError, match=re.escape("time_zone must be a non-blank str, got ' '")):
+        text("time_zone", " ")
+    assert text("name", "", empty=True) == ""
+    with pytest.raises(TypeError, match=re.escape("name must be a str, got 3")):
+        text("name", 3, empty=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from sdcore.fastapi import Sdcore, install
+from sdcore.scheduling import SchedulingSettings
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -88,7 +89,7 @@ def create_app(
     sd = Sdcore(
         database_url=settings.libpq_url,
         redis_url=settings.redis_url,
-        time_zone=APP_TIME_ZONE,
+        scheduling=SchedulingSettings(time_zone=APP_TIME_ZONE),
         processors=processors,
         queue_prefix=settings.queue_prefix,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from sdcore.postgres import PoolSettings
 from sdcore.runtime import Runtime
 
 from taskflow.settings import Settings, SettingsError
@@ -36,10 +37,10 @@ def runtime() -> Runtime:
         database_url=settings.libpq_url,
         redis_url=settings.redis_url,
         processors=[NotificationsProcessor()],
-        relay=False,
-        scheduler=False,
+        pool=PoolSettings(max_size=2),
+        relay=None,
+        scheduling=None,
         queue_prefix=settings.queue_prefix,
-        pool_max_size=2,
         logger_name="taskflow.worker",
     )
 

@@ -31,6 +31,7 @@ __all__ = [
     "positive_number",
     "positive_timedelta",
     "shown",
+    "text",
 ]
 
 SHOWN_CHARS = 40
@@ -240,5 +241,22 @@ def positive_timedelta(
     if not isinstance(value, timedelta):
         _refuse(name, rule, value, wrong_type=True, error=error)
     if value <= timedelta(0) or (at_most is not None and value > at_most):
+        _refuse(name, rule, value, wrong_type=False, error=error)
+    return value
+
+
+def text(
+    name: str, value: object, *, empty: bool = False, error: ErrorFactory | None = None
+) -> str:
+    """Return ``value`` if it is a ``str`` (and, unless ``empty``, not blank).
+
+    Raises:
+        TypeError: Not a ``str`` (unless ``error`` is given).
+        ValueError: Blank while ``empty`` is false (unless ``error`` is given).
+    """
+    rule = "a str" if empty else "a non-blank str"
+    if not isinstance(value, str):
+        _refuse(name, rule, value, wrong_type=True, error=error)
+    if not empty and not value.strip():
         _refuse(name, rule, value, wrong_type=False, error=error)
     return value

@@ -31,8 +31,9 @@ from sdcore.outbox import (
     Outbox,
     OutboxAdmin,
     OutboxDatabaseError,
+    RelaySettings,
 )
-from sdcore.postgres import redact_text
+from sdcore.postgres import PoolSettings, redact_text
 
 Emit = Callable[[str], None]
 
@@ -188,13 +189,14 @@ def run_relay(
         redis_url=redis_url,
         queue_prefix=prefix,
         outbox=Outbox(table=target.table, schema=target.schema),
-        relay_batch_size=batch_size,
-        relay_batch_bytes=batch_bytes,
-        transaction_pooling=transaction_pooling,
-        scheduler=False,
+        pool=PoolSettings(
+            transaction_pooling=transaction_pooling,
+            max_size=RELAY_POOL_SIZE,
+            application_name="sdcore-relay",
+        ),
+        relay=RelaySettings(batch_size=batch_size, batch_bytes=batch_bytes),
+        scheduling=None,
         ensure_schema=False,
-        pool_max_size=RELAY_POOL_SIZE,
-        application_name="sdcore-relay",
         logger_name="sdcore.cli.relay",
     )
 

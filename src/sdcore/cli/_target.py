@@ -27,7 +27,7 @@ from sdcore.job_scheduler import (
     JobSchedulerUnavailableError,
     LeaseAdmin,
 )
-from sdcore.postgres import redact_dsn, redact_text
+from sdcore.postgres import PoolSettings, redact_dsn, redact_text
 
 if TYPE_CHECKING:
     from sdcore.runtime import Runtime
@@ -244,10 +244,9 @@ async def started_runtime(
         database_url=target.dsn,
         lease_table=target.table,
         schema=target.schema,
-        scheduler=False,
+        pool=PoolSettings(max_size=pool_max_size, application_name=application_name),
+        scheduling=None,
         ensure_schema=False,
-        pool_max_size=pool_max_size,
-        application_name=application_name,
         logger_name="sdcore.cli",
     )
     try:

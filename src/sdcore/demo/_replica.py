@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from psycopg import sql
 
-from sdcore.postgres import redact_text
+from sdcore.postgres import PoolSettings, redact_text
 from sdcore.runtime import Runtime
 from sdcore.scheduling import Tick
 
@@ -75,10 +75,9 @@ async def replica(dsn: str, number: int, table: str, ledger: str, epoch: datetim
         database_url=dsn,
         lease_table=table,
         ensure_schema=False,
-        schedule_control=False,
-        pool_max_size=POOL_SIZE,
+        pool=PoolSettings(max_size=POOL_SIZE, application_name=f"sdcore-demo-{number}"),
+        control=None,
         grace_period_ms=GRACE_MS,
-        application_name=f"sdcore-demo-{number}",
         logger_name="sdcore.demo",
     )
 

@@ -19,6 +19,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import random_uuid
+from sdcore._internal.legacy import fold_moved
 from sdcore._json import dump_json_object
 from sdcore.job_scheduler._acquire import Acquirer, check_ticks
 from sdcore.job_scheduler._attempts import AttemptAcquireResult, AttemptBudget, TickRecord
@@ -55,6 +56,24 @@ __all__ = ["JobSchedulerDatabaseError", "JobSchedulerService"]
 
 SUCCESS = JobSchedulerStatus.SUCCESS
 FAIL = JobSchedulerStatus.FAIL
+
+# ``connect``'s default pool; ``is`` tells it from one the caller gave.
+_CONNECT_POOL = PoolSettings(max_size=4)
+# The pool keywords ``connect`` took in sdcore 0.1, by field of PoolSettings (the same names).
+_MOVED_POOL = {
+    name: name
+    for name in (
+        "min_size",
+        "max_size",
+        "application_name",
+        "transaction_pooling",
+        "connect_timeout",
+        "open_timeout_ms",
+        "reconnect_min_delay_ms",
+        "reconnect_max_delay_ms",
+        "reconnect_timeout_ms",
+    )
+}
 
 
 class JobSchedulerService(BaseJobScheduler):
@@ -120,42 +139,21 @@ class JobSchedulerService(BaseJobScheduler):
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls,
-        dsn: str,
-        *,
-        min_size: int = 1,
-        max_size: int = 4,
-        application_name: str = "sdcore",
-        transaction_pooling: bool = False,
-        connect_timeout: int | None = None,
-        open_timeout_ms: int = 30_000,
-        reconnect_min_delay_ms: int = 100,
-        reconnect_max_delay_ms: int = 1_000,
-        reconnect_timeout_ms: int = 300_000,
-        **options: Any,
+        cls, dsn: str, *, pool: PoolSettings = _CONNECT_POOL, **options: Any
     ) -> AsyncIterator[Self]:
         """Open a pool for ``dsn`` and a service over it; close both on exit.
 
         Args:
             dsn: libpq connection string or URL. A multi-host DSN with
                 ``target_session_attrs=read-write`` follows a failover.
-            min_size: Pool minimum size.
-            max_size: Pool maximum size (also the default ``max_connections``).
-            application_name: Shown in ``pg_stat_activity``.
-            transaction_pooling: ``dsn`` points at a transaction-mode pooler (PgBouncer
-                ``pool_mode=transaction``): no server-side prepared statements, no session
-                settings; every lease statement carries its own ``synchronous_commit=on`` and
-                timeout.
-            connect_timeout: Seconds per connection attempt and host (libpq: whole seconds, at
-                least 2); ``None``: the DSN's value, else 10.
-            open_timeout_ms: How long to wait for a first connection while nothing answers. A
-                server that refuses (unknown database or role, failed authentication) fails at
-                once, with its reason.
-            reconnect_min_delay_ms: First pause before replacing a broken connection; doubles...
-            reconnect_max_delay_ms: ...up to this, so a promoted standby is used within about
-                this long of accepting connections.
-            reconnect_timeout_ms: Stop trying to replace a connection after this long.
-            **options: Passed to the constructor (``table``, ``schema``, …).
+            pool: The pool's size, reconnect timing, open timeout and pooler mode
+                (:class:`~sdcore.postgres.PoolSettings`; default ``PoolSettings(max_size=4)``).
+                Its ``max_size`` is also the default ``max_connections``; its
+                ``transaction_pooling`` reaches the service too.
+            **options: Passed to the constructor (``table``, ``schema``, ``max_connections``,
+                …). The pool keywords of sdcore 0.1 (``max_size=…``, ``open_timeout_ms=…``, …)
+                still work for one release, with a ``DeprecationWarning`` naming the new
+                spelling; one beside ``pool`` is a ``TypeError``.
 
         Yields:
             The open service.
@@ -164,28 +162,33 @@ class JobSchedulerService(BaseJobScheduler):
             JobSchedulerUnavailableError: The database cannot be reached (the server's reason,
                 password redacted).
             ValueError: An option out of range, before any connection.
+            TypeError: ``pool`` not a ``PoolSettings``, or a 0.1 pool keyword beside it.
         """
-        options.setdefault("max_connections", max_size)
-        settings = PoolSettings(
-            min_size=min_size,
-            max_size=max_size,
-            application_name=application_name,
-            transaction_pooling=transaction_pooling,
-            connect_timeout=connect_timeout,
-            open_timeout_ms=open_timeout_ms,
-            reconnect_min_delay_ms=reconnect_min_delay_ms,
-            reconnect_max_delay_ms=reconnect_max_delay_ms,
-            reconnect_timeout_ms=reconnect_timeout_ms,
+        if not isinstance(pool, PoolSettings):
+            raise TypeError(f"pool must be a PoolSettings, got {pool!r:.40}")
+        # fold_moved → connect → the context manager's __aenter__ → the caller's ``async with``
+        settings = fold_moved(
+            "JobSchedulerService.connect",
+            "pool",
+            pool,
+            moved=_MOVED_POOL,
+            given=options,
+            explicit=pool is not _CONNECT_POOL,
+            stacklevel=3,
+            spelled={"max_size": _CONNECT_POOL.max_size},
         )
-        pool = create_pool(dsn, settings)
+        for name in _MOVED_POOL:
+            options.pop(name, None)
+        options.setdefault("max_connections", settings.max_size)
+        opened = create_pool(dsn, settings)
         try:
-            await open_pool(pool)
+            await open_pool(opened)
         except DatabaseConnectError as exc:
             raise JobSchedulerUnavailableError(str(exc)) from None
         try:
-            service = cls(pool, transaction_pooling=transaction_pooling, **options)
+            service = cls(opened, transaction_pooling=settings.transaction_pooling, **options)
         except BaseException:
-            await pool.close()
+            await opened.close()
             raise
         service._owned_pool = True
         try:

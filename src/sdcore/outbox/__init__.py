@@ -31,6 +31,7 @@ from sdcore.outbox._relay import (
     OutboxRelay,
     RelayState,
 )
+from sdcore.outbox._settings import RelaySettings
 from sdcore.outbox._store import OutboxFailure, OutboxStats, OutboxStore, PostgresOutboxStore
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "PublisherUnavailableError",
     "ReadOnlyDict",
     "ReadOnlyList",
+    "RelaySettings",
     "RelayState",
     "check_options",
 ]

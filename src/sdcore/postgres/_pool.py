@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff, BasePool
 
-from sdcore._internal.validation import boolean, int_between
+from sdcore._internal.validation import boolean, int_between, text
 from sdcore.exceptions import SdcoreError
 from sdcore.postgres._dsn import redact_dsn, redact_text
 
@@ -63,9 +63,14 @@ _INT_MAX = 2**31 - 1  # the largest millisecond value PostgreSQL and asyncio bot
 class PoolSettings:
     """How sdcore opens, sizes and re-opens the connections of a pool it creates.
 
+    ``Runtime(pool=…)`` and ``JobSchedulerService.connect(pool=…)`` take one; the defaults are
+    the Runtime's (``connect`` defaults to ``PoolSettings(max_size=4)``). Validated once, here.
+
     Attributes:
         min_size: Connections kept open.
-        max_size: Connections at most.
+        max_size: Connections at most. Under a :class:`~sdcore.Runtime` the job scheduler
+            holds at most half of them, so the application's own ``runtime.pool.connection()``
+            always finds one.
         application_name: Shown in ``pg_stat_activity``.
         transaction_pooling: The DSN points at a transaction-mode pooler (PgBouncer
             ``pool_mode=transaction``, RDS Proxy, …): no server-side prepared statements.
@@ -79,12 +84,12 @@ class PoolSettings:
             the next request tries again).
 
     Raises:
-        ValueError: A value out of range.
-        TypeError: A value of the wrong type.
+        ValueError: A value out of range (the message names the field and the value).
+        TypeError: A value of the wrong type (the same).
     """
 
     min_size: int = 1
-    max_size: int = 4
+    max_size: int = 10
     application_name: str = "sdcore"
     transaction_pooling: bool = False
     connect_timeout: int | None = None
@@ -97,9 +102,10 @@ class PoolSettings:
         int_between("min_size", self.min_size, 0, 10_000)
         int_between("max_size", self.max_size, 1, 10_000)
         if self.min_size > self.max_size:
-            raise ValueError(f"min_size {self.min_size} is larger than max_size {self.max_size}")
-        if not isinstance(self.application_name, str):
-            raise TypeError("application_name must be a str")
+            raise ValueError(
+                f"min_size must be at most max_size ({self.max_size}), got {self.min_size}"
+            )
+        text("application_name", self.application_name, empty=True)
         boolean("transaction_pooling", self.transaction_pooling)
         if self.connect_timeout is not None:
             int_between("connect_timeout", self.connect_timeout, 1, 86_400)
@@ -107,7 +113,10 @@ class PoolSettings:
         int_between("reconnect_min_delay_ms", self.reconnect_min_delay_ms, 1, 600_000)
         int_between("reconnect_max_delay_ms", self.reconnect_max_delay_ms, 1, 600_000)
         if self.reconnect_min_delay_ms > self.reconnect_max_delay_ms:
-            raise ValueError("reconnect_min_delay_ms is larger than reconnect_max_delay_ms")
+            raise ValueError(
+                "reconnect_min_delay_ms must be at most reconnect_max_delay_ms "
+                f"({self.reconnect_max_delay_ms}), got {self.reconnect_min_delay_ms}"
+            )
         int_between("reconnect_timeout_ms", self.reconnect_timeout_ms, 1, _INT_MAX)
 
     def connection_kwargs(self, dsn: str) -> dict[str, Any]:

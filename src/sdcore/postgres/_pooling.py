@@ -54,8 +54,9 @@ def pooler_error(exc: psycopg.Error, *, transaction_pooling: bool) -> psycopg.Er
     else:
         hint = (
             "this is what a transaction-mode pooler (PgBouncer pool_mode=transaction, RDS "
-            "Proxy, …) does to server-side prepared statements: pass transaction_pooling=True "
-            "(sdcore CLI: --transaction-pooling or SDCORE_TRANSACTION_POOLING=1)"
+            "Proxy, …) does to server-side prepared statements: use "
+            "PoolSettings(transaction_pooling=True) (sdcore CLI: --transaction-pooling or "
+            "SDCORE_TRANSACTION_POOLING=1)"
         )
     return type(exc)(f"{str(exc).strip()} — {hint}")
 

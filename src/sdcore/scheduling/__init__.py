@@ -37,12 +37,14 @@ from sdcore.scheduling._policy import (
     ScheduleOptions,
 )
 from sdcore.scheduling._scheduler import Scheduler
+from sdcore.scheduling._settings import ControlSettings, SchedulingSettings
 from sdcore.scheduling._triggers import ScheduleKind, Tick, format_run_key
 
 __all__ = [
     "ActionKind",
     "CatchUp",
     "ControlAction",
+    "ControlSettings",
     "ControlWriteUncertainError",
     "CronExpression",
     "DayRule",
@@ -63,6 +65,7 @@ __all__ = [
     "ScheduleStore",
     "Scheduler",
     "SchedulingError",
+    "SchedulingSettings",
     "Tick",
     "format_run_key",
 ]
