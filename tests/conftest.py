@@ -35,6 +35,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -73,16 +74,71 @@ ROOM_LOCK_KEY = 0x5DC0_2003_0001
 ROOM_LOCK_WAIT = "20min"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every unit test ``memory`` (no server), so that ``pytest tests/unit tests/contract
     -k memory`` and ``-m "not postgres"`` select the same socket-free tests; a unit test that
-    asks for a database would be marked ``postgres`` instead."""
+    asks for a database would be marked ``postgres`` instead.
+
+    Then hold every ``memory`` test (and no ``postgres`` one) to it: pytest-socket's
+    ``disable_socket`` marker refuses any socket but an ``AF_UNIX`` one (``--allow-unix-socket``
+    in ``addopts``: asyncio's self-pipe is one), and :func:`pytest_runtest_setup` refuses libpq's
+    connections, which open their sockets in C. The contract tests are marked by
+    ``tests/contract/conftest.py`` before this runs (``trylast``).
+    """
     del config
     for item in items:
-        if not str(item.path).startswith(UNIT + os.sep):
-            continue
-        uses_db = DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.postgres if uses_db else pytest.mark.memory)
+        if str(item.path).startswith(UNIT + os.sep):
+            uses_db = DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.postgres if uses_db else pytest.mark.memory)
+    for item in items:
+        if _socket_free(item):
+            item.add_marker(pytest.mark.disable_socket)
+
+
+def _socket_free(item: pytest.Item) -> bool:
+    return item.get_closest_marker("memory") is not None and (
+        item.get_closest_marker("postgres") is None
+    )
+
+
+class SocketFreeTestError(RuntimeError):
+    """A test of the socket-free tier (marked ``memory``) tried to reach a server."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a socket-free test (marked memory) tried to connect to PostgreSQL: ask for a "
+            "database fixture (pg_dsn, schema_dsn, …) so that it is marked postgres, or move it "
+            "to tests/integration"
+        )
+
+
+def _refuse_connect(*args: object, **kwargs: object) -> NoReturn:
+    raise SocketFreeTestError
+
+
+_LIBPQ_CONNECTS = (
+    (psycopg.Connection, psycopg.Connection.__dict__["connect"]),
+    (psycopg.AsyncConnection, psycopg.AsyncConnection.__dict__["connect"]),
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a socket-free test's fixtures: refuse psycopg's connections until its teardown."""
+    if _socket_free(item):
+        for cls, _ in _LIBPQ_CONNECTS:
+            setattr(cls, "connect", classmethod(_refuse_connect))  # noqa: B010
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Before the test's fixtures are torn down (the last test's teardown also ends the
+    session's fixtures, which drop this run's template databases): psycopg's connections as
+    they were; pytest-socket gives the sockets back at this point too."""
+    del item
+    for cls, connect in _LIBPQ_CONNECTS:
+        setattr(cls, "connect", connect)  # noqa: B010
 
 
 class Room:

@@ -16,8 +16,12 @@ which says why).
 A module marked ``fills_server`` (``pytestmark``) also takes the server's room exclusively
 (``tests/conftest.py``): every other test — of this run's other pytest-xdist workers and of other
 runs — holds the room shared while it runs, so none opens connections while a 64-process storm
-has them. Under ``pytest -n N`` the acceptance modules run on one pytest-xdist worker, one after
-another, before any other test (``pytest_xdist_make_scheduler`` in the top ``conftest.py``).
+has them.
+
+Every test here is marked ``acceptance`` (:func:`pytest_collection_modifyitems`). They start real
+processes and judge them by the clock, so they run in a step of their own, in one process and
+alone on the machine — ``pytest -m acceptance -n 0`` — before the rest, ``pytest -m "not
+acceptance"`` (on pytest-xdist's workers).
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ def _take_turn(*, fills_server: bool) -> psycopg.Connection[tuple[object, ...]] 
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``acceptance`` (pytest calls this hook with the whole
+    session's items: the others are left alone)."""
+    del config
+    for item in items:
+        if str(item.path).startswith(HERE + os.sep):
+            item.add_marker(pytest.mark.acceptance)
 
 
 def _module_of(item: pytest.Item | None) -> str | None:

@@ -7,13 +7,11 @@ renders from the metadata. Alembic's own comparison must find no difference eith
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -24,7 +22,6 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata, produce_migrations, render_python_code
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
@@ -51,9 +48,6 @@ from sdcore.sqlalchemy import (
     job_scheduler_table,
     make_job_scheduler_model,
 )
-from tests.conftest import ADMIN_DSN, dsn_for
-
-_counter = itertools.count()
 
 # (table, schema): the defaults, names that need quoting (a double quote, a space, upper case)
 # and a 63-byte multibyte name whose derived constraint names must be clipped like the DDL's.
@@ -92,30 +86,6 @@ async def engine_for(dsn: str) -> AsyncIterator[AsyncEngine]:
         yield engine
     finally:
         await engine.dispose()
-
-
-@pytest.fixture
-def new_database(template_db: str) -> Iterator[Callable[[], str]]:
-    """Factory of extra fresh databases (``pg_dsn`` gives only one per test)."""
-    names: list[str] = []
-
-    def make() -> str:
-        name = f"sdcore_sa_{os.getpid()}_{next(_counter)}"
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(template_db)
-                )
-            )
-        names.append(name)
-        return dsn_for(name)
-
-    yield make
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        for name in names:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 async def ensure_schema_db(dsn: str, table: str, schema: str | None) -> None:
@@ -260,9 +230,9 @@ async def test_alembic_sees_a_missing_index_so_the_comparison_is_real(pg_dsn: st
 
 @pytest.mark.parametrize(("table", "schema"), NAMES)
 async def test_create_all_and_autogenerate_build_the_ensure_schema_catalog(
-    pg_dsn: str, new_database: Callable[[], str], table: str, schema: str | None
+    pg_dsn: str, make_dsn: Callable[[], str], table: str, schema: str | None
 ) -> None:
-    create_all_dsn, alembic_dsn = new_database(), new_database()
+    create_all_dsn, alembic_dsn = make_dsn(), make_dsn()
     await ensure_schema_db(pg_dsn, table, schema)
     await create_all_db(create_all_dsn, table, schema)
     code = await autogenerate_db(alembic_dsn, table, schema)
