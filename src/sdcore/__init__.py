@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdcore.exceptions import SdcoreError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Runtime", "SdcoreError", "__version__"]
 
