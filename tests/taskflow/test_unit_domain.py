@@ -310,6 +310,7 @@ PUBLIC = {
     "sdcore.queues",
     "sdcore.runtime",
     "sdcore.scheduling",
+    "sdcore.sqlalchemy",
 }
 
 
