@@ -41,6 +41,7 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 from psycopg import sql
+from psycopg._connection_base import BaseConnection as _BaseConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sdcore.job_scheduler import JobSchedulerService
@@ -117,9 +118,13 @@ def _refuse_connect(*args: object, **kwargs: object) -> NoReturn:
     raise SocketFreeTestError
 
 
+# libpq opens its sockets in C, out of pytest-socket's sight: every psycopg connection (sync or
+# async, ``psycopg.connect`` included, which is bound at import) is built by this generator.
+# Not covered: a subprocess, or libpq driven by hand (``psycopg.pq.PGconn.connect``).
 _LIBPQ_CONNECTS = (
-    (psycopg.Connection, psycopg.Connection.__dict__["connect"]),
-    (psycopg.AsyncConnection, psycopg.AsyncConnection.__dict__["connect"]),
+    (_BaseConnection, "_connect_gen", _BaseConnection.__dict__["_connect_gen"]),
+    (psycopg.Connection, "connect", psycopg.Connection.__dict__["connect"]),
+    (psycopg.AsyncConnection, "connect", psycopg.AsyncConnection.__dict__["connect"]),
 )
 
 
@@ -127,8 +132,8 @@ _LIBPQ_CONNECTS = (
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before a socket-free test's fixtures: refuse psycopg's connections until its teardown."""
     if _socket_free(item):
-        for cls, _ in _LIBPQ_CONNECTS:
-            setattr(cls, "connect", classmethod(_refuse_connect))  # noqa: B010
+        for cls, name, _ in _LIBPQ_CONNECTS:
+            setattr(cls, name, classmethod(_refuse_connect))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -137,8 +142,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     session's fixtures, which drop this run's template databases): psycopg's connections as
     they were; pytest-socket gives the sockets back at this point too."""
     del item
-    for cls, connect in _LIBPQ_CONNECTS:
-        setattr(cls, "connect", connect)  # noqa: B010
+    for cls, name, original in _LIBPQ_CONNECTS:
+        setattr(cls, name, original)
 
 
 class Room:

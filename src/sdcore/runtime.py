@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from sdcore._internal.legacy import fold_moved, refuse_unknown, warn_switch
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.telemetry import NOOP, Telemetry
+from sdcore._internal.validation import boolean, int_between, non_empty_str, shown, text
 from sdcore.events import EventBus
 from sdcore.exceptions import SdcoreError
 from sdcore.job_scheduler import JobSchedulerService
@@ -320,8 +321,14 @@ class Runtime(AsyncStartStop):
         logger_name: str | None = None,
         **deprecated: Unpack[_Deprecated],
     ) -> None:
-        if not isinstance(database_url, str) or not database_url.strip():
-            raise ValueError("database_url is required")
+        text("database_url", database_url)
+        if redis_url is not None:
+            text("redis_url", redis_url, empty=True)
+        boolean("ensure_schema", ensure_schema)
+        non_empty_str("queue_prefix", queue_prefix)
+        int_between("grace_period_ms", grace_period_ms, 0, 2**31 - 1)
+        if outbox is not None and not isinstance(outbox, Outbox):
+            raise TypeError(f"outbox must be an Outbox or None, got {shown(outbox)}")
         if processors and not redis_url:
             raise ValueError("processors need redis_url")
         chosen = _choose(type(self).__name__, pool, relay, scheduling, control, deprecated)
@@ -335,12 +342,16 @@ class Runtime(AsyncStartStop):
         self.redis_url = redis_url or None
         self.pool_settings = settings
         """The pool's settings (the control plane's pool has the same, sized 1..2)."""
-        self.relay_settings = chosen.relay if chosen.run_relay else None
-        """The relay's settings, ``None`` when this process runs no relay."""
+        self.relay_settings = chosen.relay if chosen.run_relay and self.redis_url else None
+        """The relay's settings, ``None`` when this process runs no relay (``relay=None``, or
+        no ``redis_url`` to relay to)."""
         self.scheduling_settings = chosen.scheduling if chosen.run_scheduler else None
         """The scheduler's settings, ``None`` when this process runs no schedules."""
-        self.control_settings = chosen.control if chosen.run_control else None
-        """The control plane's settings, ``None`` when it does not run."""
+        self.control_settings = (
+            chosen.control if chosen.run_control and chosen.run_scheduler else None
+        )
+        """The control plane's settings, ``None`` when it does not run (``control=None``, or
+        ``scheduling=None``: it controls this process's scheduler)."""
         self.transaction_pooling = settings.transaction_pooling
         self.relay_listen_url = chosen.relay.listen_url
         self.pool: AsyncConnectionPool[Any] = create_pool(database_url, settings)

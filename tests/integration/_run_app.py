@@ -21,6 +21,21 @@ async def beat(tick: Tick) -> None:
     """One row per tick (the lease row is the record)."""
 
 
+# Built without a scheduler: the command line cannot turn it on.
+no_scheduling = Runtime(
+    database_url=os.environ["SDCORE_RUN_TEST_DSN"],
+    pool=PoolSettings(max_size=4),
+    scheduling=None,
+    relay=None,
+    grace_period_ms=3_000,
+)
+
+
+@no_scheduling.scheduler.interval(1_000, name="heartbeat-row")
+async def beat_never(tick: Tick) -> None:
+    """Declared on a Runtime built with ``scheduling=None``: never fires."""
+
+
 def factory() -> Runtime:
     """A factory, as some applications expose."""
     return runtime

@@ -97,6 +97,24 @@ def test_no_scheduler_runs_no_tick_and_a_factory_is_called(pg_dsn: str, tmp_path
     assert _ticks(pg_dsn) == 0
 
 
+@pytest.mark.slow
+def test_a_runtime_built_without_its_scheduler_keeps_it_off(pg_dsn: str, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    proc = _start(pg_dsn, f"{APP}:no_scheduling", "--ready-file", str(ready))
+    try:
+        _wait_for(ready.exists, 30, "the ready file")
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "(scheduler off," in out, out
+    assert _ticks(pg_dsn) == 0
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -65,7 +65,7 @@ def test_the_defaults_are_the_runtimes_defaults_of_0_1() -> None:
 
 
 def test_a_default_runtime_runs_everything_with_the_default_settings() -> None:
-    runtime = Runtime(DSN)
+    runtime = Runtime(DSN, redis_url="redis://127.0.0.1:1/0")
     assert runtime.pool_settings == PoolSettings()
     assert runtime.relay_settings == RelaySettings()
     assert runtime.scheduling_settings == SchedulingSettings()
@@ -91,6 +91,37 @@ def test_none_turns_a_component_off() -> None:
         False,
         False,
     )
+
+
+def test_settings_are_reported_only_for_what_runs() -> None:
+    # The control plane controls this process's scheduler; the relay needs a Redis to relay to.
+    runtime = Runtime(DSN, scheduling=None, control=ControlSettings(poll_interval_ms=50))
+    assert runtime.control_settings is None
+    assert not runtime.run_scheduler
+    assert Runtime(DSN, relay=RelaySettings(batch_size=10)).relay_settings is None
+    with_redis = Runtime(DSN, redis_url="redis://127.0.0.1:1/0", relay=RelaySettings(batch_size=9))
+    assert with_redis.relay_settings == RelaySettings(batch_size=9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"database_url": 5}, TypeError, "database_url must be a non-blank str, got 5"),
+        ({"database_url": " "}, ValueError, "database_url must be a non-blank str, got ' '"),
+        ({"redis_url": 5}, TypeError, "redis_url must be a str, got 5"),
+        ({"ensure_schema": "no"}, TypeError, "ensure_schema must be a bool, got 'no'"),
+        ({"queue_prefix": ""}, ValueError, "queue_prefix must be a non-empty str, got ''"),
+        ({"grace_period_ms": True}, TypeError, "grace_period_ms must be an int from 0 to"),
+        ({"grace_period_ms": -1}, ValueError, "grace_period_ms must be an int from 0 to"),
+        ({"outbox": "x"}, TypeError, "outbox must be an Outbox or None, got 'x'"),
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, dict) else None,
+)
+def test_the_runtimes_own_keywords_are_checked_before_anything_opens(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        Runtime(**{"database_url": DSN, **kwargs})
 
 
 def test_the_settings_reach_the_components() -> None:

@@ -140,9 +140,11 @@ async def _run(obj: object, options: RunOptions, emit: Callable[[str], None]) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if isinstance(target, Runtime):
-        target.run_scheduler = options.scheduler
-        target.run_relay = options.relay
-        target.run_processors = options.processors
+        # The command line can turn a component off, never on: what the Runtime was built
+        # without (``scheduling=None``, ``relay=None``) stays off.
+        target.run_scheduler = target.run_scheduler and options.scheduler
+        target.run_relay = target.run_relay and options.relay
+        target.run_processors = target.run_processors and options.processors
     _metrics.prepare(target, options.metrics_port)
     try:
         await target.__aenter__()
