@@ -349,7 +349,7 @@ def test_the_old_pool_minimum_is_still_taken_down_to_the_maximum() -> None:
 def test_an_old_keywords_bad_value_names_the_new_field() -> None:
     with (
         pytest.warns(DeprecationWarning, match="relay_batch_size"),
-        pytest.raises(ValueError, match=r"^batch_size must be an int of at least 1, got 0"),
+        pytest.raises(ValueError, match=r"^batch_size must be an int from 1 to 100000, got 0"),
     ):
         Runtime(DSN, relay_batch_size=0)
     with (

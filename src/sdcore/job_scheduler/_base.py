@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar, overload
 
 from sdcore._internal.telemetry import NOOP, Telemetry
+from sdcore._internal.validation import non_empty_str
 from sdcore.job_scheduler._attempts import (
     AttemptAcquireResult,
     AttemptBudget,
@@ -134,8 +135,7 @@ class BaseJobScheduler(abc.ABC):
         Returns:
             ``True`` if this owner gave the row back, ``False`` if ownership was already lost.
         """
-        if not isinstance(reason, str) or not reason:
-            raise ValueError("give_back needs a non-empty reason (a str)")
+        non_empty_str("reason", reason)
         return await self._reopen(lease, given_back(reason), given_back=reason)
 
     async def _reopen(

@@ -24,7 +24,13 @@ from sdcore.outbox._model import (
     ReadOnlyList,
     check_options,
 )
-from sdcore.outbox._outbox import DEFAULT_CHANNEL, DEFAULT_DEDUP_WINDOW_MS, Outbox, OutboxEntry
+from sdcore.outbox._outbox import (
+    DEFAULT_CHANNEL,
+    DEFAULT_DEDUP_WINDOW_MS,
+    Outbox,
+    OutboxDriver,
+    OutboxEntry,
+)
 from sdcore.outbox._relay import (
     DEFAULT_RELAY_BATCH_BYTES,
     DEFAULT_RELAY_BATCH_SIZE,
@@ -46,6 +52,7 @@ __all__ = [
     "Outbox",
     "OutboxAdmin",
     "OutboxDatabaseError",
+    "OutboxDriver",
     "OutboxEntry",
     "OutboxError",
     "OutboxFailure",

@@ -22,7 +22,7 @@ from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
-from sdcore._internal.validation import at_least
+from sdcore._internal.validation import at_least, int_between
 from sdcore.outbox._listen import Notifications
 from sdcore.outbox._model import (
     InvalidOutboxMessageError,
@@ -59,6 +59,8 @@ class RelayState:
 
 # Rows per claim: the throughput knee of benchmarks/outbox.py's sweep (docs/benchmarks.md#outbox).
 DEFAULT_RELAY_BATCH_SIZE = 500
+MAX_CLAIM_ROWS = 100_000
+"""The most rows one claim may take (``batch_size``): a claim holds them all in memory."""
 # Payload bytes per claim: bounds the relay's memory (about 4 copies of each batch in flight,
 # two in flight: benchmarks/relay_memory.py) and the size of a Redis pipeline.
 DEFAULT_RELAY_BATCH_BYTES = 8 * 1024 * 1024
@@ -196,7 +198,7 @@ class OutboxRelay(AsyncStartStop):
         store = _store_of(store, outbox, listen_dsn, transaction_pooling)
         own: object = getattr(store, "outbox", None)
         self.outbox = own if isinstance(own, Outbox) else Outbox()
-        self._batch = at_least("batch_size", batch_size, 1)
+        self._batch = int_between("batch_size", batch_size, 1, MAX_CLAIM_ROWS)
         self._batch_bytes = at_least("batch_bytes", batch_bytes, 1)
         # Rows per claim after batches the broker refused: half the refused batch each time,
         # doubling back after each published one. A pipeline too big to be written within the

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdcore._internal.validation import at_least, positive_number, text
-from sdcore.outbox._relay import DEFAULT_RELAY_BATCH_BYTES, DEFAULT_RELAY_BATCH_SIZE
+from sdcore._internal.validation import at_least, int_between, positive_number, text
+from sdcore.outbox._relay import DEFAULT_RELAY_BATCH_BYTES, DEFAULT_RELAY_BATCH_SIZE, MAX_CLAIM_ROWS
 
 __all__ = ["RelaySettings"]
 
@@ -39,7 +39,7 @@ class RelaySettings:
     stuck_after_s: float = 60.0
 
     def __post_init__(self) -> None:
-        at_least("batch_size", self.batch_size, 1)
+        int_between("batch_size", self.batch_size, 1, MAX_CLAIM_ROWS)
         at_least("batch_bytes", self.batch_bytes, 1)
         if self.listen_url is not None:
             text("listen_url", self.listen_url)

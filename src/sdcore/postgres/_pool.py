@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff, BasePool
 
-from sdcore._internal.validation import boolean, int_between, text
+from sdcore._internal.validation import boolean, int_between, shown, text
 from sdcore.exceptions import SdcoreError
 from sdcore.postgres._dsn import redact_dsn, redact_text
 
@@ -204,10 +204,14 @@ def create_pool(dsn: str, settings: PoolSettings | None = None) -> SdcorePool:
         The pool.
 
     Raises:
-        ValueError: ``dsn`` is not a str or cannot be parsed (the message never repeats it).
+        TypeError: ``dsn`` is not a ``str``, or ``settings`` no :class:`PoolSettings` (the
+            message never repeats the DSN).
+        ValueError: ``dsn`` cannot be parsed (the message never repeats it).
     """
     if not isinstance(dsn, str):
         raise TypeError("dsn must be a str")
+    if settings is not None and not isinstance(settings, PoolSettings):
+        raise TypeError(f"settings must be a PoolSettings or None, got {shown(settings)}")
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

@@ -101,7 +101,7 @@ async def enqueue_once(
     if not isinstance(session, AsyncSession | AsyncConnection):
         raise TypeError(
             "session must be a SQLAlchemy AsyncSession or AsyncConnection, got"
-            f" {type(session).__name__} (for a psycopg connection: Outbox.enqueue_once)"
+            f" {type(session).__name__} (a psycopg connection: await outbox.enqueue_once(conn, …))"
         )
     return await outbox.enqueue_via(
         _SessionDriver(session, allow_autocommit=allow_autocommit),
