@@ -9,7 +9,9 @@ a replica and its restart — through ``ScheduleAdmin`` on the test's own pool, 
 real CLI (``python -m sdcore.cli schedules ...``). At least one replica stays alive throughout.
 
 ``SDCORE_WALK_SEED`` picks the seed (default: a new one per run, printed on failure),
-``SDCORE_WALK_STEPS`` the number of steps (default 55, about a minute on a loaded 2 vCPU).
+``SDCORE_WALK_STEPS`` the number of steps (default 40, about 45 s on a loaded 2 vCPU). Each kind of
+step (pause or resume, trigger, backfill, stored-schedule change, kill or restart, stop or
+restart, wait) is drawn at least once, at a seeded random step; the others are drawn by weight.
 
 Every check is a judgement on the database's records against a documented bound, never a
 wall-clock deadline of the test's own (waits only bound how long it waits for work to finish).
@@ -41,13 +43,15 @@ from tests.acceptance._walk_plan import CODE, LEASE_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.acceptance._walk_app:runtime"
-STEPS = int(os.environ.get("SDCORE_WALK_STEPS", "55"))
+STEPS = int(os.environ.get("SDCORE_WALK_STEPS", "40"))
 SEED = int(os.environ.get("SDCORE_WALK_SEED", str(random.SystemRandom().randrange(1, 10**6))))
 # The documented bound: a replica applies a pause within 2 s of its commit, and never starts a
 # tick on a paused state older than 2 s (max(2 s, poll interval 1 s + 1 s)).
 PAUSE_BOUND = timedelta(seconds=2)
 CLOCK_SLACK = timedelta(milliseconds=50)  # the database and the replicas share this host's clock
 REPLICAS = 3
+# The kinds of step and their weights in the draw.
+KINDS = {"pause": 3, "trigger": 4, "backfill": 2, "stored": 3, "kill": 1, "term": 1, "wait": 2}
 
 EVENTS_DDL = """
 CREATE TABLE walk_events (
@@ -550,6 +554,10 @@ class Walker:
         self.walk = Walk(started=cluster.now())
         self.paused: dict[str, Pause] = {}
         self.requests = 0
+        # Every kind at least once per walk (when it has that many steps), at seeded positions.
+        kinds = list(KINDS)
+        positions = rng.sample(range(STEPS), min(STEPS, len(kinds)))
+        self.planned = dict(zip(positions, rng.sample(kinds, len(positions)), strict=True))
 
     def live_stored(self) -> list[Stored]:
         return [s for s in self.walk.stored if s.removed is None]
@@ -558,13 +566,10 @@ class Walker:
         self.requests += 1
         return f"walk-{SEED}-{self.requests}"
 
-    async def step(self) -> str:
+    async def step(self, n: int) -> str:
         rng, cluster, admin = self.rng, self.cluster, self.admin
         names = [*CODE, *(s.name for s in self.live_stored())]
-        choice = rng.choices(
-            ["pause", "trigger", "backfill", "stored", "kill", "term", "wait"],
-            weights=[3, 4, 2, 3, 1, 1, 2],
-        )[0]
+        choice = self.planned.get(n) or rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
         if choice == "pause":
             name = rng.choice(names)
             cli = rng.random() < 0.3
@@ -701,7 +706,7 @@ def test_random_walk_keeps_the_invariants(cluster: Cluster) -> None:
             found: list[str] = []
             checkpoints = {STEPS // 3, 2 * STEPS // 3}
             for n in range(STEPS):
-                walker.walk.steps.append(f"{n:3d} {await walker.step()}")
+                walker.walk.steps.append(f"{n:3d} {await walker.step(n)}")
                 await asyncio.sleep(rng.uniform(0.2, 1.2))
                 if n in checkpoints:
                     found = check(cluster, walker.walk, final=False)

@@ -5,7 +5,7 @@ schedule. Real PostgreSQL, real ``Runtime``/``ScheduleControl`` replicas in this
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -25,6 +25,13 @@ from sdcore.scheduling import (
 )
 from tests.integration._schedule_pg import schedule_pool
 from tests.integration._schedule_pg import until as _until
+
+
+async def _settled(predicate: Callable[[], Awaitable[bool]], *, within: float) -> None:
+    """Wait until ``predicate()`` is true or ``within`` seconds have passed; the caller judges."""
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline and not await predicate():
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -275,7 +282,11 @@ async def test_a_backfill_does_not_make_the_live_schedule_skip_its_ticks(
 
         await _until(finished, timeout=30.0)
         ended = datetime.now(UTC)
-        await asyncio.sleep(2.0)  # a live tick that waited for the last backfill run starts
+
+        async def caught_up() -> bool:
+            return await scheduler.missed_ticks("sync", started, ended) == []
+
+        await _settled(caught_up, within=2.0)  # a live tick that waited for the last run starts
         final = await admin.action(action.id)
         missed = await scheduler.missed_ticks("sync", started, ended)
     assert final.outcome == "SUCCESS", final
@@ -432,7 +443,11 @@ async def test_ticks_behind_a_completion_stuck_on_the_database_follow_catch_up(
             await asyncio.sleep(2.2)  # one or two ticks fall while the completion waits
             ended = datetime.now(UTC)
             await locker.rollback()
-            await asyncio.sleep(7.0)  # the sweep (every 3 s) runs what was missed
+
+            async def caught_up() -> bool:
+                return await scheduler.missed_ticks("beat", began, ended) == []
+
+            await _settled(caught_up, within=7.0)  # the sweep (every 3 s) runs what was missed
             missed = await scheduler.missed_ticks("beat", began, ended)
     finally:
         await locker.close()
