@@ -9,27 +9,17 @@ walking the package, as ``tests/unit/test_public_api.py`` pins them.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
-import sdcore
+from tests.unit.test_public_api import public_modules
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 _FENCED = re.compile(r"^[ ]*```.*?^[ ]*```[ ]*$", re.DOTALL | re.MULTILINE)
 _CODE = re.compile(r"`((?:[^`\n]|\n(?!\n))+)`")  # a code span may wrap, not span paragraphs
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def public_modules() -> list[str]:
-    """Every module and package of sdcore with no private part in its dotted path."""
-    found = ["sdcore"]
-    for info in pkgutil.walk_packages(sdcore.__path__, "sdcore."):
-        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
-            found.append(info.name)
-    return sorted(found)
 
 
 def documented_words(text: str) -> set[str]:

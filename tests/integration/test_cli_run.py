@@ -79,10 +79,11 @@ def test_runs_the_schedules_until_sigterm_then_stops_gracefully(
         assert running.fetchone() == (0,)
 
 
-@pytest.mark.slow
-def test_no_scheduler_runs_no_tick_and_a_factory_is_called(pg_dsn: str, tmp_path: Path) -> None:
+def _run_for_a_while(dsn: str, tmp_path: Path, *args: str) -> str:
+    """Start ``sdcore run`` with ``args``, let it run 2.5 s once ready (two ticks' time of the
+    app's per-second schedule), stop it with SIGINT; return its output once it exited cleanly."""
     ready = tmp_path / "ready"
-    proc = _start(pg_dsn, f"{APP}:factory", "--no-scheduler", "--ready-file", str(ready))
+    proc = _start(dsn, *args, "--ready-file", str(ready))
     try:
         _wait_for(ready.exists, 30, "the ready file")
         time.sleep(2.5)
@@ -93,24 +94,19 @@ def test_no_scheduler_runs_no_tick_and_a_factory_is_called(pg_dsn: str, tmp_path
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
+    return out
+
+
+@pytest.mark.slow
+def test_no_scheduler_runs_no_tick_and_a_factory_is_called(pg_dsn: str, tmp_path: Path) -> None:
+    out = _run_for_a_while(pg_dsn, tmp_path, f"{APP}:factory", "--no-scheduler")
     assert "(scheduler off," in out
     assert _ticks(pg_dsn) == 0
 
 
 @pytest.mark.slow
 def test_a_runtime_built_without_its_scheduler_keeps_it_off(pg_dsn: str, tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    proc = _start(pg_dsn, f"{APP}:no_scheduling", "--ready-file", str(ready))
-    try:
-        _wait_for(ready.exists, 30, "the ready file")
-        time.sleep(2.5)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+    out = _run_for_a_while(pg_dsn, tmp_path, f"{APP}:no_scheduling")
     assert "(scheduler off," in out, out
     assert _ticks(pg_dsn) == 0
 
