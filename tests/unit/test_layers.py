@@ -3,7 +3,7 @@
 Layers, bottom to top (a package may import its own layer's other packages only where listed as
 lower): ``_internal``/``_json`` → ``events``/``postgres`` → ``job_scheduler`` →
 ``scheduling``/``outbox`` → ``queues`` → ``runtime``/``sqlalchemy``/``testing`` →
-``fastapi``/``dashboard`` → ``cli``/``demo``. Imports inside functions and under
+``fastapi``/``dashboard``/``sync`` → ``cli``/``demo``. Imports inside functions and under
 ``TYPE_CHECKING`` count too. What two packages share lives in ``sdcore._internal``, the one
 private module every package may import. The listed exceptions (``FRIENDS``): the in-memory
 doubles of ``sdcore.testing``, and ``sdcore.scheduling``, which runs on the lease's tick helpers.
@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "testing": 5,
     "fastapi": 6,
     "dashboard": 6,
+    "sync": 6,
     "cli": 7,
     "demo": 7,
     "__init__": 8,  # ``sdcore`` itself, which re-exports lazily

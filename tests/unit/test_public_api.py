@@ -235,6 +235,7 @@ SCHEDULING = [
     "Tick",
     "format_run_key",
 ]
+SYNC: list[str] = []
 SQLALCHEMY = [
     "JobSchedulerColumns",
     "JobSchedulerRecord",
@@ -272,6 +273,7 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.runtime": RUNTIME,
     "sdcore.scheduling": SCHEDULING,
     "sdcore.sqlalchemy": SQLALCHEMY,
+    "sdcore.sync": SYNC,
     "sdcore.testing": TESTING,
     "sdcore.tracing": TRACING,
 }

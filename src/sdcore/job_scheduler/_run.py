@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sdcore._internal.errors import error_text
+from sdcore._internal.threads import PLAIN_CALLS
 from sdcore.job_scheduler._model import (
     LEASE_SLACK_MS,
     JobExecutionLease,
@@ -247,7 +248,7 @@ class _Run:
             self.cancellable = True
             return cast("T", await fn(*args))
         ctx = contextvars.copy_context()
-        future = self.loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+        future = self.loop.run_in_executor(PLAIN_CALLS.get(), functools.partial(ctx.run, fn, *args))
         self.cancellable = True
         try:
             result = await asyncio.shield(future)

@@ -1,0 +1,7 @@
+"""sdcore without ``await``: the lease, the outbox, the runtime and the admin for blocking code.
+
+Each object with connections runs its async twin on an event loop of its own, on a thread of its
+own (:mod:`sdcore.sync._portal`); the names, arguments, results and errors are the async API's.
+"""
+
+__all__: list[str] = []
