@@ -33,7 +33,7 @@ import secrets
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
@@ -70,9 +70,12 @@ DATABASE_FIXTURES = frozenset({"pg_dsn", "empty_dsn", "schema_dsn", "make_dsn", 
 
 ACCEPTANCE = os.path.join(os.path.dirname(__file__), "acceptance")
 # pg_advisory_lock key of "the server's room" (any key but the acceptance turn's): every test that
-# may use the shared server holds it shared; a module marked ``fills_server`` holds it exclusively.
+# may use the shared server holds it shared; a test or module marked ``alone`` holds it whole.
 ROOM_LOCK_KEY = 0x5DC0_2003_0001
 ROOM_LOCK_WAIT = "20min"
+# pg_advisory_lock key of the acceptance turn shared by every sdcore test run ("sdcore-accept").
+TURN_LOCK_KEY = 0x5DC0_AC_CE_97
+TURN_LOCK_WAIT = "20min"
 
 
 @pytest.hookimpl(trylast=True)
@@ -147,10 +150,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 class Room:
-    """This process's share of the server while a test runs (see :func:`pytest_runtest_protocol`).
+    """A share of the server's room (see :func:`pytest_runtest_protocol`): shared beside other
+    tests, or the whole room for a test or module that must run alone.
 
-    One connection per test process, opened on first use; a server that does not answer is left
-    to the test itself to report (:meth:`enter` returns ``False`` and is not tried again).
+    One connection per holder, opened on first use; a server that does not answer is left to
+    the test itself to report (:meth:`enter` returns ``False`` and is not tried again).
     """
 
     def __init__(self, dsn: str = ADMIN_DSN, key: int = ROOM_LOCK_KEY) -> None:
@@ -158,8 +162,9 @@ class Room:
         self._key = key
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._broken = False
+        self._exclusive = False
 
-    def enter(self) -> bool:
+    def enter(self, *, exclusive: bool = False) -> bool:
         if self._broken:
             return False
         try:
@@ -171,21 +176,24 @@ class Room:
                     application_name="sdcore-test-room",
                 )
                 self._conn.execute(f"SET lock_timeout = '{ROOM_LOCK_WAIT}'")
-            self._conn.execute("SELECT pg_advisory_lock_shared(%s)", (self._key,))
+            lock = "pg_advisory_lock" if exclusive else "pg_advisory_lock_shared"
+            self._conn.execute(f"SELECT {lock}(%s)", (self._key,))
         except psycopg.errors.LockNotAvailable:
-            print(f"a server-filling module held the room for over {ROOM_LOCK_WAIT}")  # noqa: T201
+            print(f"the room stayed taken for over {ROOM_LOCK_WAIT}: running anyway")  # noqa: T201
             return False
         except psycopg.Error:
             self._broken = True  # no server: the test's own fixtures say so, with a hint
             self.close()
             return False
+        self._exclusive = exclusive
         return True
 
     def leave(self) -> None:
         if self._conn is None:
             return
+        unlock = "pg_advisory_unlock" if self._exclusive else "pg_advisory_unlock_shared"
         try:
-            self._conn.execute("SELECT pg_advisory_unlock_shared(%s)", (self._key,))
+            self._conn.execute(f"SELECT {unlock}(%s)", (self._key,))
         except psycopg.Error:
             self.close()  # a closed session holds no lock
 
@@ -199,9 +207,16 @@ class Room:
 _room = Room()
 
 
+def runs_alone(node: pytest.Item) -> bool:
+    """Whether ``node`` (a test, or an acceptance module through its first test) is marked
+    ``alone`` and takes the whole room: its fleet fills the server, or its verdict is judged by
+    the clock too tightly to share the machine's cores."""
+    return node.get_closest_marker("alone") is not None
+
+
 def _needs_room(item: pytest.Item) -> bool:
     """Whether ``item`` may use the shared server beside others: every test but the socket-free
-    ones (``memory`` alone) and the acceptance modules (which take turns of their own)."""
+    ones (``memory`` alone) and the acceptance modules (which hold it module by module)."""
     if str(item.path).startswith(ACCEPTANCE + os.sep):
         return False
     return item.get_closest_marker("postgres") is not None or (
@@ -211,22 +226,96 @@ def _needs_room(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
-    """Hold the server's room shared while ``item`` runs.
+    """Hold the server's room while ``item`` runs: shared, or whole for a test marked ``alone``.
 
     Tests of this run's other pytest-xdist workers, and of other runs on the same server, run
-    side by side; a module marked ``fills_server`` (the 64-process lease storms, which take most
-    of ``max_connections``) takes the room exclusively, so no test opens connections under it.
+    side by side; a test or module marked ``alone`` (the 64-process lease storms, which take most
+    of ``max_connections``; the demo's per-second verdict) takes the room exclusively, so
+    nothing runs beside it.
     Taken outside pytest-timeout's clock; the wait has its own deadline (then the test runs
     anyway).
     """
-    entered = _needs_room(item) and _room.enter()
+    entered = _needs_room(item) and _room.enter(exclusive=runs_alone(item))
     yield
     if entered:
         _room.leave()
 
 
+class Turn:
+    """One test run's turn at the acceptance modules, against other runs on the same server.
+
+    Their process fleets (up to 64 contender processes, three replicas per failover, an embedded
+    demo…) each need a large share of the server's ``max_connections`` (100 by default): two
+    runs on one server (two CI jobs, two developers) would starve each other. The process that
+    hands out the tests (pytest-xdist's controller, or the only process with ``-n 0``) holds a
+    server-wide advisory lock from collection to the end of the session when it has acceptance
+    tests to run; within the run it is never contended. A run that dies releases it with its
+    connection. The wait has its own deadline; past it the run goes on without the lock (and may
+    then fail for want of connections, which says why).
+    """
+
+    def __init__(self, dsn: str = ADMIN_DSN, key: int = TURN_LOCK_KEY) -> None:
+        self._dsn = dsn
+        self._key = key
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    def take(self) -> None:
+        if self._conn is not None:
+            return
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, application_name="sdcore-test-turn")
+        except psycopg.Error:
+            return  # no server: the tests' own fixtures say so, with a hint
+        conn.execute(f"SET lock_timeout = '{TURN_LOCK_WAIT}'")
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
+        except psycopg.errors.LockNotAvailable:
+            conn.close()
+            print(  # noqa: T201 - shown with the run's output
+                f"another test run held the acceptance turn for over {TURN_LOCK_WAIT}: "
+                "running without it"
+            )
+            return
+        self._conn = conn
+
+    def give(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+
+_turn = Turn()
+
+
+def _has_acceptance(nodeids: Iterable[str]) -> bool:
+    return any(nodeid.startswith("tests/acceptance/") for nodeid in nodeids)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Without pytest-xdist (``-n 0``): take the run's turn if it has acceptance tests."""
+    if not hasattr(session.config, "workerinput") and _has_acceptance(
+        item.nodeid for item in session.items
+    ):
+        _turn.take()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: Sequence[str]) -> None:
+    """pytest-xdist's controller, before it hands out any test: the run's turn (see
+    :class:`Turn`), once."""
+    del node
+    if _has_acceptance(ids):
+        _turn.take()
+
+
 def pytest_sessionfinish() -> None:
     _room.close()
+    _turn.give()
 
 
 def dsn_for(dbname: str) -> str:

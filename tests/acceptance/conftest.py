@@ -1,27 +1,23 @@
-"""Acceptance modules take turns across concurrent test runs on one server.
-
-Their process fleets (up to 64 contender processes, three replicas per failover, an embedded
-demo…) each need a large share of the server's ``max_connections`` (100 by default). Two test
-runs on one server — two CI jobs, two developers — would starve each other, so every
-acceptance module holds a server-wide advisory lock (on its own connection to the admin
-database) from its first test's setup to its last test's teardown: within one run the lock is
-never contended; across runs the modules alternate. A run that dies releases the lock with its
-connection.
-
-The lock is taken in an outermost ``pytest_runtest_protocol`` wrapper, before pytest-timeout
-starts a test's clock: waiting for the other run's module is not the test's time. The wait has
-its own deadline; past it the module runs anyway (and may then fail for want of connections,
-which says why).
-
-A module marked ``fills_server`` (``pytestmark``) also takes the server's room exclusively
-(``tests/conftest.py``): every other test — of this run's other pytest-xdist workers and of other
-runs — holds the room shared while it runs, so none opens connections while a 64-process storm
-has them.
+"""Acceptance modules: each holds the server's room while it runs, two side by side at most.
 
 Every test here is marked ``acceptance`` (:func:`pytest_collection_modifyitems`). They start real
-processes and judge them by the clock, so they run in a step of their own, in one process and
-alone on the machine — ``pytest -m acceptance -n 0`` — before the rest, ``pytest -m "not
-acceptance"`` (on pytest-xdist's workers).
+processes and judge them by the clock, so they run in steps of their own, before the rest (the
+README's test command):
+
+- ``pytest -m "acceptance and alone" -n 0``: the modules marked ``alone``, one at a time — the
+  64-process lease storms (they take most of ``max_connections``) and the verdicts judged too
+  tightly by the clock to share the machine's cores (the demo's per-second ticks, the
+  dashboard's browser tests);
+- ``pytest -m "acceptance and not alone" --dist loadfile``: the others, one module per
+  pytest-xdist worker at a time, two side by side. They mostly wait on their processes: one
+  module at a time, they used 42 % of the two cores.
+
+Each module holds the server's room (``tests/conftest.py``) from its first test's setup to its
+last test's teardown — shared, or whole for an ``alone`` module — so a run that selects both
+kinds at once still runs an ``alone`` module with nothing beside it, and another run's tests
+never open connections under a storm. Across runs the acceptance modules take turns (``Turn``
+in ``tests/conftest.py``). The room is taken in an outermost ``pytest_runtest_protocol``
+wrapper, before pytest-timeout starts a test's clock: waiting for it is not the test's time.
 """
 
 from __future__ import annotations
@@ -29,41 +25,27 @@ from __future__ import annotations
 import os
 from collections.abc import Generator
 
-import psycopg
 import pytest
 
-from tests.conftest import ADMIN_DSN, ROOM_LOCK_KEY, ROOM_LOCK_WAIT
+from tests.conftest import Room, runs_alone
 
-# pg_advisory_lock key shared by every sdcore test run ("sdcore-accept" in a bigint).
-HEAVY_LOCK_KEY = 0x5DC0_AC_CE_97
-HEAVY_LOCK_WAIT = "20min"
-
-# module node id -> its lock's connection (None: the wait ran out, the module runs without it)
-_held: dict[str, psycopg.Connection[tuple[object, ...]] | None] = {}
+# The room of the module this process runs, and that module's node id (None: none held).
+_room = Room()
+_module: str | None = None
 
 
-def _take_turn(*, fills_server: bool) -> psycopg.Connection[tuple[object, ...]] | None:
-    conn = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="sdcore-test-turn")
-    conn.execute(f"SET lock_timeout = '{HEAVY_LOCK_WAIT}'")
-    try:
-        conn.execute("SELECT pg_advisory_lock(%s)", (HEAVY_LOCK_KEY,))
-    except psycopg.errors.LockNotAvailable:
-        conn.close()
-        print(  # noqa: T201 - shown with the module's output
-            f"another test run held the acceptance lock for over {HEAVY_LOCK_WAIT}: "
-            "running this module without it"
-        )
-        return None
-    if fills_server:
-        conn.execute(f"SET lock_timeout = '{ROOM_LOCK_WAIT}'")
-        try:
-            conn.execute("SELECT pg_advisory_lock(%s)", (ROOM_LOCK_KEY,))
-        except psycopg.errors.LockNotAvailable:
-            print(  # noqa: T201 - shown with the module's output
-                f"other tests held the server's room for over {ROOM_LOCK_WAIT}: "
-                "running this module beside them"
-            )
-    return conn
+def _take_room(item: pytest.Item) -> None:
+    """Hold the room for ``item``'s module (whole for an ``alone`` module)."""
+    global _module
+    _room.enter(exclusive=runs_alone(item))
+    _module = _module_of(item)
+
+
+def _give_room() -> None:
+    global _module
+    if _module is not None:
+        _room.leave()
+        _module = None
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,19 +70,18 @@ def pytest_runtest_protocol(
 ) -> Generator[None, None, None]:
     if not str(item.path).startswith(HERE + os.sep):
         # pytest (and pytest-xdist) call this hook through ``config.hook``, for every item of the
-        # session, not only for this folder's: the rest of the suite takes no turn.
+        # session, not only for this folder's: the rest of the suite holds the room per test.
         yield
         return
     module = _module_of(item)
-    assert module is not None
-    if module not in _held:
-        for conn in _held.values():  # a module that ended without reaching its last item
-            if conn is not None:
-                conn.close()
-        _held.clear()
-        _held[module] = _take_turn(fills_server=item.get_closest_marker("fills_server") is not None)
+    if module != _module:
+        _give_room()  # a module that ended without reaching its last item
+        _take_room(item)
     yield
-    if _module_of(nextitem) != module and module in _held:
-        conn = _held.pop(module)  # after the module's teardown: the other run's turn
-        if conn is not None:
-            conn.close()
+    if _module_of(nextitem) != module:
+        _give_room()  # after the module's teardown: another module's turn
+
+
+def pytest_sessionfinish() -> None:
+    _give_room()
+    _room.close()

@@ -45,7 +45,8 @@ from sdcore.job_scheduler import (
 from tests.conftest import ADMIN_DSN
 
 # The 64-process storms hold most of max_connections: no other test opens one meanwhile.
-pytestmark = [pytest.mark.slow, pytest.mark.fills_server]
+# Its 64-process storms take most of the server's connections: nothing runs beside them.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 Json = dict[str, Any]
 

@@ -28,9 +28,14 @@ from tests.integration._dashboard import (
     serve,
 )
 
-# Runs with the acceptance tests, alone on the machine: a per-second schedule must show no missed
+# Runs with the acceptance tests, with nothing beside it: a per-second schedule must show no missed
 # tick, which a busy neighbour process can cause.
-pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.alone,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+]
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 DESKTOP: Any = {"width": 1280, "height": 860}

@@ -1,5 +1,6 @@
-"""The server's room (``tests/conftest.py``): tests share it, a server-filling module has it alone;
-and the acceptance modules' turns (``tests/acceptance/conftest.py``) are theirs only.
+"""The server's room (``tests/conftest.py``): tests share it, a module that runs alone has it
+whole; the acceptance turn keeps two runs apart; and the acceptance modules' room
+(``tests/acceptance/conftest.py``) is taken for their items only.
 
 Each test here uses a key of its own, never the suite's ``ROOM_LOCK_KEY``: this test itself
 holds the real room shared while it runs.
@@ -18,7 +19,7 @@ import pytest
 
 from tests._servers import free_port
 from tests.acceptance import conftest as acceptance_conftest
-from tests.conftest import ADMIN_DSN, Room
+from tests.conftest import ADMIN_DSN, Room, Turn
 
 
 def _key() -> int:
@@ -84,13 +85,71 @@ def test_a_server_that_does_not_answer_is_left_to_the_test() -> None:
     assert time.monotonic() - started < 10
 
 
-def test_only_the_acceptance_modules_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
-    # pytest calls pytest_runtest_protocol through config.hook, so a conftest's wrapper sees
-    # every item of the session: the acceptance turn must ignore the other folders' items.
-    def refuse(*, fills_server: bool) -> None:
-        raise AssertionError(f"a turn taken for a test outside tests/acceptance ({fills_server})")
+def test_a_module_alone_keeps_the_room_from_shared_holders_and_waits_for_them() -> None:
+    key = _key()
+    shared, alone = Room(key=key), Room(key=key)
+    entered = threading.Event()
+    try:
+        assert shared.enter()
 
-    monkeypatch.setattr(acceptance_conftest, "_take_turn", refuse)
+        def enter_alone() -> None:
+            if alone.enter(exclusive=True):
+                entered.set()
+
+        thread = threading.Thread(target=enter_alone, daemon=True)
+        thread.start()
+        assert not entered.wait(0.5), "took the whole room while a test shared it"
+        shared.leave()
+        assert entered.wait(10), "still waiting after the shared holder left"
+        thread.join(10)
+        assert not _try_shared(key), "a test entered beside a module that runs alone"
+        alone.leave()
+        assert _try_shared(key)
+    finally:
+        shared.close()
+        alone.close()
+
+
+def _try_shared(key: int) -> bool:
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_try_advisory_lock_shared(%s)", (key,)).fetchone()
+        assert row is not None
+        return bool(row[0])
+
+
+def test_a_second_run_waits_for_the_first_run_s_turn() -> None:
+    key = _key()
+    first, second = Turn(key=key), Turn(key=key)
+    taken = threading.Event()
+    try:
+        first.take()
+        assert first.held
+
+        def take() -> None:
+            second.take()
+            taken.set()
+
+        thread = threading.Thread(target=take, daemon=True)
+        thread.start()
+        assert not taken.wait(0.5), "two runs had the acceptance turn at once"
+        first.give()
+        assert taken.wait(10), "the second run still waits after the first gave its turn"
+        thread.join(10)
+        assert second.held
+    finally:
+        first.give()
+        second.give()
+
+
+def test_only_the_acceptance_modules_hold_the_room_module_by_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pytest calls pytest_runtest_protocol through config.hook, so a conftest's wrapper sees
+    # every item of the session: the acceptance modules' room must ignore the other folders'.
+    def refuse(item: object) -> None:
+        raise AssertionError(f"a module room taken for a test outside tests/acceptance ({item})")
+
+    monkeypatch.setattr(acceptance_conftest, "_take_room", refuse)
     here = SimpleNamespace(
         path=Path(__file__),
         nodeid="tests/integration/test_test_room.py::t",
@@ -100,4 +159,4 @@ def test_only_the_acceptance_modules_take_turns(monkeypatch: pytest.MonkeyPatch)
     next(wrapper)
     with pytest.raises(StopIteration):
         next(wrapper)
-    assert "tests/integration/test_test_room.py" not in acceptance_conftest._held
+    assert acceptance_conftest._module is None
