@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+import sdcore.sync
 from sdcore.outbox import Outbox, OutboxStore, PostgresOutboxStore
 from sdcore.testing import FakeClock, MemoryOutboxStore
 
-STORES = ["memory", "postgres"]
+# ``postgres-sync-writer``: the PostgreSQL store, its rows written by ``sdcore.sync.Outbox`` on a
+# blocking connection (the write path the store must read the same).
+STORES = ["memory", "postgres", "postgres-sync-writer"]
 MAX_ATTEMPTS = 3
 
 
@@ -64,17 +69,32 @@ async def memory_store() -> StoreBackend:
     return StoreBackend("memory", store, outbox, enqueue, age, read)
 
 
-async def postgres_store(dsn: str) -> AsyncIterator[StoreBackend]:
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn)
+
+
+async def postgres_store(dsn: str, *, sync_writer: bool = False) -> AsyncIterator[StoreBackend]:
     outbox = contract_outbox()
     async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
         await pool.open()
         await outbox.ensure_schema(pool)
         store = PostgresOutboxStore(pool, outbox=outbox)
+        writer: psycopg.Connection[Any] | None = None
+        if sync_writer:
+            writer = await asyncio.to_thread(_connect, dsn)
+        blocking = sdcore.sync.Outbox.of(outbox)
+
+        def write(key: str, kwargs: dict[str, Any]) -> bool:
+            assert writer is not None
+            with writer.transaction():
+                return blocking.enqueue_once(writer, idempotency_key=key, **kwargs)
 
         async def enqueue(key: str, **kwargs: Any) -> bool:
             kwargs.setdefault("queue", "q")
             kwargs.setdefault("name", "n")
             kwargs.setdefault("payload", {"key": key})
+            if writer is not None:
+                return await asyncio.to_thread(write, key, kwargs)
             async with pool.connection() as conn:
                 return await outbox.enqueue_once(conn, idempotency_key=key, **kwargs)
 
@@ -100,4 +120,8 @@ async def postgres_store(dsn: str) -> AsyncIterator[StoreBackend]:
             names = ("status", "attempts", "last_error", "claimed", "payload", "options")
             return dict(zip((*names, "pruned", "job_id"), row, strict=True))
 
-        yield StoreBackend("postgres", store, outbox, enqueue, age, read)
+        try:
+            yield StoreBackend("postgres", store, outbox, enqueue, age, read)
+        finally:
+            if writer is not None:
+                await asyncio.to_thread(writer.close)

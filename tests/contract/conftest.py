@@ -71,7 +71,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
     if request.param == "memory":
         yield await memory_store()
         return
-    async for value in postgres_store(request.getfixturevalue("schema_dsn")):
+    dsn = request.getfixturevalue("schema_dsn")
+    async for value in postgres_store(dsn, sync_writer=request.param == "postgres-sync-writer"):
         yield value
 
 

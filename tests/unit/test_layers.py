@@ -48,7 +48,13 @@ SHARED_PRIVATE = {"_internal", "_json"}  # "exceptions" is public
 #   types and validators so that they cannot drift (the contract suites check the answers);
 # - the scheduler is the one user of the lease's tick helpers (``js_trim``, ``resolve_timing``,
 #   ``MAX_BACKOFF_MS``), which are therefore not public API.
-FRIENDS = {"testing": {"job_scheduler", "outbox", "scheduling"}, "scheduling": {"job_scheduler"}}
+# - the blocking facade runs the async objects' own statement sequences on a blocking connection
+#   (the outbox's write loop and admin requests, the migration runner): one implementation.
+FRIENDS = {
+    "testing": {"job_scheduler", "outbox", "scheduling"},
+    "scheduling": {"job_scheduler"},
+    "sync": {"outbox", "postgres"},
+}
 # Upward imports allowed for one release, each for a deprecated call only: Outbox.enqueue_once
 # hands a SQLAlchemy session on to sdcore.sqlalchemy.enqueue_once with a DeprecationWarning.
 DEPRECATED_UPWARD = {("outbox", "sdcore.sqlalchemy")}

@@ -79,9 +79,7 @@ class OutboxAdmin:
             InvalidOutboxRequestError: An unknown or missing status, or a bad limit.
             OutboxDatabaseError: The statement failed (a missing table: ``sqlstate`` 42P01).
         """
-        int_between("limit", limit, 1, MAX_LIST_LIMIT, error=field_error(InvalidOutboxRequestError))
-        wanted = _statuses(statuses)
-        return await self._rows(conn, wanted, limit, "list")
+        return await self._rows(conn, self._list_request(statuses, limit), "list")
 
     async def check_table(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Check that the table exists and has the outbox's columns (reads no row).
@@ -90,7 +88,7 @@ class OutboxAdmin:
             OutboxDatabaseError: It does not (``sqlstate`` 42P01: missing; 42703: another kind
                 of table), or the database failed.
         """
-        await self._rows(conn, [], 0, "table check")
+        await self._rows(conn, self._check_request(), "table check")
 
     async def retry(self, conn: psycopg.AsyncConnection[Any], row_id: int) -> bool:
         """Make a DEAD (or PENDING) row due now with its attempts reset.
@@ -101,19 +99,42 @@ class OutboxAdmin:
             InvalidOutboxRequestError: ``row_id`` is not a positive 64-bit int.
             OutboxDatabaseError: The statement failed.
         """
-        int_between("row id", row_id, 1, _MAX_ID, error=field_error(InvalidOutboxRequestError))
+        request = self._retry_request(row_id)
         with database_errors("retry"):
-            cur = await conn.execute(self.outbox.sql.retry, (row_id,))
+            cur = await conn.execute(*request)
             return await cur.fetchone() is not None
 
     async def _rows(
-        self, conn: psycopg.AsyncConnection[Any], statuses: list[str], limit: int, action: str
+        self, conn: psycopg.AsyncConnection[Any], request: Request, action: str
     ) -> list[OutboxRow]:
         with database_errors(action):
             async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self.outbox.sql.list_rows, (statuses, limit))
+                await cur.execute(*request)
                 found = await cur.fetchall()
-        return [OutboxRow(**{**row, "status": OutboxStatus(row["status"])}) for row in found]
+        return outbox_rows(found)
+
+    # The statement of each operation, validated, apart from its execution: the blocking admin
+    # (sdcore.sync.OutboxAdmin) runs the same requests on a blocking connection.
+
+    def _list_request(self, statuses: Iterable[OutboxStatus | str], limit: int) -> Request:
+        int_between("limit", limit, 1, MAX_LIST_LIMIT, error=field_error(InvalidOutboxRequestError))
+        return self.outbox.sql.list_rows, (_statuses(statuses), limit)
+
+    def _check_request(self) -> Request:
+        return self.outbox.sql.list_rows, ([], 0)
+
+    def _retry_request(self, row_id: int) -> Request:
+        int_between("row id", row_id, 1, _MAX_ID, error=field_error(InvalidOutboxRequestError))
+        return self.outbox.sql.retry, (row_id,)
+
+
+# One validated operation: its statement and parameters.
+Request = tuple[bytes, tuple[Any, ...]]
+
+
+def outbox_rows(found: Iterable[dict[str, Any]]) -> list[OutboxRow]:
+    """The rows of ``list_rows`` (read with ``dict_row``) as :class:`OutboxRow` values."""
+    return [OutboxRow(**{**row, "status": OutboxStatus(row["status"])}) for row in found]
 
 
 def _statuses(statuses: Iterable[OutboxStatus | str]) -> list[str]:

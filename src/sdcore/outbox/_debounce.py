@@ -11,6 +11,7 @@ the rows committed beside it). A slot is kept only by an enqueue that inserted a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -54,10 +55,19 @@ class Plan:
 # The NOTIFYs of the current interval, per (database, table, channel), for this process: shared
 # by every Outbox instance, so `Outbox().enqueue_once(...)` per call debounces too.
 _intervals: dict[Hashable, Interval] = {}
+# Held by each plan and settle: blocking enqueues (sdcore.sync) run them from many threads, beside
+# the event loop's, and each reads an interval, then changes it (a slot given back by two threads
+# at once would delete the interval twice).
+_lock = threading.Lock()
 
 
 def plan_notify(key: Hashable, interval_ms: int) -> Plan:
     """Decide how an enqueue under a debounced outbox notifies, and take a slot if it does."""
+    with _lock:
+        return _plan(key, interval_ms)
+
+
+def _plan(key: Hashable, interval_ms: int) -> Plan:
     now = time.monotonic()
     current = _intervals.get(key)
     if current is None or now - current.at >= interval_ms / 1000:
@@ -87,6 +97,13 @@ def settle(plan: Plan, inserted: Sequence[Any] | None) -> None:
         inserted: The enqueue statement's row (``id, job_id, xid`` and, for ``watch``,
             ``own, committed, open``), or ``None`` if it inserted nothing.
     """
+    if plan.key is None:
+        return  # "quiet" or "notify" without a debounce: nothing was taken
+    with _lock:
+        _settle(plan, inserted)
+
+
+def _settle(plan: Plan, inserted: Sequence[Any] | None) -> None:
     current = _intervals.get(plan.key)
     if plan.slot is not None:
         if inserted is not None:

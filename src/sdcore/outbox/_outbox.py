@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,6 +13,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.identifiers import qualified
+from sdcore._internal.steps import run_async
 from sdcore._internal.telemetry import NOOP, Telemetry, trace_json
 from sdcore._internal.validation import at_least, int_between
 from sdcore._json import dump_json_object
@@ -70,6 +71,10 @@ class OutboxDriver(Protocol):
 
 # What runs one statement and returns its first row (psycopg bytes, or a driver's text).
 _First = Callable[[Any, dict[str, Any]], Awaitable[Sequence[Any] | None]]
+# One statement of the write loop (bytes for psycopg, str for drivers) with its parameters.
+Statement = tuple[Any, dict[str, Any]]
+# The write loop: yields statements, is sent each one's first row, returns "inserted".
+WriteSteps = Generator[Statement, Sequence[Any] | None, bool]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,7 +356,7 @@ class Outbox:
         """
         row = self._prepare(idempotency_key, queue, name, payload, options)
         database = await driver.begin()
-        return await self._write(row, database, driver.first, text=True)
+        return await self._write(row, database, driver.first)
 
     def _plan(self, database: Hashable) -> Plan:
         """How this enqueue notifies (see ``notify_interval_ms``)."""
@@ -377,17 +382,34 @@ class Outbox:
         return params
 
     async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Prepared) -> bool:
-        async def first(query: bytes, params: dict[str, Any]) -> Sequence[Any] | None:
-            cur = await conn.execute(query, params)
+        async def first(step: Statement) -> Sequence[Any] | None:
+            cur = await conn.execute(*step)
             return await cur.fetchone()
 
         info = conn.info
-        return await self._write(row, (info.host, info.port, info.dbname), first, text=False)
+        return await run_async(self._steps(row, (info.host, info.port, info.dbname)), first)
 
-    async def _write(
-        self, row: _Prepared, database: Hashable, first: _First, *, text: bool
-    ) -> bool:
-        """Insert ``row``, or compare it with the key's row: the one loop of every connection."""
+    async def _write(self, row: _Prepared, database: Hashable, first: _First) -> bool:
+        async def run(step: Statement) -> Sequence[Any] | None:
+            return await first(*step)
+
+        return await run_async(self._steps(row, database, text=True), run)
+
+    def _steps(self, row: _Prepared, database: Hashable, *, text: bool = False) -> WriteSteps:
+        """Insert ``row``, or compare it with the key's row: the one loop of every connection.
+
+        Yields each statement with its parameters and is sent the statement's first row
+        (``None`` for none); returns what :meth:`enqueue_once` returns. Run it with
+        :func:`~sdcore._internal.steps.run_async` (``AsyncConnection``, an
+        :class:`OutboxDriver`) or :func:`~sdcore._internal.steps.run_blocking` (a blocking
+        connection, in ``sdcore.sync``): the driver closes it however the run ends, so the
+        ``NOTIFY`` slot this enqueue took is settled before the driver returns or raises.
+
+        Args:
+            row: The validated message.
+            database: The database written to (its enqueues share the ``NOTIFY`` debounce).
+            text: Yield the statements as ``str`` (for drivers) instead of psycopg's bytes.
+        """
         plan = self._plan(database)
         params = self._params(row, plan)
         query = self._query(plan, text=text)
@@ -395,13 +417,15 @@ class Outbox:
         inserted: Sequence[Any] | None = None
         try:
             for _ in range(3):
-                inserted = await first(query, params)
+                inserted = yield query, params
                 if inserted is not None:
                     return True
-                found = await first(existing, params)
+                found = yield existing, params
                 if found is not None:
                     return self._same_message(row, found)
         finally:
+            # Reached on return, on an error and on the driver's close (a failed statement,
+            # a cancellation): an enqueue whose statement did not insert gives its slot back.
             settle(plan, inserted)
         raise RuntimeError(  # pragma: no cover - a key inserted and deleted three times over
             f"idempotency key {row.key!r:.80} kept conflicting with rows that vanished"
@@ -450,6 +474,22 @@ class Outbox:
             DuplicateOutboxKeyError: Two entries share a key (before any SQL).
             OutboxKeyConflictError: A key holds a different message (nothing was written).
         """
+        prepared = self._prepare_entries(messages)
+        done = False
+        async with conn.transaction():
+            if not await jobs.complete_in(conn, lease, data):
+                raise psycopg.Rollback()
+            for row in prepared:
+                await self._insert(conn, row)
+            done = True
+        return done
+
+    def _prepare_entries(self, messages: Sequence[OutboxEntry]) -> list[_Prepared]:
+        """Validate :meth:`complete_and_enqueue`'s messages (before any SQL).
+
+        Raises:
+            DuplicateOutboxKeyError: Two entries share a key.
+        """
         prepared = [
             self._prepare(m.idempotency_key, m.queue, m.name, m.payload, m.options)
             for m in messages
@@ -460,14 +500,7 @@ class Outbox:
         for key, indexes in seen.items():
             if len(indexes) > 1:
                 raise DuplicateOutboxKeyError(key, tuple(indexes))
-        done = False
-        async with conn.transaction():
-            if not await jobs.complete_in(conn, lease, data):
-                raise psycopg.Rollback()
-            for row in prepared:
-                await self._insert(conn, row)
-            done = True
-        return done
+        return prepared
 
 
 def _from_sqlalchemy(conn: object) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from psycopg import sql
 
+from sdcore._internal.steps import run_async, run_blocking
 from sdcore.exceptions import SdcoreError
 from sdcore.postgres._schema import (
     SCHEMA_LOCK_ID,
@@ -44,8 +45,8 @@ from sdcore.postgres._schema import (
 )
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
+    from psycopg import AsyncConnection, Connection
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 Component = Literal["lease", "outbox", "schedules"]
 COMPONENTS: tuple[Component, ...] = ("lease", "outbox", "schedules")
@@ -342,37 +343,89 @@ async def _migrate(
     schema: str | None,
     bookkeeping: sql.Identifier,
 ) -> list[Migration]:
+    async def run(step: _Statement) -> list[Any]:
+        cur = await conn.execute(*step)
+        return await cur.fetchall() if cur.description is not None else []
+
     applied_now: list[Migration] = []
     for migration in migrations(component):
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
-            done = await _ensure_bookkeeping(conn, component, table, schema, bookkeeping)
-            if migration.version in done:
-                continue
-            await conn.execute(migration.render(table=table, schema=schema).encode("utf-8"))
-            await conn.execute(
-                sql.SQL(_RECORD + _RECORD_VALUES).format(bookkeeping=bookkeeping),
-                (component, table, migration.version, migration.name, migration.checksum),
-            )
-            applied_now.append(migration)
+            if await run_async(_apply_one(migration, component, table, schema, bookkeeping), run):
+                applied_now.append(migration)
     return applied_now
 
 
-async def _ensure_bookkeeping(
-    conn: AsyncConnection[Any],
+def migrate_blocking(
+    target: Connection[Any] | ConnectionPool[Any],
+    component: Component,
+    *,
+    table: str | None = None,
+    schema: str | None = None,
+) -> list[Migration]:
+    """:func:`migrate` on a blocking psycopg connection or pool (for ``sdcore.sync``).
+
+    The same statements in the same transactions: each migration is the sequence of
+    :func:`_apply_one`, run here with blocking calls.
+    """
+    name = check_table_name(table if table is not None else DEFAULT_TABLES[component])
+    bookkeeping = _bookkeeping(schema)
+    from psycopg import Connection as _Conn
+
+    if isinstance(target, _Conn):
+        return _migrate_blocking(target, component, name, schema, bookkeeping)
+    with target.connection() as conn:
+        return _migrate_blocking(conn, component, name, schema, bookkeeping)
+
+
+def _migrate_blocking(
+    conn: Connection[Any],
     component: Component,
     table: str,
     schema: str | None,
     bookkeeping: sql.Identifier,
-) -> set[int]:
+) -> list[Migration]:
+    def run(step: _Statement) -> list[Any]:
+        cur = conn.execute(*step)
+        return cur.fetchall() if cur.description is not None else []
+
+    applied_now: list[Migration] = []
+    for migration in migrations(component):
+        with conn.transaction():
+            if run_blocking(_apply_one(migration, component, table, schema, bookkeeping), run):
+                applied_now.append(migration)
+    return applied_now
+
+
+# One statement of a migration's transaction, with its parameters (or None).
+_Statement = tuple[Any, Any]
+
+
+def _apply_one(
+    migration: Migration,
+    component: Component,
+    table: str,
+    schema: str | None,
+    bookkeeping: sql.Identifier,
+) -> Generator[_Statement, list[Any], bool]:
+    """The statements of one migration's transaction; sent each one's rows, returns whether it
+    applied the migration (``False``: already recorded, by an earlier call or a replica)."""
+    yield "SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,)
+    # Re-read under the lock: a replica may have applied it since this call started.
     if schema is not None:
-        await conn.execute(sql.SQL(_schema_prefix(schema)))
-    await conn.execute(sql.SQL(_BOOKKEEPING_DDL).format(bookkeeping=bookkeeping))
-    cur = await conn.execute(
+        yield sql.SQL(_schema_prefix(schema)), None
+    yield sql.SQL(_BOOKKEEPING_DDL).format(bookkeeping=bookkeeping), None
+    done = yield (
         sql.SQL("SELECT version FROM {} WHERE component = %s AND target = %s").format(bookkeeping),
         (component, table),
     )
-    return {int(row[0]) for row in await cur.fetchall()}
+    if migration.version in {int(row[0]) for row in done}:
+        return False
+    yield migration.render(table=table, schema=schema).encode("utf-8"), None
+    yield (
+        sql.SQL(_RECORD + _RECORD_VALUES).format(bookkeeping=bookkeeping),
+        (component, table, migration.version, migration.name, migration.checksum),
+    )
+    return True
 
 
 async def migration_status(
