@@ -1,0 +1,532 @@
+"""The lease for blocking code: :class:`JobSchedulerService` over the async service on a portal.
+
+Every method is one :meth:`Portal.call` of the async service's method of the same name, so the
+lease SQL, its validation, its time bounds and its errors are the async core's. ``run_exclusive``
+goes through :meth:`Portal.call_here`: the heartbeat and the client deadline run on the portal's
+loop while the plain function runs in the caller's own thread. ``complete_in`` runs the async
+service's own finalize statement on the caller's blocking connection, in the caller's thread.
+
+What a blocking caller is (and is not) guaranteed is the async API's, less cancellation: a thread
+cannot be interrupted, so a lost lease shows in :attr:`JobExecutionLease.is_held` and
+:meth:`JobExecutionLease.raise_if_lost` and in the fencing token, and ``run_exclusive`` returns
+only once the function has returned (docs/reference/sync.md, "The lease").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from sdcore._internal.legacy import fold_moved
+from sdcore.job_scheduler import JobSchedulerService as AsyncJobSchedulerService
+from sdcore.job_scheduler._admin import (
+    FINISHED,
+    LeaseRecord,
+    LeaseStatements,
+    Plan,
+    PruneReport,
+    ReleasedRun,
+)
+from sdcore.job_scheduler._base import RELEASED_DATA
+from sdcore.job_scheduler._model import (
+    JobAcquireResult,
+    JobExecutionLease,
+    JobLease,
+    JobSchedulerStatus,
+    RunExclusiveResult,
+)
+from sdcore.job_scheduler._options import JobAcquireOptions
+from sdcore.job_scheduler._service import _CONNECT_POOL, _MOVED_POOL
+from sdcore.postgres import PoolSettings
+from sdcore.runtime import RuntimeStateError
+from sdcore.sync._portal import Portal
+
+__all__ = ["JobSchedulerService", "LeaseAdmin"]
+
+T = TypeVar("T")
+
+# The thread name of the portal ``connect`` starts (shown in thread dumps).
+PORTAL_NAME = "sdcore-jobs"
+
+
+class JobSchedulerService:
+    """The distributed lease on PostgreSQL, for blocking code (threads, WSGI apps, scripts).
+
+    Wraps an async :class:`sdcore.job_scheduler.JobSchedulerService` that lives on ``portal``'s
+    event loop; build one with :meth:`connect`, or over a service a runtime already runs there.
+    The object may be shared by any number of threads: each call is a task of the portal's
+    loop, and the service's connections are shared as in async code. A call from a running
+    event loop (async code must ``await`` the async API) or from a process forked after the
+    portal started is refused with :class:`~sdcore.runtime.RuntimeStateError`.
+
+    Args:
+        service: The async service, opened on ``portal``'s loop.
+        portal: The running portal ``service`` lives on.
+    """
+
+    def __init__(self, service: AsyncJobSchedulerService, portal: Portal) -> None:
+        if not isinstance(service, AsyncJobSchedulerService):
+            raise TypeError(
+                "service must be an sdcore.job_scheduler.JobSchedulerService, "
+                f"got {type(service).__name__}"
+            )
+        if not isinstance(portal, Portal):
+            raise TypeError(f"portal must be an sdcore.sync Portal, got {type(portal).__name__}")
+        self._service = service
+        self._portal = portal
+        self._closed = False
+        # What connect() opened: closed (the service, then its pool) and stopped by close().
+        self._owned: AsyncExitStack | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(
+        cls, dsn: str, *, pool: PoolSettings = _CONNECT_POOL, **options: Any
+    ) -> Iterator[Self]:
+        """Start a portal, open a pool for ``dsn`` and a service over it; close all on exit.
+
+        The arguments are the async :meth:`sdcore.job_scheduler.JobSchedulerService.connect`'s.
+        The pool keywords of sdcore 0.1 (``max_size=…``, …) still work for one release, with a
+        ``DeprecationWarning`` that points at the caller's ``with`` line.
+
+        Args:
+            dsn: libpq connection string or URL.
+            pool: The pool's settings (default ``PoolSettings(max_size=4)``).
+            **options: The service's options (``table``, ``schema``, ``max_connections``, …).
+
+        Yields:
+            The open service.
+
+        Raises:
+            JobSchedulerUnavailableError: The database cannot be reached.
+            ValueError: An option out of range, before any connection.
+            TypeError: ``pool`` not a ``PoolSettings``, or a 0.1 pool keyword beside it.
+        """
+        if not isinstance(pool, PoolSettings):
+            raise TypeError(f"pool must be a PoolSettings, got {pool!r:.40}")
+        # Folded here, in the caller's thread (fold_moved → connect → __enter__ → the caller's
+        # ``with``): a warning raised on the portal's thread would point into asyncio.
+        settings = fold_moved(
+            "JobSchedulerService.connect",
+            "pool",
+            pool,
+            moved=_MOVED_POOL,
+            given=options,
+            explicit=pool is not _CONNECT_POOL,
+            stacklevel=3,
+            spelled={"max_size": _CONNECT_POOL.max_size},
+        )
+        rest = {name: value for name, value in options.items() if name not in _MOVED_POOL}
+        portal = Portal(name=PORTAL_NAME)
+        portal.start()
+        try:
+            stack = AsyncExitStack()
+            service = portal.call(
+                stack.enter_async_context,
+                AsyncJobSchedulerService.connect(dsn, pool=settings, **rest),
+            )
+            facade = cls(service, portal)
+        except BaseException:
+            portal.stop()
+            raise
+        facade._owned = stack
+        with facade:
+            yield facade
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the service (and, if :meth:`connect` made it, its pool and its portal).
+
+        Calls made afterwards are refused with :class:`~sdcore.runtime.RuntimeStateError`.
+        Outcomes being recorded are awaited; a ``run_exclusive`` still running in another
+        thread is cancelled like an async one: it waits for its function to return, then raises
+        (never reporting success). A second ``close`` does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        owned, portal = self._owned, self._portal
+        if owned is None:
+            portal.call(self._service.close)
+            return
+        try:
+            portal.call(owned.aclose)
+        finally:
+            portal.stop()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def max_connections(self) -> int:
+        """Connections the service holds at most (see the async service's)."""
+        return self._service.max_connections
+
+    @property
+    def portal(self) -> Portal:
+        """The portal the async service lives on."""
+        return self._portal
+
+    def schema_sql(self) -> str:
+        """Return the DDL of this service's table (what :meth:`ensure_schema` applies)."""
+        return self._service.schema_sql()
+
+    def ensure_schema(self) -> None:
+        """Apply the lease table's pending migrations; safe from N replicas at once."""
+        self._check_open()
+        self._portal.call(self._service.ensure_schema)
+
+    def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
+        """Try to become the owner of one run (the async ``acquire``: same rules and errors).
+
+        The returned lease's client deadline counts from when the statement was sent, as in
+        async code; the blocking caller's own delays (a GIL-bound thread scheduled late) come
+        out of it.
+
+        Raises:
+            InvalidJobIdentityOptionsError: Bad identity, before any SQL.
+            InvalidJobLeaseOptionsError: Bad timing, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        self._check_open()
+        return self._portal.call(self._service.acquire, options)
+
+    def acquire_many(
+        self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
+    ) -> list[JobAcquireResult]:
+        """``acquire`` for many runs in one statement; one result per item, in order.
+
+        Raises:
+            InvalidJobIdentityOptionsError: As the async ``acquire_many``, before any SQL.
+            InvalidJobLeaseOptionsError: An item with bad timing, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+            JobSchedulerDatabaseError: The database refused the statement.
+        """
+        self._check_open()
+        return self._portal.call(self._service.acquire_many, options)
+
+    def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
+        """Return the status of each run that has a row, by ``lock_key``.
+
+        Raises:
+            ValueError: A bad key or too many keys, before any SQL.
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        self._check_open()
+        return self._portal.call(self._service.statuses, lock_keys)
+
+    def heartbeat(self, lease: JobLease) -> bool:
+        """Extend the lease by the database clock; ``False`` if ownership was lost.
+
+        Raises:
+            JobSchedulerUnavailableError: No answer within the lease.
+        """
+        self._check_open()
+        return self._portal.call(self._service.heartbeat, lease)
+
+    def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """Mark the run ``SUCCESS``; ``False`` if ownership was lost.
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+        """
+        self._check_open()
+        return self._portal.call(self._service.complete, lease, data)
+
+    def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        """Mark the run ``FAIL`` so that any replica may take it at once; ``False`` if lost.
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+            JobSchedulerUnavailableError: The outcome could not be established.
+        """
+        self._check_open()
+        return self._portal.call(self._service.fail, lease, data)
+
+    def release(self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA) -> bool:
+        """``fail`` marked *released*: the next acquire may take the row.
+
+        Args:
+            lease: The capability returned by ``acquire``.
+            data: JSON object stored on the row.
+
+        Returns:
+            ``True`` if this owner released the row, ``False`` if ownership was already lost.
+        """
+        self._check_open()
+        return self._portal.call(self._service.release, lease, data)
+
+    def give_back(self, lease: JobLease, reason: str) -> bool:
+        """``fail`` marked *given back*: the run was won but never started.
+
+        Raises:
+            ValueError: ``reason`` is not a non-empty str, before any SQL.
+        """
+        self._check_open()
+        return self._portal.call(self._service.give_back, lease, reason)
+
+    def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
+        """Return the run's status if the row still carries this lease's token, else ``None``.
+
+        Raises:
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        self._check_open()
+        return self._portal.call(self._service.status_of, lease)
+
+    def complete_in(
+        self,
+        conn: psycopg.Connection[Any],
+        lease: JobLease,
+        data: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Mark the run ``SUCCESS`` inside the caller's transaction on a blocking connection.
+
+        The async service's own finalize statement, run on ``conn`` in this thread: if ownership
+        was lost it matches nothing, this returns ``False``, and the caller rolls back.
+        ``run_exclusive`` accepts a run its function completed this way.
+
+        Args:
+            conn: A blocking ``psycopg.Connection``, normally inside ``conn.transaction()``.
+            lease: The capability given to the function.
+            data: A JSON object or ``None``.
+
+        Returns:
+            ``True`` if the row is now ``SUCCESS`` (once the caller commits).
+
+        Raises:
+            TypeError: ``conn`` is not a blocking ``psycopg.Connection`` (an async one belongs
+                to the async API), or ``lease`` is not a lease.
+            JsonTypeError: ``data`` is not JSON, before any SQL.
+            JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
+        """
+        given: object = conn  # typed as a Connection; called by untyped code too
+        if not isinstance(given, psycopg.Connection):
+            raise TypeError(
+                "conn must be a blocking psycopg.Connection (for an AsyncConnection, await "
+                f"sdcore.job_scheduler.JobSchedulerService.complete_in), got {type(conn).__name__}"
+            )
+        query, params = self._service.complete_in_statement(lease, data)
+        return conn.execute(query, params).rowcount == 1
+
+    def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], T],
+    ) -> RunExclusiveResult[T]:
+        """Run the plain function ``fn`` in this thread only if this replica wins the lease.
+
+        The async ``run_exclusive``, with ``fn(lease)`` called in the calling thread (its
+        thread locals and a copy of its context variables visible) while the heartbeat and the
+        client-deadline timer run on the portal's loop. A thread cannot be interrupted: once the
+        lease is lost or its client deadline passes, :attr:`JobExecutionLease.is_held` turns
+        ``False`` and :meth:`JobExecutionLease.raise_if_lost` raises, and ``fn`` must check them
+        between steps (or pass the fencing token to what it writes). ``run_exclusive`` returns
+        or raises only after ``fn`` has returned; it reports ``fn``'s result only once the
+        database recorded ``SUCCESS`` within the lease, and raises ``LostJobLeaseError``
+        otherwise.
+
+        Args:
+            options: Identity and timing of the run.
+            fn: A plain function of the lease (``async def`` is refused).
+
+        Returns:
+            ``acquired=False`` (``fn`` not called) or ``acquired=True`` with ``fn``'s result.
+
+        Raises:
+            TypeError: ``fn`` is not callable, is an ``async`` function, or returned an
+                awaitable (the row is then marked ``FAIL``); use the async API for those.
+            InvalidJobIdentityOptionsError: Bad identity, before any SQL.
+            InvalidJobLeaseOptionsError: Bad timing, before any SQL.
+            LostJobLeaseError: Ownership was lost (or ran out on the client) before the outcome
+                was recorded.
+            JobSchedulerUnavailableError: The database could not be reached to acquire.
+            BaseException: Whatever ``fn`` raised (``KeyboardInterrupt`` included), after the
+                row was marked ``FAIL``.
+        """
+        self._check_open()
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if _is_async(fn):
+            raise TypeError(
+                f"fn {_name(fn)} is an async function: the blocking run_exclusive runs plain "
+                "functions; await sdcore.job_scheduler.JobSchedulerService.run_exclusive in "
+                "async code"
+            )
+        return self._portal.call_here(self._service.run_exclusive, options, _Plain(fn))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeStateError("the job scheduler service is closed")
+
+
+class _Plain:
+    """``fn`` refusing to hand back an awaitable: it would run on the portal's loop, beside
+    every other caller's heartbeats, instead of in the caller's thread."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[JobExecutionLease], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, lease: JobExecutionLease) -> Any:
+        result = self.fn(lease)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(
+                f"fn {_name(self.fn)} returned an awaitable: the blocking run_exclusive runs "
+                "plain functions; await sdcore.job_scheduler.JobSchedulerService.run_exclusive "
+                "in async code"
+            )
+        return result
+
+
+def _is_async(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
+
+
+def _name(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
+class LeaseAdmin:
+    """Operator operations on one lease table (list, release, prune), on a blocking connection.
+
+    The async :class:`sdcore.job_scheduler.LeaseAdmin`'s statements, validation and results,
+    run on a ``psycopg.Connection`` in the caller's thread (no portal): every method takes an
+    autocommit connection (each statement its own short transaction), validates its arguments
+    before any SQL, and raises :class:`~sdcore.job_scheduler.JobSchedulerDatabaseError` or
+    :class:`~sdcore.job_scheduler.JobSchedulerUnavailableError` instead of a driver error.
+
+    Args:
+        table: The lease table.
+        schema: Its schema; ``None`` means the connection's ``search_path``.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+    """
+
+    def __init__(self, *, table: str = "job_scheduler", schema: str | None = None) -> None:
+        self.statements = LeaseStatements(table=table, schema=schema)
+        self.table = self.statements.table
+        self.schema = self.statements.schema
+
+    @property
+    def shown(self) -> str:
+        """The quoted table name, for messages."""
+        return self.statements.shown
+
+    def list_runs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        code: str | None = None,
+        status: JobSchedulerStatus | str | None = None,
+        limit: int = 50,
+    ) -> list[LeaseRecord]:
+        """Return runs newest first (see the async ``LeaseAdmin.list_runs``).
+
+        Raises:
+            InvalidAdminRequestError: A bad filter or limit, before any SQL.
+        """
+        return self._run(conn, self.statements.list_runs(code, status, limit))
+
+    def release(
+        self, conn: psycopg.Connection[Any], job_id: str, *, reason: str | None = None
+    ) -> ReleasedRun:
+        """Mark a RUNNING run FAIL so that the next acquire takes it at once.
+
+        Raises:
+            InvalidAdminRequestError: A malformed id or reason, before any SQL.
+            JobNotFoundError: No such row.
+            JobNotRunningError: The row is not RUNNING.
+        """
+        return self._run(conn, self.statements.release(job_id, reason))
+
+    def prune(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        older_than: timedelta,
+        statuses: Sequence[JobSchedulerStatus | str] = FINISHED,
+        batch_size: int = 1_000,
+        include_initial: bool = False,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> PruneReport:
+        """Delete finished rows last modified before the database's now minus ``older_than``,
+        in batches (see the async ``LeaseAdmin.prune``).
+
+        Raises:
+            InvalidAdminRequestError: A bad age, status or batch size, before any SQL.
+        """
+        plan = self.statements.prune(
+            older_than=older_than,
+            statuses=statuses,
+            batch_size=batch_size,
+            include_initial=include_initial,
+            dry_run=dry_run,
+            progress=progress,
+        )
+        return self._run(conn, plan)
+
+    def has_schedule_runs(self, conn: psycopg.Connection[Any], code: str) -> bool:
+        """Whether the table holds any run of the schedule ``code``.
+
+        Raises:
+            InvalidAdminRequestError: ``code`` is not a str without NUL.
+        """
+        return self._run(conn, self.statements.has_schedule_runs(code))
+
+    def _run(self, conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
+        """Drive ``plan`` on ``conn``: each statement's answer is sent back into it."""
+        given: object = conn  # typed as a Connection; called by untyped code too
+        if not isinstance(given, psycopg.Connection):
+            plan.close()
+            raise TypeError(
+                "conn must be a blocking psycopg.Connection (for an AsyncConnection, use "
+                f"sdcore.job_scheduler.LeaseAdmin), got {type(conn).__name__}"
+            )
+        answer: Any = None
+        with self.statements.errors():
+            try:
+                while True:
+                    step = plan.send(answer)
+                    if step.every_row:
+                        with conn.cursor(row_factory=dict_row) as cur:
+                            cur.execute(step.query, step.params)
+                            answer = cur.fetchall()
+                    else:
+                        answer = conn.execute(step.query, step.params).fetchone()
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            finally:
+                plan.close()
