@@ -14,13 +14,14 @@ only once the function has returned (docs/reference/sync.md, "The lease").
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -52,6 +53,8 @@ from sdcore.sync._portal import Portal
 __all__ = ["JobSchedulerService", "LeaseAdmin"]
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 # The thread name of the portal ``connect`` starts (shown in thread dumps).
 PORTAL_NAME = "sdcore-jobs"
@@ -85,6 +88,9 @@ class JobSchedulerService:
         self._closed = False
         # What connect() opened: closed (the service, then its pool) and stopped by close().
         self._owned: AsyncExitStack | None = None
+        # The calls in flight and those close() cancelled: touched on the portal's loop only.
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._closing: set[asyncio.Task[Any]] = set()
 
     @classmethod
     @contextlib.contextmanager
@@ -156,21 +162,55 @@ class JobSchedulerService:
         """Close the service (and, if :meth:`connect` made it, its pool and its portal).
 
         Calls made afterwards are refused with :class:`~sdcore.runtime.RuntimeStateError`.
-        Outcomes being recorded are awaited; a ``run_exclusive`` still running in another
-        thread is cancelled like an async one: it waits for its function to return, then raises
-        (never reporting success). A second ``close`` does nothing.
+        Calls still in flight in other threads are cancelled first, while the connections are
+        still there to record their outcome: a ``run_exclusive`` among them sees its lease lost
+        (``is_held`` turns ``False``), waits for its function to return, records ``FAIL`` and
+        raises :class:`~sdcore.runtime.RuntimeStateError` in its thread (never a success).
+        ``close`` returns once they have. A second ``close`` does nothing.
         """
         if self._closed:
             return
         self._closed = True
         owned, portal = self._owned, self._portal
-        if owned is None:
-            portal.call(self._service.close)
-            return
         try:
-            portal.call(owned.aclose)
+            portal.call(self._cancel_calls)
+            portal.call(self._service.close if owned is None else owned.aclose)
         finally:
-            portal.stop()
+            if owned is not None:
+                portal.stop()
+
+    async def _tracked(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Run one call as a task :meth:`close` knows of.
+
+        Runs on the portal's loop, as does :meth:`_cancel_calls`, so the two never interleave
+        within a step: a call that started before ``close`` is in ``_calls`` and is cancelled
+        by it; one that starts after sees ``_closed`` (set before ``close`` reached the loop).
+        """
+        if self._closed:
+            raise RuntimeStateError("the job scheduler service is closed")
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 - a portal call is a task
+        self._calls.add(task)
+        try:
+            return await fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            if task in self._closing and task.uncancel() == 0:
+                raise RuntimeStateError(
+                    "the job scheduler service was closed while the call ran"
+                ) from None
+            raise
+        finally:
+            self._calls.discard(task)
+
+    async def _cancel_calls(self) -> None:
+        calls = set(self._calls)
+        self._closing |= calls
+        for task in calls:
+            task.cancel()
+        if calls:
+            await asyncio.wait(calls)
 
     @property
     def closed(self) -> bool:
@@ -194,7 +234,7 @@ class JobSchedulerService:
     def ensure_schema(self) -> None:
         """Apply the lease table's pending migrations; safe from N replicas at once."""
         self._check_open()
-        self._portal.call(self._service.ensure_schema)
+        self._portal.call(self._tracked, self._service.ensure_schema)
 
     def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
         """Try to become the owner of one run (the async ``acquire``: same rules and errors).
@@ -210,7 +250,7 @@ class JobSchedulerService:
             JobSchedulerDatabaseError: The database refused the statement.
         """
         self._check_open()
-        return self._portal.call(self._service.acquire, options)
+        return self._portal.call(self._tracked, self._service.acquire, options)
 
     def acquire_many(
         self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
@@ -224,7 +264,7 @@ class JobSchedulerService:
             JobSchedulerDatabaseError: The database refused the statement.
         """
         self._check_open()
-        return self._portal.call(self._service.acquire_many, options)
+        return self._portal.call(self._tracked, self._service.acquire_many, options)
 
     def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
         """Return the status of each run that has a row, by ``lock_key``.
@@ -234,7 +274,7 @@ class JobSchedulerService:
             JobSchedulerUnavailableError: The database could not be reached.
         """
         self._check_open()
-        return self._portal.call(self._service.statuses, lock_keys)
+        return self._portal.call(self._tracked, self._service.statuses, lock_keys)
 
     def heartbeat(self, lease: JobLease) -> bool:
         """Extend the lease by the database clock; ``False`` if ownership was lost.
@@ -243,7 +283,7 @@ class JobSchedulerService:
             JobSchedulerUnavailableError: No answer within the lease.
         """
         self._check_open()
-        return self._portal.call(self._service.heartbeat, lease)
+        return self._portal.call(self._tracked, self._service.heartbeat, lease)
 
     def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """Mark the run ``SUCCESS``; ``False`` if ownership was lost.
@@ -254,7 +294,7 @@ class JobSchedulerService:
             JobSchedulerUnavailableError: The outcome could not be established.
         """
         self._check_open()
-        return self._portal.call(self._service.complete, lease, data)
+        return self._portal.call(self._tracked, self._service.complete, lease, data)
 
     def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
         """Mark the run ``FAIL`` so that any replica may take it at once; ``False`` if lost.
@@ -265,7 +305,7 @@ class JobSchedulerService:
             JobSchedulerUnavailableError: The outcome could not be established.
         """
         self._check_open()
-        return self._portal.call(self._service.fail, lease, data)
+        return self._portal.call(self._tracked, self._service.fail, lease, data)
 
     def release(self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA) -> bool:
         """``fail`` marked *released*: the next acquire may take the row.
@@ -278,7 +318,7 @@ class JobSchedulerService:
             ``True`` if this owner released the row, ``False`` if ownership was already lost.
         """
         self._check_open()
-        return self._portal.call(self._service.release, lease, data)
+        return self._portal.call(self._tracked, self._service.release, lease, data)
 
     def give_back(self, lease: JobLease, reason: str) -> bool:
         """``fail`` marked *given back*: the run was won but never started.
@@ -287,7 +327,7 @@ class JobSchedulerService:
             ValueError: ``reason`` is not a non-empty str, before any SQL.
         """
         self._check_open()
-        return self._portal.call(self._service.give_back, lease, reason)
+        return self._portal.call(self._tracked, self._service.give_back, lease, reason)
 
     def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
         """Return the run's status if the row still carries this lease's token, else ``None``.
@@ -296,7 +336,7 @@ class JobSchedulerService:
             JobSchedulerUnavailableError: The database could not be reached.
         """
         self._check_open()
-        return self._portal.call(self._service.status_of, lease)
+        return self._portal.call(self._tracked, self._service.status_of, lease)
 
     def complete_in(
         self,
@@ -377,7 +417,9 @@ class JobSchedulerService:
                 "functions; await sdcore.job_scheduler.JobSchedulerService.run_exclusive in "
                 "async code"
             )
-        return self._portal.call_here(self._service.run_exclusive, options, _Plain(fn))
+        return self._portal.call_here(
+            self._tracked, self._service.run_exclusive, options, _Plain(fn)
+        )
 
     def _check_open(self) -> None:
         if self._closed:
