@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ from sdcore.job_scheduler import (
 )
 from sdcore.postgres import PoolSettings
 from sdcore.runtime import RuntimeStateError
+from sdcore.sync import _portal as sync_portal
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
@@ -550,3 +552,53 @@ def test_statuses_and_heartbeat_from_many_threads_share_one_facade(
         thread.join(60)
     assert errors == []
     assert all(jobs.complete(lease) for lease in leases)
+
+
+def test_close_from_inside_the_function_is_refused(jobs: sync.JobSchedulerService) -> None:
+    def work(lease: JobExecutionLease) -> str:
+        with pytest.raises(RuntimeStateError, match="inside run_exclusive"):
+            jobs.close()
+        return "still running"
+
+    assert (
+        jobs.run_exclusive({"code": "self-close", "run_key": "1"}, work).result == "still running"
+    )
+    assert not jobs.closed
+
+
+def test_a_portal_stopped_under_a_run_signals_the_function_and_records_fail(pg_dsn: str) -> None:
+    portal = sync_portal.Portal(name="sdcore-test-jobs")
+    portal.start()
+    stack = AsyncExitStack()
+    service = portal.call(
+        stack.enter_async_context, job_scheduler.JobSchedulerService.connect(pg_dsn)
+    )
+    jobs = sync.JobSchedulerService(service, portal)
+    jobs.ensure_schema()
+    started = threading.Event()
+    outcome: list[object] = []
+
+    def work(lease: JobExecutionLease) -> str:
+        started.set()
+        while lease.is_held:
+            time.sleep(0.01)
+        outcome.append("saw the loss")
+        return "after the loss"
+
+    def run() -> None:
+        try:
+            outcome.append(jobs.run_exclusive({"code": "stopped", "run_key": "1"}, work))
+        except RuntimeStateError as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    assert started.wait(10)
+    portal.stop()
+    runner.join(30)
+    assert outcome[0] == "saw the loss"
+    assert isinstance(outcome[1], RuntimeStateError)
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT status, data FROM job_scheduler").fetchall() == [
+            ("FAIL", {"error": "cancelled"})
+        ]

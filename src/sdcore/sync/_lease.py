@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -27,6 +28,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from sdcore._internal.legacy import fold_moved
+from sdcore._internal.threads import PLAIN_CALLS
 from sdcore.job_scheduler import JobSchedulerService as AsyncJobSchedulerService
 from sdcore.job_scheduler._admin import (
     FINISHED,
@@ -91,6 +93,7 @@ class JobSchedulerService:
         # The calls in flight and those close() cancelled: touched on the portal's loop only.
         self._calls: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[Any]] = set()
+        self._closing_lock = threading.Lock()
 
     @classmethod
     @contextlib.contextmanager
@@ -166,18 +169,29 @@ class JobSchedulerService:
         still there to record their outcome: a ``run_exclusive`` among them sees its lease lost
         (``is_held`` turns ``False``), waits for its function to return, records ``FAIL`` and
         raises :class:`~sdcore.runtime.RuntimeStateError` in its thread (never a success).
-        ``close`` returns once they have. A second ``close`` does nothing.
+        ``close`` returns once they have. A second ``close`` waits for the first, then does
+        nothing.
+
+        Raises:
+            RuntimeStateError: Called from inside a ``run_exclusive`` function (it would wait
+                for that function).
         """
-        if self._closed:
-            return
-        self._closed = True
-        owned, portal = self._owned, self._portal
-        try:
-            portal.call(self._cancel_calls)
-            portal.call(self._service.close if owned is None else owned.aclose)
-        finally:
-            if owned is not None:
-                portal.stop()
+        if PLAIN_CALLS.get() is not None:
+            raise RuntimeStateError(
+                "close() from inside run_exclusive's function would wait for that function: "
+                "close the service after run_exclusive returns"
+            )
+        with self._closing_lock:  # a second close() returns once the first one is done
+            if self._closed:
+                return
+            self._closed = True
+            owned, portal = self._owned, self._portal
+            try:
+                portal.call(self._cancel_calls)
+                portal.call(self._service.close if owned is None else owned.aclose)
+            finally:
+                if owned is not None:
+                    portal.stop()
 
     async def _tracked(
         self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
