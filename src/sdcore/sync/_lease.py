@@ -18,17 +18,16 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, NoReturn, ParamSpec, Self, TypeVar, overload
 
 import psycopg
 from psycopg.rows import dict_row
 
 from sdcore._internal.legacy import fold_moved
-from sdcore._internal.threads import PLAIN_CALLS
 from sdcore.job_scheduler import JobSchedulerService as AsyncJobSchedulerService
 from sdcore.job_scheduler._admin import (
     FINISHED,
@@ -94,6 +93,8 @@ class JobSchedulerService:
         self._calls: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[Any]] = set()
         self._closing_lock = threading.Lock()
+        # Each key is written by its own thread only.
+        self._inside: dict[int, int] = {}
 
     @classmethod
     @contextlib.contextmanager
@@ -176,7 +177,7 @@ class JobSchedulerService:
             RuntimeStateError: Called from inside a ``run_exclusive`` function (it would wait
                 for that function).
         """
-        if PLAIN_CALLS.get() is not None:
+        if threading.get_ident() in self._inside:
             raise RuntimeStateError(
                 "close() from inside run_exclusive's function would wait for that function: "
                 "close the service after run_exclusive returns"
@@ -387,11 +388,27 @@ class JobSchedulerService:
         query, params = self._service.complete_in_statement(lease, data)
         return conn.execute(query, params).rowcount == 1
 
+    # An async function is refused at run time (TypeError); the first overload makes a type
+    # checker see it too: the call never returns, so the code after it is reported unreachable.
+    @overload
+    def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], Awaitable[Any]],
+    ) -> NoReturn: ...
+
+    @overload
     def run_exclusive(
         self,
         options: JobAcquireOptions | Mapping[str, Any],
         fn: Callable[[JobExecutionLease], T],
-    ) -> RunExclusiveResult[T]:
+    ) -> RunExclusiveResult[T]: ...
+
+    def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], Any],
+    ) -> RunExclusiveResult[Any]:
         """Run the plain function ``fn`` in this thread only if this replica wins the lease.
 
         The async ``run_exclusive``, with ``fn(lease)`` called in the calling thread (its
@@ -431,9 +448,19 @@ class JobSchedulerService:
                 "functions; await sdcore.job_scheduler.JobSchedulerService.run_exclusive in "
                 "async code"
             )
-        return self._portal.call_here(
-            self._tracked, self._service.run_exclusive, options, _Plain(fn)
-        )
+        thread = threading.get_ident()
+        # Threads inside one of this service's functions (nested runs counted): close() there
+        # would wait for the function that called it.
+        self._inside[thread] = self._inside.get(thread, 0) + 1
+        try:
+            return self._portal.call_here(
+                self._tracked, self._service.run_exclusive, options, _Plain(fn)
+            )
+        finally:
+            if self._inside[thread] == 1:
+                del self._inside[thread]
+            else:
+                self._inside[thread] -= 1
 
     def _check_open(self) -> None:
         if self._closed:
