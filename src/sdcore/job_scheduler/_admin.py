@@ -1,7 +1,9 @@
 """``LeaseAdmin``: the operator's operations on a lease table (list, release, prune).
 
 The CLI calls these and holds no SQL of its own, so what "release" or "prune" means is defined
-once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``.
+once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``;
+:class:`LeaseStatements` builds and validates each operation once, and :class:`LeaseAdmin` (on an
+async connection) and ``sdcore.sync.LeaseAdmin`` (on a blocking one) only execute it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Each object with connections runs its async twin on an event loop of its own, on
 own (:mod:`sdcore.sync._portal`); the names, arguments, results and errors are the async API's.
 """
 
-from sdcore.sync._lease import JobSchedulerService, LeaseAdmin
+from sdcore.sync._lease import JobSchedulerService
+from sdcore.sync._lease_admin import LeaseAdmin
 
 __all__ = ["JobSchedulerService", "LeaseAdmin"]
