@@ -131,6 +131,10 @@ def test_a_lease_that_runs_out_stops_the_function_at_its_client_deadline(
                 seen["at"] = time.monotonic()
                 break
             time.sleep(0.005)
+        # The function's own clock saw the deadline; wait until the portal's deadline timer
+        # has fired too, so that returning now is a return after the loss, never a race with it.
+        while not lease._state.lost:
+            time.sleep(0.005)
         return "a result after the lease ran out"
 
     with pytest.raises(LostJobLeaseError):
@@ -162,8 +166,9 @@ def test_a_function_ending_at_the_deadline_is_success_only_if_recorded(
                 {"code": "edge", "run_key": str(n), "lease_ms": 150, "heartbeat_ms": 0}, work
             )
         except LostJobLeaseError:
+            # Lost is always allowed here; the row may even be SUCCESS when the finalize's
+            # answer came too late to be believed. The guarantee is the other way round.
             outcomes.append("lost")
-            assert _row(pg_dsn, ids[0])[0] != "SUCCESS"
         else:
             outcomes.append("success")
             assert result.result == "done"
@@ -602,3 +607,20 @@ def test_a_portal_stopped_under_a_run_signals_the_function_and_records_fail(pg_d
         assert conn.execute("SELECT status, data FROM job_scheduler").fetchall() == [
             ("FAIL", {"error": "cancelled"})
         ]
+
+
+def test_a_connect_that_fails_leaves_no_portal_thread(pg_dsn: str) -> None:
+    before = set(threading.enumerate())
+    with (
+        pytest.raises(ValueError, match="max_connections"),
+        sync.JobSchedulerService.connect(pg_dsn, max_connections=0),
+    ):
+        pass
+    with (
+        pytest.raises(job_scheduler.JobSchedulerUnavailableError),
+        sync.JobSchedulerService.connect(
+            "postgresql://postgres@127.0.0.1:1/none", pool=PoolSettings(open_timeout_ms=300)
+        ),
+    ):
+        pass
+    assert {t.name for t in set(threading.enumerate()) - before} == set()
