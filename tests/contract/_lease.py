@@ -2,22 +2,49 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from sdcore import sync
 from sdcore.job_scheduler import (
+    AttemptAcquireResult,
+    AttemptBudget,
     BaseJobScheduler,
     JobAcquired,
     JobAcquireOptions,
+    JobAcquireResult,
+    JobExecutionLease,
+    JobLease,
     JobSchedulerService,
+    JobSchedulerStatus,
+    RunExclusiveResult,
+    TickRecord,
 )
+from sdcore.job_scheduler._base import RELEASED_DATA
 from sdcore.testing import FakeClock, MemoryJobScheduler
 from tests.integration.test_migrations import DDL_0_1_0, LEGACY_CODE, SEED_0_1_0
 
-BACKENDS = ["memory", "postgres", "postgres-upgraded-from-0.1.0"]
+BACKENDS = ["memory", "postgres", "postgres-upgraded-from-0.1.0", "postgres-sync"]
+
+# Contract tests that do not apply to the blocking facade, with the reason; the behaviour each
+# stands for is checked for sync code in tests/integration/test_sync_lease.py.
+NOT_FOR_SYNC = {
+    "test_run_exclusive_awaits_an_awaitable_returned_by_a_plain_callable": (
+        "the blocking run_exclusive refuses an awaitable result"
+    ),
+    "test_cancellation_marks_fail_and_propagates": "a blocking call has no asyncio cancellation",
+    "test_cancelling_a_thread_run_waits_for_the_thread_and_signals_it": (
+        "a blocking call has no asyncio cancellation (KeyboardInterrupt is its interrupt)"
+    ),
+    "test_loss_seen_by_the_heartbeat_cancels_an_async_function": (
+        "no async function runs under the blocking run_exclusive"
+    ),
+}
 
 
 @dataclass
@@ -114,3 +141,88 @@ async def postgres_backend(dsn: str, *, upgraded: bool) -> AsyncIterator[Backend
             top = await cur.fetchone()
             assert top is not None
             yield Backend("postgres", service, age, read, count, base=int(top[0]))
+
+
+class SyncFacade(BaseJobScheduler):
+    """The blocking ``sdcore.sync.JobSchedulerService`` seen through the async port.
+
+    Each call runs the blocking method in a worker thread (a blocking call from the test's
+    loop is refused). An ``async`` function given to ``run_exclusive`` becomes a plain one that
+    runs it on the test's loop and blocks until it ends: the facade runs plain functions only.
+    """
+
+    def __init__(self, jobs: sync.JobSchedulerService) -> None:
+        super().__init__()
+        self.jobs = jobs
+
+    async def acquire(self, options: JobAcquireOptions | Mapping[str, Any]) -> JobAcquireResult:
+        return await asyncio.to_thread(self.jobs.acquire, options)
+
+    async def acquire_many(
+        self, options: Sequence[JobAcquireOptions | Mapping[str, Any]]
+    ) -> list[JobAcquireResult]:
+        return await asyncio.to_thread(self.jobs.acquire_many, options)
+
+    async def heartbeat(self, lease: JobLease) -> bool:
+        return await asyncio.to_thread(self.jobs.heartbeat, lease)
+
+    async def complete(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        return await asyncio.to_thread(self.jobs.complete, lease, data)
+
+    async def fail(self, lease: JobLease, data: Mapping[str, Any] | None = None) -> bool:
+        return await asyncio.to_thread(self.jobs.fail, lease, data)
+
+    async def release(
+        self, lease: JobLease, data: Mapping[str, Any] | None = RELEASED_DATA
+    ) -> bool:
+        return await asyncio.to_thread(self.jobs.release, lease, data)
+
+    async def give_back(self, lease: JobLease, reason: str) -> bool:
+        return await asyncio.to_thread(self.jobs.give_back, lease, reason)
+
+    async def statuses(self, lock_keys: Sequence[str]) -> dict[str, JobSchedulerStatus]:
+        return await asyncio.to_thread(self.jobs.statuses, lock_keys)
+
+    async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
+        return await asyncio.to_thread(self.jobs.status_of, lease)
+
+    async def run_exclusive(
+        self,
+        options: JobAcquireOptions | Mapping[str, Any],
+        fn: Callable[[JobExecutionLease], Any],
+    ) -> RunExclusiveResult[Any]:
+        if inspect.iscoroutinefunction(fn):
+            loop, work = asyncio.get_running_loop(), fn
+
+            def fn(lease: JobExecutionLease) -> Any:
+                return asyncio.run_coroutine_threadsafe(work(lease), loop).result()
+
+        return await asyncio.to_thread(self.jobs.run_exclusive, options, fn)
+
+    # The tick operations are the scheduler's, not the facade's: the tests that set up rows
+    # with them reach the async service on the facade's portal.
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> AttemptAcquireResult:
+        inner = self.jobs._service
+        return await asyncio.to_thread(
+            self.jobs.portal.call, inner.acquire_attempt, options, budget
+        )
+
+    async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+        inner = self.jobs._service
+        return await asyncio.to_thread(self.jobs.portal.call, inner.tick_records, lock_keys)
+
+
+async def sync_backend(dsn: str) -> AsyncIterator[Backend]:
+    """The PostgreSQL backend driven through ``sdcore.sync.JobSchedulerService``."""
+    connected = sync.JobSchedulerService.connect(dsn)
+    jobs = await asyncio.to_thread(connected.__enter__)
+    try:
+        await asyncio.to_thread(jobs.ensure_schema)
+        async for value in postgres_backend(dsn, upgraded=False):
+            value.name = "postgres-sync"
+            value.service = SyncFacade(jobs)
+            yield value
+    finally:
+        await asyncio.to_thread(connected.__exit__, None, None, None)

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract._lease import BACKENDS, Backend, memory_backend, postgres_backend
+from tests.contract._lease import (
+    BACKENDS,
+    NOT_FOR_SYNC,
+    Backend,
+    memory_backend,
+    postgres_backend,
+    sync_backend,
+)
 from tests.contract._outbox import STORES, StoreBackend, memory_store, postgres_store
 from tests.contract._schedules import (
     SCHEDULE_STORES,
@@ -31,7 +38,17 @@ IMPLEMENTATION_FIXTURES = ("backend", "store", "schedules")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each contract test ``memory`` or ``postgres`` by the implementation it runs on."""
-    del config
+    sync_only = [
+        item
+        for item in items
+        if item.path.is_relative_to(HERE)
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("backend") == "postgres-sync"  # type: ignore[attr-defined]
+        and getattr(item, "originalname", item.name) in NOT_FOR_SYNC
+    ]
+    if sync_only:
+        config.hook.pytest_deselected(items=sync_only)
+        items[:] = [item for item in items if item not in sync_only]
     for item in items:
         if not item.path.is_relative_to(HERE):
             continue
@@ -56,6 +73,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     """Each implementation of the lease port in turn (the database ones need ``pg_dsn``)."""
     if request.param == "memory":
         yield await memory_backend()
+        return
+    if request.param == "postgres-sync":
+        async for value in sync_backend(request.getfixturevalue("schema_dsn")):
+            yield value
         return
     # The upgrade starts from the 0.1.0 tables in an empty database; the plain one starts from
     # the current schema, copied from this run's template.

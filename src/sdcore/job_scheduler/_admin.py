@@ -1,18 +1,21 @@
 """``LeaseAdmin``: the operator's operations on a lease table (list, release, prune).
 
 The CLI calls these and holds no SQL of its own, so what "release" or "prune" means is defined
-once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``.
+once, next to the lease. The statements are in ``sdcore/postgres/sql/admin.sql``;
+:class:`LeaseStatements` builds and validates each operation once, and :class:`LeaseAdmin` (on an
+async connection) and ``sdcore.sync.LeaseAdmin`` (on a blocking one) only execute it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from sdcore._internal.errors import FieldError
@@ -110,6 +113,159 @@ class PruneReport:
     dry_run: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement of an admin operation, and what its answer is: the first row (a tuple,
+    or ``None``), or every row as a dict when ``every_row``."""
+
+    query: str | sql.Composed
+    params: Mapping[str, Any]
+    every_row: bool = False
+
+
+R = TypeVar("R")
+# An admin operation: yields statements, is sent their answers, returns its result.
+Plan = Generator[Statement, Any, R]
+
+
+class LeaseStatements:
+    """The operator operations on one lease table as statements, without a connection.
+
+    Each operation is a generator: it validates its arguments before yielding its first
+    :class:`Statement`, is sent each statement's answer, and returns the operation's result.
+    :class:`LeaseAdmin` runs them on an async connection and ``sdcore.sync.LeaseAdmin`` on a
+    blocking one, so the SQL, the validation and the results are defined once.
+
+    Args:
+        table: The lease table.
+        schema: Its schema; ``None`` means the connection's ``search_path``.
+
+    Raises:
+        InvalidIdentifierError: A bad table or schema name.
+    """
+
+    def __init__(self, *, table: str = "job_scheduler", schema: str | None = None) -> None:
+        self.table = check_identifier("table", table)
+        self.schema = None if schema is None else check_identifier("schema", schema)
+        self._identifier = qualified(self.table, self.schema)
+        self._sql = queries("admin")
+
+    @property
+    def shown(self) -> str:
+        """The quoted table name, for messages."""
+        return self._identifier.as_string(None)
+
+    def errors(self) -> DriverErrors:
+        """A context manager that turns driver errors into the job scheduler's error tree."""
+        return DriverErrors(self.shown)
+
+    def list_runs(
+        self, code: str | None, status: JobSchedulerStatus | str | None, limit: int
+    ) -> Plan[list[LeaseRecord]]:
+        """:meth:`LeaseAdmin.list_runs`: one statement, every row as a dict."""
+        _check_int("limit", limit, 1, MAX_LIST_LIMIT)
+        if code is not None and (not isinstance(code, str) or "\x00" in code):
+            raise InvalidAdminRequestError("code", "must be a str without NUL")
+        shown_status = None if status is None else _status("status", status).value
+        conditions = [
+            text
+            for text, value in (("j.code = %(code)s", code), ("j.status = %(status)s", status))
+            if value is not None
+        ]
+        query = render(
+            self._sql["list_runs"], self._identifier, conditions=" AND ".join(conditions) or "TRUE"
+        )
+        params = {"code": code, "status": shown_status, "limit": limit}
+        rows = yield Statement(query, params, every_row=True)
+        return [LeaseRecord(**row) for row in rows]
+
+    def release(self, job_id: str, reason: str | None) -> Plan[ReleasedRun]:
+        """:meth:`LeaseAdmin.release`: the release, then (if it matched nothing) a status read."""
+        if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
+            raise InvalidAdminRequestError("job id", "must be a UUID like 0b5f…-…")
+        if reason is not None and (
+            not isinstance(reason, str) or "\x00" in reason or len(reason) > MAX_REASON_LENGTH
+        ):
+            raise InvalidAdminRequestError(
+                "reason", f"must be a str without NUL, at most {MAX_REASON_LENGTH} characters"
+            )
+        params = {"id": job_id, "reason": reason}
+        released = yield Statement(render(self._sql["release"], self._identifier), params)
+        if released is not None:
+            code, type_, run_key, fencing = released
+            return ReleasedRun(
+                id=job_id.lower(), code=code, type=type_, run_key=run_key, fencing_token=fencing
+            )
+        current = yield Statement(render(self._sql["status_of"], self._identifier), params)
+        if current is None:
+            raise JobNotFoundError(job_id, self.shown)
+        raise JobNotRunningError(job_id, current[0])
+
+    def prune(
+        self,
+        *,
+        older_than: timedelta,
+        statuses: Sequence[JobSchedulerStatus | str],
+        batch_size: int,
+        include_initial: bool,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+    ) -> Plan[PruneReport]:
+        """:meth:`LeaseAdmin.prune`: the cutoff, the count, then one statement per batch."""
+        positive_timedelta("older_than", older_than, at_most=MAX_AGE, error=_refused)
+        _check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        if isinstance(statuses, str) or not statuses:
+            raise InvalidAdminRequestError("statuses", "must be a non-empty sequence")
+        chosen = tuple(dict.fromkeys(_status("statuses", s).value for s in statuses))
+        if JobSchedulerStatus.RUNNING.value in chosen:
+            raise InvalidAdminRequestError("statuses", "RUNNING rows are never pruned")
+        params: dict[str, Any] = {
+            "older_than": older_than,
+            "include_initial": bool(include_initial),
+            "batch": batch_size,
+        }
+        matching = kept = deleted = batches = 0
+        row = yield Statement(self._sql["prune_cutoff"], params)
+        assert row is not None  # noqa: S101 - a SELECT of one expression returns a row
+        cutoff: datetime = row[0]
+        params["cutoff"] = cutoff
+        count_sql = render(self._sql["prune_count"], self._identifier)
+        batch_sql = render(self._sql["prune_batch"], self._identifier)
+        params["statuses"] = list(chosen)
+        counts = yield Statement(count_sql, params)
+        if counts is not None:
+            matching, kept = counts
+        params["after"] = _BEGINNING
+        while not dry_run:
+            done = yield Statement(batch_sql, params)
+            count, last = (0, None) if done is None else done
+            batches += 1
+            deleted += count
+            if progress is not None and count:
+                progress(deleted)
+            if count < batch_size or last is None:
+                break
+            params["after"] = last
+        return PruneReport(
+            cutoff=cutoff,
+            statuses=chosen,
+            matching=matching,
+            deleted=deleted,
+            kept_initial=kept,
+            batches=batches,
+            dry_run=bool(dry_run),
+        )
+
+    def has_schedule_runs(self, code: str) -> Plan[bool]:
+        """:meth:`LeaseAdmin.has_schedule_runs`: one statement."""
+        if not isinstance(code, str) or "\x00" in code:
+            raise InvalidAdminRequestError("code", "must be a str without NUL")
+        row = yield Statement(
+            render(self._sql["has_schedule_runs"], self._identifier), {"code": code}
+        )
+        return bool(row and row[0])
+
+
 class LeaseAdmin:
     """Operator operations on one lease table, over a connection the caller owns.
 
@@ -124,15 +280,14 @@ class LeaseAdmin:
     """
 
     def __init__(self, *, table: str = "job_scheduler", schema: str | None = None) -> None:
-        self.table = check_identifier("table", table)
-        self.schema = None if schema is None else check_identifier("schema", schema)
-        self._identifier = qualified(self.table, self.schema)
-        self._sql = queries("admin")
+        self.statements = LeaseStatements(table=table, schema=schema)
+        self.table = self.statements.table
+        self.schema = self.statements.schema
 
     @property
     def shown(self) -> str:
         """The quoted table name, for messages."""
-        return self._identifier.as_string(None)
+        return self.statements.shown
 
     async def list_runs(
         self,
@@ -153,23 +308,7 @@ class LeaseAdmin:
         Raises:
             InvalidAdminRequestError: A bad filter or limit.
         """
-        _check_int("limit", limit, 1, MAX_LIST_LIMIT)
-        if code is not None and (not isinstance(code, str) or "\x00" in code):
-            raise InvalidAdminRequestError("code", "must be a str without NUL")
-        shown_status = None if status is None else _status("status", status).value
-        conditions = [
-            text
-            for text, value in (("j.code = %(code)s", code), ("j.status = %(status)s", status))
-            if value is not None
-        ]
-        query = render(
-            self._sql["list_runs"], self._identifier, conditions=" AND ".join(conditions) or "TRUE"
-        )
-        params = {"code": code, "status": shown_status, "limit": limit}
-        async with self._errors(), conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            rows = await cur.fetchall()
-        return [LeaseRecord(**row) for row in rows]
+        return await self._run(conn, self.statements.list_runs(code, status, limit))
 
     async def release(
         self, conn: psycopg.AsyncConnection[Any], job_id: str, *, reason: str | None = None
@@ -189,29 +328,7 @@ class LeaseAdmin:
             JobNotFoundError: No such row.
             JobNotRunningError: The row is not RUNNING.
         """
-        if not isinstance(job_id, str) or _UUID.fullmatch(job_id) is None:
-            raise InvalidAdminRequestError("job id", "must be a UUID like 0b5f…-…")
-        if reason is not None and (
-            not isinstance(reason, str) or "\x00" in reason or len(reason) > MAX_REASON_LENGTH
-        ):
-            raise InvalidAdminRequestError(
-                "reason", f"must be a str without NUL, at most {MAX_REASON_LENGTH} characters"
-            )
-        params = {"id": job_id, "reason": reason}
-        async with self._errors():
-            cur = await conn.execute(render(self._sql["release"], self._identifier), params)
-            released = await cur.fetchone()
-            if released is None:
-                cur = await conn.execute(render(self._sql["status_of"], self._identifier), params)
-                current = await cur.fetchone()
-        if released is not None:
-            code, type_, run_key, fencing = released
-            return ReleasedRun(
-                id=job_id.lower(), code=code, type=type_, run_key=run_key, fencing_token=fencing
-            )
-        if current is None:
-            raise JobNotFoundError(job_id, self.shown)
-        raise JobNotRunningError(job_id, current[0])
+        return await self._run(conn, self.statements.release(job_id, reason))
 
     async def prune(
         self,
@@ -245,56 +362,15 @@ class LeaseAdmin:
         Raises:
             InvalidAdminRequestError: A bad age, status or batch size.
         """
-        positive_timedelta("older_than", older_than, at_most=MAX_AGE, error=_refused)
-        _check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
-        if isinstance(statuses, str) or not statuses:
-            raise InvalidAdminRequestError("statuses", "must be a non-empty sequence")
-        chosen = tuple(dict.fromkeys(_status("statuses", s).value for s in statuses))
-        if JobSchedulerStatus.RUNNING.value in chosen:
-            raise InvalidAdminRequestError("statuses", "RUNNING rows are never pruned")
-        params: dict[str, Any] = {
-            "older_than": older_than,
-            "include_initial": bool(include_initial),
-            "batch": batch_size,
-        }
-        matching = kept = deleted = batches = 0
-        async with self._errors():
-            cur = await conn.execute(self._sql["prune_cutoff"], params)
-            row = await cur.fetchone()
-            assert row is not None  # noqa: S101 - a SELECT of one expression returns a row
-            cutoff: datetime = row[0]
-            params["cutoff"] = cutoff
-            count_sql = render(self._sql["prune_count"], self._identifier)
-            batch_sql = render(self._sql["prune_batch"], self._identifier)
-            params["statuses"] = list(chosen)
-            cur = await conn.execute(count_sql, params)
-            counts = await cur.fetchone()
-            if counts is not None:
-                matching, kept = counts
-            params["after"] = _BEGINNING
-            while not dry_run:
-                cur = await conn.execute(batch_sql, params)
-                done = await cur.fetchone()
-                count, last = (0, None) if done is None else done
-                batches += 1
-                deleted += count
-                if progress is not None and count:
-                    progress(deleted)
-                if count < batch_size or last is None:
-                    break
-                params["after"] = last
-        return PruneReport(
-            cutoff=cutoff,
-            statuses=chosen,
-            matching=matching,
-            deleted=deleted,
-            kept_initial=kept,
-            batches=batches,
-            dry_run=bool(dry_run),
+        plan = self.statements.prune(
+            older_than=older_than,
+            statuses=statuses,
+            batch_size=batch_size,
+            include_initial=include_initial,
+            dry_run=dry_run,
+            progress=progress,
         )
-
-    def _errors(self) -> _DriverErrors:
-        return _DriverErrors(self.shown)
+        return await self._run(conn, plan)
 
     async def has_schedule_runs(self, conn: psycopg.AsyncConnection[Any], code: str) -> bool:
         """Whether the table holds any run of the schedule ``code`` (``type = 'SCHEDULE'``).
@@ -305,25 +381,39 @@ class LeaseAdmin:
         Raises:
             InvalidAdminRequestError: ``code`` is not a str without NUL.
         """
-        if not isinstance(code, str) or "\x00" in code:
-            raise InvalidAdminRequestError("code", "must be a str without NUL")
-        query = render(self._sql["has_schedule_runs"], self._identifier)
-        async with self._errors():
-            cur = await conn.execute(query, {"code": code})
-            row = await cur.fetchone()
-        return bool(row and row[0])
+        return await self._run(conn, self.statements.has_schedule_runs(code))
+
+    async def _run(self, conn: psycopg.AsyncConnection[Any], plan: Plan[R]) -> R:
+        """Drive ``plan`` on ``conn``: each statement's answer is sent back into it."""
+        answer: Any = None
+        with self.statements.errors():
+            try:
+                while True:
+                    step = plan.send(answer)
+                    if step.every_row:
+                        async with conn.cursor(row_factory=dict_row) as cur:
+                            await cur.execute(step.query, step.params)
+                            answer = await cur.fetchall()
+                    else:
+                        cur = await conn.execute(step.query, step.params)
+                        answer = await cur.fetchone()
+            except StopIteration as done:
+                result: R = done.value
+                return result
+            finally:
+                plan.close()
 
 
-class _DriverErrors:
+class DriverErrors:
     """Turn a driver error into the job scheduler's error tree (``raise … from exc``)."""
 
     def __init__(self, shown: str) -> None:
         self._shown = shown
 
-    async def __aenter__(self) -> None:
+    def __enter__(self) -> None:
         return None
 
-    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if not isinstance(exc, psycopg.Error):
             return
         from sdcore.postgres import redact_text
@@ -357,11 +447,15 @@ def _status(field: str, value: object) -> JobSchedulerStatus:
 
 __all__ = [
     "FINISHED",
+    "DriverErrors",
     "InvalidAdminRequestError",
     "JobNotFoundError",
     "JobNotRunningError",
     "LeaseAdmin",
     "LeaseRecord",
+    "LeaseStatements",
+    "Plan",
     "PruneReport",
     "ReleasedRun",
+    "Statement",
 ]

@@ -423,10 +423,26 @@ class JobSchedulerService(BaseJobScheduler):
             JsonTypeError: ``data`` is not JSON, before any SQL.
             JsonValueError: ``data`` cannot be stored in jsonb, before any SQL.
         """
+        cur = await conn.execute(*self.complete_in_statement(lease, data))
+        return cur.rowcount == 1
+
+    def complete_in_statement(
+        self, lease: JobLease, data: Mapping[str, Any] | None = None
+    ) -> tuple[bytes, Params]:
+        """Return the statement and parameters :meth:`complete_in` sends, for a caller that
+        runs them on a connection of another kind (``sdcore.sync`` on a blocking one).
+
+        The statement matches nothing unless the row is ``RUNNING`` with the lease's owner
+        token, so its rowcount (1 or 0) is the whole answer.
+
+        Raises:
+            JsonTypeError: ``data`` is not JSON.
+            JsonValueError: ``data`` cannot be stored in jsonb.
+            ValueError: ``lease`` is malformed.
+        """
         job_id, token = _check_lease(lease)
         params = (JobSchedulerStatus.SUCCESS.value, dump_json_object(data), job_id, token)
-        cur = await conn.execute(self._engine.sql.finalize, params)
-        return cur.rowcount == 1
+        return self._engine.sql.finalize, params
 
     async def status_of(self, lease: JobLease) -> JobSchedulerStatus | None:
         """Return the run's status if the row still carries this lease's token, else ``None``.

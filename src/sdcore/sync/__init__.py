@@ -5,6 +5,8 @@ own (:mod:`sdcore.sync._portal`); the names, arguments, results and errors are t
 """
 
 from sdcore.sync._admin import OutboxAdmin, ScheduleAdmin
+from sdcore.sync._lease import JobSchedulerService
+from sdcore.sync._lease_admin import LeaseAdmin
 from sdcore.sync._outbox import Outbox
 
-__all__ = ["Outbox", "OutboxAdmin", "ScheduleAdmin"]
+__all__ = ["JobSchedulerService", "LeaseAdmin", "Outbox", "OutboxAdmin", "ScheduleAdmin"]
