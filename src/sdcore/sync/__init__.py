@@ -4,4 +4,6 @@ Each object with connections runs its async twin on an event loop of its own, on
 own (:mod:`sdcore.sync._portal`); the names, arguments, results and errors are the async API's.
 """
 
-__all__: list[str] = []
+from sdcore.sync._runtime import Runtime
+
+__all__ = ["Runtime"]

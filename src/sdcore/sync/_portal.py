@@ -127,7 +127,9 @@ class Portal:
     Args:
         name: The thread's name (shown in thread dumps and ``py-spy``).
         handler_threads: Size of the loop's default executor, where plain functions of the
-            async core run (scheduler handlers); ``None`` keeps asyncio's default.
+            async core run (scheduler handlers); ``None`` keeps asyncio's default. Stopping
+            the portal does not wait for a plain function still running in that executor
+            (with ``None``, it does, as ``asyncio.run`` does).
     """
 
     def __init__(self, *, name: str, handler_threads: int | None = None) -> None:
@@ -297,12 +299,12 @@ class Portal:
 
     def _main(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
+        handlers: concurrent.futures.ThreadPoolExecutor | None = None
         if self.handler_threads is not None:
-            loop.set_default_executor(
-                concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.handler_threads, thread_name_prefix=f"{self.name}-handler"
-                )
+            handlers = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.handler_threads, thread_name_prefix=f"{self.name}-handler"
             )
+            loop.set_default_executor(handlers)
         asyncio.set_event_loop(loop)
         self._loop = loop
         ready.set()
@@ -316,7 +318,13 @@ class Portal:
                 if tasks:
                     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
+                if handlers is None:
+                    loop.run_until_complete(loop.shutdown_default_executor())
+                else:
+                    # The owner's stop gave plain functions their grace period already (and
+                    # waits itself for those holding a lease): one still running is not waited
+                    # for here; its thread ends when the function returns.
+                    handlers.shutdown(wait=False, cancel_futures=True)
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
