@@ -167,6 +167,7 @@ class Portal:
                 self._pid = os.getpid()
             if self._thread is not None and self._thread.is_alive():
                 return
+            self._pid = os.getpid()  # built before a fork, started after: this process's
             ready = threading.Event()
             thread = threading.Thread(target=self._main, args=(ready,), name=self.name, daemon=True)
             thread.start()
