@@ -257,7 +257,7 @@ class Portal:
     def _spawn(call: _Call, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
         if call.cancelled:
             coro.close()
-            call.future.cancel()
+            _cancelled(call.future)
             return
         task = asyncio.get_running_loop().create_task(coro, context=context)
         call.task = task
@@ -334,10 +334,18 @@ class Portal:
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
     """Copy a finished task's outcome to the future its caller waits on."""
     if task.cancelled():
-        future.cancel()
+        _cancelled(future)
         return
     exc = task.exception()
     if exc is not None:
         future.set_exception(exc)
     else:
         future.set_result(task.result())
+
+
+def _cancelled(future: concurrent.futures.Future[Any]) -> None:
+    """Cancel ``future`` and wake its waiters: ``Future.cancel()`` alone wakes
+    ``concurrent.futures.wait`` only through the executor's ``set_running_or_notify_cancel()``,
+    which no executor calls here."""
+    future.cancel()
+    future.set_running_or_notify_cancel()
