@@ -276,3 +276,57 @@ def test_a_runtime_built_before_fork_starts_in_the_child(schema_dsn: str) -> Non
     assert proc.returncode == 0, err
     assert "child started: True" in out
     assert "child status 0" in out
+
+
+def test_a_plain_handler_past_the_grace_period(schema_dsn: str, no_thread_left: None) -> None:
+    runtime = build(schema_dsn, handler_threads=2)
+    entered = {"exclusive": threading.Event(), "plain": threading.Event()}
+    saw_lost = threading.Event()
+    release = threading.Event()
+
+    @runtime.scheduler.timeout(0, name="plain")
+    def plain(tick: Tick) -> None:
+        entered["plain"].set()
+        release.wait(30)
+
+    @runtime.scheduler.initial(name="exclusive")
+    def exclusive(tick: Tick) -> None:
+        assert tick.lease is not None
+        entered["exclusive"].set()
+        while tick.lease.is_held:  # told through the lease: a thread cannot be cancelled
+            time.sleep(0.02)
+        saw_lost.set()
+
+    runtime.start()
+    assert entered["plain"].wait(20)
+    assert entered["exclusive"].wait(20)
+    runtime.stop()
+    # stop() waited for the exclusive function (its row is not handed over while it works)
+    # and not for the non-exclusive one, which still runs.
+    assert saw_lost.is_set()
+    assert not release.is_set()
+    assert any(t.name.startswith("sdcore-runtime-handler") for t in threading.enumerate())
+    release.set()
+
+
+def test_a_call_under_a_stop_returns(schema_dsn: str, no_thread_left: None) -> None:
+    runtime = build(schema_dsn)
+    outcomes: list[str] = []
+    runtime.start()
+
+    def probe() -> None:
+        while True:
+            try:
+                runtime.health()
+            except RuntimeStateError as exc:
+                outcomes.append(str(exc))
+                return
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    time.sleep(0.3)
+    runtime.stop()
+    prober.join(10)
+    assert not prober.is_alive()
+    assert outcomes
+    assert "not started" in outcomes[0] or "stopped while the call ran" in outcomes[0]
