@@ -8,5 +8,6 @@ from sdcore.sync._admin import OutboxAdmin, ScheduleAdmin
 from sdcore.sync._lease import JobSchedulerService
 from sdcore.sync._lease_admin import LeaseAdmin
 from sdcore.sync._outbox import Outbox
+from sdcore.sync._runtime import Runtime
 
-__all__ = ["JobSchedulerService", "LeaseAdmin", "Outbox", "OutboxAdmin", "ScheduleAdmin"]
+__all__ = ["JobSchedulerService", "LeaseAdmin", "Outbox", "OutboxAdmin", "Runtime", "ScheduleAdmin"]

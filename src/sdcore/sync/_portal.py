@@ -127,7 +127,9 @@ class Portal:
     Args:
         name: The thread's name (shown in thread dumps and ``py-spy``).
         handler_threads: Size of the loop's default executor, where plain functions of the
-            async core run (scheduler handlers); ``None`` keeps asyncio's default.
+            async core run (scheduler handlers); ``None`` keeps asyncio's default. Stopping
+            the portal does not wait for a plain function still running in that executor
+            (with ``None``, it does, as ``asyncio.run`` does).
     """
 
     def __init__(self, *, name: str, handler_threads: int | None = None) -> None:
@@ -165,6 +167,7 @@ class Portal:
                 self._pid = os.getpid()
             if self._thread is not None and self._thread.is_alive():
                 return
+            self._pid = os.getpid()  # built before a fork, started after: this process's
             ready = threading.Event()
             thread = threading.Thread(target=self._main, args=(ready,), name=self.name, daemon=True)
             thread.start()
@@ -254,7 +257,7 @@ class Portal:
     def _spawn(call: _Call, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
         if call.cancelled:
             coro.close()
-            call.future.cancel()
+            _cancelled(call.future)
             return
         task = asyncio.get_running_loop().create_task(coro, context=context)
         call.task = task
@@ -297,12 +300,12 @@ class Portal:
 
     def _main(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
+        handlers: concurrent.futures.ThreadPoolExecutor | None = None
         if self.handler_threads is not None:
-            loop.set_default_executor(
-                concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.handler_threads, thread_name_prefix=f"{self.name}-handler"
-                )
+            handlers = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.handler_threads, thread_name_prefix=f"{self.name}-handler"
             )
+            loop.set_default_executor(handlers)
         asyncio.set_event_loop(loop)
         self._loop = loop
         ready.set()
@@ -316,7 +319,13 @@ class Portal:
                 if tasks:
                     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
+                if handlers is None:
+                    loop.run_until_complete(loop.shutdown_default_executor())
+                else:
+                    # The owner's stop gave plain functions their grace period already (and
+                    # waits itself for those holding a lease): one still running is not waited
+                    # for here; its thread ends when the function returns.
+                    handlers.shutdown(wait=False, cancel_futures=True)
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
@@ -325,10 +334,18 @@ class Portal:
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
     """Copy a finished task's outcome to the future its caller waits on."""
     if task.cancelled():
-        future.cancel()
+        _cancelled(future)
         return
     exc = task.exception()
     if exc is not None:
         future.set_exception(exc)
     else:
         future.set_result(task.result())
+
+
+def _cancelled(future: concurrent.futures.Future[Any]) -> None:
+    """Cancel ``future`` and wake its waiters: ``Future.cancel()`` alone wakes
+    ``concurrent.futures.wait`` only through the executor's ``set_running_or_notify_cancel()``,
+    which no executor calls here."""
+    future.cancel()
+    future.set_running_or_notify_cancel()
