@@ -104,14 +104,12 @@ def healthz() -> tuple[dict[str, object], int]:
 @app.post("/signups")
 def signup() -> tuple[dict[str, object], int]:
     """Record a signup and its welcome mail in one transaction: both or neither."""
-    from sdcore.sync import Outbox  # type: ignore[attr-defined]
-
     email = str((request.get_json(silent=True) or {}).get("email", "")).strip().lower()
     if "@" not in email:
         return {"error": "an email address is required"}, 400
     with psycopg.connect(DATABASE_URL) as conn, conn.transaction():
         conn.execute("INSERT INTO signups (email) VALUES (%s) ON CONFLICT DO NOTHING", (email,))
-        Outbox().enqueue_once(
+        runtime.outbox.enqueue_once(
             conn,
             idempotency_key=f"welcome:{email}",
             queue="mail",

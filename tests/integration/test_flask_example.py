@@ -15,8 +15,6 @@ from types import ModuleType
 import psycopg
 import pytest
 
-import sdcore.sync
-
 APP = Path(__file__).resolve().parents[2] / "examples" / "flask_app" / "app.py"
 
 
@@ -67,10 +65,6 @@ def test_readiness_route_and_nightly_report(example: ModuleType, schema_dsn: str
     assert row[1] >= 1
 
 
-@pytest.mark.skipif(
-    not hasattr(sdcore.sync, "Outbox"),
-    reason="sdcore.sync.Outbox (the sync outbox) is not in this tree yet",
-)
 def test_a_signup_writes_its_row_and_outbox_message_together(
     example: ModuleType, schema_dsn: str
 ) -> None:

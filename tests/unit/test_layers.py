@@ -49,11 +49,12 @@ SHARED_PRIVATE = {"_internal", "_json"}  # "exceptions" is public
 # - the scheduler is the one user of the lease's tick helpers (``js_trim``, ``resolve_timing``,
 #   ``MAX_BACKOFF_MS``), which are therefore not public API.
 # - the blocking facade runs the async objects' own statement sequences on a blocking connection
-#   (the outbox's write loop and admin requests, the migration runner): one implementation.
+#   (the lease's finalize and admin plans, the outbox's write loop and admin requests, the
+#   migration runner) and their own validation: one implementation.
 FRIENDS = {
     "testing": {"job_scheduler", "outbox", "scheduling"},
     "scheduling": {"job_scheduler"},
-    "sync": {"outbox", "postgres"},
+    "sync": {"job_scheduler", "outbox", "postgres"},
 }
 # Upward imports allowed for one release, each for a deprecated call only: Outbox.enqueue_once
 # hands a SQLAlchemy session on to sdcore.sqlalchemy.enqueue_once with a DeprecationWarning.

@@ -32,6 +32,8 @@ from sdcore.runtime import Runtime as AsyncRuntime
 from sdcore.runtime import RuntimeStateError
 from sdcore.scheduling import ControlSettings, SchedulingSettings
 from sdcore.sync._exit import PROCESS_EXIT, Terminated
+from sdcore.sync._lease import JobSchedulerService
+from sdcore.sync._outbox import Outbox as SyncOutbox
 from sdcore.sync._portal import Portal
 
 if TYPE_CHECKING:
@@ -103,7 +105,7 @@ class Runtime:
         scheduling: SchedulingSettings | None = SchedulingSettings(),  # noqa: B008
         control: ControlSettings | None = ControlSettings(),  # noqa: B008
         processors: Sequence[Processor] = (),
-        outbox: Outbox | None = None,
+        outbox: Outbox | SyncOutbox | None = None,
         ensure_schema: bool = True,
         lease_table: str = DEFAULT_TABLES["lease"],
         schema: str | None = None,
@@ -117,6 +119,8 @@ class Runtime:
     ) -> None:
         int_between("handler_threads", handler_threads, 1, MAX_HANDLER_THREADS)
         boolean("stop_on_sigterm", stop_on_sigterm)
+        if isinstance(outbox, SyncOutbox):
+            outbox = outbox.outbox
         self.aio = AsyncRuntime(
             database_url,
             redis_url=redis_url,
@@ -138,6 +142,12 @@ class Runtime:
         """The async runtime this one runs; its coroutines are awaited on :attr:`portal` only."""
         self.portal = Portal(name=PORTAL_NAME, handler_threads=handler_threads)
         """The event loop (on a thread of its own) the async runtime runs on."""
+        self.jobs = JobSchedulerService(self.aio.jobs, self.portal)
+        """The lease, blocking, on the runtime's pool (usable between :meth:`start` and
+        :meth:`stop`; :meth:`stop` cancels its calls in flight first, then closes it)."""
+        self.outbox = SyncOutbox.of(self.aio.outbox)
+        """The outbox table, blocking: ``runtime.outbox.enqueue_once(conn, ...)`` on the caller's
+        own connection, in its transaction (no portal call)."""
         self.handler_threads = handler_threads
         self.stop_on_sigterm = stop_on_sigterm
         self._lock = threading.Lock()
@@ -241,6 +251,9 @@ class Runtime:
         try:
             if self.portal.running:
                 try:
+                    # Blocking lease calls of other threads first, while the pool is there to
+                    # record their outcome (each sees its lease lost and records FAIL).
+                    self.jobs.close()
                     self.portal.call(self.aio.stop)
                 finally:
                     self.portal.stop()
