@@ -282,7 +282,14 @@ class Runtime:
         if not self.portal.running:
             self._check_process()
             raise RuntimeStateError("this sdcore.sync.Runtime is not started: start() it first")
-        return self.portal.call(self.aio.health)
+        try:
+            return self.portal.call(self.aio.health)
+        except RuntimeStateError:
+            if self.portal.running:
+                raise  # the caller's fault (its own loop): not a stop racing the call
+            raise RuntimeStateError(
+                "this sdcore.sync.Runtime stopped while the call ran: start() it first"
+            ) from None
 
     def liveness(self) -> ProbeResult:
         """Whether this process should keep running (see :mod:`sdcore.probes`), from any thread;
