@@ -27,7 +27,7 @@ DATABASES = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-SDCORE = {"GRACE_PERIOD_MS": 3_000, "POOL_SIZE": 4}
+SDCORE: dict[str, object] = {"GRACE_PERIOD_MS": 3_000, "POOL_SIZE": 4}
 if os.environ.get("SDCORE_DJANGO_SCHEMA"):
     SDCORE["SCHEMA"] = os.environ["SDCORE_DJANGO_SCHEMA"]
 SDCORE.update(json.loads(os.environ.get("SDCORE_DJANGO_EXTRA", "{}")))

@@ -3,7 +3,7 @@
 from django.db import models
 
 
-class TickRow(models.Model):
+class TickRow(models.Model):  # type: ignore[misc]
     schedule = models.CharField(max_length=100)
     scheduled_at = models.DateTimeField()
     idempotency_key = models.CharField(max_length=200)

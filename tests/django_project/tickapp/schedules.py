@@ -9,9 +9,9 @@ import contextlib
 import os
 
 from django.db import connection, transaction
+from tickapp.models import TickRow  # type: ignore[import-not-found]
 
 from sdcore.django import scheduler
-from tickapp.models import TickRow
 
 TICKS = os.environ.get("SDCORE_DJANGO_TICKS", "")
 

@@ -2,7 +2,7 @@
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):
+class Migration(migrations.Migration):  # type: ignore[misc]
     initial = True
     dependencies: list[tuple[str, str]] = []
     operations = [
