@@ -176,3 +176,58 @@ def test_sigterm_during_start_up_stops_the_worker(empty_dsn: str) -> None:
     # Before the worker's handlers are installed SIGTERM ends the process as Python's default
     # does (nothing is held yet); after, the worker stops in order and exits 0.
     assert worker.returncode in (0, -signal.SIGTERM)
+
+
+RECYCLE = """
+from django.db import connection, transaction
+from sdcore.django._scheduler import with_connections
+from tickapp.models import TickRow
+
+def breaks(tick):
+    transaction.set_autocommit(False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1/0")
+    except Exception:
+        pass
+    raise RuntimeError("broke it")
+
+def counts(tick):
+    return TickRow.objects.count()
+
+wrap = {wrap}
+try:
+    wrap(breaks)(None)
+except RuntimeError:
+    pass
+print("count", wrap(counts)(None))
+"""
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["recycled", "unwrapped"])
+def test_a_handler_that_broke_its_transaction_leaves_a_usable_connection(
+    empty_dsn: str, wrapped: bool
+) -> None:
+    _ok(manage(empty_dsn, "migrate"))
+    code = RECYCLE.format(wrap="with_connections" if wrapped else "lambda f: f")
+    result = manage(empty_dsn, "shell", "-c", code)
+    if wrapped:  # the same thread, the next handler: a fresh connection
+        assert "count 0" in _ok(result)
+    else:  # what the wrapper prevents: the thread's connection is stuck in a failed transaction
+        assert result.returncode != 0
+        assert "current transaction is aborted" in result.stderr
+
+
+def test_a_schema_of_its_own(empty_dsn: str) -> None:
+    env = environment(empty_dsn, SDCORE_DJANGO_SCHEMA="sdcore_app")
+    _ok(manage(empty_dsn, "migrate", env=env))
+    with psycopg.connect(empty_dsn) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'sdcore_app'"
+            " ORDER BY 1"
+        ).fetchall()
+    assert ("job_scheduler",) in tables
+    assert ("outbox",) in tables
+    assert ("sdcore_schedules",) in tables
+    status = _ok(manage(empty_dsn, "sdcore", "db", "status", "--outbox", "--schedules", env=env))
+    assert status.count("up to date") == 3
