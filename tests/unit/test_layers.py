@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "dashboard": 6,
     "sync": 6,
     "cli": 7,
+    "django": 7,  # a Django app over the runtime and the command line
     "demo": 7,
     "__init__": 8,  # ``sdcore`` itself, which re-exports lazily
 }

@@ -24,6 +24,7 @@ import sdcore.testing
 SDCORE = ["Runtime", "SdcoreError", "__version__"]
 CLI = ["main", "run"]
 DASHBOARD = ["DashboardError", "Operator", "dashboard_app"]
+DJANGO = ["DjangoScheduler", "SdcoreSettings", "database_url", "get_runtime", "scheduler"]
 DEMO = [
     "DemoOptions",
     "EmbeddedUnavailableError",
@@ -267,6 +268,7 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.cli": CLI,
     "sdcore.dashboard": DASHBOARD,
     "sdcore.demo": DEMO,
+    "sdcore.django": DJANGO,
     "sdcore.events": EVENTS,
     "sdcore.exceptions": EXCEPTIONS,
     "sdcore.fastapi": FASTAPI,
@@ -284,13 +286,17 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.testing": TESTING,
     "sdcore.tracing": TRACING,
 }
-PUBLIC_NAME_COUNT = 221  # the sum of the lists above
+PUBLIC_NAME_COUNT = 226  # the sum of the lists above
+# Modules Django finds by name in an app (its config, commands and migrations): no Python API.
+DJANGO_CONVENTIONS = ("sdcore.django.apps", "sdcore.django.management", "sdcore.django.migrations")
 
 
 def public_modules() -> list[str]:
     """Every module and package of sdcore with no private part in its dotted path."""
     found = ["sdcore"]
     for info in pkgutil.walk_packages(sdcore.__path__, "sdcore."):
+        if info.name.startswith(DJANGO_CONVENTIONS):
+            continue
         if not any(part.startswith("_") for part in info.name.split(".")[1:]):
             found.append(info.name)
     return sorted(found)

@@ -308,6 +308,7 @@ async def migrate(
     *,
     table: str | None = None,
     schema: str | None = None,
+    through: int | None = None,
 ) -> list[Migration]:
     """Apply the pending migrations of one table, race-safe, and return what this call applied.
 
@@ -316,6 +317,8 @@ async def migrate(
         component: ``"lease"`` or ``"outbox"``.
         table: The table; the component's default name when omitted.
         schema: The schema; ``None`` means the connection's ``search_path``.
+        through: Apply only the migrations up to this version (``None``: all of them). A tool
+            that runs one step at a time (Django's ``migrate``) passes each step's version.
 
     Returns:
         The migrations this call applied, in order (empty when already up to date, or when a
@@ -323,22 +326,30 @@ async def migrate(
 
     Raises:
         InvalidIdentifierError: A bad table or schema name.
+        ValueError: ``through`` names no migration of the component.
         psycopg.Error: The database refused a statement; the failing migration is rolled back
             and the ones before it stay applied.
     """
     name = check_table_name(table if table is not None else DEFAULT_TABLES[component])
     bookkeeping = _bookkeeping(schema)
+    chosen = migrations(component)
+    if through is not None:
+        if isinstance(through, bool) or not isinstance(through, int):
+            raise TypeError(f"through must be an int or None, got {through!r:.40}")
+        if through not in {m.version for m in chosen}:
+            raise ValueError(f"{component} has no migration {through:04d}")
+        chosen = tuple(m for m in chosen if m.version <= through)
     from psycopg import AsyncConnection as _Conn
 
     if isinstance(target, _Conn):
-        return await _migrate(target, component, name, schema, bookkeeping)
+        return await _migrate(target, chosen, name, schema, bookkeeping)
     async with target.connection() as conn:
-        return await _migrate(conn, component, name, schema, bookkeeping)
+        return await _migrate(conn, chosen, name, schema, bookkeeping)
 
 
 async def _migrate(
     conn: AsyncConnection[Any],
-    component: Component,
+    chosen: tuple[Migration, ...],
     table: str,
     schema: str | None,
     bookkeeping: sql.Identifier,
@@ -348,7 +359,8 @@ async def _migrate(
         return await cur.fetchall() if cur.description is not None else []
 
     applied_now: list[Migration] = []
-    for migration in migrations(component):
+    for migration in chosen:
+        component = migration.component
         async with conn.transaction():
             if await run_async(_apply_one(migration, component, table, schema, bookkeeping), run):
                 applied_now.append(migration)

@@ -1,0 +1,15 @@
+"""sdcore in a Django project: ``INSTALLED_APPS += ["sdcore.django"]``.
+
+- ``SDCORE = {...}`` in the settings (:class:`SdcoreSettings`); the database is
+  ``DATABASES["default"]`` (or ``SDCORE["DATABASE"]``), PostgreSQL with psycopg 3 only;
+- ``manage.py migrate`` applies sdcore's migrations (the same as ``sdcore db upgrade``);
+- schedules declared on :data:`scheduler` in each app's ``schedules.py``;
+- ``manage.py sdcore …``: the ``sdcore`` command line on those settings; ``manage.py sdcore run``
+  is the worker process.
+"""
+
+from sdcore.django._runtime import get_runtime
+from sdcore.django._scheduler import DjangoScheduler, scheduler
+from sdcore.django._settings import SdcoreSettings, database_url
+
+__all__ = ["DjangoScheduler", "SdcoreSettings", "database_url", "get_runtime", "scheduler"]

@@ -1,0 +1,48 @@
+"""Run the test project's ``manage.py`` in a child process against one test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent
+SRC = PROJECT.parents[1] / "src"
+
+
+def environment(dsn: str, **extra: str) -> dict[str, str]:
+    """The child's environment: this sdcore and the project on the path, the database."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(PROJECT)])
+    env["SDCORE_DJANGO_DSN"] = dsn
+    env["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    env.pop("DATABASE_URL", None)
+    env.update(extra)
+    return env
+
+
+def manage(
+    dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python manage.py ARGS`` to completion (60 s at most)."""
+    return subprocess.run(
+        [sys.executable, str(PROJECT / "manage.py"), *args],
+        env=env or environment(dsn),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def start(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
+    """``python manage.py ARGS`` in the background (stderr and stdout to pipes)."""
+    return subprocess.Popen(
+        [sys.executable, str(PROJECT / "manage.py"), *args],
+        env=env or environment(dsn),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

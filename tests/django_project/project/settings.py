@@ -1,0 +1,38 @@
+"""Settings of the test project: the database comes from ``SDCORE_DJANGO_DSN`` (a libpq DSN).
+
+``SDCORE_DJANGO_ENGINE`` replaces the engine (the sqlite refusal test), ``SDCORE_DJANGO_SCHEMA``
+sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``.
+"""
+
+import json
+import os
+
+from psycopg.conninfo import conninfo_to_dict
+
+_params = conninfo_to_dict(os.environ.get("SDCORE_DJANGO_DSN", "dbname=postgres"))
+
+SECRET_KEY = "test-only"
+DEBUG = False
+USE_TZ = True
+INSTALLED_APPS = ["sdcore.django", "tickapp"]
+DATABASES = {
+    "default": {
+        "ENGINE": os.environ.get("SDCORE_DJANGO_ENGINE", "django.db.backends.postgresql"),
+        "NAME": _params.get("dbname", "postgres"),
+        "USER": _params.get("user", ""),
+        "PASSWORD": _params.get("password", ""),
+        "HOST": _params.get("host", ""),
+        "PORT": _params.get("port", ""),
+        "OPTIONS": {"sslmode": "disable"},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+SDCORE: dict[str, object] = {"GRACE_PERIOD_MS": 3_000, "POOL_SIZE": 4}
+if os.environ.get("SDCORE_DJANGO_SCHEMA"):
+    SDCORE["SCHEMA"] = os.environ["SDCORE_DJANGO_SCHEMA"]
+SDCORE.update(json.loads(os.environ.get("SDCORE_DJANGO_EXTRA", "{}")))
+LOGGING = {
+    "version": 1,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"sdcore": {"handlers": ["stderr"], "level": "WARNING"}},
+}

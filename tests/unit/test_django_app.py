@@ -1,0 +1,73 @@
+"""``sdcore.django`` without a database: its migration files and its settings checks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from psycopg.conninfo import conninfo_to_dict
+
+from sdcore.django import SdcoreSettings
+from sdcore.django._settings import check_database, conninfo_of
+from sdcore.postgres import migrations
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "src" / "sdcore" / "django" / "migrations"
+_CALL = re.compile(r'sdcore_migration\("(\w+)", (\d+), after=(None|"\w+")\)')
+
+
+def test_one_django_migration_per_sdcore_step_in_order() -> None:
+    steps = [
+        (c, m.version, m.slug) for c in ("lease", "outbox", "schedules") for m in migrations(c)
+    ]
+    files = sorted(p for p in MIGRATIONS.glob("0*.py"))
+    expected = [f"{i:04d}_{c}_{slug}.py" for i, (c, _, slug) in enumerate(steps, 1)]
+    assert [p.name for p in files] == expected
+    previous = "None"
+    for path, (component, version, _) in zip(files, steps, strict=True):
+        found = _CALL.search(path.read_text(encoding="utf-8"))
+        assert found is not None, path.name
+        assert found.groups() == (component, str(version), previous), path.name
+        previous = f'"{path.stem}"'
+
+
+def test_settings_defaults_and_refusals() -> None:
+    assert SdcoreSettings.from_mapping(None) == SdcoreSettings()
+    chosen = SdcoreSettings.from_mapping({"REDIS_URL": "", "SCHEMA": "app", "RELAY": False})
+    assert (chosen.redis_url, chosen.schema, chosen.relay) == (None, "app", False)
+    with pytest.raises(ImproperlyConfigured, match=r"SDCORE\['GRACE_PERIOD_MS'\] must be an int"):
+        SdcoreSettings.from_mapping({"GRACE_PERIOD_MS": 1.5})
+    with pytest.raises(ImproperlyConfigured, match="SDCORE must be a dict, got list"):
+        SdcoreSettings.from_mapping([])
+
+
+def test_only_postgresql_is_accepted() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"needs PostgreSQL.*mysql"):
+        check_database("default", {"default": {"ENGINE": "django.db.backends.mysql"}})
+    check_database("default", {"default": {"ENGINE": "django.db.backends.postgresql"}})
+
+
+def test_the_dsn_keeps_libpq_keywords_only() -> None:
+    params = {
+        "dbname": "app",
+        "user": "u",
+        "password": "p w'x",
+        "host": "db",
+        "port": 5433,
+        "sslmode": "require",
+        "client_encoding": "UTF8",
+        "cursor_factory": object(),
+        "prepare_threshold": None,
+        "server_side_binding": True,
+        "context": object(),
+    }
+    assert conninfo_to_dict(conninfo_of(params)) == {
+        "dbname": "app",
+        "user": "u",
+        "password": "p w'x",
+        "host": "db",
+        "port": "5433",
+        "sslmode": "require",
+        "client_encoding": "UTF8",
+    }
