@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from sdcore._internal.errors import FieldError
 from sdcore._internal.identifiers import check_identifier, qualified
 from sdcore._internal.sql import queries, render
+from sdcore._internal.steps import run_async
 from sdcore._internal.validation import field_error, int_between, positive_timedelta
 from sdcore.job_scheduler._model import (
     _UUID,
@@ -385,23 +386,17 @@ class LeaseAdmin:
 
     async def _run(self, conn: psycopg.AsyncConnection[Any], plan: Plan[R]) -> R:
         """Drive ``plan`` on ``conn``: each statement's answer is sent back into it."""
-        answer: Any = None
+
+        async def run(step: Statement) -> Any:
+            if step.every_row:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(step.query, step.params)
+                    return await cur.fetchall()
+            cur = await conn.execute(step.query, step.params)
+            return await cur.fetchone()
+
         with self.statements.errors():
-            try:
-                while True:
-                    step = plan.send(answer)
-                    if step.every_row:
-                        async with conn.cursor(row_factory=dict_row) as cur:
-                            await cur.execute(step.query, step.params)
-                            answer = await cur.fetchall()
-                    else:
-                        cur = await conn.execute(step.query, step.params)
-                        answer = await cur.fetchone()
-            except StopIteration as done:
-                result: R = done.value
-                return result
-            finally:
-                plan.close()
+            return await run_async(plan, run)
 
 
 class DriverErrors:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from sdcore._internal.steps import run_blocking
 from sdcore.job_scheduler._admin import (
     FINISHED,
     LeaseRecord,
@@ -20,6 +21,7 @@ from sdcore.job_scheduler._admin import (
     Plan,
     PruneReport,
     ReleasedRun,
+    Statement,
 )
 from sdcore.job_scheduler._model import JobSchedulerStatus
 
@@ -126,19 +128,13 @@ class LeaseAdmin:
                 "conn must be a blocking psycopg.Connection (for an AsyncConnection, use "
                 f"sdcore.job_scheduler.LeaseAdmin), got {type(conn).__name__}"
             )
-        answer: Any = None
+
+        def run(step: Statement) -> Any:
+            if step.every_row:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(step.query, step.params)
+                    return cur.fetchall()
+            return conn.execute(step.query, step.params).fetchone()
+
         with self.statements.errors():
-            try:
-                while True:
-                    step = plan.send(answer)
-                    if step.every_row:
-                        with conn.cursor(row_factory=dict_row) as cur:
-                            cur.execute(step.query, step.params)
-                            answer = cur.fetchall()
-                    else:
-                        answer = conn.execute(step.query, step.params).fetchone()
-            except StopIteration as done:
-                result: T = done.value
-                return result
-            finally:
-                plan.close()
+            return run_blocking(plan, run)
