@@ -46,6 +46,11 @@ def test_only_postgresql_is_accepted() -> None:
     with pytest.raises(ImproperlyConfigured, match=r"needs PostgreSQL.*mysql"):
         check_database("default", {"default": {"ENGINE": "django.db.backends.mysql"}})
     check_database("default", {"default": {"ENGINE": "django.db.backends.postgresql"}})
+    # A backend built on Django's PostgreSQL one is PostgreSQL too.
+    check_database("default", {"default": {"ENGINE": "tests.django_project.wrapped_backend"}})
+    for engine in ("django.db.backends.sqlite3", "no.such.backend", ""):
+        with pytest.raises(ImproperlyConfigured, match="needs PostgreSQL"):
+            check_database("default", {"default": {"ENGINE": engine}})
 
 
 def test_the_dsn_keeps_libpq_keywords_only() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,11 +145,11 @@ def check_database(alias: str, databases: Mapping[str, Mapping[str, Any]]) -> No
             f"({', '.join(map(repr, databases)) or 'none'})"
         )
     engine = databases[alias].get("ENGINE", "")
-    if engine != POSTGRESQL_ENGINE:
+    if not _is_postgresql(engine):
         raise _improperly_configured(
             f"sdcore.django needs PostgreSQL: DATABASES[{alias!r}]['ENGINE'] is {engine!r}, "
-            f"expected {POSTGRESQL_ENGINE!r} (sdcore's lease, outbox and schedules are "
-            "PostgreSQL tables; no other backend is supported)"
+            f"expected {POSTGRESQL_ENGINE!r} or a backend built on it (PostGIS…; sdcore's "
+            "lease, outbox and schedules are PostgreSQL tables, no other database is supported)"
         )
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
@@ -157,6 +158,20 @@ def check_database(alias: str, databases: Mapping[str, Mapping[str, Any]]) -> No
             "sdcore.django needs psycopg 3, but Django loaded psycopg2 (psycopg 3 did not "
             "import): `pip install 'psycopg[binary]'` (or psycopg[c])"
         )
+
+
+def _is_postgresql(engine: object) -> bool:
+    """Whether ``engine`` is Django's PostgreSQL backend or one built on it (PostGIS, a
+    metrics wrapper): its ``DatabaseWrapper`` says ``vendor = "postgresql"``."""
+    if engine == POSTGRESQL_ENGINE:
+        return True
+    if not isinstance(engine, str) or not engine:
+        return False
+    try:
+        base = importlib.import_module(f"{engine}.base")
+    except Exception:  # noqa: BLE001 - a backend that does not import is not one sdcore runs on
+        return False
+    return getattr(getattr(base, "DatabaseWrapper", None), "vendor", None) == "postgresql"
 
 
 def conninfo_of(params: Mapping[str, Any]) -> str:

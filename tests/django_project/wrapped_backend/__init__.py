@@ -1,0 +1,1 @@
+"""A database backend built on Django's PostgreSQL one, as PostGIS or a metrics wrapper is."""
