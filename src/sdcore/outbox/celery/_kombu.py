@@ -1,0 +1,56 @@
+"""The one place that calls kombu's untyped functions, with the types the publisher relies on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.connection import Connection as _Connection
+from kombu.entity import Exchange as _Exchange
+from kombu.entity import Queue
+from kombu.exceptions import OperationalError
+from kombu.messaging import Producer as _Producer
+
+__all__ = [
+    "OperationalError",
+    "Queue",
+    "celery_queue",
+    "connect",
+    "connection",
+    "declare",
+    "producer",
+]
+
+
+def connection(url: str, *, connect_timeout_s: float, socket_timeout_s: float) -> Any:
+    """A ``kombu.Connection`` to ``url`` (not connected yet)."""
+    return _Connection(  # type: ignore[no-untyped-call]
+        url,
+        connect_timeout=connect_timeout_s,
+        # Redis' client timeouts (RabbitMQ's connection takes connect_timeout).
+        transport_options={
+            "socket_timeout": socket_timeout_s,
+            "socket_connect_timeout": connect_timeout_s,
+        },
+    )
+
+
+def connect(connection: Any) -> None:
+    """Connect ``connection`` now, once: a refusal raises at once (kombu's ``connect()`` retries
+    after 2 s); the relay does the backing off."""
+    connection.ensure_connection(max_retries=0, interval_start=0)
+
+
+def celery_queue(name: str) -> Queue:
+    """The queue a Celery worker declares for a name it was not configured with."""
+    exchange = _Exchange(name, type="direct")  # type: ignore[no-untyped-call]
+    return Queue(name, exchange, routing_key=name)  # type: ignore[no-untyped-call]
+
+
+def declare(queue: Queue, channel: Any) -> None:
+    """Declare ``queue``, its exchange and its binding on ``channel``."""
+    queue(channel).declare()  # type: ignore[no-untyped-call]
+
+
+def producer(channel: Any) -> Any:
+    """A ``kombu.Producer`` on ``channel``."""
+    return _Producer(channel)  # type: ignore[no-untyped-call]
