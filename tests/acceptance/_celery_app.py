@@ -1,13 +1,15 @@
 """The Celery app of the outbox-to-Celery acceptance tests, run by a real ``celery worker``.
 
 Configured from the environment (the test starts the worker): ``SDCORE_CELERY_BROKER``,
-``SDCORE_CELERY_QUEUE``, ``SDCORE_CELERY_DSN``. Every delivery of a task is counted in
-``deliveries`` (its own autocommit connection, outside the task's transaction); the task's
-effect, a row in ``effects``, is written under ``exactly_once``.
+``SDCORE_CELERY_QUEUE``, ``SDCORE_CELERY_DSN``, ``SDCORE_CELERY_TRANSPORT_OPTIONS`` (JSON).
+Every delivery of a task is counted in ``deliveries`` (its own autocommit connection, outside
+the task's transaction); the task's effect, a row in ``effects``, is written under
+``exactly_once``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -27,6 +29,7 @@ app.conf.update(
     worker_send_task_events=False,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
+    broker_transport_options=json.loads(os.environ.get("SDCORE_CELERY_TRANSPORT_OPTIONS", "{}")),
 )
 _counter: dict[int, psycopg.Connection[Any]] = {}
 

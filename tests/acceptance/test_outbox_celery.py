@@ -1,201 +1,47 @@
-"""The outbox relayed to a real Celery worker over RabbitMQ, under relay kills and cut connections.
+"""The outbox relayed to a real Celery worker over RabbitMQ: 10,000 messages, relay kills, cuts.
 
-10,000 rows are committed; relay processes publish them through a TCP proxy in front of the
-shared RabbitMQ (publisher confirms), and a ``celery worker`` process (prefork, ``acks_late``,
-also through the proxy) runs each task under ``exactly_once``. During the run a relay is
-``kill -9``-ed twice and every broker connection (relay's and worker's) is cut once. Verdict:
-every row ``PUBLISHED``, every task's effect written exactly once, however many times its
-message was delivered.
+The campaign (``_celery_campaign.py``): relays ``kill -9``-ed twice, every broker connection
+cut once, a ``celery worker`` process running each task under ``exactly_once``; every row ends
+``PUBLISHED`` and every effect is written once. The shared RabbitMQ is reached through a proxy
+of the test's; its queue (a unique name) is deleted after.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import sys
-import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import psycopg
 import pytest
 from kombu.connection import Connection
-from psycopg_pool import AsyncConnectionPool
 
-from sdcore.outbox import Outbox
-from sdcore.outbox.celery import TaskLedger
-from tests._tcpproxy import TcpProxy
+from tests.acceptance._celery_campaign import Broker, campaign
 
-ROOT = Path(__file__).resolve().parents[2]
 AMQP_URL = os.environ.get("SDCORE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-MESSAGES = 10_000
 pytestmark = pytest.mark.slow
 
-_RELAY = """
-import asyncio, sys
-from psycopg_pool import AsyncConnectionPool
-from sdcore.outbox import OutboxRelay, PostgresOutboxStore
-from sdcore.outbox.celery import CeleryPublisher
 
-async def main(dsn, url):
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
-        await pool.open()
-        publisher = CeleryPublisher(url, confirm_timeout_s=2.0, connect_timeout_s=1.0)
-        relay = OutboxRelay(
-            PostgresOutboxStore(pool), publisher, poll_interval_ms=50, claim_ms=1500,
-            unavailable_max_ms=300,
-        )
-        async with publisher, relay:
-            await asyncio.Event().wait()
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
-def _report(line: str) -> None:
-    print(line)  # noqa: T201
-
-
-@pytest.fixture
-async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
-        await pool.open()
-        await Outbox().ensure_schema(pool)
-        yield pool
-
-
-def _prepare(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        TaskLedger().ensure_schema(conn)
-        conn.execute("CREATE TABLE effects (key text NOT NULL)")
-        conn.execute("CREATE TABLE deliveries (task_id text NOT NULL)")
-
-
-def _delete_queue(queue: str) -> None:
+def _clean(queue: str) -> None:
     conn: Any = Connection(AMQP_URL)  # type: ignore[no-untyped-call]
     with conn:
         conn.default_channel.queue_delete(queue)
         conn.default_channel.exchange_delete(queue)
 
 
-async def _count(pool: AsyncConnectionPool[Any], query: str) -> int:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query)
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
+def _url(port: int) -> str:
+    parts = urlsplit(AMQP_URL)
+    credentials = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+    netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
+    return parts._replace(netloc=netloc).geturl()
 
 
-async def test_every_task_runs_once_through_relay_kills_and_cut_connections(
-    pool: AsyncConnectionPool[Any], pg_dsn: str, tmp_path: Path
+async def test_10000_tasks_run_once_through_relay_kills_and_cut_connections(
+    pg_dsn: str, tmp_path: Path
 ) -> None:
-    started = time.monotonic()
-    await asyncio.to_thread(_prepare, pg_dsn)
-    outbox = Outbox()
-    queue = f"acceptance-{uuid.uuid4().hex[:10]}"
-    keys = [f"order-{n}" for n in range(MESSAGES)]
-
-    async def write(part: list[str]) -> None:
-        async with pool.connection() as conn:
-            for start in range(0, len(part), 500):
-                async with conn.transaction():
-                    for key in part[start : start + 500]:
-                        await outbox.enqueue_once(
-                            conn, idempotency_key=key, queue=queue, name="effects.apply",
-                            payload={"key": key},
-                        )  # fmt: skip
-
-    await asyncio.gather(*(write(keys[i::4]) for i in range(4)))
-    enqueued_s = time.monotonic() - started
-    script = tmp_path / "relay.py"
-    script.write_text(_RELAY)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        "SDCORE_CELERY_DSN": pg_dsn,
-        "SDCORE_CELERY_QUEUE": queue,
-    }
-    processes: list[asyncio.subprocess.Process] = []
-    kills = cuts = 0
-    async with TcpProxy("127.0.0.1", 5672) as proxy:
-        url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
-
-        async def relay() -> asyncio.subprocess.Process:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(script), pg_dsn, url, cwd=ROOT, env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-            processes.append(proc)
-            return proc
-
-        async def published() -> int:
-            return await _count(pool, "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED'")
-
-        async def until_published(n: int) -> None:
-            deadline = time.monotonic() + 60
-            while await published() < n:
-                assert time.monotonic() < deadline, f"stuck below {n} published"
-                await asyncio.sleep(0.02)
-
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "celery", "-A", "tests.acceptance._celery_app", "worker",
-            "-Q", queue, "-c", "2", "-P", "prefork", "--without-gossip", "--without-mingle",
-            "--without-heartbeat", "-l", "error", cwd=ROOT,
-            env={**env, "SDCORE_CELERY_BROKER": url},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        processes.append(worker)
-        try:
-            first = await relay()
-            await until_published(2_000)
-            first.send_signal(signal.SIGKILL)
-            await first.wait()
-            kills += 1
-            second = await relay()
-            await until_published(5_000)
-            cuts += 1
-            cut = proxy.cut()
-            assert cut >= 2  # the relay's connection and the worker's
-            await until_published(7_000)
-            second.send_signal(signal.SIGKILL)
-            await second.wait()
-            kills += 1
-            await relay()
-            deadline = time.monotonic() + 60
-            while await _count(pool, "SELECT count(*) FROM effects") < MESSAGES or (
-                await _count(pool, "SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'")
-            ):
-                assert time.monotonic() < deadline, "not every task ran in time"
-                await asyncio.sleep(0.1)
-            done_s = time.monotonic() - started
-            await asyncio.sleep(1.0)  # a late duplicate would show up now
-        finally:
-            for proc in processes:
-                if proc.returncode is None:
-                    proc.send_signal(signal.SIGKILL)
-                    await proc.wait()
-            await asyncio.to_thread(_delete_queue, queue)
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT status, count(*) FROM outbox GROUP BY status")
-        statuses = dict(await cur.fetchall())
-        cur = await conn.execute("SELECT count(*), count(DISTINCT key) FROM effects")
-        effects, distinct = await cur.fetchone() or (0, 0)
-        cur = await conn.execute("SELECT count(*), count(DISTINCT task_id) FROM deliveries")
-        deliveries, delivered_ids = await cur.fetchone() or (0, 0)
-        cur = await conn.execute("SELECT count(*) FROM outbox WHERE attempts > 1")
-        reclaimed = (await cur.fetchone() or (0,))[0]
-        cur = await conn.execute("SELECT count(*) FROM sdcore_celery_done")
-        ledger = (await cur.fetchone() or (0,))[0]
-    _report(
-        f"outbox to celery: messages={MESSAGES} relay_kills={kills} connection_cuts={cuts}"
-        f" deliveries={deliveries} repeats_skipped={deliveries - effects}"
-        f" rows_published_again={reclaimed} effects={effects} enqueue_s={enqueued_s:.1f}"
-        f" all_done_s={done_s:.1f} (from the first enqueue)"
-    )
-    assert statuses == {"PUBLISHED": MESSAGES}
-    assert (effects, distinct) == (MESSAGES, MESSAGES)
-    assert ledger == MESSAGES
-    assert delivered_ids == MESSAGES
-    assert deliveries >= MESSAGES
+    parts = urlsplit(AMQP_URL)
+    broker = Broker(
+        name="rabbitmq", target=(parts.hostname or "127.0.0.1", parts.port or 5672), url=_url,
+        clean=_clean,
+    )  # fmt: skip
+    await campaign(pg_dsn, tmp_path, broker, messages=10_000)

@@ -21,7 +21,13 @@ __all__ = [
 ]
 
 
-def connection(url: str, *, connect_timeout_s: float, socket_timeout_s: float) -> Any:
+def connection(
+    url: str,
+    *,
+    connect_timeout_s: float,
+    socket_timeout_s: float,
+    transport_options: dict[str, Any],
+) -> Any:
     """A ``kombu.Connection`` to ``url`` (not connected yet)."""
     return _Connection(  # type: ignore[no-untyped-call]
         url,
@@ -30,6 +36,7 @@ def connection(url: str, *, connect_timeout_s: float, socket_timeout_s: float) -
         transport_options={
             "socket_timeout": socket_timeout_s,
             "socket_connect_timeout": connect_timeout_s,
+            **transport_options,
         },
     )
 

@@ -133,11 +133,24 @@ class TaskLedger:
 Connect = Callable[[], "psycopg.Connection[Any]"]
 
 
+class _Held:
+    """A connection of this process and thread, closed when the thread's storage is dropped."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        # Only in the process that opened it: a forked child's copy must not end the parent's
+        # session (libpq's finish writes on the socket both processes hold).
+        if self.pid == os.getpid() and not self.conn.closed:
+            self.conn.close()
+
+
 class _Connections(threading.local):
     """One connection per process and thread: a prefork worker's children never share one."""
 
-    pid: int | None = None
-    conn: psycopg.Connection[Any] | None = None
+    held: _Held | None = None
 
 
 def exactly_once(
@@ -175,15 +188,22 @@ def exactly_once(
     book = TaskLedger() if ledger is None else ledger
     opener: Connect = (lambda: psycopg.connect(connect)) if isinstance(connect, str) else connect
     local = _Connections()
+    # Connections inherited through a fork: kept referenced, never closed or collected here
+    # (libpq's finish would end the parent's session on the socket both processes hold).
+    inherited: list[_Held] = []
 
-    def connection() -> psycopg.Connection[Any]:
-        conn = local.conn
-        if conn is None or conn.closed or conn.broken or local.pid != os.getpid():
-            conn = opener()
-            if not isinstance(conn, psycopg.Connection):
-                raise TypeError(f"connect() must return a psycopg.Connection, got {shown(conn)}")
-            local.conn, local.pid = conn, os.getpid()
-        return conn
+    def connection() -> tuple[psycopg.Connection[Any], bool]:
+        """This process and thread's connection, and whether it was just opened."""
+        held = local.held
+        if held is not None and held.pid == os.getpid() and not held.conn.closed:
+            return held.conn, False
+        if held is not None and held.pid != os.getpid():
+            inherited.append(held)
+        conn = opener()
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(f"connect() must return a psycopg.Connection, got {shown(conn)}")
+        local.held = _Held(conn)
+        return conn, True
 
     def decorate(
         function: Callable[Concatenate[psycopg.Connection[Any], P], R],
@@ -198,14 +218,23 @@ def exactly_once(
                     f"{function.__qualname__} runs exactly once per Celery task id: call it as"
                     " a task (delay, apply_async, a worker), not directly"
                 )
-            conn = connection()
-            try:
-                with conn.transaction():
-                    if book.record(conn, task_id, task=name):
-                        return function(conn, *args, **kwargs)
-            except psycopg.OperationalError:
-                conn.close()  # broken: the next run opens another
-                raise
+            for retry in (False, True):
+                conn, fresh = connection()
+                ran = False
+                try:
+                    with conn.transaction():
+                        if book.record(conn, task_id, task=name):
+                            ran = True
+                            return function(conn, *args, **kwargs)
+                except psycopg.OperationalError:
+                    conn.close()  # broken: the next run opens another
+                    # A connection kept since the last task may have been closed by the server
+                    # (idle timeout, restart) and fail at BEGIN or at the mark, before the
+                    # task's own code: that once, on a new connection, before failing the task.
+                    if ran or fresh or retry:
+                        raise
+                    continue
+                break
             raise Ignore(f"task {task_id} already ran to commit")
 
         return run

@@ -157,6 +157,9 @@ class CeleryPublisher(AsyncStartStop):
             queues that are not Celery's default (an exchange, a routing key, arguments).
         task_names: Message name → Celery task name, for names that differ.
         declare: Declare each queue (with its exchange and binding) before publishing to it.
+        transport_options: kombu transport options, the same as the workers'
+            ``broker_transport_options`` where they name keys or queues (on Redis:
+            ``global_keyprefix``, ``sep``, priority ``steps``).
         max_message_bytes: Largest message body; larger messages fail (and end ``DEAD``)
             instead of blocking the messages behind them.
         confirm_timeout_s: Longest wait for a batch's confirms (RabbitMQ).
@@ -176,6 +179,7 @@ class CeleryPublisher(AsyncStartStop):
         queues: Sequence[Queue] = (),
         task_names: Mapping[str, str] | None = None,
         declare: bool = True,
+        transport_options: Mapping[str, Any] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         confirm_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
@@ -188,6 +192,9 @@ class CeleryPublisher(AsyncStartStop):
         if not isinstance(declare, bool):
             raise TypeError(f"declare must be a bool, got {shown(declare)}")
         self._declare = declare
+        if transport_options is not None and not isinstance(transport_options, Mapping):
+            raise TypeError(f"transport_options must be a mapping, got {shown(transport_options)}")
+        self._transport_options = dict(transport_options or {})
         self._max_bytes = int_between("max_message_bytes", max_message_bytes, 64, 512 * 2**20)
         self._confirm_timeout = positive_number("confirm_timeout_s", confirm_timeout_s)
         self._connect_timeout = positive_number("connect_timeout_s", connect_timeout_s)
@@ -289,6 +296,7 @@ class CeleryPublisher(AsyncStartStop):
                     self._url,
                     connect_timeout_s=self._connect_timeout,
                     socket_timeout_s=self._confirm_timeout,
+                    transport_options=self._transport_options,
                 )
             connect(self._connection)
             channel = self._connection.channel()
