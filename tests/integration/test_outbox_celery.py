@@ -247,3 +247,20 @@ async def test_a_configured_exchange_routing_key_and_task_name_are_used(
     assert await asyncio.to_thread(_drain, conn, queue) == [
         (message(queue, 0).job_id, "app.tasks.send_email")
     ]
+
+
+async def test_an_exchange_that_does_not_exist_fails_its_batch_and_the_next_goes_on(
+    amqp: tuple[Any, Any],
+) -> None:
+    conn, name = amqp
+    lost, fine = name("lost"), name("fine")
+    nowhere = Queue(lost, Exchange(f"{lost}-missing", type="direct"), routing_key=lost)
+    async with CeleryPublisher(AMQP_URL, queues=[nowhere], declare=False) as publisher:
+        results = await publisher.publish([message(lost, 0), message(lost, 1)])
+        assert all(isinstance(r, BrokerRefusedError) for r in results)
+        assert "closed the channel" in str(results[0])
+        assert "NOT_FOUND" in str(results[0])
+        declared = Queue(fine, Exchange(fine, type="direct"), routing_key=fine)
+        await asyncio.to_thread(declared(conn.channel()).declare)  # declare=False: the workers'
+        assert await publisher.publish([message(fine, 2)]) == [None]  # on a new channel
+    assert await asyncio.to_thread(_drain, conn, fine) == [(message(fine, 2).job_id, "effects.add")]

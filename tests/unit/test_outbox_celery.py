@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -169,3 +171,19 @@ def test_exactly_once_refuses_what_cannot_connect_and_runs_only_as_a_task() -> N
 
     with pytest.raises(RuntimeError, match="as a task"):
         effect()
+
+
+def test_the_extra_is_named_when_kombu_is_missing_and_the_outbox_never_imports_it() -> None:
+    code = (
+        "import sys\n"
+        "import sdcore.outbox, sdcore.queues, sdcore.runtime\n"
+        "assert not {'kombu', 'celery'} & set(sys.modules), 'imported without being asked'\n"
+        "sys.modules['kombu'] = None\n"
+        "try:\n"
+        "    import sdcore.outbox.celery\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'sdcore[celery]'" in done.stdout

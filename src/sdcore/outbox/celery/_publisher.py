@@ -118,6 +118,8 @@ class _Batch:
     """Task id → index and queue name (a returned message names its correlation id)."""
     ids: dict[int, str] = field(default_factory=dict)
     """Index → task id."""
+    acked: set[int] = field(default_factory=set)
+    """Indexes the broker confirmed."""
 
 
 class CeleryPublisher(AsyncStartStop):
@@ -323,7 +325,7 @@ class CeleryPublisher(AsyncStartStop):
             return queue, "", queue_name
         return queue, exchange, queue.routing_key or queue_name
 
-    def _declare_queue(self, queue: Queue) -> BaseException | None:
+    def _declare_queue(self, queue: Queue) -> str | None:
         """Declare ``queue`` once per connection; return why it cannot be, for its messages."""
         if not self._declare or queue.name in self._declared:
             return None
@@ -335,10 +337,9 @@ class CeleryPublisher(AsyncStartStop):
             # A channel error (e.g. PRECONDITION_FAILED: declared elsewhere with other
             # arguments) closes the channel: the next queue gets a fresh one.
             self._reopen_channel()
-            return BrokerRefusedError(
-                "-",
+            return (
                 f"queue {queue.name!r} cannot be declared ({error_text(exc)}); pass the"
-                " workers' kombu.Queue for it in queues=, or declare=False",
+                " workers' kombu.Queue for it in queues=, or declare=False"
             )
         self._declared.add(queue.name)
         return None
@@ -396,7 +397,7 @@ class CeleryPublisher(AsyncStartStop):
         results: list[BaseException | None],
     ) -> None:
         self._ensure_channel()
-        routes: dict[str, tuple[str, str] | BaseException] = {}
+        routes: dict[str, tuple[str, str] | str] = {}
         for _, message, _ in encoded:
             if message.queue in routes:
                 continue
@@ -406,34 +407,55 @@ class CeleryPublisher(AsyncStartStop):
         batch = _Batch(results=results)
         self._batch = batch
         try:
-            for index, message, task in encoded:
-                route = routes[message.queue]
-                if isinstance(route, BaseException):
-                    results[index] = BrokerRefusedError(task.task_id, str(route.args[0]))
-                    continue
-                exchange, routing_key = route
-                assert self._producer is not None  # noqa: S101 - set by _ensure_channel
-                self._producer.publish(
-                    task.body,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    headers=task.headers,
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    delivery_mode=2,
-                    mandatory=self._amqp,
-                    retry=False,
-                    **task.properties,
-                )
-                if self._amqp:
-                    batch.by_tag[self._next_tag] = index
-                    batch.by_id[task.task_id] = (index, message.queue)
-                    batch.ids[index] = task.task_id
-                    self._next_tag += 1
-            if self._amqp:
-                self._await_confirms(batch)
+            self._publish_all(encoded, routes, batch)
+        except self._channel_errors() as exc:
+            # The broker closed the channel (e.g. an exchange that does not exist, with
+            # declare=False): the messages it did not confirm fail; the next batch gets a new
+            # channel.
+            self._channel = self._producer = None
+            for index, _, task in encoded:
+                if results[index] is None and index not in batch.acked:
+                    results[index] = BrokerRefusedError(
+                        task.task_id, f"the broker closed the channel: {error_text(exc)}"
+                    )
         finally:
             self._batch = None
+
+    def _channel_errors(self) -> tuple[type[BaseException], ...]:
+        connection = self._connection
+        return () if connection is None else tuple(connection.channel_errors)
+
+    def _publish_all(
+        self,
+        encoded: list[tuple[int, OutboxMessage, TaskMessage]],
+        routes: dict[str, tuple[str, str] | str],
+        batch: _Batch,
+    ) -> None:
+        for index, message, task in encoded:
+            route = routes[message.queue]
+            if isinstance(route, str):
+                batch.results[index] = BrokerRefusedError(task.task_id, route)
+                continue
+            exchange, routing_key = route
+            self._producer.publish(
+                task.body,
+                exchange=exchange,
+                routing_key=routing_key,
+                headers=task.headers,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                mandatory=self._amqp,
+                retry=False,
+                **task.properties,
+            )
+            if self._amqp:
+                batch.by_tag[self._next_tag] = index
+                batch.by_id[task.task_id] = (index, message.queue)
+                batch.ids[index] = task.task_id
+                self._next_tag += 1
+        if self._amqp:
+            self._await_confirms(batch)
 
     def _await_confirms(self, batch: _Batch) -> None:
         assert self._connection is not None  # noqa: S101 - connected by _ensure_channel
@@ -457,7 +479,11 @@ class CeleryPublisher(AsyncStartStop):
         tags = [t for t in batch.by_tag if t <= delivery_tag] if multiple else [delivery_tag]
         for tag in tags:
             index = batch.by_tag.pop(tag, None)
-            if index is not None and error is not None and batch.results[index] is None:
+            if index is None:
+                continue
+            if error is None:
+                batch.acked.add(index)
+            elif batch.results[index] is None:
                 batch.results[index] = BrokerRefusedError(batch.ids[index], error)
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
