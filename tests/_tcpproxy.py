@@ -2,7 +2,8 @@
 
 ``cut()`` aborts every connection open now (both ends see a reset, as when a broker node or a
 load balancer drops them); while ``refusing`` is set, new connections are closed as soon as they
-are accepted (a broker that is down). The shared servers are never touched.
+are accepted (a broker that is down); while ``holding`` is set, the broker's bytes are held back
+(a broker that takes writes and never answers). The shared servers are never touched.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class TcpProxy:
         self.target_port = port
         self.port = 0
         self.refusing = False
+        self.holding = False
         self.accepted = 0
         self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -58,16 +60,19 @@ class TcpProxy:
         self.accepted += 1
         self._links.append((writer, up_writer))
         for task in (
-            asyncio.create_task(self._pipe(reader, up_writer)),
-            asyncio.create_task(self._pipe(up_reader, writer)),
+            asyncio.create_task(self._pipe(reader, up_writer, upstream=True)),
+            asyncio.create_task(self._pipe(up_reader, writer, upstream=False)),
         ):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await src.read(65536):
+                while self.holding and not upstream:
+                    await asyncio.sleep(0.02)
                 dst.write(data)
                 await dst.drain()
         dst.transport.abort()

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -22,7 +23,7 @@ from celery import Celery  # type: ignore[import-untyped]
 from kombu import entity
 from kombu.connection import Connection
 
-from sdcore.outbox import OutboxMessage
+from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 from sdcore.outbox.celery import (
     BrokerRefusedError,
     CeleryPublisher,
@@ -30,6 +31,7 @@ from sdcore.outbox.celery import (
     TaskLedger,
     exactly_once,
 )
+from tests._tcpproxy import TcpProxy
 
 # kombu's entities are untyped: built through Any.
 Queue: Any = entity.Queue
@@ -264,3 +266,26 @@ async def test_an_exchange_that_does_not_exist_fails_its_batch_and_the_next_goes
         await asyncio.to_thread(declared(conn.channel()).declare)  # declare=False: the workers'
         assert await publisher.publish([message(fine, 2)]) == [None]  # on a new channel
     assert await asyncio.to_thread(_drain, conn, fine) == [(message(fine, 2).job_id, "effects.add")]
+
+
+async def test_confirms_that_do_not_come_make_the_broker_unavailable(
+    amqp: tuple[Any, Any],
+) -> None:
+    conn, name = amqp
+    queue = name("stalled")
+    parts = urlsplit(AMQP_URL)
+    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as proxy:
+        url = f"amqp://{parts.username}:{parts.password}@127.0.0.1:{proxy.port}{parts.path}"
+        async with CeleryPublisher(url, confirm_timeout_s=0.5, connect_timeout_s=1.0) as publisher:
+            assert await publisher.publish([message(queue, 0)]) == [None]
+            proxy.holding = True
+            started = time.monotonic()
+            with pytest.raises(PublisherUnavailableError, match="confirm") as caught:
+                await publisher.publish([message(queue, 1), message(queue, 2)])
+            assert caught.value.timeout_s == 0.5
+            assert time.monotonic() - started < 3  # not waited for twice, nor for a close
+            proxy.holding = False
+            assert await publisher.publish([message(queue, 3)]) == [None]
+    ids = [job_id for job_id, _ in await asyncio.to_thread(_drain, conn, queue)]
+    # The unconfirmed batch reached the broker: re-published, it would be delivered twice.
+    assert ids == [message(queue, n).job_id for n in range(4)]

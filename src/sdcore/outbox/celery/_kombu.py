@@ -47,6 +47,14 @@ def connect(connection: Any) -> None:
     connection.ensure_connection(max_retries=0, interval_start=0)
 
 
+def close_within(connection: Any, timeout_s: float) -> None:
+    """Close ``connection`` politely, waiting at most ``timeout_s`` for the broker's answer."""
+    sock = getattr(getattr(connection, "_connection", None), "sock", None)
+    if sock is not None:
+        sock.settimeout(timeout_s)
+    connection.release()
+
+
 def celery_queue(name: str) -> Queue:
     """The queue a Celery worker declares for a name it was not configured with."""
     exchange = _Exchange(name, type="direct")  # type: ignore[no-untyped-call]

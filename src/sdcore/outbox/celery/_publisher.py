@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ from sdcore.outbox.celery._kombu import (
     OperationalError,
     Queue,
     celery_queue,
+    close_within,
     connect,
     connection,
     declare,
@@ -236,7 +238,9 @@ class CeleryPublisher(AsyncStartStop):
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, lambda: self._disconnect(graceful=True)
+        )
         self._executor.shutdown(wait=True)
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> list[BaseException | None]:
@@ -272,15 +276,23 @@ class CeleryPublisher(AsyncStartStop):
             f"Celery broker unavailable: {redact_text(error_text(exc))}", timeout_s=timeout
         )
 
-    def _disconnect(self) -> None:
+    def _disconnect(self, *, graceful: bool = False) -> None:
+        """Drop the connection: closed politely (within the connect timeout) on ``close()``,
+        abruptly after a failure, when the broker may never answer a close."""
         connection, self._connection = self._connection, None
         self._channel = self._producer = None
         self._declared.clear()
-        if connection is not None:
-            try:
-                connection.release()
-            except Exception:  # noqa: BLE001 - a dead connection's close may fail; it is gone
-                self._log.debug("closing the broker connection failed", exc_info=True)
+        if connection is None:
+            return
+        try:
+            if graceful:
+                close_within(connection, self._connect_timeout)
+            else:
+                connection.collect(socket_timeout=0.1)
+        except Exception:  # noqa: BLE001 - a dead connection's close may fail; it is gone
+            self._log.debug("closing the broker connection failed", exc_info=True)
+            with contextlib.suppress(Exception):
+                connection.collect(socket_timeout=0.1)
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         connection = self._connection
@@ -369,15 +381,20 @@ class CeleryPublisher(AsyncStartStop):
         reused = self._channel is not None
         try:
             self._send(encoded, results)
+        except PublisherUnavailableError:
+            raise  # connecting failed: already the relay's error
         except self._errors() as exc:
-            if not reused:
-                raise self._unavailable(exc) from exc
             # A connection idle since the last batch may have been closed by the broker or a
-            # proxy: one attempt on a fresh connection before reporting an outage.
+            # proxy: one attempt on a fresh connection before reporting an outage. Not after
+            # a timeout: a broker that does not answer would be waited for twice.
+            if not reused or isinstance(exc, TimeoutError):
+                raise self._unavailable(exc) from exc
             self._disconnect()
-            results = [r if isinstance(r, ValueError) else None for r in results]
+            results[:] = [r if isinstance(r, ValueError) else None for r in results]
             try:
                 self._send(encoded, results)
+            except PublisherUnavailableError:
+                raise
             except self._errors() as again:
                 raise self._unavailable(again) from again
         return results
