@@ -33,7 +33,7 @@ from tests.contract._schedules import (
 HERE = Path(__file__).parent
 
 # The fixtures whose parameter names the implementation under test.
-IMPLEMENTATION_FIXTURES = ("backend", "store", "schedules", "broker")
+IMPLEMENTATION_FIXTURES = ("backend", "store", "schedules")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

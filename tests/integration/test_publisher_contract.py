@@ -36,8 +36,8 @@ from sdcore.outbox import (
 from sdcore.testing import MemoryOutboxStore
 from tests._servers import free_port
 from tests._tcpproxy import TcpProxy
-from tests.contract._publishers import BROKERS, Broker
-from tests.contract._publishers import broker as make_broker
+from tests.integration._publishers import BROKERS, Broker
+from tests.integration._publishers import broker as make_broker
 
 pytestmark = pytest.mark.slow
 SMALL_LIMIT = 2_000  # bytes: a payload of 4,000 characters is over it for every publisher

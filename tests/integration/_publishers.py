@@ -3,7 +3,7 @@
 Each :class:`Broker` makes publishers of its kind (directly, or through a port of the test's
 choosing: a proxy, or a closed port) and reads back what a consumer would receive, by job id.
 Writing another publisher: add a ``Broker`` here and its name to :data:`BROKERS`, and the suite
-in ``test_publisher.py`` runs against it.
+in ``test_publisher_contract.py`` runs against it.
 """
 
 from __future__ import annotations
