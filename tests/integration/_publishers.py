@@ -163,6 +163,7 @@ async def celery_broker(url: str, name: str, default_port: int) -> AsyncIterator
                 simple.close()
             channel = connection.default_channel
             channel.queue_delete(queue)
+            channel.exchange_delete(queue)  # Celery's exchange of the queue's name
             if name == "celery-redis":  # kombu's binding of the queue to its exchange
                 channel.client.delete(f"_kombu.binding.{queue}")
             connection.release()
