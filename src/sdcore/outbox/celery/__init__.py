@@ -17,6 +17,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
         " pip install 'sdcore[celery]'"
     ) from _exc
 
+from sdcore.outbox.celery._config import BrokerRefusedError
 from sdcore.outbox.celery._message import MessageTooLargeError
 from sdcore.outbox.celery._once import (
     DEFAULT_LEDGER_TABLE,
@@ -24,11 +25,7 @@ from sdcore.outbox.celery._once import (
     TaskLedger,
     exactly_once,
 )
-from sdcore.outbox.celery._publisher import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    BrokerRefusedError,
-    CeleryPublisher,
-)
+from sdcore.outbox.celery._publisher import DEFAULT_MAX_MESSAGE_BYTES, CeleryPublisher
 
 __all__ = [
     "DEFAULT_LEDGER_TABLE",

@@ -8,9 +8,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -18,9 +17,17 @@ from urllib.parse import urlsplit
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
-from sdcore._internal.validation import int_between, non_empty_str, positive_number, shown
+from sdcore._internal.validation import int_between, positive_number, shown
 from sdcore._json import MAX_JSON_BYTES
-from sdcore.outbox import OutboxError, OutboxMessage, PublisherUnavailableError
+from sdcore.outbox import OutboxMessage, PublisherUnavailableError
+from sdcore.outbox.celery._config import (
+    AMQP_SCHEMES,
+    BrokerRefusedError,
+    check_broker_url,
+    check_queues,
+    check_task_names,
+)
+from sdcore.outbox.celery._confirms import Confirms
 from sdcore.outbox.celery._kombu import (
     OperationalError,
     Queue,
@@ -34,94 +41,9 @@ from sdcore.outbox.celery._kombu import (
 from sdcore.outbox.celery._message import TaskMessage, task_message
 
 T = TypeVar("T")
-AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
-REDIS_SCHEMES = frozenset({"redis", "rediss"})
 # The body carries the payload once, as compact JSON with non-ASCII kept as UTF-8, plus a
 # fixed envelope: with this default every payload enqueue_once accepted fits.
 DEFAULT_MAX_MESSAGE_BYTES = MAX_JSON_BYTES + 4096
-
-
-class BrokerRefusedError(OutboxError, RuntimeError):
-    """The broker refused one message: returned unroutable, nacked, or its queue undeclarable.
-
-    The message's own failure (counted as an attempt, ``DEAD`` after ``max_attempts``); the
-    other messages of the batch go on.
-
-    Attributes:
-        job_id: The message's job id.
-        reason: What the broker said.
-    """
-
-    def __init__(self, job_id: str, reason: str) -> None:
-        self.job_id = job_id
-        self.reason = reason
-        super().__init__(f"the broker refused task {job_id}: {reason}")
-
-
-def check_broker_url(url: object) -> str:
-    """Validate a broker URL: ``amqp://``/``amqps://`` (RabbitMQ) or ``redis://``/``rediss://``.
-
-    Raises:
-        TypeError: Not a ``str``.
-        ValueError: Another scheme, or no host.
-    """
-    text = non_empty_str("broker_url", url, max_length=4096)
-    parts = urlsplit(text)
-    scheme = parts.scheme.lower()
-    if scheme not in AMQP_SCHEMES | REDIS_SCHEMES:
-        raise ValueError(
-            "broker_url must be a RabbitMQ (amqp://, amqps://) or Redis (redis://, rediss://)"
-            f" URL, got {shown(redact_text(text))}"
-        )
-    if not parts.hostname:
-        raise ValueError(f"broker_url has no host: {shown(redact_text(text))}")
-    return text
-
-
-def _check_queues(queues: object) -> dict[str, Queue]:
-    if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
-        raise TypeError(f"queues must be a sequence of kombu.Queue, got {shown(queues)}")
-    found: dict[str, Queue] = {}
-    for queue in queues:
-        if not isinstance(queue, Queue):
-            raise TypeError(f"queues must hold kombu.Queue objects, got {shown(queue)}")
-        name = queue.name
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"every queue needs a name, got {shown(queue)}")
-        if name in found:
-            raise ValueError(f"queues names {name!r} twice")
-        exchange = queue.exchange
-        if exchange is not None and exchange.name and exchange.type not in {"direct", "topic"}:
-            raise ValueError(
-                f"queue {name!r}: exchange {exchange.name!r} is of type {exchange.type!r};"
-                " messages are routed by routing key: use a direct or topic exchange"
-            )
-        found[name] = queue
-    return found
-
-
-def _check_task_names(task_names: object) -> dict[str, str]:
-    if not isinstance(task_names, Mapping):
-        raise TypeError(f"task_names must be a mapping of str to str, got {shown(task_names)}")
-    for key, value in task_names.items():
-        non_empty_str("task_names key", key, max_length=1000)
-        non_empty_str(f"task_names[{key!r}]", value, max_length=1000)
-    return dict(task_names)
-
-
-@dataclass(slots=True)
-class _Batch:
-    """The confirms a batch waits for, on a RabbitMQ channel in confirm mode."""
-
-    results: list[BaseException | None]
-    by_tag: dict[int, int] = field(default_factory=dict)
-    """Delivery tag → the message's index in the batch, until its confirm comes."""
-    by_id: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """Task id → index and queue name (a returned message names its correlation id)."""
-    ids: dict[int, str] = field(default_factory=dict)
-    """Index → task id."""
-    acked: set[int] = field(default_factory=set)
-    """Indexes the broker confirmed."""
 
 
 class CeleryPublisher(AsyncStartStop):
@@ -191,8 +113,8 @@ class CeleryPublisher(AsyncStartStop):
     ) -> None:
         self._url = check_broker_url(broker_url)
         self._amqp = urlsplit(self._url).scheme.lower() in AMQP_SCHEMES
-        self._queues = _check_queues(queues)
-        self._task_names = _check_task_names({} if task_names is None else task_names)
+        self._queues = check_queues(queues)
+        self._task_names = check_task_names({} if task_names is None else task_names)
         if not isinstance(declare, bool):
             raise TypeError(f"declare must be a bool, got {shown(declare)}")
         self._declare = declare
@@ -210,7 +132,7 @@ class CeleryPublisher(AsyncStartStop):
         self._channel: Any = None
         self._producer: Any = None  # kombu.Producer
         self._declared: set[str] = set()
-        self._batch: _Batch | None = None
+        self._batch: Confirms | None = None
         self._next_tag = 1
         self._closed = False
 
@@ -421,7 +343,7 @@ class CeleryPublisher(AsyncStartStop):
             queue, exchange, routing_key = self._route(message.queue)
             refused = self._declare_queue(queue)
             routes[message.queue] = refused if refused is not None else (exchange, routing_key)
-        batch = _Batch(results=results)
+        batch = Confirms(results=results)
         self._batch = batch
         try:
             self._publish_all(encoded, routes, batch)
@@ -446,7 +368,7 @@ class CeleryPublisher(AsyncStartStop):
         self,
         encoded: list[tuple[int, OutboxMessage, TaskMessage]],
         routes: dict[str, tuple[str, str] | str],
-        batch: _Batch,
+        batch: Confirms,
     ) -> None:
         for index, message, task in encoded:
             route = routes[message.queue]
@@ -467,14 +389,12 @@ class CeleryPublisher(AsyncStartStop):
                 **task.properties,
             )
             if self._amqp:
-                batch.by_tag[self._next_tag] = index
-                batch.by_id[task.task_id] = (index, message.queue)
-                batch.ids[index] = task.task_id
+                batch.sent(self._next_tag, index, task.task_id, message.queue)
                 self._next_tag += 1
         if self._amqp:
             self._await_confirms(batch)
 
-    def _await_confirms(self, batch: _Batch) -> None:
+    def _await_confirms(self, batch: Confirms) -> None:
         assert self._connection is not None  # noqa: S101 - connected by _ensure_channel
         deadline = time.monotonic() + self._confirm_timeout
         while batch.by_tag:
@@ -489,38 +409,25 @@ class CeleryPublisher(AsyncStartStop):
             except TimeoutError:  # socket.timeout: the loop ends at the deadline
                 continue
 
-    def _settle(self, delivery_tag: int, multiple: bool, error: str | None) -> None:
-        batch = self._batch
-        if batch is None:
-            return
-        tags = [t for t in batch.by_tag if t <= delivery_tag] if multiple else [delivery_tag]
-        for tag in tags:
-            index = batch.by_tag.pop(tag, None)
-            if index is None:
-                continue
-            if error is None:
-                batch.acked.add(index)
-            elif batch.results[index] is None:
-                batch.results[index] = BrokerRefusedError(batch.ids[index], error)
-
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, None)
+        if self._batch is not None:
+            self._batch.settle(delivery_tag, multiple, None)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, "nacked (the broker could not store it)")
+        if self._batch is not None:
+            reason = "nacked (the broker could not store it)"
+            self._batch.settle(delivery_tag, multiple, reason)
 
     def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
-        batch = self._batch
-        properties = getattr(message, "properties", {}) or {}
-        task_id = properties.get("correlation_id")
-        if batch is None or task_id not in batch.by_id:
+        if self._batch is None:
             return
-        index, queue = batch.by_id[task_id]
-        # A returned message was routed to no queue (its queue was deleted, or declare=False
-        # and nobody declared it): the next attempt declares the queue again.
-        self._declared.discard(queue)
-        batch.results[index] = BrokerRefusedError(
-            task_id,
+        properties = getattr(message, "properties", {}) or {}
+        queue = self._batch.returned(
+            properties.get("correlation_id"),
             f"unroutable: exchange {exchange!r} with routing key {routing_key!r} reaches no"
             f" queue ({error_text(exc)})",
         )
+        # A returned message was routed to no queue (its queue was deleted, or declare=False
+        # and nobody declared it): the next attempt declares the queue again.
+        if queue is not None:
+            self._declared.discard(queue)
