@@ -2,8 +2,9 @@
 
 ``cut()`` aborts every connection open now (both ends see a reset, as when a broker node or a
 load balancer drops them); while ``refusing`` is set, new connections are closed as soon as they
-are accepted (a broker that is down); while ``holding`` is set, the broker's bytes are held back
-(a broker that takes writes and never answers). The shared servers are never touched.
+are accepted (a broker that is down); while ``holding`` is set, nothing is forwarded either way
+(a broker that stops reading and answering: a client's writes fill the TCP buffers, then block).
+The shared servers are never touched.
 """
 
 from __future__ import annotations
@@ -60,18 +61,16 @@ class TcpProxy:
         self.accepted += 1
         self._links.append((writer, up_writer))
         for task in (
-            asyncio.create_task(self._pipe(reader, up_writer, upstream=True)),
-            asyncio.create_task(self._pipe(up_reader, writer, upstream=False)),
+            asyncio.create_task(self._pipe(reader, up_writer)),
+            asyncio.create_task(self._pipe(up_reader, writer)),
         ):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, upstream: bool
-    ) -> None:
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await src.read(65536):
-                while self.holding and not upstream:
+                while self.holding:
                     await asyncio.sleep(0.02)
                 dst.write(data)
                 await dst.drain()

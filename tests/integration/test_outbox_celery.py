@@ -167,10 +167,10 @@ def amqp() -> Iterator[tuple[Any, Callable[[str], str]]]:
         conn.release()
 
 
-def message(queue: str, n: int, name: str = "effects.add") -> OutboxMessage:
+def message(queue: str, n: int, name: str = "effects.add", pad: int = 0) -> OutboxMessage:
     return OutboxMessage(
         id=n, idempotency_key=f"k{n}", queue=queue, name=name, job_id=f"sd2-{n:064x}",
-        payload={"key": f"k{n}"}, options={}, attempts=1, max_attempts=3,
+        payload={"key": f"k{n}", "pad": "x" * pad}, options={}, attempts=1, max_attempts=3,
         created_at=datetime.now(UTC),
     )  # fmt: skip
 
@@ -268,9 +268,12 @@ async def test_an_exchange_that_does_not_exist_fails_its_batch_and_the_next_goes
     assert await asyncio.to_thread(_drain, conn, fine) == [(message(fine, 2).job_id, "effects.add")]
 
 
-async def test_confirms_that_do_not_come_make_the_broker_unavailable(
-    amqp: tuple[Any, Any],
+@pytest.mark.parametrize("rows", [2, 300], ids=["confirms-wait", "writes-block"])
+async def test_a_broker_that_stops_answering_is_unavailable_within_the_timeouts(
+    amqp: tuple[Any, Any], rows: int
 ) -> None:
+    """Confirms that never come (2 small messages), or writes that block once the TCP buffers
+    are full (300 of 60 KB): the batch is refused within the timeouts, never hangs."""
     conn, name = amqp
     queue = name("stalled")
     parts = urlsplit(AMQP_URL)
@@ -280,12 +283,13 @@ async def test_confirms_that_do_not_come_make_the_broker_unavailable(
             assert await publisher.publish([message(queue, 0)]) == [None]
             proxy.holding = True
             started = time.monotonic()
-            with pytest.raises(PublisherUnavailableError, match="confirm") as caught:
-                await publisher.publish([message(queue, 1), message(queue, 2)])
-            assert caught.value.timeout_s == 0.5
-            assert time.monotonic() - started < 3  # not waited for twice, nor for a close
+            batch = [message(queue, n, pad=60_000 if rows > 2 else 0) for n in range(1, rows + 1)]
+            with pytest.raises(PublisherUnavailableError):
+                await publisher.publish(batch)
+            # Confirms: 0.5 s, not waited for twice nor for a close; blocked writes: 0.5 s,
+            # then one new connection, which the held proxy never answers (1 s).
+            assert time.monotonic() - started < 4
             proxy.holding = False
-            assert await publisher.publish([message(queue, 3)]) == [None]
-    ids = [job_id for job_id, _ in await asyncio.to_thread(_drain, conn, queue)]
-    # The unconfirmed batch reached the broker: re-published, it would be delivered twice.
-    assert ids == [message(queue, n).job_id for n in range(4)]
+            assert await publisher.publish([message(queue, rows + 1)]) == [None]  # reconnected
+    ids = {job_id for job_id, _ in await asyncio.to_thread(_drain, conn, queue)}
+    assert {message(queue, 0).job_id, message(queue, rows + 1).job_id} <= ids

@@ -24,20 +24,24 @@ __all__ = [
 def connection(
     url: str,
     *,
+    amqp: bool,
     connect_timeout_s: float,
     socket_timeout_s: float,
     transport_options: dict[str, Any],
 ) -> Any:
-    """A ``kombu.Connection`` to ``url`` (not connected yet)."""
+    """A ``kombu.Connection`` to ``url`` (not connected yet).
+
+    Every socket operation is bounded: a broker that stops reading or answering (a stalled
+    node, a full TCP window) fails the call after ``socket_timeout_s`` instead of blocking the
+    publisher's thread for ever.
+    """
+    timeouts: dict[str, Any] = (
+        {"read_timeout": socket_timeout_s, "write_timeout": socket_timeout_s}
+        if amqp
+        else {"socket_timeout": socket_timeout_s, "socket_connect_timeout": connect_timeout_s}
+    )
     return _Connection(  # type: ignore[no-untyped-call]
-        url,
-        connect_timeout=connect_timeout_s,
-        # Redis' client timeouts (RabbitMQ's connection takes connect_timeout).
-        transport_options={
-            "socket_timeout": socket_timeout_s,
-            "socket_connect_timeout": connect_timeout_s,
-            **transport_options,
-        },
+        url, connect_timeout=connect_timeout_s, transport_options={**timeouts, **transport_options}
     )
 
 

@@ -230,6 +230,7 @@ class CeleryPublisher(AsyncStartStop):
             if self._connection is None:
                 self._connection = connection(
                     self._url,
+                    amqp=self._amqp,
                     connect_timeout_s=self._connect_timeout,
                     socket_timeout_s=self._confirm_timeout,
                     transport_options=self._transport_options,
