@@ -227,7 +227,9 @@ def exactly_once(
                             ran = True
                             return function(conn, *args, **kwargs)
                 except psycopg.OperationalError:
-                    conn.close()  # broken: the next run opens another
+                    if not conn.broken:
+                        raise  # the database's answer (a lock timeout, …): the task's failure
+                    conn.close()  # the next run opens another
                     # A connection kept since the last task may have been closed by the server
                     # (idle timeout, restart) and fail at BEGIN or at the mark, before the
                     # task's own code: that once, on a new connection, before failing the task.

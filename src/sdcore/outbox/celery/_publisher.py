@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
-from sdcore._internal.validation import int_between, positive_number, shown
+from sdcore._internal.validation import boolean, int_between, positive_number, shown
 from sdcore._json import MAX_JSON_BYTES
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 from sdcore.outbox.celery._config import (
@@ -88,7 +88,8 @@ class CeleryPublisher(AsyncStartStop):
             ``global_keyprefix``, ``sep``, priority ``steps``).
         max_message_bytes: Largest message body; larger messages fail (and end ``DEAD``)
             instead of blocking the messages behind them.
-        confirm_timeout_s: Longest wait for a batch's confirms (RabbitMQ).
+        confirm_timeout_s: Longest wait for a batch's confirms (RabbitMQ), and for any socket
+            read or write: a broker that stops reading or answering fails the batch.
         connect_timeout_s: Connection timeout.
         logger_name: Logger for warnings.
 
@@ -115,9 +116,7 @@ class CeleryPublisher(AsyncStartStop):
         self._amqp = urlsplit(self._url).scheme.lower() in AMQP_SCHEMES
         self._queues = check_queues(queues)
         self._task_names = check_task_names({} if task_names is None else task_names)
-        if not isinstance(declare, bool):
-            raise TypeError(f"declare must be a bool, got {shown(declare)}")
-        self._declare = declare
+        self._declare = boolean("declare", declare)
         if transport_options is not None and not isinstance(transport_options, Mapping):
             raise TypeError(f"transport_options must be a mapping, got {shown(transport_options)}")
         self._transport_options = dict(transport_options or {})
