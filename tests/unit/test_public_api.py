@@ -153,6 +153,16 @@ OUTBOX = [
     "RelayState",
     "check_options",
 ]
+OUTBOX_CELERY = [
+    "DEFAULT_LEDGER_TABLE",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "BrokerRefusedError",
+    "CeleryPublisher",
+    "LedgerTransactionRequiredError",
+    "MessageTooLargeError",
+    "TaskLedger",
+    "exactly_once",
+]
 POSTGRES = [
     "DEFAULT_TABLES",
     "POOLER_SQLSTATES",
@@ -285,6 +295,7 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.jsonlog": JSONLOG,
     "sdcore.metrics": METRICS,
     "sdcore.outbox": OUTBOX,
+    "sdcore.outbox.celery": OUTBOX_CELERY,
     "sdcore.postgres": POSTGRES,
     "sdcore.probes": PROBES,
     "sdcore.queues": QUEUES,
@@ -295,7 +306,7 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.testing": TESTING,
     "sdcore.tracing": TRACING,
 }
-PUBLIC_NAME_COUNT = 229  # the sum of the lists above
+PUBLIC_NAME_COUNT = 237  # the sum of the lists above
 # Modules Django finds by name in an app (its config, commands and migrations): no Python API.
 DJANGO_CONVENTIONS = ("sdcore.django.apps", "sdcore.django.management", "sdcore.django.migrations")
 

@@ -3,7 +3,9 @@
 ``Outbox.enqueue_once`` writes in the caller's transaction (a rollback publishes nothing; the
 same message under the same idempotency key is a no-op, another message under it an error);
 ``OutboxRelay`` publishes committed rows at least once, with the same BullMQ job id every time
-(derived from the outbox's namespace and the key), so re-publishes are deduplicated.
+(derived from the outbox's namespace and the key), so re-publishes are deduplicated. Publishers:
+``sdcore.queues.BullMQPublisher`` (BullMQ on Redis) and ``sdcore.outbox.celery.CeleryPublisher``
+(Celery over RabbitMQ or Redis, extra ``sdcore[celery]``).
 """
 
 from sdcore.outbox._admin import OutboxAdmin, OutboxRow
