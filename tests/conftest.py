@@ -35,7 +35,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -302,6 +302,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         item.nodeid for item in session.items
     ):
         _turn.take()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: the suite's lanes (``tests/_lanes.py``)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests._lanes import LaneScheduling
+
+    return LaneScheduling(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)

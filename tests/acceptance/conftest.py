@@ -1,16 +1,18 @@
 """Acceptance modules: each holds the server's room while it runs, two side by side at most.
 
 Every test here is marked ``acceptance`` (:func:`pytest_collection_modifyitems`). They start real
-processes and judge them by the clock, so they run in steps of their own, before the rest (the
-README's test command):
+processes and judge them by the clock, so the README's test command runs them this way:
 
 - ``pytest -m "acceptance and alone" -n 0``: the modules marked ``alone``, one at a time — the
   64-process lease storms (they take most of ``max_connections``) and the verdicts judged too
   tightly by the clock to share the machine's cores (the demo's per-second ticks, the
   dashboard's browser tests);
-- ``pytest -m "acceptance and not alone" --dist loadfile``: the others, one module per
-  pytest-xdist worker at a time, two side by side. They mostly wait on their processes: one
-  module at a time, they used 42 % of the two cores.
+- ``pytest -m "not (acceptance and alone)" -n 6 --dist loadgroup``: everything else. The other
+  acceptance modules go in two **lanes** (``tests/_lanes.py``), each one module after the other
+  on a worker of its own, so two of them run side by side at most; the rest of the suite runs
+  on the other four workers beside them (and on a lane's worker once its lane is done).
+  Acceptance modules mostly wait on their processes (two side by side used 60 % of one core),
+  and so does most of the rest: together they fill the two cores that each left half idle.
 
 Each module holds the server's room (``tests/conftest.py``) from its first test's setup to its
 last test's teardown — shared, or whole for an ``alone`` module — so a run that selects both
