@@ -287,8 +287,15 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.tracing": TRACING,
 }
 PUBLIC_NAME_COUNT = 226  # the sum of the lists above
-# Modules Django finds by name in an app (its config, commands and migrations): no Python API.
-DJANGO_CONVENTIONS = ("sdcore.django.apps", "sdcore.django.management", "sdcore.django.migrations")
+# Modules Django finds by name in an app (its config, commands, migrations, models and admin):
+# no Python API.
+DJANGO_CONVENTIONS = (
+    "sdcore.django.apps",
+    "sdcore.django.management",
+    "sdcore.django.migrations",
+    "sdcore.django.models",
+    "sdcore.django.admin",
+)
 
 
 def public_modules() -> list[str]:

@@ -14,7 +14,38 @@ _params = conninfo_to_dict(os.environ.get("SDCORE_DJANGO_DSN", "dbname=postgres"
 SECRET_KEY = "test-only"
 DEBUG = False
 USE_TZ = True
-INSTALLED_APPS = ["sdcore.django", "tickapp"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "sdcore.django",
+    "tickapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "project.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 DATABASES = {
     "default": {
         "ENGINE": os.environ.get("SDCORE_DJANGO_ENGINE", "django.db.backends.postgresql"),

@@ -1,0 +1,205 @@
+"""The control plane as the Django admin reaches it: a Runtime of its own that runs nothing.
+
+The admin's actions go through :class:`sdcore.sync.ScheduleAdmin` (validation, the actor and
+reason recorded, replicas notified), and its schedules list shows what the models cannot read
+from one row: the next fire time and the missed ticks. Both need the control plane's pool and
+the lease table, so a process holds one :class:`Control`: an ``sdcore.sync.Runtime`` with no
+scheduler, relay or control loop (a pool of at most two connections), started on the first
+admin request of the process and stopped at interpreter exit. A forked child (a Gunicorn
+worker of a preloading master) builds its own.
+
+Missed ticks, as ``sdcore.scheduling.Scheduler.missed_ticks`` reads them from the lease table:
+the expected ticks of the last :data:`WINDOW` (from the schedule's creation at most, up to
+:data:`GRACE` before now, and at most the last :data:`MAX_TICKS` of them) without a
+``SUCCESS`` row, ticks still running left out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sdcore.job_scheduler import JobSchedulerStatus
+from sdcore.postgres import PoolSettings
+from sdcore.scheduling import InvalidScheduleError, Scheduler
+from sdcore.scheduling import ScheduleAdmin as AsyncScheduleAdmin
+from sdcore.sync import Runtime, ScheduleAdmin
+
+__all__ = ["GRACE", "MAX_TICKS", "WINDOW", "Control", "Definition", "ScheduleStatus", "control"]
+
+GRACE = timedelta(minutes=1)
+"""A tick due less than this long ago is not missed yet (its run may not have started)."""
+WINDOW = timedelta(hours=24)
+MAX_TICKS = 10_000
+"""The most ticks one schedule's count reads (``missed_ticks``'s own limit)."""
+ADMIN_POOL = PoolSettings(min_size=1, max_size=2, application_name="sdcore-django-admin")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Definition:
+    """What the schedules list knows of a schedule from its row."""
+
+    name: str
+    origin: str
+    kind: str
+    expression: str
+    time_zone: str
+    day_rule: str
+    paused: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleStatus:
+    """What the schedules list shows beyond the row.
+
+    Attributes:
+        replicas: Live replicas that declare the schedule.
+        next_fire_at: The next fire time; ``None`` while paused, for a code schedule no live
+            replica declares (it fires nowhere), and for one-shot kinds.
+        missed: Missed ticks since :attr:`missed_since`; ``None`` for kinds without ticks to
+            miss (timeout, initial) or a definition the calendar refuses.
+        missed_since: Where the count starts.
+    """
+
+    replicas: int
+    next_fire_at: datetime | None
+    missed: int | None
+    missed_since: datetime
+
+
+def _noop(_: object) -> None:
+    return None
+
+
+def _window(definition: Definition, now: datetime) -> tuple[datetime, datetime]:
+    high = now - GRACE
+    low = max(high - WINDOW, definition.created_at)
+    if definition.kind == "interval" and definition.expression.isdigit():
+        # At most MAX_TICKS grid points: an every-second schedule counts its last ~2.8 hours.
+        low = max(low, high - int(definition.expression) * MAX_TICKS * timedelta(milliseconds=1))
+    return low, high
+
+
+class Control:
+    """The admin's control plane over a started runtime that runs nothing but its pool.
+
+    Args:
+        runtime: A started ``sdcore.sync.Runtime`` (no scheduling, relay or control loop).
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.pid = os.getpid()
+        self.schedules = ScheduleAdmin(
+            AsyncScheduleAdmin(runtime.aio.schedule_store), runtime.portal
+        )
+        """The blocking operator API: pause, resume, trigger, backfill."""
+
+    def statuses(self, definitions: Sequence[Definition]) -> dict[str, ScheduleStatus]:
+        """Return each schedule's replicas, next fire time and missed ticks, by name."""
+        if not definitions:
+            return {}
+        return self.runtime.portal.call(self._statuses, list(definitions), datetime.now(UTC))
+
+    async def _statuses(
+        self, definitions: list[Definition], now: datetime
+    ) -> dict[str, ScheduleStatus]:
+        store = self.runtime.aio.schedule_store
+        jobs = self.runtime.aio.jobs
+        calendar = Scheduler()  # never started: the scheduler's own triggers, as a calendar
+        found: dict[str, ScheduleStatus] = {}
+        for definition in definitions:
+            name = definition.name
+            replicas = await store.live_declarers(name)
+            low, high = _window(definition, now)
+            try:
+                if definition.kind == "cron":
+                    calendar.add_cron(
+                        name,
+                        definition.expression,
+                        _noop,
+                        time_zone=definition.time_zone,
+                        day_rule=definition.day_rule,
+                        exclusive=False,
+                    )
+                elif definition.kind == "interval":
+                    calendar.add_interval(name, int(definition.expression), _noop, exclusive=False)
+                else:
+                    raise InvalidScheduleError(name, f"a {definition.kind} schedule has no ticks")
+            except (InvalidScheduleError, ValueError):
+                found[name] = ScheduleStatus(
+                    replicas=replicas, next_fire_at=None, missed=None, missed_since=low
+                )
+                continue
+            fires = not definition.paused and (definition.origin != "code" or replicas > 0)
+            missed: int | None = None
+            if low < high:
+                try:
+                    ticks = await calendar.missed_ticks(name, low, high, jobs=jobs)
+                except ValueError:  # more than MAX_TICKS cron ticks in the window
+                    ticks = None
+                if ticks is not None:
+                    missed = sum(t.status is not JobSchedulerStatus.RUNNING for t in ticks)
+            else:
+                missed = 0
+            found[name] = ScheduleStatus(
+                replicas=replicas,
+                next_fire_at=calendar.get(name).next_fire_at if fires else None,
+                missed=missed,
+                missed_since=low,
+            )
+        return found
+
+    def stop(self) -> None:
+        """Stop the runtime (its pool and portal)."""
+        self.runtime.stop()
+
+
+_lock = threading.Lock()
+_built: list[Control] = []
+
+
+def control() -> Control:
+    """Return this process's :class:`Control`, started on first use (one per process).
+
+    Raises:
+        RuntimeStateError: The database cannot be reached.
+        django.core.exceptions.ImproperlyConfigured: Bad ``settings.SDCORE``.
+    """
+    with _lock:
+        if _built and _built[0].pid == os.getpid():
+            return _built[0]
+        _built.clear()  # built before a fork: its portal thread did not survive it
+        runtime = _admin_runtime()
+        runtime.start()
+        _built.append(Control(runtime))
+        return _built[0]
+
+
+def close_control() -> None:
+    """Stop this process's :class:`Control`, if any (the next :func:`control` starts another)."""
+    with _lock:
+        if _built and _built[0].pid == os.getpid():
+            _built[0].stop()
+        _built.clear()
+
+
+def _admin_runtime() -> Runtime:
+    from sdcore.django._settings import SdcoreSettings, database_url
+
+    chosen = SdcoreSettings.from_django()
+    return Runtime(
+        database_url(),
+        pool=ADMIN_POOL,
+        relay=None,
+        scheduling=None,
+        control=None,
+        ensure_schema=False,
+        schema=chosen.schema,
+        logger_name="sdcore.django.admin",
+        stop_on_sigterm=False,  # the web server's signal, not sdcore's
+    )

@@ -1,0 +1,426 @@
+"""sdcore's pages in the Django admin, through Django's test client, on real PostgreSQL.
+
+One database for the module, migrated by ``manage.py migrate`` in this process (Django is set up
+here on the test project, ``tests/django_project``), and one ``manage.py sdcore run`` worker
+that declares the ``every-second`` schedule (a live replica: pause and trigger need one). The
+users: ``operator`` holds every sdcore permission, ``viewer`` only the view ones, and
+``no-<action>`` every permission but that action's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import _admin, _create, _dropper, dsn_for, unique_name
+from tests.django_project.harness import PROJECT, environment, start
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+SCHEDULE = "every-second"
+ACTIONS = ("pause", "resume", "trigger", "backfill")
+LIST = "/admin/sdcore/schedule/"
+OUTBOX = "/admin/sdcore/outboxmessage/"
+
+
+def _setup_django(dsn: str) -> None:
+    os.environ["SDCORE_DJANGO_DSN"] = dsn
+    os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    if str(PROJECT) not in sys.path:
+        sys.path.insert(0, str(PROJECT))
+    import django
+    from django.conf import settings
+    from django.test.utils import setup_test_environment
+
+    if settings.configured:
+        pytest.fail("Django was set up before this module: it needs its own settings")
+    django.setup()
+    setup_test_environment()
+
+
+def _users() -> None:
+    from django.contrib.auth.models import Permission, User
+
+    sdcore = Permission.objects.filter(content_type__app_label="sdcore")
+    view = sdcore.filter(codename__startswith="view_")
+    User.objects.create_user("operator", is_staff=True).user_permissions.set(sdcore)
+    User.objects.create_user("viewer", is_staff=True).user_permissions.set(view)
+    for action in ACTIONS:
+        user = User.objects.create_user(f"no-{action}", is_staff=True)
+        user.user_permissions.set(sdcore.exclude(codename=f"{action}_schedule"))
+    User.objects.create_user("no-retry", is_staff=True).user_permissions.set(
+        sdcore.exclude(codename="retry_outbox")
+    )
+
+
+def _wait(check: Any, what: str, seconds: float = 30) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return found
+
+
+def _one(dsn: str, query: str, *params: Any) -> Any:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0] if len(row) == 1 else row
+
+
+@pytest.fixture(scope="module")
+def site(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The module's database, migrated, with its users and a running worker."""
+    name = unique_name("admin")
+    with _admin() as conn:
+        _create(conn, name, template_db)
+    dsn = dsn_for(name)
+    _setup_django(dsn)
+    from django.core.management import call_command
+    from django.db import connections
+
+    from sdcore.django._control import close_control
+
+    call_command("migrate", verbosity=0)
+    _users()
+    ready = tmp_path_factory.mktemp("worker") / "ready"
+    worker = start(
+        dsn,
+        "sdcore",
+        "run",
+        "--ready-file",
+        str(ready),
+        env=environment(dsn, SDCORE_DJANGO_TICKS="1"),
+    )
+    try:
+        _wait(lambda: ready.exists() or worker.poll() is not None, "the worker")
+        assert worker.poll() is None, worker.communicate()
+        _wait(
+            lambda: _one(
+                dsn,
+                "SELECT count(*) FROM sdcore_schedules_runs WHERE schedule = %s AND status ="
+                " 'SUCCESS'",
+                SCHEDULE,
+            ),
+            "a successful run",
+        )
+        yield dsn
+    finally:
+        close_control()
+        connections.close_all()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+        _dropper.drop(name)
+
+
+def _client(username: str, *, csrf: bool = False) -> Any:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(User.objects.get(username=username))
+    return client
+
+
+def _post_action(client: Any, action: str, ids: list[str], url: str = LIST, **form: Any) -> Any:
+    data = {"action": action, "_selected_action": ids, **form}
+    return client.post(url, data, follow=True)
+
+
+def _messages(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def _paused(dsn: str) -> bool:
+    return bool(_one(dsn, "SELECT paused FROM sdcore_schedules WHERE name = %s", SCHEDULE))
+
+
+def _actions(dsn: str, kind: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return list(
+            conn.execute(
+                "SELECT actor, reason, params, request_id FROM sdcore_schedules_actions"
+                " WHERE schedule = %s AND action = %s ORDER BY id",
+                (SCHEDULE, kind),
+            ).fetchall()
+        )
+
+
+def _outbox_row(dsn: str, key: str, status: str) -> int:
+    """A row as the outbox writes it, then put in ``status`` as the relay would leave it."""
+    from sdcore.sync import Outbox
+
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            Outbox().enqueue_once(
+                conn, idempotency_key=key, queue="mail", name="notify", payload={"k": key}
+            )
+        conn.execute(
+            "UPDATE outbox SET status = %s, attempts = max_attempts, last_error = 'boom',"
+            " published_at = CASE WHEN %s = 'PUBLISHED' THEN now() END"
+            " WHERE idempotency_key = %s",
+            (status, status, key),
+        )
+        row_id = conn.execute("SELECT id FROM outbox WHERE idempotency_key = %s", (key,)).fetchone()
+    assert row_id is not None
+    return int(row_id[0])
+
+
+def test_the_lists_render_with_their_data(site: str) -> None:
+    client = _client("viewer")
+    page = client.get(LIST)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert SCHEDULE in text
+    assert "every 1000 ms" in text
+    assert "missed ticks (24 h)" in text.lower()
+    assert "SUCCESS at" in text  # the last run
+    row = next(r for r in page.context["cl"].result_list if r.name == SCHEDULE)
+    status = row.sdcore_status
+    assert status.replicas == 1
+    assert status.next_fire_at is not None
+    assert status.next_fire_at > datetime.now(UTC) - timedelta(seconds=2)
+    assert status.missed is not None
+    runs = client.get("/admin/sdcore/schedulerun/", {"schedule": SCHEDULE})
+    assert runs.status_code == 200
+    listed = runs.context["cl"].result_list
+    assert listed
+    assert {r.schedule for r in listed} == {SCHEDULE}
+    assert "SUCCESS" in runs.content.decode()
+    detail = client.get(f"/admin/sdcore/schedule/{SCHEDULE}/change/")
+    assert detail.status_code == 200
+    assert "Save" not in detail.content.decode()  # read-only
+    key = f"render-{time.monotonic_ns()}"
+    row_id = _outbox_row(site, key, "DEAD")
+    outbox = client.get(OUTBOX, {"status": "DEAD"})
+    assert outbox.status_code == 200
+    assert f">{row_id}<" in outbox.content.decode()
+    assert client.get("/admin/sdcore/scheduleaction/").status_code == 200
+
+
+def test_missed_ticks_count_the_expected_ticks_without_success(site: str) -> None:
+    from sdcore.django._control import GRACE, Definition, control
+
+    created = datetime.now(UTC) - timedelta(minutes=10)
+
+    def definition(name: str, kind: str, expression: str) -> Definition:
+        return Definition(
+            name=name,
+            origin="stored",
+            kind=kind,
+            expression=expression,
+            time_zone="UTC",
+            day_rule="vixie",
+            paused=False,
+            created_at=created,
+        )
+
+    found = control().statuses(
+        [
+            # The worker has run every-second for seconds only: 9 minutes of its ticks before
+            # the grace are missed (as if it had existed for 10 minutes).
+            definition(SCHEDULE, "interval", "1000"),
+            definition("never-ran", "cron", "* * * * *"),
+            definition("once", "initial", "0"),
+        ]
+    )
+    window = (datetime.now(UTC) - GRACE - created).total_seconds()
+    missed = found[SCHEDULE].missed
+    assert missed is not None
+    assert abs(missed - window) <= 2
+    assert found["never-ran"].missed in (8, 9, 10)
+    assert found["never-ran"].next_fire_at is not None
+    assert found["never-ran"].replicas == 0
+    assert found["once"].missed is None
+    assert found["once"].next_fire_at is None
+
+
+def test_a_user_without_view_permission_sees_no_page(site: str) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.get_or_create(username="staff-only", is_staff=True)
+    client = _client("staff-only")
+    assert client.get(LIST).status_code == 403
+    assert client.get(OUTBOX).status_code == 403
+
+
+def test_the_viewer_is_offered_no_action_and_a_forged_post_is_refused(site: str) -> None:
+    client = _client("viewer")
+    text = client.get(LIST).content.decode()
+    for action in ACTIONS:
+        assert f'value="{action}"' not in text
+    for action in ACTIONS:
+        forged = _post_action(client, action, [SCHEDULE], apply="1", reason="forged")
+        assert forged.status_code == 403, action
+    assert not _paused(site)
+    assert _actions(site, "pause") == []
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_each_action_needs_its_own_permission(site: str, action: str) -> None:
+    client = _client(f"no-{action}")
+    text = client.get(LIST).content.decode()
+    offered = {a for a in ACTIONS if f'value="{a}"' in text}
+    assert offered == set(ACTIONS) - {action}
+    before = len(_actions(site, action))
+    assert _post_action(client, action, [SCHEDULE]).status_code == 403  # the form
+    refused = _post_action(client, action, [SCHEDULE], apply="1", request_id="x")
+    assert refused.status_code == 403
+    assert len(_actions(site, action)) == before
+
+
+def test_pause_then_resume_record_the_django_user_and_reason(site: str) -> None:
+    client = _client("operator")
+    form = _post_action(client, "pause", [SCHEDULE])
+    assert form.status_code == 200
+    assert 'name="reason"' in form.content.decode()
+    assert not _paused(site)  # the form alone changes nothing
+    done = _post_action(client, "pause", [SCHEDULE], apply="1", reason="INC-12", request_id="r1")
+    assert done.status_code == 200
+    assert any("pause of every-second recorded as action" in m for m in _messages(done))
+    assert _paused(site)
+    assert _one(
+        site, "SELECT paused_by, paused_reason FROM sdcore_schedules WHERE name = %s", SCHEDULE
+    ) == ("operator", "INC-12")
+    again = _post_action(client, "pause", [SCHEDULE], apply="1", reason="", request_id="r2")
+    assert any("already paused; nothing changed" in m for m in _messages(again))
+    listed = client.get(LIST).content.decode()
+    assert "paused by operator: INC-12" in listed
+    resumed = _post_action(client, "resume", [SCHEDULE], apply="1", reason="", request_id="r3")
+    assert any("resume of every-second recorded" in m for m in _messages(resumed))
+    assert not _paused(site)
+    assert _actions(site, "pause")[-1][:2] == ("operator", "INC-12")
+    assert _actions(site, "resume")[-1][:2] == ("operator", None)
+    from django.contrib.admin.models import LogEntry
+
+    assert LogEntry.objects.filter(user__username="operator", object_repr=SCHEDULE).count() >= 2
+
+
+def test_trigger_runs_once_even_when_the_form_is_submitted_twice(site: str) -> None:
+    client = _client("operator")
+    for _ in range(2):
+        done = _post_action(
+            client, "trigger", [SCHEDULE], apply="1", reason="by hand", request_id="t-1"
+        )
+        assert done.status_code == 200
+    texts = _messages(done)
+    assert any("already recorded by an earlier submit" in m for m in texts), texts
+    triggers = [a for a in _actions(site, "trigger") if a[3] == "t-1"]
+    assert len(triggers) == 1
+    assert triggers[0][:2] == ("operator", "by hand")
+    _wait(
+        lambda: _one(
+            site,
+            "SELECT count(*) FROM sdcore_schedules_runs WHERE schedule = %s AND source ="
+            " 'trigger' AND status = 'SUCCESS'",
+            SCHEDULE,
+        ),
+        "the triggered run",
+    )
+
+
+def test_backfill_takes_its_window_from_the_form(site: str) -> None:
+    client = _client("operator")
+    end = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    start_at = end - timedelta(seconds=3)
+    bad = _post_action(
+        client,
+        "backfill",
+        [SCHEDULE],
+        apply="1",
+        request_id="b-0",
+        start=end.isoformat(),
+        end=start_at.isoformat(),
+        concurrency="1",
+    )
+    assert any("before it starts" in m for m in _messages(bad)), _messages(bad)
+    missing = _post_action(client, "backfill", [SCHEDULE], apply="1", request_id="b-1")
+    assert missing.status_code == 200
+    assert "This field is required" in missing.content.decode()  # the form, shown again
+    done = _post_action(
+        client,
+        "backfill",
+        [SCHEDULE],
+        apply="1",
+        request_id="b-2",
+        reason="replay",
+        start=start_at.isoformat(),
+        end=end.isoformat(),
+        concurrency="1",
+    )
+    assert any("backfill of every-second recorded" in m for m in _messages(done))
+    actor, reason, params, _ = _actions(site, "backfill")[-1]
+    assert (actor, reason) == ("operator", "replay")
+    assert params["ticks"] == 4
+    assert params["from"] == start_at.isoformat()
+
+
+def test_outbox_retry_needs_its_permission_and_goes_through_the_outbox_admin(site: str) -> None:
+    dead = _outbox_row(site, f"dead-{time.monotonic_ns()}", "DEAD")
+    published = _outbox_row(site, f"published-{time.monotonic_ns()}", "PUBLISHED")
+    denied = _client("no-retry")
+    assert 'value="retry"' not in denied.get(OUTBOX).content.decode()
+    assert _post_action(denied, "retry", [str(dead)], url=OUTBOX).status_code == 403
+    assert _one(site, "SELECT status FROM outbox WHERE id = %s", dead) == "DEAD"
+    client = _client("operator")
+    assert 'value="retry"' in client.get(OUTBOX).content.decode()
+    done = _post_action(client, "retry", [str(dead), str(published)], url=OUTBOX, index="0")
+    texts = _messages(done)
+    assert any(f"retried #{dead}" in m for m in texts), texts
+    assert any(f"not retried #{published}" in m for m in texts), texts
+    assert _one(site, "SELECT status, attempts FROM outbox WHERE id = %s", dead) == (
+        "PENDING",
+        0,
+    )
+    assert _one(site, "SELECT status FROM outbox WHERE id = %s", published) == "PUBLISHED"
+
+
+def test_actions_are_csrf_protected(site: str) -> None:
+    client = _client("operator", csrf=True)
+    refused = _post_action(client, "pause", [SCHEDULE], apply="1", request_id="c-1")
+    assert refused.status_code == 403
+    assert b"CSRF" in refused.content
+    assert not _paused(site)
+    form = _post_action(client, "pause", [SCHEDULE], csrfmiddlewaretoken="x")
+    assert form.status_code == 403
+    page = client.get(LIST)
+    token = page.context["csrf_token"]
+    shown = _post_action(client, "pause", [SCHEDULE], csrfmiddlewaretoken=str(token))
+    assert shown.status_code == 200
+    done = _post_action(
+        client,
+        "pause",
+        [SCHEDULE],
+        apply="1",
+        request_id="c-2",
+        reason="csrf",
+        csrfmiddlewaretoken=str(token),
+    )
+    assert any("pause of every-second recorded" in m for m in _messages(done))
+    assert _paused(site)
+    _post_action(
+        client, "resume", [SCHEDULE], apply="1", request_id="c-3", csrfmiddlewaretoken=str(token)
+    )
+    assert not _paused(site)
+
+
+def test_the_admin_models_need_no_migration(site: str) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("makemigrations", "sdcore", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
