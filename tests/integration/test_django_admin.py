@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from tests.conftest import _admin, _create, _dropper, dsn_for, unique_name
-from tests.django_project.harness import PROJECT, environment, start
+from tests.django_project.harness import PROJECT, environment, manage, start
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -268,6 +268,17 @@ def test_the_viewer_is_offered_no_action_and_a_forged_post_is_refused(site: str)
     assert _actions(site, "pause") == []
 
 
+def test_no_action_chosen_and_a_vanished_schedule_are_messages_not_errors(site: str) -> None:
+    client = _client("operator")
+    none = _post_action(client, "", [SCHEDULE], index="0")
+    assert none.status_code == 200
+    assert "No action selected." in _messages(none)
+    gone = _post_action(client, "pause", ["no-such-schedule"], apply="1", request_id="g-1")
+    assert gone.status_code == 200
+    assert any("none of the selected schedules exists" in m for m in _messages(gone))
+    assert not _paused(site)
+
+
 @pytest.mark.parametrize("action", ACTIONS)
 def test_each_action_needs_its_own_permission(site: str, action: str) -> None:
     client = _client(f"no-{action}")
@@ -424,3 +435,25 @@ def test_the_admin_models_need_no_migration(site: str) -> None:
     out = StringIO()
     call_command("makemigrations", "sdcore", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+SCHEMA_READS = """
+from sdcore.django.models import OutboxMessage, Schedule, ScheduleAction, ScheduleRun
+print("tables", [m._meta.db_table for m in (Schedule, ScheduleRun, ScheduleAction, OutboxMessage)])
+print("counts", [m.objects.count() for m in (Schedule, ScheduleRun, ScheduleAction, OutboxMessage)])
+"""
+
+
+def test_the_models_follow_sdcore_schema(empty_dsn: str) -> None:
+    env = environment(empty_dsn, SDCORE_DJANGO_SCHEMA="sdcore_app")
+    migrated = manage(empty_dsn, "migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sdcore_app.outbox (idempotency_key, queue, name, job_id, payload,"
+            " max_attempts, message_digest) VALUES ('k', 'q', 'n', 'j', '{}', 3, '\\\\x00')"
+        )
+    read = manage(empty_dsn, "shell", "-c", SCHEMA_READS, env=env)
+    assert read.returncode == 0, read.stderr
+    assert '\'"sdcore_app"."sdcore_schedules_runs"\'' in read.stdout
+    assert "counts [0, 0, 0, 1]" in read.stdout

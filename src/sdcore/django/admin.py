@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+import psycopg
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -31,6 +32,7 @@ from django.utils.http import urlencode
 
 from sdcore.django._control import WINDOW, Definition, ScheduleStatus, control
 from sdcore.django.models import OutboxMessage, Schedule, ScheduleAction, ScheduleRun
+from sdcore.runtime import RuntimeStateError
 from sdcore.scheduling import ControlAction, ControlWriteUncertainError, ScheduleControlError
 
 __all__ = ["OutboxMessageAdmin", "ScheduleActionAdmin", "ScheduleAdmin", "ScheduleRunAdmin"]
@@ -82,7 +84,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         if request.method == "POST":
-            named = set(request.POST.getlist("action"))
+            named = {a for a in request.POST.getlist("action") if a}  # "": none chosen
             offered = set(self.get_actions(request))
             if named - offered:
                 # Django would answer "No action selected"; a forged or stale POST for an
@@ -125,6 +127,18 @@ class BackfillForm(ReasonForm):
         required=False, help_text="Run again the ticks that already succeeded."
     )
 
+    def clean(self) -> dict[str, Any]:
+        """Make the window aware: with ``USE_TZ = False`` Django's times are naive, in
+        ``TIME_ZONE``."""
+        from django.utils import timezone
+
+        data: dict[str, Any] = super().clean()
+        for key in ("start", "end"):
+            value = data.get(key)
+            if isinstance(value, datetime) and timezone.is_naive(value):
+                data[key] = timezone.make_aware(value, timezone.get_default_timezone())
+        return data
+
 
 class ScheduleChangeList(ChangeList):  # type: ignore[misc]
     """The schedules list: each row of the page gets its next fire time and missed ticks from
@@ -133,7 +147,12 @@ class ScheduleChangeList(ChangeList):  # type: ignore[misc]
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         rows = list(self.result_list)
-        statuses = control().statuses([_definition(row) for row in rows])
+        try:
+            statuses = control().statuses([_definition(row) for row in rows])
+        except (RuntimeStateError, psycopg.Error) as exc:
+            # The rows came through Django's connection: show them, without what needs sdcore's.
+            messages.warning(request, f"next fire times and missed ticks unavailable: {exc}")
+            statuses = {}
         for row in rows:
             row.sdcore_status = statuses.get(row.name)
 
@@ -315,6 +334,11 @@ class ScheduleAdmin(ReadOnlyAdmin):
         if not getattr(self, f"has_{action}_permission")(request):
             raise PermissionDenied  # get_actions already hides it; never act without it
         rows = list(queryset)
+        if not rows:
+            self.message_user(
+                request, "none of the selected schedules exists; nothing changed", messages.WARNING
+            )
+            return None
         if APPLY in request.POST:
             form = form_class(request.POST)
             if form.is_valid():
