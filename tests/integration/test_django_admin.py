@@ -211,20 +211,23 @@ def test_the_lists_render_with_their_data(site: str) -> None:
 
 
 def test_missed_ticks_count_the_expected_ticks_without_success(site: str) -> None:
-    from sdcore.django._control import GRACE, Definition, control
+    from sdcore.django._control import GRACE, MAX_TICKS, Definition, control
 
     created = datetime.now(UTC) - timedelta(minutes=10)
 
-    def definition(name: str, kind: str, expression: str) -> Definition:
+    def definition(name: str, kind: str, expression: str, **changes: Any) -> Definition:
         return Definition(
-            name=name,
-            origin="stored",
-            kind=kind,
-            expression=expression,
-            time_zone="UTC",
-            day_rule="vixie",
-            paused=False,
-            created_at=created,
+            **{
+                "name": name,
+                "origin": "stored",
+                "kind": kind,
+                "expression": expression,
+                "time_zone": "UTC",
+                "day_rule": "vixie",
+                "paused": False,
+                "created_at": created,
+                **changes,
+            }
         )
 
     found = control().statuses(
@@ -234,6 +237,8 @@ def test_missed_ticks_count_the_expected_ticks_without_success(site: str) -> Non
             definition(SCHEDULE, "interval", "1000"),
             definition("never-ran", "cron", "* * * * *"),
             definition("once", "initial", "0"),
+            definition("fast", "interval", "1000", created_at=created - timedelta(hours=1)),
+            definition("paused", "cron", "* * * * *", paused=True),
         ]
     )
     window = (datetime.now(UTC) - GRACE - created).total_seconds()
@@ -243,8 +248,12 @@ def test_missed_ticks_count_the_expected_ticks_without_success(site: str) -> Non
     assert found["never-ran"].missed in (8, 9, 10)
     assert found["never-ran"].next_fire_at is not None
     assert found["never-ran"].replicas == 0
+    assert not found[SCHEDULE].capped
     assert found["once"].missed is None
     assert found["once"].next_fire_at is None
+    assert (found["fast"].missed, found["fast"].capped) == (MAX_TICKS, True)
+    assert found["paused"].next_fire_at is None
+    assert found["paused"].missed in (8, 9, 10)  # a pause does not excuse its ticks
 
 
 def test_a_user_without_view_permission_sees_no_page(site: str) -> None:
@@ -276,6 +285,34 @@ def test_no_action_chosen_and_a_vanished_schedule_are_messages_not_errors(site: 
     gone = _post_action(client, "pause", ["no-such-schedule"], apply="1", request_id="g-1")
     assert gone.status_code == 200
     assert any("none of the selected schedules exists" in m for m in _messages(gone))
+    assert not _paused(site)
+
+
+@pytest.mark.parametrize(
+    ("action", "form", "named"),
+    [
+        ("pause", {"reason": "x" * 1_001}, "reason"),
+        ("trigger", {"request_id": "r" * 201}, "request_id"),
+        ("backfill", {"concurrency": "1000000"}, "concurrency"),
+    ],
+    ids=["long-reason", "forged-request-id", "huge-concurrency"],
+)
+def test_bad_input_is_the_control_planes_message(
+    site: str, action: str, form: dict[str, str], named: str
+) -> None:
+    end = datetime.now(UTC) - timedelta(seconds=5)
+    data = {
+        "request_id": "bad-1",
+        "start": (end - timedelta(seconds=2)).isoformat(),
+        "end": end.isoformat(),
+        "concurrency": "1",
+        **form,
+    }
+    before = len(_actions(site, action))
+    done = _post_action(_client("operator"), action, [SCHEDULE], apply="1", **data)
+    texts = _messages(done)
+    assert any(f"{action} of every-second refused" in m and named in m for m in texts), texts
+    assert len(_actions(site, action)) == before
     assert not _paused(site)
 
 

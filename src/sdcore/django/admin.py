@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from sdcore.django._control import WINDOW, Definition, ScheduleStatus, control
+from sdcore.django._control import MAX_TICKS, WINDOW, Definition, ScheduleStatus, control
 from sdcore.django.models import OutboxMessage, Schedule, ScheduleAction, ScheduleRun
 from sdcore.runtime import RuntimeStateError
 from sdcore.scheduling import ControlAction, ControlWriteUncertainError, ScheduleControlError
@@ -247,9 +247,13 @@ class ScheduleAdmin(ReadOnlyAdmin):
         return f"{getattr(row, 'last_status', '')} at {at:%Y-%m-%d %H:%M:%S %Z}"
 
     @_display(description=f"missed ticks ({WINDOW.total_seconds() / 3600:.0f} h)")
-    def missed_ticks(self, row: Schedule) -> int | None:
+    def missed_ticks(self, row: Schedule) -> int | str | None:
         status = _status(row)
-        return None if status is None else status.missed
+        if status is None or status.missed is None:
+            return None
+        if status.capped:
+            return f"{status.missed} of the last {MAX_TICKS:,} ticks"
+        return status.missed
 
     @_display(description="history")
     def runs(self, row: Schedule) -> str:
