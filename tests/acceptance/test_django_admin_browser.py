@@ -116,7 +116,8 @@ def test_an_operator_pauses_and_resumes_a_schedule_in_a_browser(
             page.fill("textarea[name=reason]", "INC-7: <b>db failover</b>")
             page.click("input[name=apply]")
             page.wait_for_url(f"{served}/admin/sdcore/schedule/")
-            assert "pause of every-second recorded as action" in page.inner_text("ul.messagelist").lower()
+            said = page.inner_text("ul.messagelist").lower()  # the admin capitalises messages
+            assert "pause of every-second recorded as action" in said
             row = page.inner_text("#result_list tbody")
             assert "paused by operator: INC-7: <b>db failover</b>" in row  # escaped, as typed
 
