@@ -128,15 +128,12 @@ class BackfillForm(ReasonForm):
     )
 
     def clean(self) -> dict[str, Any]:
-        """Make the window aware: with ``USE_TZ = False`` Django's times are naive, in
-        ``TIME_ZONE``."""
-        from django.utils import timezone
-
+        """Make the window aware (naive with ``USE_TZ = False``)."""
         data: dict[str, Any] = super().clean()
         for key in ("start", "end"):
             value = data.get(key)
-            if isinstance(value, datetime) and timezone.is_naive(value):
-                data[key] = timezone.make_aware(value, timezone.get_default_timezone())
+            if isinstance(value, datetime):
+                data[key] = _aware(value)
         return data
 
 
@@ -157,6 +154,17 @@ class ScheduleChangeList(ChangeList):  # type: ignore[misc]
             row.sdcore_status = statuses.get(row.name)
 
 
+def _aware(value: datetime) -> datetime:
+    """``value`` as an aware datetime: with ``USE_TZ = False`` Django reads naive ones, in
+    ``TIME_ZONE``."""
+    from django.utils import timezone
+
+    if timezone.is_naive(value):
+        aware: datetime = timezone.make_aware(value, timezone.get_default_timezone())
+        return aware
+    return value
+
+
 def _definition(row: Schedule) -> Definition:
     return Definition(
         name=row.name,
@@ -166,7 +174,7 @@ def _definition(row: Schedule) -> Definition:
         time_zone=row.time_zone,
         day_rule=row.day_rule,
         paused=row.paused,
-        created_at=row.created_at,
+        created_at=_aware(row.created_at),
     )
 
 
@@ -244,7 +252,10 @@ class ScheduleAdmin(ReadOnlyAdmin):
         at = getattr(row, "last_run_at", None)
         if at is None:
             return "never"
-        return f"{getattr(row, 'last_status', '')} at {at:%Y-%m-%d %H:%M:%S %Z}"
+        from django.utils.formats import localize
+        from django.utils.timezone import template_localtime
+
+        return f"{getattr(row, 'last_status', '')} at {localize(template_localtime(at))}"
 
     @_display(description=f"missed ticks ({WINDOW.total_seconds() / 3600:.0f} h)")
     def missed_ticks(self, row: Schedule) -> int | str | None:

@@ -1,7 +1,8 @@
 """Settings of the test project: the database comes from ``SDCORE_DJANGO_DSN`` (a libpq DSN).
 
 ``SDCORE_DJANGO_ENGINE`` replaces the engine (the sqlite refusal test), ``SDCORE_DJANGO_SCHEMA``
-sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``.
+sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``,
+``SDCORE_DJANGO_USE_TZ=0`` sets ``USE_TZ = False``.
 """
 
 import json
@@ -13,7 +14,7 @@ _params = conninfo_to_dict(os.environ.get("SDCORE_DJANGO_DSN", "dbname=postgres"
 
 SECRET_KEY = "test-only"
 DEBUG = False
-USE_TZ = True
+USE_TZ = os.environ.get("SDCORE_DJANGO_USE_TZ", "1") == "1"
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
