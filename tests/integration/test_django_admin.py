@@ -30,6 +30,7 @@ SCHEDULE = "every-second"
 ACTIONS = ("pause", "resume", "trigger", "backfill")
 LIST = "/admin/sdcore/schedule/"
 OUTBOX = "/admin/sdcore/outboxmessage/"
+HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def _setup_django(dsn: str) -> None:
@@ -193,6 +194,11 @@ def test_the_lists_render_with_their_data(site: str) -> None:
     assert status.next_fire_at is not None
     assert status.next_fire_at > datetime.now(UTC) - timedelta(seconds=2)
     assert status.missed is not None
+    for query in ({"q": "every"}, {"o": "4"}, {"o": "-4.1"}, {"paused__exact": "0"}):
+        found = client.get(LIST, query)
+        assert found.status_code == 200, query
+        assert [r.name for r in found.context["cl"].result_list] == [SCHEDULE], query
+    assert client.get(LIST, {"q": "nothing-like-it"}).context["cl"].result_count == 0
     runs = client.get("/admin/sdcore/schedulerun/", {"schedule": SCHEDULE})
     assert runs.status_code == 200
     listed = runs.context["cl"].result_list
@@ -506,7 +512,9 @@ client = Client()
 client.force_login(User.objects.create_superuser("root"))
 page = client.get("/admin/sdcore/schedule/")
 print("status", page.status_code)
-row = page.context["cl"].result_list[0]
+text = page.content.decode()
+print("hostile", "<img src=x" in text, "&lt;img src=x" in text)
+row = page.context["cl"].result_list[1]
 print("missed", row.sdcore_status.missed, "last", "never" in page.content.decode())
 end = "2020-01-01 00:00:10"
 done = client.post(
@@ -529,9 +537,15 @@ def test_the_list_and_a_backfill_work_with_use_tz_false(empty_dsn: str) -> None:
             " handler, created_at) VALUES ('nightly', 'stored', 'cron', '*/5 * * * *', 'f',"
             " 'h', now() - interval '1 hour')"
         )
+        conn.execute(
+            "INSERT INTO sdcore_schedules (name, origin, kind, expression, fingerprint,"
+            " handler) VALUES (%s, 'stored', 'interval', '60000', 'f', %s)",
+            (HOSTILE, HOSTILE),
+        )
     shown = manage(empty_dsn, "shell", "-c", NAIVE_LIST, env=env)
     assert shown.returncode == 0, shown.stderr
     assert "status 200" in shown.stdout
+    assert "hostile False True" in shown.stdout  # escaped wherever it is shown
     assert "missed 11 last True" in shown.stdout or "missed 12 last True" in shown.stdout
     # Naive times in TIME_ZONE reach the control plane aware: its own refusal (no replica
     # registers the handler), not a naive/aware comparison error.
