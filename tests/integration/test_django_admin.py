@@ -9,10 +9,8 @@ users: ``operator`` holds every sdcore permission, ``viewer`` only the view ones
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,11 +31,12 @@ OUTBOX = "/admin/sdcore/outboxmessage/"
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
-def _setup_django(dsn: str) -> None:
-    os.environ["SDCORE_DJANGO_DSN"] = dsn
-    os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
-    if str(PROJECT) not in sys.path:
-        sys.path.insert(0, str(PROJECT))
+def _setup_django(dsn: str, patch: pytest.MonkeyPatch) -> None:
+    """Set Django up in this process on the test project (once: Django's settings are global;
+    the environment and path are restored after the module)."""
+    patch.setenv("SDCORE_DJANGO_DSN", dsn)
+    patch.setenv("DJANGO_SETTINGS_MODULE", "project.settings")
+    patch.syspath_prepend(str(PROJECT))
     import django
     from django.conf import settings
     from django.test.utils import setup_test_environment
@@ -84,9 +83,15 @@ def site(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with _admin() as conn:
         _create(conn, name, template_db)
     dsn = dsn_for(name)
-    _setup_django(dsn)
+    with pytest.MonkeyPatch.context() as patch:
+        _setup_django(dsn, patch)
+        yield from _served(dsn, name, tmp_path_factory)
+
+
+def _served(dsn: str, name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from django.core.management import call_command
     from django.db import connections
+    from django.test.utils import teardown_test_environment
 
     from sdcore.django._control import close_control
 
@@ -117,6 +122,7 @@ def site(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     finally:
         close_control()
         connections.close_all()
+        teardown_test_environment()
         worker.send_signal(signal.SIGTERM)
         try:
             worker.communicate(timeout=15)
