@@ -431,10 +431,42 @@ def due_ticks(
             continue
         why = excused(cluster, walk, name, instant)
         if why is None:
-            lost.append(f"{key}: no row, a replica alive, no disturbance around it")
+            lost.append(
+                f"{key}: no row, a replica alive, no disturbance around it\n"
+                + trace(cluster, name, instant)
+            )
         else:
             walk.tally[f"ticks without a row: {why}"] += 1
     return lost
+
+
+def trace(cluster: Cluster, name: str, instant: datetime) -> str:
+    """What each replica alive around ``instant`` logged about ``name`` from 3 s before to 4 s
+    after it: the evidence a lost tick's report carries."""
+    low, high = instant - timedelta(seconds=3), instant + timedelta(seconds=4)
+    lines = []
+    for life in cluster.lives:
+        if life.began > high or (life.ended is not None and life.ended < low):
+            continue
+        lines.append(
+            f"    replica {life.index} pid {life.pid} {life.began:%T.%f}.."
+            f"{'' if life.ended is None else f'{life.ended:%T.%f} ({life.how})'}"
+        )
+        for line in life.log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                at = parse_utc(record["time"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            about = record.get("schedule") == name or (
+                record.get("schedule") is None and repr(name) in str(record.get("message"))
+            )
+            if low <= at <= high and about:
+                lines.append(
+                    f"      {at:%T.%f} {record.get('action')} {record.get('run_key', '')}"
+                    f" {str(record.get('message', ''))[:140]}"
+                )
+    return "\n".join(lines)
 
 
 def missed_ticks(

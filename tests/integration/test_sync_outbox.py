@@ -413,3 +413,40 @@ def test_a_sqlalchemy_session_shares_the_psycopg_paths_debounce(
     finally:
         engine.dispose()
     assert len(_notifications(listener)) == 1
+
+
+class _Driver:
+    """A blocking ``OutboxDriver`` over a psycopg connection, recording what it is sent."""
+
+    def __init__(self, conn: psycopg.Connection[Any], *, refuse: bool = False) -> None:
+        self.conn = conn
+        self.refuse = refuse
+        self.sent: list[str] = []
+
+    def begin(self) -> tuple[Any, ...]:
+        if self.refuse:
+            raise OutboxTransactionRequiredError("test driver")
+        return ("driver", self.conn.info.dbname)
+
+    def first(self, statement: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        self.sent.append(statement)
+        return self.conn.execute(statement, params).fetchone()
+
+
+def test_enqueue_via_runs_the_outboxs_statements_through_a_driver(dsn: str) -> None:
+    outbox = Outbox()
+    with psycopg.connect(dsn) as conn:
+        driver = _Driver(conn)
+        assert outbox.enqueue_via(driver, **_message("via", n=1)) is True
+        assert outbox.enqueue_via(driver, **_message("via", n=1)) is False
+        with pytest.raises(OutboxKeyConflictError):
+            outbox.enqueue_via(driver, **_message("via", n=2))
+        assert all(isinstance(statement, str) for statement in driver.sent)
+        conn.commit()
+        refusing = _Driver(conn, refuse=True)
+        with pytest.raises(OutboxTransactionRequiredError):
+            outbox.enqueue_via(refusing, **_message("refused"))
+        with pytest.raises(InvalidOutboxMessageError):
+            outbox.enqueue_via(driver, idempotency_key="", queue="q", name="n", payload={})
+        assert refusing.sent == []
+    assert _keys(dsn) == ["via"]

@@ -11,13 +11,13 @@ import math
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from sdcore.job_scheduler import AttemptAcquireResult, AttemptBudget, JobAcquireOptions
-from sdcore.scheduling import ScheduleControl, Scheduler, Tick
+from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._owners import OWNERS, Member, Owners, second_delay
 from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 from tests.unit._looptime import BASE, in_loop_time
@@ -166,9 +166,12 @@ class _Cluster:
         *,
         heartbeat_ms: int = 1_000,
         catch_up: Literal["off", "latest", "all"] = "all",
+        stored: Callable[[Tick, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=self.now)
+        if stored is not None:
+            scheduler.handler("work")(stored)
         for name in names:
 
             async def handler(tick: Tick, index: int = index) -> None:
@@ -517,3 +520,40 @@ async def test_both_owners_stopping_gracefully_leave_no_tick_behind() -> None:
         run_key = (BASE + timedelta(seconds=t)).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name in names:
             assert per_tick[name, run_key] == 1, (name, run_key)
+
+
+@in_loop_time
+async def test_a_stored_schedule_changed_while_a_later_owner_waits_still_runs_the_tick() -> None:
+    # The first owner of each instant is dead (still in the view); the later owners wait a
+    # quarter of a second, and the change of the stored schedule's arguments reaches them in
+    # that quarter: the tick they wait to ask for is the changed schedule's, not a lost one.
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    admin = ScheduleAdmin(cluster.store)
+    ran: list[tuple[str, int, dict[str, Any]]] = []
+    try:
+        for i in range(3):
+
+            async def work(tick: Tick, args: dict[str, Any], index: int = i) -> None:
+                ran.append((tick.run_key or "", index, args))
+
+            await cluster.start(i, [], stored=work)
+
+        await admin.create("s", handler="work", every_ms=1_000, args={"n": 0}, actor="t")
+        await asyncio.sleep(3.0)
+        first = math.ceil(loop.time()) + 1
+        victim = _fire_owners(cluster, "s", first)[0]
+        await asyncio.sleep(first - 0.5 - loop.time())
+        await cluster.crash(victim)
+        for n, at in enumerate(range(first, first + 3), start=1):
+            await asyncio.sleep(at + 0.01 - loop.time())
+            await admin.update("s", args={"n": n}, actor="t")
+        await asyncio.sleep(1.0)
+    finally:
+        await cluster.stop_all()
+    keys = {
+        (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for s in range(first, first + 3)
+    }
+    per_key = Counter(k for k, _, _ in ran if k in keys)
+    assert per_key == dict.fromkeys(keys, 1), sorted(ran)

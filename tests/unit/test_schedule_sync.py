@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +23,10 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.scheduling._control import fingerprint, row_trigger
+from sdcore.scheduling._hooks import SchedulerHooks
+from sdcore.scheduling._triggers import ScheduleKind
 from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
+from tests.unit._looptime import BASE, block_loop, in_loop_time
 
 HOUR_MS = 3_600_000
 
@@ -330,3 +333,59 @@ def test_the_cli_reference_lists_the_control_plane_json_keys() -> None:
     assert documented("| `schedules list` (the cluster)") == list(_schedule_json(state))
     assert documented("| `schedules history`") == list(_run_json(run))
     assert documented("| `schedules log`") == list(action_json(action))
+
+
+@in_loop_time
+async def test_a_change_that_lands_before_the_timer_reaches_a_due_tick_fires_it() -> None:
+    # The loop was late: the 1 s tick is due, its timer has not run, and the stored schedule's
+    # change replaces the schedule now. The tick fires, with the new definition.
+    loop = asyncio.get_running_loop()
+    scheduler = Scheduler(clock=lambda: BASE + timedelta(seconds=loop.time()))
+    hooks = SchedulerHooks(scheduler)
+    ran: list[tuple[str, str]] = []
+
+    def version(label: str) -> Callable[[Tick], None]:
+        return lambda tick: ran.append((tick.run_key or "", label))
+
+    def put(label: str) -> None:
+        hooks.put_stored(
+            "s", ScheduleKind.INTERVAL, "1000", "UTC", "vixie", version(label), {"exclusive": False}
+        )
+
+    put("old")
+    async with scheduler:
+        await asyncio.sleep(0.5)
+        block_loop(0.7)
+        put("new")
+        await asyncio.sleep(1.0)
+    assert ran[:2] == [("2026-07-20T03:00:01Z", "new"), ("2026-07-20T03:00:02Z", "new")]
+
+
+async def test_a_stored_schedule_of_another_kind_is_refused_and_nothing_changes() -> None:
+    scheduler = Scheduler()
+    hooks = SchedulerHooks(scheduler)
+    with pytest.raises(InvalidScheduleError, match="cron or interval, not timeout"):
+        hooks.put_stored("s", ScheduleKind.TIMEOUT, "10", "UTC", "vixie", lambda t: None, {})
+    assert hooks.entry("s") is None
+
+
+@in_loop_time
+async def test_a_run_going_on_through_a_change_is_still_an_overlap_for_the_new_ticks() -> None:
+    loop = asyncio.get_running_loop()
+    scheduler = Scheduler(clock=lambda: BASE + timedelta(seconds=loop.time()))
+    hooks = SchedulerHooks(scheduler)
+    started: list[tuple[str, float]] = []
+
+    async def slow(tick: Tick) -> None:
+        started.append((tick.run_key or "", loop.time()))
+        await asyncio.sleep(2.5)
+
+    def put() -> None:
+        hooks.put_stored("s", ScheduleKind.INTERVAL, "1000", "UTC", "vixie", slow, {})
+
+    put()
+    async with scheduler:
+        await asyncio.sleep(1.5)  # the 1 s tick runs until 3.5 s
+        put()
+        await asyncio.sleep(3.0)
+    assert [key[-9:] for key, _ in started] == ["03:00:01Z", "03:00:04Z"]

@@ -4,12 +4,22 @@
   ``DATABASES["default"]`` (or ``SDCORE["DATABASE"]``), PostgreSQL with psycopg 3 only;
 - ``manage.py migrate`` applies sdcore's migrations (the same as ``sdcore db upgrade``);
 - schedules declared on :data:`scheduler` in each app's ``schedules.py``;
+- :func:`enqueue_once`: an outbox message in the caller's ``transaction.atomic()``;
 - ``manage.py sdcore …``: the ``sdcore`` command line on those settings; ``manage.py sdcore run``
   is the worker process.
 """
 
+from sdcore.django._outbox import AtomicBlockRequiredError, enqueue_once
 from sdcore.django._runtime import get_runtime
 from sdcore.django._scheduler import DjangoScheduler, scheduler
 from sdcore.django._settings import SdcoreSettings, database_url
 
-__all__ = ["DjangoScheduler", "SdcoreSettings", "database_url", "get_runtime", "scheduler"]
+__all__ = [
+    "AtomicBlockRequiredError",
+    "DjangoScheduler",
+    "SdcoreSettings",
+    "database_url",
+    "enqueue_once",
+    "get_runtime",
+    "scheduler",
+]

@@ -14,14 +14,20 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from sdcore.job_scheduler import BaseJobScheduler
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import MAX_PERIOD_MS, StartPath, check_ms, check_name
 from sdcore.scheduling._runner import Handler, TickOutcome
 from sdcore.scheduling._scheduler import ControlLink, Scheduler
-from sdcore.scheduling._triggers import IntervalTrigger, Tick
+from sdcore.scheduling._triggers import (
+    IntervalTrigger,
+    ScheduleKind,
+    Tick,
+    Trigger,
+    cron_trigger,
+)
 
 __all__ = ["SchedulerHooks"]
 
@@ -57,18 +63,37 @@ class SchedulerHooks:
         """Lend the scheduler to the control plane (:meth:`Scheduler.link`)."""
         self.scheduler.link(control)
 
-    def add_interval(
+    def put_stored(
         self,
         name: str,
-        every_ms: int,
+        kind: ScheduleKind,
+        expression: str,
+        time_zone: str | None,
+        day_rule: DayRule | str,
         handler: Handler,
-        zone: ZoneInfo,
         options: Mapping[str, Any],
     ) -> None:
-        """Register an interval schedule whose ticks carry ``zone`` (a stored schedule's)."""
+        """Register a stored schedule, or replace the one of that name that runs here (its runs
+        going on and fires waiting here carry over: :meth:`TickStarter.replace`).
+
+        Raises:
+            InvalidScheduleError, ValueError, TypeError: The definition cannot run here; nothing
+                changed.
+        """
         check_name(name)
-        every = check_ms(name, "every_ms", every_ms, minimum=1, maximum=MAX_PERIOD_MS)
-        self.scheduler._add(name, IntervalTrigger(every), handler, zone, options)
+        scheduler = self.scheduler
+        trigger: Trigger
+        if kind is ScheduleKind.CRON:
+            zone = scheduler._zone if time_zone is None else load_zone(time_zone, name)
+            trigger = cron_trigger(CronSpec.parse(expression, zone, name, day_rule=day_rule))
+        elif kind is ScheduleKind.INTERVAL:
+            # An interval's zone is its ticks' local time only.
+            zone = load_zone(time_zone, name)
+            every = check_ms(name, "every_ms", int(expression), minimum=1, maximum=MAX_PERIOD_MS)
+            trigger = IntervalTrigger(every)
+        else:
+            raise InvalidScheduleError(name, f"a stored schedule is cron or interval, not {kind}")
+        scheduler._add(name, trigger, handler, zone, options, replace=True)
 
     def unlink(self, *, paused: Callable[[str], bool] | None = None) -> None:
         """Take the scheduler back (:meth:`Scheduler.unlink`; ``paused``: the frozen gate)."""

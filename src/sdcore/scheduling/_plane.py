@@ -34,7 +34,7 @@ from sdcore.scheduling._control import (
     fingerprint,
     policy_options,
 )
-from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._history import RunHistory
 from sdcore.scheduling._hooks import SchedulerHooks
@@ -620,21 +620,19 @@ class ScheduleControl:
             )
         options["exclusive"] = True
         try:
-            if running_fp is not None:
-                sched.remove(row.name)
-            if row.kind == ScheduleKind.CRON.value:
-                sched.add_cron(
-                    row.name,
-                    row.expression,
-                    handler,
-                    time_zone=row.time_zone,
-                    day_rule=row.day_rule,
-                    **options,
-                )
-            else:
-                zone = load_zone(row.time_zone, row.name)
-                self._hooks.add_interval(row.name, int(row.expression), handler, zone, options)
+            self._hooks.put_stored(
+                row.name,
+                ScheduleKind(row.kind),
+                row.expression,
+                row.time_zone,
+                row.day_rule,
+                handler,
+                options,
+            )
         except (InvalidScheduleError, ValueError, TypeError) as exc:
+            # The definition that ran here is not this row's: it stops too.
+            if running_fp is not None and self._hooks.entry(row.name) is not None:
+                sched.remove(row.name)
             self._stored.pop(row.name, None)
             self._stored_defs.pop(row.name, None)
             self._log.error("stored schedule %r cannot run here: %s", row.name, exc)

@@ -235,8 +235,13 @@ class Scheduler:
         handler: Handler,
         zone: ZoneInfo,
         options: Mapping[str, Any],
+        *,
+        replace: bool = False,
     ) -> None:
-        if name in self._entries:
+        """Register a schedule; with ``replace``, one of the same name that runs here already
+        gives its place to it (a stored schedule changed) only once the new one is valid."""
+        old = self._entries.get(name)
+        if old is not None and not replace:
             raise InvalidScheduleError(name, "a schedule with this name already exists")
         if not callable(handler):
             raise InvalidScheduleError(name, "handler must be callable")
@@ -254,8 +259,19 @@ class Scheduler:
             now - timedelta(milliseconds=policy.catch_up_window_ms)
         except (OverflowError, ValueError) as exc:
             raise InvalidScheduleError(name, f"cannot compute its fire times: {exc}") from None
+        after = now
+        if old is not None:
+            # The replaced schedule's runs going on, ticks in flight and fires waiting here are
+            # the new one's: overlap still sees them, and a fire a later owner waits to ask for
+            # (or one the timer has not reached yet) is not lost to the change.
+            due = old.next_at if old.active and self._started_at is not None else None
+            if due is not None and due <= now:
+                after = due - timedelta(microseconds=1)
+            self.stop(name)
+            old.removed = True
+            self._sup.replace(old, entry)
         if self._started_at is not None:
-            self._arm(entry, now)
+            self._arm(entry, after)
         self._entries[name] = entry
         if self._control is not None:
             self._control.changed(name)

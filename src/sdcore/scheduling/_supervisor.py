@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,7 +47,7 @@ BATCH_TICKS = 250
 _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Fire:
     """A regular fire acquired before its task exists (in an open batch), or one a later owner
     starts later."""
@@ -703,6 +703,27 @@ class TickStarter:
                 )
 
         self._own(record(), f"sdcore-paused:{entry.name}")
+
+    def replace(self, old: Entry, new: Entry) -> None:
+        """``new`` takes the place of ``old`` (its schedule changed): the runs of ``old`` going
+        on here, its ticks in flight, the fires waiting for a later owner's turn, for a backfill
+        or catch-up run to end or for the paused state, and those in the open batch are
+        ``new``'s from now on (each starts with ``new``'s handler and policy)."""
+        new.running = old.running
+        new.in_flight = old.in_flight
+        for task, tick in self._tasks.items():
+            if tick is not None and tick[0] is old:
+                self._tasks[task] = (new, tick[1])
+        for waiting in (self._deferred, self._unknown):
+            if old in waiting:
+                waiting[new] = waiting.pop(old)
+        lists = list(self._later.values())
+        if self._batch is not None:
+            lists.append(self._batch)
+        for fires in lists:
+            for index, fire in enumerate(fires):
+                if fire.entry is old:
+                    fires[index] = dataclasses.replace(fire, entry=new)
 
     def _defer(self, entry: Entry, due: datetime, tick: Tick) -> None:
         earlier = self._deferred.get(entry)

@@ -7,7 +7,15 @@ own (:mod:`sdcore.sync._portal`); the names, arguments, results and errors are t
 from sdcore.sync._admin import OutboxAdmin, ScheduleAdmin
 from sdcore.sync._lease import JobSchedulerService
 from sdcore.sync._lease_admin import LeaseAdmin
-from sdcore.sync._outbox import Outbox
+from sdcore.sync._outbox import Outbox, OutboxDriver
 from sdcore.sync._runtime import Runtime
 
-__all__ = ["JobSchedulerService", "LeaseAdmin", "Outbox", "OutboxAdmin", "Runtime", "ScheduleAdmin"]
+__all__ = [
+    "JobSchedulerService",
+    "LeaseAdmin",
+    "Outbox",
+    "OutboxAdmin",
+    "OutboxDriver",
+    "Runtime",
+    "ScheduleAdmin",
+]

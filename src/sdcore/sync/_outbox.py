@@ -28,9 +28,38 @@ from sdcore.outbox import Outbox as AsyncOutbox
 from sdcore.outbox._outbox import DEFAULT_NOTIFY_INTERVAL_MS, Statement, WriteSteps
 from sdcore.postgres._migrations import migrate_blocking
 
-__all__ = ["CompletesRuns", "Outbox"]
+__all__ = ["CompletesRuns", "Outbox", "OutboxDriver"]
 
 _Row = Sequence[Any] | None
+
+
+class OutboxDriver(Protocol):
+    """How :meth:`Outbox.enqueue_via` writes through another blocking database library.
+
+    The blocking twin of :class:`sdcore.outbox.OutboxDriver`: an adapter of that library
+    implements it (``sdcore.django``'s for Django's connection); the outbox only knows psycopg.
+    """
+
+    def begin(self) -> Hashable:
+        """Join the caller's transaction, refusing to write outside one.
+
+        Returns:
+            The database written to (host, port, name): enqueues to one database share their
+            ``NOTIFY`` debouncing.
+
+        Raises:
+            OutboxTransactionRequiredError: No transaction to join (or an error of the
+                library's own that says so).
+        """
+        ...
+
+    def first(self, statement: str, params: Mapping[str, Any]) -> _Row:
+        """Run ``statement`` (psycopg's ``%(name)s`` placeholders) in that transaction.
+
+        Returns:
+            Its first row, or ``None`` when it returned none.
+        """
+        ...
 
 
 class CompletesRuns(Protocol):
@@ -204,6 +233,32 @@ class Outbox:
             "conn must be a psycopg Connection or a SQLAlchemy Session / Connection, got"
             f" {type(conn).__name__}{hint}"
         )
+
+    def enqueue_via(
+        self,
+        driver: OutboxDriver,
+        *,
+        idempotency_key: str,
+        queue: str,
+        name: str,
+        payload: Mapping[str, Any],
+        options: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """:meth:`enqueue_once` through another blocking database library's adapter.
+
+        :meth:`sdcore.outbox.Outbox.enqueue_via` without ``await``, with the same arguments,
+        result and errors: the message is validated first; then ``driver.begin()`` joins the
+        caller's transaction (see :class:`OutboxDriver`) and the outbox's statements run
+        through ``driver.first``, exactly as psycopg sends them.
+        """
+        outbox = self.outbox
+        row = outbox._prepare(idempotency_key, queue, name, payload, options)
+        database = driver.begin()
+
+        def first(step: Statement) -> _Row:
+            return driver.first(*step)
+
+        return run_blocking(outbox._steps(row, database, text=True), first)
 
     def complete_and_enqueue(
         self,

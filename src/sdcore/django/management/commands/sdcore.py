@@ -1,4 +1,8 @@
-"""``manage.py sdcore …``: the ``sdcore`` command line on Django's database and ``SDCORE``."""
+"""``manage.py sdcore …``: the ``sdcore`` command line on Django's database and ``SDCORE``.
+
+One command is Django's own: ``manage.py sdcore import-celery-beat`` reads django-celery-beat's
+periodic tasks (see ``sdcore.django._celery_beat``).
+"""
 
 from __future__ import annotations
 
@@ -68,8 +72,11 @@ class Command(BaseCommand):  # type: ignore[misc]
         from django.db import connections
 
         from sdcore.cli import main
+        from sdcore.django._celery_beat import COMMAND, import_celery_beat
 
         try:
+            if argv and argv[0] == COMMAND:
+                return import_celery_beat(argv[1:], self.stdout.write)
             return main(cli_arguments(argv))
         finally:
             connections.close_all()
