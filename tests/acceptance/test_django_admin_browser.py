@@ -10,7 +10,6 @@ action.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 import urllib.request
@@ -21,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.django_project.harness import environment, manage, start
+from tests.django_project.harness import environment, manage, start, stop
 from tests.integration._dashboard import chromium, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -35,15 +34,6 @@ for name, perms in (("operator", sdcore), ("viewer", sdcore.filter(codename__sta
     user = User.objects.create_user(name, password="{PASSWORD}", is_staff=True)
     user.user_permissions.set(perms)
 """
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
 
 
 def _until(check: Any, what: str, proc: subprocess.Popen[Any], seconds: float = 30) -> None:
@@ -79,8 +69,8 @@ def served(empty_dsn: str, tmp_path: Path) -> Iterator[str]:
         _until(lambda: _answers(f"{base}/admin/login/"), "runserver", server)
         yield base
     finally:
-        _stop(server)
-        _stop(worker)
+        stop(server)
+        stop(worker)
 
 
 def _log_in(page: Any, base: str, username: str) -> None:

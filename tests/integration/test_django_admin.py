@@ -9,8 +9,6 @@ users: ``operator`` holds every sdcore permission, ``viewer`` only the view ones
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.conftest import _admin, _create, _dropper, dsn_for, unique_name
-from tests.django_project.harness import PROJECT, environment, manage, start
+from tests.django_project.harness import PROJECT, environment, manage, start, stop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -123,12 +121,7 @@ def _served(dsn: str, name: str, tmp_path_factory: pytest.TempPathFactory) -> It
         close_control()
         connections.close_all()
         teardown_test_environment()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.communicate()
+        stop(worker)
         _dropper.drop(name)
 
 
