@@ -9,6 +9,7 @@ users: ``operator`` holds every sdcore permission, ``viewer`` only the view ones
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -477,6 +478,111 @@ def test_the_admin_models_need_no_migration(site: str) -> None:
     out = StringIO()
     call_command("makemigrations", "sdcore", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mounted(site: str) -> Iterator[str]:
+    """The test project's ASGI application with the dashboard at /sdcore, served by uvicorn."""
+    import threading
+
+    import uvicorn
+    from django.core.asgi import get_asgi_application
+
+    from sdcore.django import dashboard_asgi
+    from tests.integration._dashboard import free_port
+
+    port = free_port()
+    config = uvicorn.Config(
+        dashboard_asgi(get_asgi_application()),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    _wait(lambda: server.started or not thread.is_alive(), "uvicorn")
+    assert thread.is_alive()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def _browser(base: str, username: str | None = None) -> Any:
+    """An HTTP client holding ``username``'s Django session cookie (none: anonymous)."""
+    import httpx
+    from django.conf import settings
+
+    client = httpx.Client(base_url=base, follow_redirects=False, timeout=10)
+    if username is not None:
+        session = _client(username).cookies[settings.SESSION_COOKIE_NAME].value
+        client.cookies.set(settings.SESSION_COOKIE_NAME, session)
+    return client
+
+
+def _dashboard_csrf(client: Any) -> str:
+    page = client.get("/sdcore/schedule", params={"name": SCHEDULE})
+    assert page.status_code == 200, page.text
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_the_dashboard_mount_sends_visitors_to_the_login_page(mounted: str) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.get_or_create(username="customer", is_staff=False)
+    for who in (None, "customer"):
+        with _browser(mounted, who) as client:
+            answer = client.get("/sdcore/outbox", params={"status": "DEAD"})
+        assert answer.status_code == 302, who
+        assert answer.headers["location"] == "/admin/login/?next=/sdcore/outbox%3Fstatus%3DDEAD"
+    with _browser(mounted) as client:
+        assert client.get("/admin/login/").status_code == 200  # Django's own pages
+    with _browser(mounted, "operator") as client:
+        spoofed = client.get("/sdcore/", headers={"host": "evil.example"})
+    assert spoofed.status_code == 400
+
+
+def test_the_dashboard_mount_is_read_only_for_staff_without_the_permissions(
+    mounted: str, site: str
+) -> None:
+    with _browser(mounted, "viewer") as client:
+        page = client.get("/sdcore/")
+        assert page.status_code == 200
+        assert SCHEDULE in page.text
+        assert 'name="csrf"' not in client.get("/sdcore/schedule", params={"name": SCHEDULE}).text
+        refused = client.post(
+            "/sdcore/schedule/pause", data={"name": SCHEDULE, "csrf": "x", "reason": "no"}
+        )
+    assert refused.status_code == 401
+    assert not _paused(site)
+
+
+def test_the_dashboard_mount_acts_as_the_django_user(mounted: str, site: str) -> None:
+    with _browser(mounted, "operator") as client:
+        _act_on_the_dashboard(client, site)
+
+
+def _act_on_the_dashboard(client: Any, site: str) -> None:
+    done = client.post(
+        "/sdcore/schedule/pause",
+        data={"name": SCHEDULE, "csrf": _dashboard_csrf(client), "reason": "from the dashboard"},
+    )
+    assert done.status_code == 303, done.text
+    assert _actions(site, "pause")[-1][:2] == ("operator (dashboard)", "from the dashboard")
+    assert _paused(site)
+    forged = client.post("/sdcore/schedule/resume", data={"name": SCHEDULE, "csrf": "x"})
+    assert forged.status_code == 403
+    assert _paused(site)
+    resumed = client.post(
+        "/sdcore/schedule/resume", data={"name": SCHEDULE, "csrf": _dashboard_csrf(client)}
+    )
+    assert resumed.status_code == 303, resumed.text
+    assert not _paused(site)
 
 
 SCHEMA_READS = """

@@ -80,3 +80,15 @@ def test_the_dsn_keeps_libpq_keywords_only() -> None:
         "sslmode": "require",
         "client_encoding": "UTF8",
     }
+
+
+@pytest.mark.parametrize("path", ["sdcore", "/", "", "/sd core", "/a?b"])
+def test_the_dashboard_mount_path_is_checked(path: str) -> None:
+    from sdcore.django import dashboard_asgi
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="path must be an absolute path below the root"):
+        dashboard_asgi(app, path=path)
+    assert dashboard_asgi(app, path="/ops/sdcore/") is not None
