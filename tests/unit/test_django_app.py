@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -92,3 +94,27 @@ def test_the_dashboard_mount_path_is_checked(path: str) -> None:
     with pytest.raises(ValueError, match="path must be an absolute path below the root"):
         dashboard_asgi(app, path=path)
     assert dashboard_asgi(app, path="/ops/sdcore/") is not None
+
+
+def test_the_dashboard_mount_refuses_websockets_unread() -> None:
+    import asyncio
+
+    from sdcore.django import dashboard_asgi
+
+    async def django_app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("Django is not reached")
+
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> MutableMapping[str, Any]:
+        raise AssertionError("nothing is read")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    async def call() -> None:
+        scope = {"type": "websocket", "path": "/sdcore/ws", "headers": [], "query_string": b""}
+        await dashboard_asgi(django_app)(scope, receive, send)
+
+    asyncio.run(call())
+    assert sent == [{"type": "websocket.close", "code": 1008}]

@@ -115,14 +115,19 @@ class _StaffOnly:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.responses import PlainTextResponse, RedirectResponse
 
-        if scope["type"] != "http":
-            await (await self._dashboard())(scope, receive, send)
+        if scope["type"] == "websocket":  # the dashboard has none: refused (403) unread
+            await send({"type": "websocket.close", "code": 1008})
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if not _host_allowed(headers.get("host", "")):
+        host, cookies = "", []
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = value.decode("latin-1")
+            elif key == b"cookie":  # HTTP/2 may send the cookies in several fields
+                cookies.append(value.decode("latin-1"))
+        if not _host_allowed(host):
             await PlainTextResponse("Bad Request (host not allowed)", 400)(scope, receive, send)
             return
-        user = await _user(headers.get("cookie", ""))
+        user = await _user("; ".join(cookies))
         if user is None or not (user.is_active and user.is_staff):
             path, root = scope["path"], scope.get("root_path", "")
             # Starlette's Mount keeps the full path (recent versions) or strips the mount's.
