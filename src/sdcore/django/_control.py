@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sdcore.job_scheduler import JobSchedulerStatus
 from sdcore.postgres import PoolSettings
@@ -29,7 +30,16 @@ from sdcore.scheduling import InvalidScheduleError, Scheduler
 from sdcore.scheduling import ScheduleAdmin as AsyncScheduleAdmin
 from sdcore.sync import Runtime, ScheduleAdmin
 
-__all__ = ["GRACE", "MAX_TICKS", "WINDOW", "Control", "Definition", "ScheduleStatus", "control"]
+__all__ = [
+    "GRACE",
+    "MAX_TICKS",
+    "WINDOW",
+    "Control",
+    "Definition",
+    "ScheduleStatus",
+    "control",
+    "idle_runtime",
+]
 
 GRACE = timedelta(minutes=1)
 """A tick due less than this long ago is not missed yet (its run may not have started)."""
@@ -198,18 +208,24 @@ def close_control() -> None:
         _built.clear()
 
 
-def _admin_runtime() -> Runtime:
+def idle_runtime(pool: PoolSettings, logger_name: str, **extra: Any) -> dict[str, Any]:
+    """The keywords of a Runtime (async or sync) over Django's database that runs nothing: no
+    scheduler, relay or control loop and no migration, only its pool (``extra`` added)."""
     from sdcore.django._settings import SdcoreSettings, database_url
 
-    chosen = SdcoreSettings.from_django()
-    return Runtime(
-        database_url(),
-        pool=ADMIN_POOL,
-        relay=None,
-        scheduling=None,
-        control=None,
-        ensure_schema=False,
-        schema=chosen.schema,
-        logger_name="sdcore.django.admin",
-        stop_on_sigterm=False,  # the web server's signal, not sdcore's
-    )
+    return {
+        "database_url": database_url(),
+        "pool": pool,
+        "relay": None,
+        "scheduling": None,
+        "control": None,
+        "ensure_schema": False,
+        "schema": SdcoreSettings.from_django().schema,
+        "logger_name": logger_name,
+        **extra,
+    }
+
+
+def _admin_runtime() -> Runtime:
+    # stop_on_sigterm: SIGTERM is the web server's signal, not sdcore's.
+    return Runtime(**idle_runtime(ADMIN_POOL, "sdcore.django.admin", stop_on_sigterm=False))

@@ -171,19 +171,12 @@ class _StaffOnly:
         from starlette.requests import Request
 
         from sdcore.dashboard import dashboard_app
-        from sdcore.django._settings import SdcoreSettings, database_url
+        from sdcore.django._control import idle_runtime
+        from sdcore.django._settings import SdcoreSettings
 
-        chosen = SdcoreSettings.from_django()
+        redis_url = SdcoreSettings.from_django().redis_url  # the queues page
         runtime = Runtime(
-            database_url(),
-            redis_url=chosen.redis_url,
-            pool=DASHBOARD_POOL,
-            relay=None,
-            scheduling=None,
-            control=None,
-            ensure_schema=False,
-            schema=chosen.schema,
-            logger_name="sdcore.django.dashboard",
+            **idle_runtime(DASHBOARD_POOL, "sdcore.django.dashboard", redis_url=redis_url)
         )
         await runtime.start()
         self.runtime = runtime
