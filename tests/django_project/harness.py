@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,13 @@ def start(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 15) -> None:
+    """SIGTERM a background ``manage.py`` and wait for it; kill it after ``timeout`` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()

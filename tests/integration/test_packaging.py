@@ -85,6 +85,7 @@ def test_the_checkout_has_the_data_the_package_reads() -> None:
     assert any(name.startswith("postgres/sql/migrations/") for name in data)
     assert any(name.startswith("dashboard/templates/") for name in data)
     assert any(name.startswith("dashboard/static/") for name in data)
+    assert "django/templates/admin/sdcore/action_form.html" in data
 
 
 def test_the_wheel_carries_every_file_of_the_package(dists: Dists) -> None:

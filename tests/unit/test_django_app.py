@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -15,20 +17,29 @@ from sdcore.postgres import migrations
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "src" / "sdcore" / "django" / "migrations"
 _CALL = re.compile(r'sdcore_migration\("(\w+)", (\d+), after=(None|"\w+")\)')
+# Django migrations of the app's own (unmanaged) models, between sdcore's steps.
+MODEL_MIGRATIONS = {"0018_admin_models"}
 
 
 def test_one_django_migration_per_sdcore_step_in_order() -> None:
     steps = [
         (c, m.version, m.slug) for c in ("lease", "outbox", "schedules") for m in migrations(c)
     ]
-    files = sorted(p for p in MIGRATIONS.glob("0*.py"))
-    expected = [f"{i:04d}_{c}_{slug}.py" for i, (c, _, slug) in enumerate(steps, 1)]
-    assert [p.name for p in files] == expected
+    every = sorted(p for p in MIGRATIONS.glob("0*.py"))
+    assert [int(p.name[:4]) for p in every] == list(range(1, len(every) + 1))
+    assert {p.stem for p in every} >= MODEL_MIGRATIONS
+    files = [p for p in every if p.stem not in MODEL_MIGRATIONS]
+    assert [p.name[5:] for p in files] == [f"{c}_{slug}.py" for c, _, slug in steps]
     previous = "None"
-    for path, (component, version, _) in zip(files, steps, strict=True):
-        found = _CALL.search(path.read_text(encoding="utf-8"))
-        assert found is not None, path.name
-        assert found.groups() == (component, str(version), previous), path.name
+    for path in every:
+        text = path.read_text(encoding="utf-8")
+        if path.stem in MODEL_MIGRATIONS:
+            assert f'("sdcore", {previous})' in text, path.name
+        else:
+            component, version, _ = steps[files.index(path)]
+            found = _CALL.search(text)
+            assert found is not None, path.name
+            assert found.groups() == (component, str(version), previous), path.name
         previous = f'"{path.stem}"'
 
 
@@ -76,3 +87,39 @@ def test_the_dsn_keeps_libpq_keywords_only() -> None:
         "sslmode": "require",
         "client_encoding": "UTF8",
     }
+
+
+@pytest.mark.parametrize("path", ["sdcore", "/", "", "/sd core", "/a?b"])
+def test_the_dashboard_mount_path_is_checked(path: str) -> None:
+    from sdcore.django import dashboard_asgi
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="path must be an absolute path below the root"):
+        dashboard_asgi(app, path=path)
+    assert dashboard_asgi(app, path="/ops/sdcore/") is not None
+
+
+def test_the_dashboard_mount_refuses_websockets_unread() -> None:
+    import asyncio
+
+    from sdcore.django import dashboard_asgi
+
+    async def django_app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("Django is not reached")
+
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> MutableMapping[str, Any]:
+        raise AssertionError("nothing is read")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    async def call() -> None:
+        scope = {"type": "websocket", "path": "/sdcore/ws", "headers": [], "query_string": b""}
+        await dashboard_asgi(django_app)(scope, receive, send)
+
+    asyncio.run(call())
+    assert sent == [{"type": "websocket.close", "code": 1008}]

@@ -28,6 +28,7 @@ DJANGO = [
     "AtomicBlockRequiredError",
     "DjangoScheduler",
     "SdcoreSettings",
+    "dashboard_asgi",
     "database_url",
     "enqueue_once",
     "get_runtime",
@@ -306,9 +307,16 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.testing": TESTING,
     "sdcore.tracing": TRACING,
 }
-PUBLIC_NAME_COUNT = 237  # the sum of the lists above
-# Modules Django finds by name in an app (its config, commands and migrations): no Python API.
-DJANGO_CONVENTIONS = ("sdcore.django.apps", "sdcore.django.management", "sdcore.django.migrations")
+PUBLIC_NAME_COUNT = 238  # the sum of the lists above
+# Modules Django finds by name in an app (its config, commands, migrations, models and admin):
+# no Python API.
+DJANGO_CONVENTIONS = (
+    "sdcore.django.apps",
+    "sdcore.django.management",
+    "sdcore.django.migrations",
+    "sdcore.django.models",
+    "sdcore.django.admin",
+)
 
 
 def public_modules() -> list[str]:

@@ -6,9 +6,12 @@
 - schedules declared on :data:`scheduler` in each app's ``schedules.py``;
 - :func:`enqueue_once`: an outbox message in the caller's ``transaction.atomic()``;
 - ``manage.py sdcore …``: the ``sdcore`` command line on those settings; ``manage.py sdcore run``
-  is the worker process.
+  is the worker process;
+- the admin's pages and actions (``sdcore.django.admin``), and :func:`dashboard_asgi`: the
+  sdcore dashboard in the project's ASGI application, for staff users.
 """
 
+from sdcore.django._dashboard import dashboard_asgi
 from sdcore.django._outbox import AtomicBlockRequiredError, enqueue_once
 from sdcore.django._runtime import get_runtime
 from sdcore.django._scheduler import DjangoScheduler, scheduler
@@ -18,6 +21,7 @@ __all__ = [
     "AtomicBlockRequiredError",
     "DjangoScheduler",
     "SdcoreSettings",
+    "dashboard_asgi",
     "database_url",
     "enqueue_once",
     "get_runtime",

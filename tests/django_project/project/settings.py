@@ -1,7 +1,8 @@
 """Settings of the test project: the database comes from ``SDCORE_DJANGO_DSN`` (a libpq DSN).
 
 ``SDCORE_DJANGO_ENGINE`` replaces the engine (the sqlite refusal test), ``SDCORE_DJANGO_SCHEMA``
-sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``.
+sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``,
+``SDCORE_DJANGO_USE_TZ=0`` sets ``USE_TZ = False``.
 """
 
 import json
@@ -13,8 +14,39 @@ _params = conninfo_to_dict(os.environ.get("SDCORE_DJANGO_DSN", "dbname=postgres"
 
 SECRET_KEY = "test-only"
 DEBUG = False
-USE_TZ = True
-INSTALLED_APPS = ["sdcore.django", "tickapp"]
+USE_TZ = os.environ.get("SDCORE_DJANGO_USE_TZ", "1") == "1"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "sdcore.django",
+    "tickapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "project.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 DATABASES = {
     "default": {
         "ENGINE": os.environ.get("SDCORE_DJANGO_ENGINE", "django.db.backends.postgresql"),
