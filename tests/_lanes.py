@@ -26,8 +26,8 @@ __all__ = ["DEFAULT_S", "EXPECTED_S", "LANES", "LaneScheduling", "lanes"]
 ACCEPTANCE = "tests/acceptance/"
 LANES = 2
 # Each module's wall time in seconds, two side by side (``pytest -m "acceptance and not alone"
-# --dist loadfile --durations=0``, 2026-12-06): the lanes are balanced on it. A module not listed counts as
-# DEFAULT_S; a wrong figure only makes one lane end later than the other.
+# --dist loadfile --durations=0``, 2026-12-06): the lanes are balanced on it. A module not
+# listed counts as DEFAULT_S; a wrong figure only makes one lane end later than the other.
 EXPECTED_S = {
     "test_cluster_walk.py": 46,
     "test_control_processes.py": 56,
