@@ -1,0 +1,501 @@
+"""``Alerting``: a missed, failed or overrunning tick pages someone, once per incident.
+
+How "once per incident, not once per replica" is kept: every replica observes its own ticks (the
+telemetry seam) and scans the lease table for ticks nobody ran, so several replicas may notice
+one problem. None of them decides alone: the decision is a short transaction under an advisory
+lock on the schedule, which reads the alerts outbox and writes the alert rows in the same commit
+(:mod:`sdcore.alerting._incidents`). The outbox's idempotency keys are derived from (schedule,
+kind, run key, sink), so even two decisions that raced past the read would write one row. The
+tick's lease owner is *not* the one to decide: a killed replica's tick has no owner left to
+tell anyone, and a tick nobody started never had one. Delivery then goes through the outbox: a
+crash after the commit loses nothing (another replica's relay delivers the row), and a webhook
+that is down is retried with backoff.
+
+What is noticed, per cron or interval schedule:
+
+- ``missed``: a tick started late by start-up catch-up or the sweep (it never started, or its
+  replica died mid-run and its lease expired), or, found by the periodic scan, a tick with no row
+  ``missed_after_ms`` after its instant (this works with ``catch_up="off"`` too);
+- ``failed``: a tick's last attempt (``retries + 1``) raised;
+- ``overrun``: a run still going after the schedule's ``max_runtime_ms``;
+- ``resolved``: the next success of the schedule after one of those.
+
+Check-in sinks (Sentry Crons, Healthchecks) are sent every attempt's start and end from the
+replica that runs it, directly (a check-in replayed late would lie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from sdcore._internal.telemetry import FAILURE, LOST_LEASE, SUCCESS, Observer
+from sdcore._internal.validation import at_least, int_between
+from sdcore.alerting._incidents import IncidentLog, Problem
+from sdcore.alerting._model import AlertKind, InvalidAlertingConfigError, check_in_id
+from sdcore.alerting._observer import LATE_PATHS, AlertObserver, Finished, Overran, Started
+from sdcore.alerting._publisher import WebhookPublisher, send
+from sdcore.alerting._sinks import CheckIn, CheckInSink, CheckInStatus, WebhookSink
+from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
+from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
+
+if TYPE_CHECKING:
+    import httpx
+
+    from sdcore.scheduling import ScheduleInfo, Scheduler
+
+__all__ = ["Alerting"]
+
+MAX_QUEUED = 100_000  # events waiting for the alerting loop; more are dropped (and logged)
+_CHECK_INS_AT_ONCE = 32
+_DECISION_TRIES = 3
+_Event = Started | Finished | Overran
+
+
+class Alerting:
+    """Alerts on missed, failed and overrunning ticks, through webhook and check-in sinks.
+
+    Wire it on a :class:`~sdcore.runtime.Runtime` (``Runtime(dsn, alerting=Alerting([...]))``),
+    which installs :attr:`observer`, starts it before the scheduler and stops it after. Needs
+    ``sdcore[alerting]`` (httpx).
+
+    Args:
+        sinks: :class:`WebhookSink` (incidents, through the alerts outbox) and check-in sinks
+            (:class:`SentryCronsSink`, :class:`HealthchecksSink`, or your own
+            :class:`CheckInSink`). Names must be unique.
+        table: The alerts outbox table (a table of its own: the relay that delivers it posts
+            to webhooks, not to BullMQ).
+        schema: Its schema (``None``: the ``search_path``).
+        max_attempts: Delivery attempts of a webhook alert before its row is ``DEAD``.
+        retry_base_ms: First retry delay of a failed delivery (doubled each time).
+        retry_max_ms: Largest retry delay.
+        poll_interval_ms: How often the alerts relay looks for rows.
+        missed_after_ms: The periodic scan calls a tick with no row missed this long after its
+            instant (longer than a replica takes to start a tick; at least 1 s).
+        missed_window_ms: How far back the first scan looks (alerts on ticks missed while every
+            replica was down, within this window).
+        scan_interval_ms: How often each replica scans (``None``: no scan; missed ticks are then
+            noticed only when catch-up starts them).
+        logger_name: Logger of alert decisions and delivery problems.
+
+    Raises:
+        InvalidAlertingConfigError: No sink, two sinks with one name, or a sink of no known kind.
+        TypeError: A numeric option that is not an int.
+        ValueError: A numeric option out of range.
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[WebhookSink | CheckInSink],
+        *,
+        table: str = "sdcore_alerts",
+        schema: str | None = None,
+        max_attempts: int = 20,
+        retry_base_ms: int = 1_000,
+        retry_max_ms: int = 300_000,
+        poll_interval_ms: int = 1_000,
+        missed_after_ms: int = 60_000,
+        missed_window_ms: int = 3_600_000,
+        scan_interval_ms: int | None = 30_000,
+        logger_name: str = "sdcore.alerting",
+    ) -> None:
+        if not sinks:
+            raise InvalidAlertingConfigError("sinks", "give at least one sink")
+        names = [getattr(s, "name", None) for s in sinks]
+        if len(set(names)) != len(names):
+            raise InvalidAlertingConfigError("sinks", f"sink names must be unique, got {names}")
+        self.webhooks = {s.name: s for s in sinks if isinstance(s, WebhookSink)}
+        self.check_ins: list[CheckInSink] = []
+        for sink in sinks:
+            if isinstance(sink, WebhookSink):
+                continue
+            if not callable(getattr(sink, "requests", None)):
+                raise InvalidAlertingConfigError(
+                    "sinks", f"{sink!r:.60} is neither a WebhookSink nor a CheckInSink"
+                )
+            self.check_ins.append(sink)
+        self.outbox = Outbox(table=table, schema=schema, max_attempts=max_attempts, notify=False)
+        self._retry = (
+            at_least("retry_base_ms", retry_base_ms, 1),
+            at_least("retry_max_ms", retry_max_ms, 1),
+        )
+        self._poll_ms = at_least("poll_interval_ms", poll_interval_ms, 10)
+        self._missed_after = timedelta(
+            milliseconds=int_between("missed_after_ms", missed_after_ms, 1_000, 2**31 - 1)
+        )
+        self._window = timedelta(
+            milliseconds=int_between("missed_window_ms", missed_window_ms, 1_000, 2**40)
+        )
+        self._scan_s = (
+            None
+            if scan_interval_ms is None
+            else int_between("scan_interval_ms", scan_interval_ms, 100, 2**31 - 1) / 1000
+        )
+        self._log = logging.getLogger(logger_name)
+        self.observer: Observer = AlertObserver(self._post)
+        """The observer to install on the telemetry hub of the scheduler."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+        self._queue: asyncio.Queue[_Event] | None = None
+        self._dropped = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._check_in_slots = asyncio.Semaphore(_CHECK_INS_AT_ONCE)
+        self._client: httpx.AsyncClient | None = None
+        self._relay: OutboxRelay | None = None
+        self._incidents: IncidentLog | None = None
+        self._scheduler: Scheduler | None = None
+        self._jobs: BaseJobScheduler | None = None
+        self._floors: dict[str, datetime] = {}
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` ran and :meth:`stop` has not since."""
+        return self._loop is not None
+
+    async def start(
+        self,
+        pool: AsyncConnectionPool[Any],
+        scheduler: Scheduler,
+        *,
+        jobs: BaseJobScheduler | None = None,
+        ensure_schema: bool = True,
+        relay: bool = True,
+    ) -> None:
+        """Create the alerts table (``ensure_schema``), start the relay (``relay``), the
+        alerting loop and the scan.
+
+        Args:
+            pool: Where the alerts table is.
+            scheduler: Whose schedules are watched (their options: retries, max_runtime_ms).
+            jobs: The scheduler's lease table, for the scan (``None``: no scan).
+            ensure_schema: Apply the alerts table's migrations first.
+            relay: Run the alerts relay here (deliver webhooks).
+
+        Raises:
+            RuntimeError: Already started.
+        """
+        import httpx
+
+        if self._loop is not None:
+            raise RuntimeError("this Alerting is already started")
+        if ensure_schema:
+            await self.outbox.ensure_schema(pool)
+        self._scheduler = scheduler
+        self._jobs = jobs
+        self._client = httpx.AsyncClient(follow_redirects=False)
+        self._incidents = IncidentLog(pool, self.outbox, list(self.webhooks), self._log)
+        self._queue = asyncio.Queue(MAX_QUEUED)
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._floors = {}
+        self._spawn(self._drain(), "sdcore-alerting")
+        if self._scan_s is not None and jobs is not None:
+            self._spawn(self._scan_loop(self._scan_s), "sdcore-alerting-scan")
+        if relay and self.webhooks:
+            self._relay = OutboxRelay(
+                PostgresOutboxStore(pool, outbox=self.outbox),
+                WebhookPublisher(self._client, self.webhooks),
+                poll_interval_ms=self._poll_ms,
+                retry_base_ms=self._retry[0],
+                retry_max_ms=self._retry[1],
+                logger_name=self._log.name,
+            )
+            await self._relay.start()
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Decide what is queued (within ``grace_s``), then stop the relay and the loops."""
+        if self._loop is None:
+            return
+        queue = self._queue
+        self._loop = None  # events from now on are dropped
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if queue is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queue.join(), max(grace_s, 0.0))
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._relay is not None:
+            await self._relay.stop(grace_s)
+            self._relay = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- events from the observer (any thread) ------------------------------------------------
+
+    def _post(self, event: Started | Finished) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() == self._thread:
+            self._put(event)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._put, event)
+
+    def _put(self, event: _Event) -> None:
+        queue = self._queue
+        if queue is None or self._loop is None:
+            return
+        try:
+            queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                self._log.error(
+                    "alerting is %d events behind; %d dropped so far",
+                    MAX_QUEUED,
+                    self._dropped,
+                    extra={"action": "alert_events_dropped"},
+                )
+
+    # --- the alerting loop --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        queue = self._queue
+        assert queue is not None  # noqa: S101 - set by start
+        while True:
+            event = await queue.get()
+            try:
+                await self._handle(event)
+            except Exception:  # noqa: BLE001 - one event's failure never stops alerting
+                self._log.exception(
+                    "alerting could not handle %s",
+                    type(event).__name__,
+                    extra={"action": "alert_failed"},
+                )
+            finally:
+                queue.task_done()
+
+    async def _handle(self, event: _Event) -> None:
+        if isinstance(event, Overran):
+            started = event.started
+            self._timers.pop(started.token, None)
+            if started.run_key is not None:
+                await self._decide(
+                    Problem(
+                        kind=AlertKind.OVERRUN,
+                        schedule=started.schedule,
+                        run_key=started.run_key,
+                        scheduled_at=started.scheduled_at,
+                        attempt=started.attempt,
+                        reason=f"still running after {event.limit_ms} ms (max_runtime_ms)",
+                    )
+                )
+            return
+        info = self._info(event.schedule)
+        if isinstance(event, Started):
+            self._check_in(event, info, CheckInStatus.STARTED, None)
+            if info is not None and info.max_runtime_ms is not None and self._loop is not None:
+                limit = info.max_runtime_ms
+                delay = max(0.0, limit / 1000 - (self._loop.time() - event.at))
+                self._timers[event.token] = self._loop.call_later(
+                    delay, self._put, Overran(started=event, limit_ms=limit)
+                )
+            if event.path in LATE_PATHS and event.run_key is not None:
+                how = "its replica stopped mid-run" if event.attempt > 1 else "it never started"
+                await self._decide(
+                    Problem(
+                        kind=AlertKind.MISSED,
+                        schedule=event.schedule,
+                        run_key=event.run_key,
+                        scheduled_at=event.scheduled_at,
+                        attempt=event.attempt,
+                        reason=f"not run at its instant ({how}); started late by {event.path}",
+                    )
+                )
+            return
+        timer = self._timers.pop(event.token, None)
+        if timer is not None:
+            timer.cancel()
+        if event.cancelled:
+            return  # a shutdown ended it: another replica's sweep takes the tick over
+        if event.outcome == SUCCESS:
+            self._check_in(event, info, CheckInStatus.SUCCEEDED, event.duration_s)
+            incidents = self._incidents
+            if incidents is not None:
+                await self._retrying(
+                    lambda: incidents.resolve(
+                        event.schedule, event.run_key, event.scheduled_at, event.attempt
+                    )
+                )
+            return
+        if event.outcome in (FAILURE, LOST_LEASE):
+            self._check_in(event, info, CheckInStatus.FAILED, event.duration_s)
+        retries = 0 if info is None else info.retries
+        if event.outcome == FAILURE and event.attempt >= retries + 1 and event.run_key:
+            await self._decide(
+                Problem(
+                    kind=AlertKind.FAILED,
+                    schedule=event.schedule,
+                    run_key=event.run_key,
+                    scheduled_at=event.scheduled_at,
+                    attempt=event.attempt,
+                    reason=f"its last attempt ({event.attempt} of {retries + 1}) failed",
+                )
+            )
+
+    def _info(self, name: str) -> ScheduleInfo | None:
+        from sdcore.scheduling import ScheduleNotFoundError
+
+        if self._scheduler is None:
+            return None
+        try:
+            return self._scheduler.get(name)
+        except ScheduleNotFoundError:
+            return None  # removed since
+
+    async def _decide(self, problem: Problem) -> None:
+        incidents = self._incidents
+        if incidents is not None:
+            await self._retrying(lambda: incidents.open(problem))
+
+    async def _retrying(self, decision: Callable[[], Awaitable[object]]) -> None:
+        """Run a decision, again on a database error (it reads before it writes: idempotent)."""
+        import psycopg
+
+        for attempt in range(1, _DECISION_TRIES + 1):
+            try:
+                await decision()
+                return
+            except psycopg.Error as exc:
+                if attempt == _DECISION_TRIES:
+                    self._log.error(
+                        "alerting: could not record a decision: %s",
+                        exc,
+                        extra={"action": "alert_not_recorded"},
+                    )
+                    return
+                await asyncio.sleep(0.2 * 2**attempt)
+
+    # --- check-ins ----------------------------------------------------------------------------
+
+    def _check_in(
+        self,
+        event: Started | Finished,
+        info: ScheduleInfo | None,
+        status: CheckInStatus,
+        duration_s: float | None,
+    ) -> None:
+        if not self.check_ins or info is None:
+            return
+        check_in = CheckIn(
+            schedule=event.schedule,
+            run_key=event.run_key,
+            attempt=event.attempt,
+            status=status,
+            check_in_id=check_in_id(event.schedule, event.run_key, event.attempt),
+            duration_s=duration_s,
+            kind=info.kind.value,
+            expression=info.expression,
+            time_zone=info.time_zone,
+            max_runtime_ms=info.max_runtime_ms,
+        )
+        for sink in self.check_ins:
+            for request in sink.requests(check_in):
+                self._spawn(self._send_check_in(sink, request), f"sdcore-check-in:{sink.name}")
+
+    async def _send_check_in(self, sink: CheckInSink, request: Any) -> None:
+        client = self._client
+        if client is None:
+            return
+        async with self._check_in_slots:
+            for attempt in range(3):
+                try:
+                    await send(client, request, sink.timeout_s)
+                    return
+                except Exception as exc:  # noqa: BLE001 - logged; a check-in is best effort
+                    if attempt == 2:
+                        self._log.warning(
+                            "check-in to %s failed: %s",
+                            sink.name,
+                            exc,
+                            extra={"action": "check_in_failed", "sink": sink.name},
+                        )
+                        return
+                    await asyncio.sleep(0.5 * 2**attempt)
+
+    # --- the scan -----------------------------------------------------------------------------
+
+    async def _scan_loop(self, every_s: float) -> None:
+        while True:
+            try:
+                await self.scan()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                self._log.exception("alerting scan failed", extra={"action": "alert_scan_failed"})
+            await asyncio.sleep(every_s)
+
+    async def scan(self, now: datetime | None = None) -> int:
+        """Look for ticks nobody ran (no row ``missed_after_ms`` after their instant).
+
+        Each schedule's first scan judges the latest such tick of the ``missed_window_ms``
+        window; later scans judge the ticks since the previous one, oldest first. Runs every
+        ``scan_interval_ms``; call it yourself to scan now.
+
+        Returns:
+            The missed ticks found (each alerted once per incident, cluster-wide).
+        """
+        scheduler, jobs = self._scheduler, self._jobs
+        if scheduler is None or jobs is None:
+            return 0
+        now = datetime.now(UTC) if now is None else now
+        end = now - self._missed_after
+        found = 0
+        for info in scheduler.schedules():
+            if not (info.exclusive and info.active) or info.kind.value not in ("cron", "interval"):
+                continue
+            floor = self._floors.get(info.name)
+            try:
+                first = await jobs.first_seen(info.name)
+                if first is None:
+                    continue  # never ran anywhere: nothing is missed yet
+                start = max(first, now - self._window if floor is None else floor)
+                if start >= end:
+                    continue
+                ticks = await scheduler.missed_ticks(info.name, start, end, jobs=jobs)
+            except (JobSchedulerError, ValueError) as exc:
+                self._log.warning(
+                    "alerting scan of %r failed: %s",
+                    info.name,
+                    exc,
+                    extra={"action": "alert_scan_failed", "schedule": info.name},
+                )
+                continue
+            self._floors[info.name] = end
+            lost = [t for t in ticks if t.skipped is None and (t.status is None or t.given_back)]
+            if floor is None:
+                lost = lost[-1:]
+            for tick in lost:
+                found += 1
+                await self._decide(
+                    Problem(
+                        kind=AlertKind.MISSED,
+                        schedule=info.name,
+                        run_key=tick.run_key,
+                        scheduled_at=tick.scheduled_at,
+                        attempt=0,
+                        reason=(
+                            "no replica ran it "
+                            f"({tick.given_back or 'never started'}, "
+                            f"{int(self._missed_after.total_seconds() * 1000)} ms after its "
+                            "instant)"
+                        ),
+                    )
+                )
+        return found

@@ -1,0 +1,74 @@
+"""``WebhookPublisher``: the alerts relay's :class:`~sdcore.outbox.Publisher` (HTTP, not BullMQ).
+
+The relay claims alert rows and hands them here; each row's ``queue`` names its webhook sink.
+A row's outcome is ``None`` once its sink answered 2xx, else the error, which the relay counts
+as a failed attempt and retries with exponential backoff (``DEAD`` after ``max_attempts``). An
+endpoint that is down is such a failure too, not the relay's "broker unavailable": there is
+no broker, and a webhook down for good must end ``DEAD`` rather than hold the row forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from sdcore.alerting._sinks import HttpRequest, WebhookSink
+from sdcore.outbox import OutboxMessage
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["WebhookDeliveryError", "WebhookPublisher", "send"]
+
+
+class WebhookDeliveryError(Exception):
+    """A sink did not take a request (not 2xx, or no answer); the relay retries the row."""
+
+
+async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float) -> None:
+    """Send ``request``; return once it was answered 2xx.
+
+    Raises:
+        WebhookDeliveryError: Another status, or a transport error (``from`` it).
+    """
+    import httpx
+
+    try:
+        response = await client.request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            content=request.body,
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise WebhookDeliveryError(f"{type(exc).__name__}: {exc}"[:500]) from exc
+    if not 200 <= response.status_code < 300:
+        raise WebhookDeliveryError(f"answered {response.status_code}: {response.text[:200]!r}")
+
+
+class WebhookPublisher:
+    """Delivers alert rows to their webhook sinks.
+
+    Args:
+        client: The HTTP client (owned by the caller).
+        sinks: The webhook sinks by name.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, sinks: Mapping[str, WebhookSink]) -> None:
+        self._client = client
+        self._sinks = dict(sinks)
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> Sequence[BaseException | None]:
+        """POST each message to its sink, concurrently; one outcome per message."""
+        return await asyncio.gather(*(self._one(m) for m in messages), return_exceptions=True)
+
+    async def _one(self, message: OutboxMessage) -> None:
+        sink = self._sinks.get(message.queue)
+        if sink is None:
+            raise WebhookDeliveryError(
+                f"no webhook sink named {message.queue!r} on this replica (its relay cannot "
+                "deliver the row; it is retried, and delivered by a replica that has the sink)"
+            )
+        await send(self._client, sink.request(message.payload), sink.timeout_s)
