@@ -49,13 +49,9 @@ class HttpRecorder:
     def ok(self, path_prefix: str = "/") -> list[Received]:
         """The requests answered 2xx whose path starts with ``path_prefix``."""
         with self._lock:
-            return [
-                r for r in self.received if r.status == 200 and r.path.startswith(path_prefix)
-            ]
+            return [r for r in self.received if r.status == 200 and r.path.startswith(path_prefix)]
 
-    def wait_for(
-        self, check: Callable[[HttpRecorder], bool], timeout_s: float = 10.0
-    ) -> bool:
+    def wait_for(self, check: Callable[[HttpRecorder], bool], timeout_s: float = 10.0) -> bool:
         """Poll until ``check(self)`` holds (``False`` after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

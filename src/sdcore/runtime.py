@@ -542,6 +542,7 @@ class Runtime(AsyncStartStop):
             self.pool,
             self.scheduler,
             jobs=self.jobs if self.run_scheduler else None,
+            history=self.schedule_store if self.control_settings is not None else None,
             ensure_schema=self._ensure_schema,
         )
         stack.push_async_callback(self._step, "alerting", lambda: alerting.stop(self._grace))

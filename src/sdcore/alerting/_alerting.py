@@ -49,13 +49,14 @@ from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 if TYPE_CHECKING:
     import httpx
 
-    from sdcore.scheduling import ScheduleInfo, Scheduler
+    from sdcore.scheduling import ScheduleInfo, Scheduler, ScheduleStore
 
 __all__ = ["Alerting"]
 
 MAX_QUEUED = 100_000  # events waiting for the alerting loop; more are dropped (and logged)
 _CHECK_INS_AT_ONCE = 32
 _DECISION_TRIES = 3
+_HISTORY_LOOKBACK = 50  # runs read back to find the previous attempt of a retried tick
 _Event = Started | Finished | Overran
 
 
@@ -153,6 +154,7 @@ class Alerting:
         self._incidents: IncidentLog | None = None
         self._scheduler: Scheduler | None = None
         self._jobs: BaseJobScheduler | None = None
+        self._history: ScheduleStore | None = None
         self._floors: dict[str, datetime] = {}
 
     @property
@@ -166,6 +168,7 @@ class Alerting:
         scheduler: Scheduler,
         *,
         jobs: BaseJobScheduler | None = None,
+        history: ScheduleStore | None = None,
         ensure_schema: bool = True,
         relay: bool = True,
     ) -> None:
@@ -176,6 +179,8 @@ class Alerting:
             pool: Where the alerts table is.
             scheduler: Whose schedules are watched (their options: retries, max_runtime_ms).
             jobs: The scheduler's lease table, for the scan (``None``: no scan).
+            history: The control plane's run history (``None``: without it, a tick taken
+                over from a dead replica is told from a retry only past its retries).
             ensure_schema: Apply the alerts table's migrations first.
             relay: Run the alerts relay here (deliver webhooks).
 
@@ -190,6 +195,7 @@ class Alerting:
             await self.outbox.ensure_schema(pool)
         self._scheduler = scheduler
         self._jobs = jobs
+        self._history = history
         self._client = httpx.AsyncClient(follow_redirects=False)
         self._incidents = IncidentLog(pool, self.outbox, list(self.webhooks), self._log)
         self._queue = asyncio.Queue(MAX_QUEUED)
@@ -308,8 +314,8 @@ class Alerting:
                 self._timers[event.token] = self._loop.call_later(
                     delay, self._put, Overran(started=event, limit_ms=limit)
                 )
-            if event.path in LATE_PATHS and event.run_key is not None:
-                how = "its replica stopped mid-run" if event.attempt > 1 else "it never started"
+            how = await self._late(event, info)
+            if how is not None and event.run_key is not None:
                 await self._decide(
                     Problem(
                         kind=AlertKind.MISSED,
@@ -317,7 +323,7 @@ class Alerting:
                         run_key=event.run_key,
                         scheduled_at=event.scheduled_at,
                         attempt=event.attempt,
-                        reason=f"not run at its instant ({how}); started late by {event.path}",
+                        reason=f"not run at its instant: {how}",
                     )
                 )
             return
@@ -350,6 +356,34 @@ class Alerting:
                     reason=f"its last attempt ({event.attempt} of {retries + 1}) failed",
                 )
             )
+
+    async def _late(self, event: Started, info: ScheduleInfo | None) -> str | None:
+        """Why the attempt ``event`` starts a tick that was missed, or ``None`` (it was not).
+
+        A tick is missed when catch-up or the sweep starts it, or when this attempt takes it over
+        from a replica that died mid-run: an attempt past the retry budget can only be that (an
+        abandoned attempt is re-run whatever the budget), and within it the run history tells
+        (the takeover closed the previous attempt as abandoned).
+        """
+        if event.path in LATE_PATHS:
+            return f"{'its replica stopped mid-run' if event.attempt > 1 else 'never started'}"
+        if event.attempt < 2 or event.run_key is None:
+            return None
+        taken_over = "taken over from a replica that stopped mid-run"
+        if info is not None and event.attempt > info.retries + 1:
+            return taken_over
+        if self._history is None:
+            return None
+        try:
+            runs = await self._history.history(event.schedule, _HISTORY_LOOKBACK)
+        except Exception as exc:  # noqa: BLE001 - judged without it
+            self._log.warning("alerting: run history unreadable: %s", exc)
+            return None
+        for run in runs:
+            if run.run_key == event.run_key and run.attempt == event.attempt - 1:
+                abandoned = run.status == "RUNNING" or (run.error or "").startswith("abandoned")
+                return taken_over if abandoned else None
+        return None
 
     def _info(self, name: str) -> ScheduleInfo | None:
         from sdcore.scheduling import ScheduleNotFoundError
