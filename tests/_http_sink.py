@@ -76,7 +76,7 @@ def http_recorder() -> Iterator[HttpRecorder]:
             self.end_headers()
             self.wfile.write(b"ok")
 
-        do_POST = do_GET = do_HEAD = _any  # noqa: N815 - http.server's names
+        do_POST = do_GET = do_HEAD = _any
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return None
