@@ -380,3 +380,14 @@ async def test_a_run_ended_by_a_cancellation_is_reported_as_cancelled() -> None:
     finished = posted[-1]
     assert isinstance(finished, Finished)
     assert finished.cancelled
+
+
+async def test_a_stored_schedule_refuses_a_bad_max_runtime_ms() -> None:
+    from sdcore.scheduling import ScheduleAdmin
+    from sdcore.testing import MemoryScheduleStore
+
+    admin = ScheduleAdmin(MemoryScheduleStore())
+    with pytest.raises(InvalidScheduleError, match="max_runtime_ms must be an int from 1"):
+        await admin.create(
+            "report", handler="report", every_ms=60_000, options={"max_runtime_ms": 0}, actor="t"
+        )

@@ -156,6 +156,7 @@ class Alerting:
         self._jobs: BaseJobScheduler | None = None
         self._history: ScheduleStore | None = None
         self._floors: dict[str, datetime] = {}
+        self._started_wall = datetime.min.replace(tzinfo=UTC)
 
     @property
     def started(self) -> bool:
@@ -202,6 +203,7 @@ class Alerting:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._floors = {}
+        self._started_wall = datetime.now(UTC)
         self._spawn(self._drain(), "sdcore-alerting")
         if self._scan_s is not None and jobs is not None:
             self._spawn(self._scan_loop(self._scan_s), "sdcore-alerting-scan")
@@ -478,8 +480,10 @@ class Alerting:
     async def scan(self, now: datetime | None = None) -> int:
         """Look for ticks nobody ran (no row ``missed_after_ms`` after their instant).
 
-        Each schedule's first scan judges the latest such tick of the ``missed_window_ms``
-        window; later scans judge the ticks since the previous one, oldest first. Runs every
+        The first scan waits until ``missed_after_ms`` have passed since :meth:`start`, then
+        judges the latest such tick of the ``missed_window_ms`` window, once per schedule (an
+        outage before this start is one incident, however many ticks it missed); later scans
+        judge each tick since the previous scan, oldest first. Runs every
         ``scan_interval_ms``; call it yourself to scan now.
 
         Returns:
@@ -490,6 +494,8 @@ class Alerting:
             return 0
         now = datetime.now(UTC) if now is None else now
         end = now - self._missed_after
+        if end < self._started_wall:
+            return 0  # the ticks before this start are judged together, once they all are
         found = 0
         for info in scheduler.schedules():
             if not (info.exclusive and info.active) or info.kind.value not in ("cron", "interval"):
