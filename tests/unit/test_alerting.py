@@ -391,3 +391,86 @@ async def test_a_stored_schedule_refuses_a_bad_max_runtime_ms() -> None:
         await admin.create(
             "report", handler="report", every_ms=60_000, options={"max_runtime_ms": 0}, actor="t"
         )
+
+
+class _History:
+    """The control plane's run history, as ``Alerting`` reads it (``history`` only)."""
+
+    def __init__(self, runs: list[Any]) -> None:
+        self.runs = runs
+
+    async def history(self, name: str, limit: int) -> list[Any]:
+        return [run for run in self.runs if run.schedule == name][:limit]
+
+
+def _run(attempt: int, status: str, error: str | None = None) -> Any:
+    from sdcore.scheduling import RunRecord
+
+    at = datetime(2026, 12, 6, 1, tzinfo=UTC)
+    return RunRecord(
+        schedule="nightly",
+        run_key="2026-12-06T01:00:00Z",
+        source="tick",
+        scheduled_at=at,
+        started_at=at,
+        finished_at=None if status == "RUNNING" else at,
+        status=status,
+        attempt=attempt,
+        fencing_token=attempt,
+        host="h",
+        pid=1,
+        error=error,
+    )
+
+
+def _started(attempt: int, path: str = "fire") -> Started:
+    return Started(
+        token=1,
+        schedule="nightly",
+        run_key="2026-12-06T01:00:00Z",
+        scheduled_at=datetime(2026, 12, 6, 1, tzinfo=UTC),
+        attempt=attempt,
+        path=path,
+        at=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "attempt", "retries", "history", "missed"),
+    [
+        ("fire", 1, 0, [], False),
+        ("catch_up", 1, 0, [], True),
+        ("sweep", 2, 3, [], True),
+        ("fire", 2, 0, [], True),  # past the budget: only a takeover runs it
+        ("fire", 2, 2, [_run(1, "FAIL", "RuntimeError: boom")], False),  # a retry
+        ("fire", 2, 2, [_run(1, "FAIL", "abandoned: the tick was taken over (fencing 2)")], True),
+        ("fire", 3, 2, [_run(2, "RUNNING"), _run(1, "FAIL", "boom")], True),
+        ("fire", 2, 2, None, False),  # no history: within the budget, taken for a retry
+        ("trigger", 1, 0, [], False),
+    ],
+    ids=[
+        "on-time",
+        "catch-up",
+        "sweep",
+        "past-budget",
+        "retry",
+        "abandoned",
+        "still-running",
+        "no-history",
+        "trigger",
+    ],
+)
+async def test_a_late_start_is_told_from_a_retry(
+    path: str, attempt: int, retries: int, history: list[Any] | None, missed: bool
+) -> None:
+    scheduler = Scheduler()
+    scheduler.add_cron("nightly", "0 1 * * *", lambda t: None, exclusive=False)
+    alerting = Alerting([WebhookSink("https://hooks.example/x", secret=SECRET)])
+    alerting._scheduler = scheduler
+    alerting._history = None if history is None else _History(history)  # type: ignore[assignment]
+    info = scheduler.get("nightly")
+    info = type(info)(
+        **{**{f: getattr(info, f) for f in info.__dataclass_fields__}, "retries": retries}
+    )
+    reason = await alerting._late(_started(attempt, path), info)
+    assert (reason is not None) == missed, reason

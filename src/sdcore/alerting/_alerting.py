@@ -32,7 +32,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -42,8 +42,9 @@ from sdcore.alerting._incidents import IncidentLog, Problem
 from sdcore.alerting._model import AlertKind, InvalidAlertingConfigError, check_in_id
 from sdcore.alerting._observer import LATE_PATHS, AlertObserver, Finished, Overran, Started
 from sdcore.alerting._publisher import WebhookPublisher, send
+from sdcore.alerting._scan import MissedScan
 from sdcore.alerting._sinks import CheckIn, CheckInSink, CheckInStatus, WebhookSink
-from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
+from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ __all__ = ["Alerting"]
 
 MAX_QUEUED = 100_000  # events waiting for the alerting loop; more are dropped (and logged)
 _CHECK_INS_AT_ONCE = 32
+_CLEAR_S = 1.0
+T = TypeVar("T")
 _DECISION_TRIES = 3
 _HISTORY_LOOKBACK = 50  # runs read back to find the previous attempt of a retried tick
 _Event = Started | Finished | Overran
@@ -148,15 +151,16 @@ class Alerting:
         self._dropped = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: dict[int, asyncio.TimerHandle] = {}
-        self._check_in_slots = asyncio.Semaphore(_CHECK_INS_AT_ONCE)
+        self._check_in_slots: asyncio.Semaphore | None = None
+        # Until when (loop time) a success of a schedule need not ask whether an incident is open.
+        self._clear: dict[str, float] = {}
         self._client: httpx.AsyncClient | None = None
         self._relay: OutboxRelay | None = None
         self._incidents: IncidentLog | None = None
         self._scheduler: Scheduler | None = None
         self._jobs: BaseJobScheduler | None = None
         self._history: ScheduleStore | None = None
-        self._floors: dict[str, datetime] = {}
-        self._started_wall = datetime.min.replace(tzinfo=UTC)
+        self._scan: MissedScan | None = None
 
     @property
     def started(self) -> bool:
@@ -202,8 +206,9 @@ class Alerting:
         self._queue = asyncio.Queue(MAX_QUEUED)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._floors = {}
-        self._started_wall = datetime.now(UTC)
+        self._clear = {}
+        self._check_in_slots = asyncio.Semaphore(_CHECK_INS_AT_ONCE)
+        self._scan = MissedScan(self._missed_after, self._window, datetime.now(UTC), self._log)
         self._spawn(self._drain(), "sdcore-alerting")
         if self._scan_s is not None and jobs is not None:
             self._spawn(self._scan_loop(self._scan_s), "sdcore-alerting-scan")
@@ -337,12 +342,19 @@ class Alerting:
         if event.outcome == SUCCESS:
             self._check_in(event, info, CheckInStatus.SUCCEEDED, event.duration_s)
             incidents = self._incidents
-            if incidents is not None:
-                await self._retrying(
-                    lambda: incidents.resolve(
-                        event.schedule, event.run_key, event.scheduled_at, event.attempt
-                    )
+            loop_time = asyncio.get_running_loop().time()
+            if incidents is None or self._clear.get(event.schedule, 0.0) > loop_time:
+                return
+            resolved = await self._retrying(
+                lambda: incidents.resolve(
+                    event.schedule, event.run_key, event.scheduled_at, event.attempt
                 )
+            )
+            if resolved is None:
+                # Nothing was open: the successes of the next second need not ask again (an
+                # incident this replica opens clears this; one another replica opens is
+                # resolved by a later success, at most a second of ticks later).
+                self._clear[event.schedule] = loop_time + _CLEAR_S
             return
         if event.outcome in (FAILURE, LOST_LEASE):
             self._check_in(event, info, CheckInStatus.FAILED, event.duration_s)
@@ -399,17 +411,18 @@ class Alerting:
 
     async def _decide(self, problem: Problem) -> None:
         incidents = self._incidents
+        self._clear.pop(problem.schedule, None)
         if incidents is not None:
             await self._retrying(lambda: incidents.open(problem))
 
-    async def _retrying(self, decision: Callable[[], Awaitable[object]]) -> None:
-        """Run a decision, again on a database error (it reads before it writes: idempotent)."""
+    async def _retrying(self, decision: Callable[[], Awaitable[T]]) -> T | None:
+        """Run a decision, again on a database error (it reads before it writes: idempotent);
+        ``None`` when it could not be recorded."""
         import psycopg
 
         for attempt in range(1, _DECISION_TRIES + 1):
             try:
-                await decision()
-                return
+                return await decision()
             except psycopg.Error as exc:
                 if attempt == _DECISION_TRIES:
                     self._log.error(
@@ -417,8 +430,9 @@ class Alerting:
                         exc,
                         extra={"action": "alert_not_recorded"},
                     )
-                    return
+                    return None
                 await asyncio.sleep(0.2 * 2**attempt)
+        return None
 
     # --- check-ins ----------------------------------------------------------------------------
 
@@ -448,10 +462,10 @@ class Alerting:
                 self._spawn(self._send_check_in(sink, request), f"sdcore-check-in:{sink.name}")
 
     async def _send_check_in(self, sink: CheckInSink, request: Any) -> None:
-        client = self._client
-        if client is None:
+        client, slots = self._client, self._check_in_slots
+        if client is None or slots is None:
             return
-        async with self._check_in_slots:
+        async with slots:
             for attempt in range(3):
                 try:
                     await send(client, request, sink.timeout_s)
@@ -478,64 +492,16 @@ class Alerting:
             await asyncio.sleep(every_s)
 
     async def scan(self, now: datetime | None = None) -> int:
-        """Look for ticks nobody ran (no row ``missed_after_ms`` after their instant).
-
-        The first scan waits until ``missed_after_ms`` have passed since :meth:`start`, then
-        judges the latest such tick of the ``missed_window_ms`` window, once per schedule (an
-        outage before this start is one incident, however many ticks it missed); later scans
-        judge each tick since the previous scan, oldest first. Runs every
-        ``scan_interval_ms``; call it yourself to scan now.
+        """Look for ticks nobody ran now (see :class:`~sdcore.alerting._scan.MissedScan`); it
+        runs every ``scan_interval_ms`` by itself.
 
         Returns:
             The missed ticks found (each alerted once per incident, cluster-wide).
         """
-        scheduler, jobs = self._scheduler, self._jobs
-        if scheduler is None or jobs is None:
+        scheduler, jobs, scan = self._scheduler, self._jobs, self._scan
+        if scheduler is None or jobs is None or scan is None:
             return 0
-        now = datetime.now(UTC) if now is None else now
-        end = now - self._missed_after
-        if end < self._started_wall:
-            return 0  # the ticks before this start are judged together, once they all are
-        found = 0
-        for info in scheduler.schedules():
-            if not (info.exclusive and info.active) or info.kind.value not in ("cron", "interval"):
-                continue
-            floor = self._floors.get(info.name)
-            try:
-                first = await jobs.first_seen(info.name)
-                if first is None:
-                    continue  # never ran anywhere: nothing is missed yet
-                start = max(first, now - self._window if floor is None else floor)
-                if start >= end:
-                    continue
-                ticks = await scheduler.missed_ticks(info.name, start, end, jobs=jobs)
-            except (JobSchedulerError, ValueError) as exc:
-                self._log.warning(
-                    "alerting scan of %r failed: %s",
-                    info.name,
-                    exc,
-                    extra={"action": "alert_scan_failed", "schedule": info.name},
-                )
-                continue
-            self._floors[info.name] = end
-            lost = [t for t in ticks if t.skipped is None and (t.status is None or t.given_back)]
-            if floor is None:
-                lost = lost[-1:]
-            for tick in lost:
-                found += 1
-                await self._decide(
-                    Problem(
-                        kind=AlertKind.MISSED,
-                        schedule=info.name,
-                        run_key=tick.run_key,
-                        scheduled_at=tick.scheduled_at,
-                        attempt=0,
-                        reason=(
-                            "no replica ran it "
-                            f"({tick.given_back or 'never started'}, "
-                            f"{int(self._missed_after.total_seconds() * 1000)} ms after its "
-                            "instant)"
-                        ),
-                    )
-                )
-        return found
+        found = await scan.missed(scheduler, jobs, datetime.now(UTC) if now is None else now)
+        for problem in found:
+            await self._decide(problem)
+        return len(found)
