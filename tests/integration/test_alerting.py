@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -162,10 +163,23 @@ async def test_a_failed_tick_alerts_through_a_flaky_webhook_and_a_success_resolv
     assert statuses == [("PUBLISHED", 3), ("PUBLISHED", 1)]
 
 
-async def test_an_overrun_alerts_while_the_run_goes_on_and_its_end_resolves(pg_dsn: str) -> None:
+@pytest.mark.parametrize("plain", [False, True], ids=["async-handler", "plain-def-handler"])
+async def test_an_overrun_alerts_while_the_run_goes_on_and_its_end_resolves(
+    pg_dsn: str, plain: bool
+) -> None:
     ran = Counter[str]()
 
     def declare(runtime: Runtime) -> None:
+        if plain:  # started in a worker thread: its start reaches alerting from there
+
+            @runtime.scheduler.interval(5_000, name="slow", max_runtime_ms=200)
+            def slow_plain(tick: Tick) -> None:
+                ran["started"] += 1
+                time.sleep(1.0)
+                ran["ended"] += 1
+
+            return
+
         @runtime.scheduler.interval(5_000, name="slow", max_runtime_ms=200)
         async def slow(tick: Tick) -> None:
             ran["started"] += 1
@@ -264,3 +278,31 @@ async def test_no_alert_while_everything_runs(pg_dsn: str, outage_s: float) -> N
         async with _running(pg_dsn, _alerting(recorder, **options), declare):
             await asyncio.sleep(3.0)
         assert _hooks(recorder) == []
+
+
+async def test_an_alert_decided_by_a_replica_that_dies_is_delivered_by_another(
+    pg_dsn: str,
+) -> None:
+    with http_recorder() as recorder:
+        # The deciding replica runs no relay (as if killed right after its decision committed).
+        decider = _alerting(recorder)
+        pool = AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False)
+        await pool.open()
+        try:
+            await decider.outbox.ensure_schema(pool)
+            log = IncidentLog(pool, decider.outbox, ["webhook"], logging.getLogger("t"))
+            assert await log.open(_problem(AlertKind.FAILED, "k1")) is not None
+            assert recorder.received == []
+            other = _alerting(recorder, scan_interval_ms=None)
+            runtime = Runtime(pg_dsn, alerting=other, control=None, scheduling=None)
+            async with runtime:
+                await _until(lambda: len(_hooks(recorder)) == 1)
+        finally:
+            await pool.close()
+        (alert,) = _hooks(recorder)
+    assert (alert["kind"], alert["run_key"]) == ("failed", "k1")
+
+
+def test_a_runtime_refuses_an_alerting_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match="alerting must be an Alerting"):
+        Runtime("postgresql://127.0.0.1:1/x", alerting="webhook")  # type: ignore[arg-type]

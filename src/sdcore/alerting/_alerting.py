@@ -298,19 +298,9 @@ class Alerting:
 
     async def _handle(self, event: _Event) -> None:
         if isinstance(event, Overran):
-            started = event.started
-            self._timers.pop(started.token, None)
-            if started.run_key is not None:
-                await self._decide(
-                    Problem(
-                        kind=AlertKind.OVERRUN,
-                        schedule=started.schedule,
-                        run_key=started.run_key,
-                        scheduled_at=started.scheduled_at,
-                        attempt=started.attempt,
-                        reason=f"still running after {event.limit_ms} ms (max_runtime_ms)",
-                    )
-                )
+            self._timers.pop(event.started.token, None)
+            reason = f"still running after {event.limit_ms} ms (max_runtime_ms)"
+            await self._decide(_problem(AlertKind.OVERRUN, event.started, reason))
             return
         info = self._info(event.schedule)
         if isinstance(event, Started):
@@ -322,17 +312,9 @@ class Alerting:
                     delay, self._put, Overran(started=event, limit_ms=limit)
                 )
             how = await self._late(event, info)
-            if how is not None and event.run_key is not None:
-                await self._decide(
-                    Problem(
-                        kind=AlertKind.MISSED,
-                        schedule=event.schedule,
-                        run_key=event.run_key,
-                        scheduled_at=event.scheduled_at,
-                        attempt=event.attempt,
-                        reason=f"not run at its instant: {how}",
-                    )
-                )
+            if how is not None:
+                reason = f"not run at its instant: {how}"
+                await self._decide(_problem(AlertKind.MISSED, event, reason))
             return
         timer = self._timers.pop(event.token, None)
         if timer is not None:
@@ -359,17 +341,9 @@ class Alerting:
         if event.outcome in (FAILURE, LOST_LEASE):
             self._check_in(event, info, CheckInStatus.FAILED, event.duration_s)
         retries = 0 if info is None else info.retries
-        if event.outcome == FAILURE and event.attempt >= retries + 1 and event.run_key:
-            await self._decide(
-                Problem(
-                    kind=AlertKind.FAILED,
-                    schedule=event.schedule,
-                    run_key=event.run_key,
-                    scheduled_at=event.scheduled_at,
-                    attempt=event.attempt,
-                    reason=f"its last attempt ({event.attempt} of {retries + 1}) failed",
-                )
-            )
+        if event.outcome == FAILURE and event.attempt >= retries + 1:
+            reason = f"its last attempt ({event.attempt} of {retries + 1}) failed"
+            await self._decide(_problem(AlertKind.FAILED, event, reason))
 
     async def _late(self, event: Started, info: ScheduleInfo | None) -> str | None:
         """Why the attempt ``event`` starts a tick that was missed, or ``None`` (it was not).
@@ -409,8 +383,10 @@ class Alerting:
         except ScheduleNotFoundError:
             return None  # removed since
 
-    async def _decide(self, problem: Problem) -> None:
+    async def _decide(self, problem: Problem | None) -> None:
         incidents = self._incidents
+        if problem is None:
+            return  # an initial schedule's run: no run key to name an incident by
         self._clear.pop(problem.schedule, None)
         if incidents is not None:
             await self._retrying(lambda: incidents.open(problem))
@@ -505,3 +481,17 @@ class Alerting:
         for problem in found:
             await self._decide(problem)
         return len(found)
+
+
+def _problem(kind: AlertKind, event: Started | Finished, reason: str) -> Problem | None:
+    """The problem ``event``'s attempt shows (``None`` for a tick without a run key)."""
+    if event.run_key is None:
+        return None
+    return Problem(
+        kind=kind,
+        schedule=event.schedule,
+        run_key=event.run_key,
+        scheduled_at=event.scheduled_at,
+        attempt=event.attempt,
+        reason=reason,
+    )
