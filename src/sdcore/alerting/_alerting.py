@@ -150,6 +150,7 @@ class Alerting:
         self._queue: asyncio.Queue[_Event] | None = None
         self._dropped = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sending: set[asyncio.Task[Any]] = set()  # check-ins in flight
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._check_in_slots: asyncio.Semaphore | None = None
         # Until when (loop time) a success of a schedule need not ask whether an incident is open.
@@ -210,7 +211,7 @@ class Alerting:
         self._check_in_slots = asyncio.Semaphore(_CHECK_INS_AT_ONCE)
         self._scan = MissedScan(self._missed_after, self._window, datetime.now(UTC), self._log)
         self._spawn(self._drain(), "sdcore-alerting")
-        if self._scan_s is not None and jobs is not None:
+        if self._scan_s is not None and jobs is not None and self.webhooks:
             self._spawn(self._scan_loop(self._scan_s), "sdcore-alerting-scan")
         if relay and self.webhooks:
             self._relay = OutboxRelay(
@@ -224,7 +225,8 @@ class Alerting:
             await self._relay.start()
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Decide what is queued (within ``grace_s``), then stop the relay and the loops."""
+        """Decide what is queued and send the check-ins in flight (within ``grace_s``), then
+        stop the relay and the loops."""
         if self._loop is None:
             return
         queue = self._queue
@@ -232,9 +234,13 @@ class Alerting:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        deadline = asyncio.get_running_loop().time() + max(grace_s, 0.0)
         if queue is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(queue.join(), max(grace_s, 0.0))
+        if self._sending:
+            left = deadline - asyncio.get_running_loop().time()
+            await asyncio.wait(set(self._sending), timeout=max(left, 0.0))
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -245,10 +251,13 @@ class Alerting:
             await self._client.aclose()
             self._client = None
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str, *, sending: bool = False) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if sending:
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     # --- events from the observer (any thread) ------------------------------------------------
 
@@ -353,6 +362,8 @@ class Alerting:
         abandoned attempt is re-run whatever the budget), and within it the run history tells
         (the takeover closed the previous attempt as abandoned).
         """
+        if not self.webhooks:
+            return None  # no sink takes incidents
         if event.path in LATE_PATHS:
             return f"{'its replica stopped mid-run' if event.attempt > 1 else 'never started'}"
         if event.attempt < 2 or event.run_key is None:
@@ -435,7 +446,8 @@ class Alerting:
         )
         for sink in self.check_ins:
             for request in sink.requests(check_in):
-                self._spawn(self._send_check_in(sink, request), f"sdcore-check-in:{sink.name}")
+                name = f"sdcore-check-in:{sink.name}"
+                self._spawn(self._send_check_in(sink, request), name, sending=True)
 
     async def _send_check_in(self, sink: CheckInSink, request: Any) -> None:
         client, slots = self._client, self._check_in_slots
