@@ -365,7 +365,7 @@ class Alerting:
         if not self.webhooks:
             return None  # no sink takes incidents
         if event.path in LATE_PATHS:
-            return f"{'its replica stopped mid-run' if event.attempt > 1 else 'never started'}"
+            return "its replica stopped mid-run" if event.attempt > 1 else "it never started"
         if event.attempt < 2 or event.run_key is None:
             return None
         taken_over = "taken over from a replica that stopped mid-run"
