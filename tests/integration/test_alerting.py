@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -30,7 +31,7 @@ from sdcore.alerting import (
 )
 from sdcore.alerting._incidents import IncidentLog, Problem
 from sdcore.runtime import Runtime
-from sdcore.scheduling import Tick
+from sdcore.scheduling import Tick, format_run_key
 from tests._http_sink import HttpRecorder, http_recorder
 
 SECRET = "integration-secret-0123"
@@ -264,6 +265,35 @@ async def test_the_scan_alerts_a_tick_nobody_ran_without_catch_up(pg_dsn: str) -
     assert missed["run_key"] > max(before)
     assert missed["attempt"] == 0
     assert hooks[1]["incident"] == {"kind": "missed", "run_key": missed["run_key"]}
+
+
+async def test_an_outage_caught_up_tick_by_tick_is_one_incident(pg_dsn: str) -> None:
+    ran: list[str] = []
+
+    def declare(runtime: Runtime) -> None:
+        @runtime.scheduler.interval(500, name="gap", catch_up="all")
+        async def gap(tick: Tick) -> None:
+            assert tick.run_key is not None
+            ran.append(tick.run_key)
+            await asyncio.sleep(0.2)  # the caught-up ticks run one after the other
+
+    with http_recorder() as recorder:
+        options = {"missed_after_ms": 1_000, "scan_interval_ms": 200}
+        async with _running(pg_dsn, _alerting(recorder, **options), declare):
+            await _until(lambda: len(ran) >= 1)
+        last_before = max(ran)
+        await asyncio.sleep(2.0)  # every replica down: three or four ticks nobody runs
+        restart = format_run_key(datetime.now(UTC))
+        async with _running(pg_dsn, _alerting(recorder, **options), declare):
+            await _until(lambda: [a["kind"] for a in _hooks(recorder)] == ["missed", "resolved"])
+            await asyncio.sleep(1.5)  # later scans: nothing more
+        hooks = _hooks(recorder)
+    late = [key for key in ran if last_before < key < restart]
+    assert len(late) >= 3, ran  # caught up one after the other
+    assert [a["kind"] for a in hooks] == ["missed", "resolved"]
+    missed, resolved = hooks
+    assert missed["run_key"] == late[0]
+    assert resolved["run_key"] >= restart  # the first tick run on time, after the late ones
 
 
 @pytest.mark.parametrize("outage_s", [0.0])

@@ -18,7 +18,8 @@ What is noticed, per cron or interval schedule:
   ``missed_after_ms`` after its instant (this works with ``catch_up="off"`` too);
 - ``failed``: a tick's last attempt (``retries + 1``) raised;
 - ``overrun``: a run still going after the schedule's ``max_runtime_ms``;
-- ``resolved``: the next success of the schedule after one of those.
+- ``resolved``: the next success of the schedule after one of those, of a tick run on time (the
+  late runs of missed ticks, one after the other after an outage, are part of the incident).
 
 Check-in sinks (Sentry Crons, Healthchecks) are sent every attempt's start and end from the
 replica that runs it, directly (a check-in replayed late would lie).
@@ -152,6 +153,7 @@ class Alerting:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sending: set[asyncio.Task[Any]] = set()  # check-ins in flight
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._late_runs: set[int] = set()  # attempts started here that run a missed tick
         self._check_in_slots: asyncio.Semaphore | None = None
         # Until when (loop time) a success of a schedule need not ask whether an incident is open.
         self._clear: dict[str, float] = {}
@@ -234,6 +236,7 @@ class Alerting:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        self._late_runs.clear()
         deadline = asyncio.get_running_loop().time() + max(grace_s, 0.0)
         if queue is not None:
             with contextlib.suppress(TimeoutError):
@@ -322,19 +325,24 @@ class Alerting:
                 )
             how = await self._late(event, info)
             if how is not None:
+                self._late_runs.add(event.token)
                 reason = f"not run at its instant: {how}"
                 await self._decide(_problem(AlertKind.MISSED, event, reason))
             return
         timer = self._timers.pop(event.token, None)
         if timer is not None:
             timer.cancel()
+        late = event.token in self._late_runs
+        self._late_runs.discard(event.token)
         if event.cancelled:
             return  # a shutdown ended it: another replica's sweep takes the tick over
         if event.outcome == SUCCESS:
             self._check_in(event, info, CheckInStatus.SUCCEEDED, event.duration_s)
             incidents = self._incidents
             loop_time = asyncio.get_running_loop().time()
-            if incidents is None or self._clear.get(event.schedule, 0.0) > loop_time:
+            if late or incidents is None or self._clear.get(event.schedule, 0.0) > loop_time:
+                # A missed tick run late does not resolve: catch-up after an outage runs one
+                # after the other, and the outage is one incident until a tick runs on time.
                 return
             resolved = await self._retrying(
                 lambda: incidents.resolve(

@@ -8,7 +8,9 @@ the database, in one transaction per decision:
    sdcore's other advisory locks) serializes the decisions about one schedule cluster-wide;
 2. the alerts outbox is read: an alert of this exact (schedule, kind, run key) written before
    means this incident was alerted already; the schedule's newest alert row, when it is not a
-   ``resolved``, means an incident is open and this problem is part of it;
+   ``resolved``, means an incident is open and this problem is part of it; a missed tick
+   scheduled before the tick whose success resolved the last incident belongs to that one (the
+   late runs of an outage's ticks interleave with the ticks that run on time again);
 3. otherwise one outbox row per webhook sink is written, keyed by (schedule, kind, run key,
    sink), and committed with the decision.
 
@@ -45,9 +47,11 @@ __all__ = ["IncidentLog", "Problem"]
 LOCK_CLASS = 0x7364616C
 _LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 _SEEN = "SELECT EXISTS (SELECT 1 FROM {table} WHERE starts_with(idempotency_key, %s))"
+# The newest alert row of a schedule, with the scheduled instant of its tick (NULL once the row
+# is pruned to a tombstone).
 _NEWEST = (
-    "SELECT idempotency_key, name FROM {table} WHERE starts_with(idempotency_key, %s) "
-    "ORDER BY id DESC LIMIT 1"
+    "SELECT idempotency_key, name, CAST(payload->>'scheduled_at' AS timestamptz) "
+    "FROM {table} WHERE starts_with(idempotency_key, %s) ORDER BY id DESC LIMIT 1"
 )
 
 
@@ -116,6 +120,16 @@ class IncidentLog:
             newest = await (await conn.execute(self._newest, (incident_prefix(name),))).fetchone()
             if newest is not None and newest[1] != AlertKind.RESOLVED.value:
                 return None  # part of the incident already open
+            if (
+                newest is not None
+                and problem.kind is AlertKind.MISSED
+                and problem.scheduled_at is not None
+                and newest[2] is not None
+                and problem.scheduled_at <= newest[2]
+            ):
+                # A missed tick from before the recovery: caught up late, after a tick that ran
+                # on time resolved its outage. Part of that incident.
+                return None
             alert = Alert(
                 id=alert_id(name, problem.kind, problem.run_key),
                 kind=problem.kind,
