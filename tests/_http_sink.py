@@ -62,8 +62,9 @@ class HttpRecorder:
 
 
 @contextmanager
-def http_recorder() -> Iterator[HttpRecorder]:
-    """Serve on ``127.0.0.1`` at a free port until the block ends; yields the recorder."""
+def http_recorder(port: int = 0) -> Iterator[HttpRecorder]:
+    """Serve on ``127.0.0.1`` at ``port`` (0: a free one) until the block ends; yields the
+    recorder."""
     recorder = HttpRecorder()
 
     class Handler(BaseHTTPRequestHandler):
@@ -81,7 +82,7 @@ def http_recorder() -> Iterator[HttpRecorder]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     recorder.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, name="http-recorder", daemon=True)

@@ -33,6 +33,7 @@ from sdcore.alerting._incidents import IncidentLog, Problem
 from sdcore.runtime import Runtime
 from sdcore.scheduling import Tick, format_run_key
 from tests._http_sink import HttpRecorder, http_recorder
+from tests._servers import free_port
 
 SECRET = "integration-secret-0123"
 
@@ -336,3 +337,28 @@ async def test_an_alert_decided_by_a_replica_that_dies_is_delivered_by_another(
 def test_a_runtime_refuses_an_alerting_of_the_wrong_type() -> None:
     with pytest.raises(TypeError, match="alerting must be an Alerting"):
         Runtime("postgresql://127.0.0.1:1/x", alerting="webhook")  # type: ignore[arg-type]
+
+
+async def test_a_webhook_down_for_a_while_gets_the_alert_once_it_is_back(pg_dsn: str) -> None:
+    port = free_port()
+    alerting = Alerting(
+        [WebhookSink(f"http://127.0.0.1:{port}/hook", secret=SECRET)],
+        poll_interval_ms=50,
+        retry_base_ms=50,
+        max_attempts=2,
+        scan_interval_ms=None,
+    )
+    runtime = Runtime(pg_dsn, alerting=alerting, control=None, scheduling=None)
+    async with runtime:
+        log = IncidentLog(runtime.pool, alerting.outbox, ["webhook"], logging.getLogger("t"))
+        assert await log.open(_problem(AlertKind.MISSED, "k1")) is not None
+        await asyncio.sleep(1.5)  # nobody listens: the relay backs off, counting no attempt
+        async with runtime.pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT status, attempts FROM sdcore_alerts")
+            ).fetchone()
+        assert row == ("PENDING", 0)
+        with http_recorder(port) as recorder:
+            await _until(lambda: len(_hooks(recorder)) == 1, timeout_s=40)
+            (alert,) = _hooks(recorder)
+    assert (alert["kind"], alert["run_key"]) == ("missed", "k1")

@@ -2,9 +2,12 @@
 
 The relay claims alert rows and hands them here; each row's ``queue`` names its webhook sink.
 A row's outcome is ``None`` once its sink answered 2xx, else the error, which the relay counts
-as a failed attempt and retries with exponential backoff (``DEAD`` after ``max_attempts``). An
-endpoint that is down is such a failure too, not the relay's "broker unavailable": there is
-no broker, and a webhook down for good must end ``DEAD`` rather than hold the row forever.
+as a failed attempt and retries with exponential backoff (``DEAD`` after ``max_attempts``): an
+endpoint that answers with an error is misconfigured or refusing, and says so. A batch none of
+whose endpoints could be reached at all (connection refused, DNS, timeout) raises
+:class:`~sdcore.outbox.PublisherUnavailableError`, as a broker that is down does: the relay backs
+off without counting attempts, so an alert waits out a receiver's outage of any length and is
+delivered when it is back (its timestamp header is fresh at each attempt).
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sdcore.alerting._sinks import HttpRequest, WebhookSink
-from sdcore.outbox import OutboxMessage
+from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["WebhookDeliveryError", "WebhookPublisher", "send"]
+__all__ = ["WebhookDeliveryError", "WebhookPublisher", "WebhookUnreachableError", "send"]
 
 
 class WebhookDeliveryError(Exception):
     """A sink did not take a request (not 2xx, or no answer); the relay retries the row."""
+
+
+class WebhookUnreachableError(WebhookDeliveryError):
+    """No answer at all: the endpoint could not be reached."""
 
 
 async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float) -> None:
@@ -42,6 +49,8 @@ async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float
             content=request.body,
             timeout=timeout_s,
         )
+    except httpx.TransportError as exc:
+        raise WebhookUnreachableError(f"{type(exc).__name__}: {exc}"[:500]) from exc
     except httpx.HTTPError as exc:
         raise WebhookDeliveryError(f"{type(exc).__name__}: {exc}"[:500]) from exc
     if not 200 <= response.status_code < 300:
@@ -61,8 +70,15 @@ class WebhookPublisher:
         self._sinks = dict(sinks)
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> Sequence[BaseException | None]:
-        """POST each message to its sink, concurrently; one outcome per message."""
-        return await asyncio.gather(*(self._one(m) for m in messages), return_exceptions=True)
+        """POST each message to its sink, concurrently; one outcome per message.
+
+        Raises:
+            PublisherUnavailableError: No endpoint of the batch could be reached.
+        """
+        results = await asyncio.gather(*(self._one(m) for m in messages), return_exceptions=True)
+        if results and all(isinstance(r, WebhookUnreachableError) for r in results):
+            raise PublisherUnavailableError(f"no webhook could be reached: {results[0]}")
+        return results
 
     async def _one(self, message: OutboxMessage) -> None:
         sink = self._sinks.get(message.queue)
