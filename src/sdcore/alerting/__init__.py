@@ -21,6 +21,8 @@ from sdcore.alerting._model import (
     WebhookSignatureError,
 )
 from sdcore.alerting._sinks import (
+    DELIVERY_HEADER,
+    EVENT_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     CheckIn,
@@ -35,6 +37,8 @@ from sdcore.alerting._sinks import (
 )
 
 __all__ = [
+    "DELIVERY_HEADER",
+    "EVENT_HEADER",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "Alert",

@@ -218,7 +218,7 @@ class Alerting:
         if relay and self.webhooks:
             self._relay = OutboxRelay(
                 PostgresOutboxStore(pool, outbox=self.outbox),
-                WebhookPublisher(self._client, self.webhooks),
+                WebhookPublisher(self.webhooks, client=self._client),
                 poll_interval_ms=self._poll_ms,
                 retry_base_ms=self._retry[0],
                 retry_max_ms=self._retry[1],

@@ -14,15 +14,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
 
+from sdcore._internal.validation import at_least
 from sdcore.alerting._sinks import HttpRequest, WebhookSink
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["WebhookDeliveryError", "WebhookPublisher", "WebhookUnreachableError", "send"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "WebhookBodyTooLargeError",
+    "WebhookDeliveryError",
+    "WebhookPublisher",
+    "WebhookUnreachableError",
+    "send",
+]
+
+DEFAULT_MAX_BODY_BYTES = 1_000_000
 
 
 class WebhookDeliveryError(Exception):
@@ -31,6 +42,10 @@ class WebhookDeliveryError(Exception):
 
 class WebhookUnreachableError(WebhookDeliveryError):
     """No answer at all: the endpoint could not be reached."""
+
+
+class WebhookBodyTooLargeError(ValueError):
+    """A row's body is over ``max_body_bytes``: the row's fault, never sent (ends ``DEAD``)."""
 
 
 async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float) -> None:
@@ -60,14 +75,46 @@ async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float
 class WebhookPublisher:
     """Delivers alert rows to their webhook sinks.
 
+    It passes the outbox's publisher contract (``tests/integration/test_publisher_contract.py``)
+    like the BullMQ and Celery publishers. Each POST carries the row's job id in
+    ``X-Sdcore-Delivery`` (the same on every retry and relay) and its name in
+    ``X-Sdcore-Event``.
+
     Args:
-        client: The HTTP client (owned by the caller).
-        sinks: The webhook sinks by name.
+        sinks: The webhook sinks by name (a row's ``queue``).
+        client: The HTTP client (``None``: one of its own, opened by ``async with`` and closed
+            on exit).
+        max_body_bytes: A row whose body is larger fails alone, without a request.
     """
 
-    def __init__(self, client: httpx.AsyncClient, sinks: Mapping[str, WebhookSink]) -> None:
+    def __init__(
+        self,
+        sinks: Mapping[str, WebhookSink],
+        *,
+        client: httpx.AsyncClient | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
         self._client = client
+        self._own = client is None
         self._sinks = dict(sinks)
+        self._max = at_least("max_body_bytes", max_body_bytes, 1)
+
+    async def __aenter__(self) -> Self:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._own and self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> Sequence[BaseException | None]:
         """POST each message to its sink, concurrently; one outcome per message.
@@ -87,4 +134,12 @@ class WebhookPublisher:
                 f"no webhook sink named {message.queue!r} on this replica (its relay cannot "
                 "deliver the row; it is retried, and delivered by a replica that has the sink)"
             )
-        await send(self._client, sink.request(message.payload), sink.timeout_s)
+        request = sink.request(message.payload, delivery=message.job_id, event=message.name)
+        if len(request.body) > self._max:
+            raise WebhookBodyTooLargeError(
+                f"the alert's body is {len(request.body)} bytes, over max_body_bytes "
+                f"({self._max}): not sent"
+            )
+        if self._client is None:
+            raise RuntimeError("WebhookPublisher without a client: use `async with` first")
+        await send(self._client, request, sink.timeout_s)

@@ -28,6 +28,8 @@ from urllib.parse import quote, urlsplit
 from sdcore.alerting._model import InvalidAlertingConfigError, WebhookSignatureError
 
 __all__ = [
+    "DELIVERY_HEADER",
+    "EVENT_HEADER",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "CheckIn",
@@ -42,6 +44,8 @@ __all__ = [
 ]
 
 SIGNATURE_HEADER = "X-Sdcore-Signature"
+DELIVERY_HEADER = "X-Sdcore-Delivery"
+EVENT_HEADER = "X-Sdcore-Event"
 TIMESTAMP_HEADER = "X-Sdcore-Timestamp"
 _SINK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 _SENTRY_SLUG = re.compile(r"[^a-z0-9_-]+")
@@ -182,8 +186,16 @@ class WebhookSink:
     def __repr__(self) -> str:
         return f"WebhookSink(name={self.name!r}, url={self.url!r})"  # never the secret
 
-    def request(self, payload: Mapping[str, Any], *, now: float | None = None) -> HttpRequest:
-        """The signed POST of one alert's payload (timestamp: ``now``, default the clock)."""
+    def request(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        now: float | None = None,
+        delivery: str | None = None,
+        event: str | None = None,
+    ) -> HttpRequest:
+        """The signed POST of one alert's payload (timestamp: ``now``, default the clock;
+        ``delivery``: the outbox row's job id, the same on every retry; ``event``: its name)."""
         body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
         stamp = int(time.time() if now is None else now)
         headers = {
@@ -192,6 +204,10 @@ class WebhookSink:
             TIMESTAMP_HEADER: str(stamp),
             SIGNATURE_HEADER: sign_webhook(self._secret, stamp, body),
         }
+        if delivery is not None:
+            headers[DELIVERY_HEADER] = delivery
+        if event is not None:
+            headers[EVENT_HEADER] = event
         return HttpRequest(method="POST", url=self.url, headers=headers, body=body)
 
 
