@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
+from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.validation import at_least
 from sdcore.alerting._sinks import HttpRequest, WebhookSink
 from sdcore.outbox import OutboxMessage, PublisherUnavailableError
@@ -72,7 +72,7 @@ async def send(client: httpx.AsyncClient, request: HttpRequest, timeout_s: float
         raise WebhookDeliveryError(f"answered {response.status_code}: {response.text[:200]!r}")
 
 
-class WebhookPublisher:
+class WebhookPublisher(AsyncStartStop):
     """Delivers alert rows to their webhook sinks.
 
     It passes the outbox's publisher contract (``tests/integration/test_publisher_contract.py``)
@@ -82,8 +82,8 @@ class WebhookPublisher:
 
     Args:
         sinks: The webhook sinks by name (a row's ``queue``).
-        client: The HTTP client (``None``: one of its own, opened by ``async with`` and closed
-            on exit).
+        client: The HTTP client (``None``: one of its own, opened by :meth:`start` or
+            ``async with`` and closed on exit).
         max_body_bytes: A row whose body is larger fails alone, without a request.
     """
 
@@ -99,19 +99,15 @@ class WebhookPublisher:
         self._sinks = dict(sinks)
         self._max = at_least("max_body_bytes", max_body_bytes, 1)
 
-    async def __aenter__(self) -> Self:
+    async def start(self) -> None:
+        """Open a client of its own (when none was given)."""
         import httpx
 
         if self._client is None:
             self._client = httpx.AsyncClient(follow_redirects=False)
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
+        """Close the client it opened."""
         if self._own and self._client is not None:
             await self._client.aclose()
             self._client = None
