@@ -13,8 +13,8 @@ that is down is retried with backoff.
 
 What is noticed, per cron or interval schedule:
 
-- ``missed``: a tick started late by start-up catch-up or the sweep (it never started, or its
-  replica died mid-run and its lease expired), or, found by the periodic scan, a tick with no row
+- ``missed``: a tick started late by start-up catch-up or the sweep, or taken over from a replica
+  that died mid-run (its lease expired), or, found by the periodic scan, a tick with no row
   ``missed_after_ms`` after its instant (this works with ``catch_up="off"`` too);
 - ``failed``: a tick's last attempt (``retries + 1``) raised;
 - ``overrun``: a run still going after the schedule's ``max_runtime_ms``;
@@ -216,15 +216,20 @@ class Alerting:
         if self._scan_s is not None and jobs is not None and self.webhooks:
             self._spawn(self._scan_loop(self._scan_s), "sdcore-alerting-scan")
         if relay and self.webhooks:
-            self._relay = OutboxRelay(
-                PostgresOutboxStore(pool, outbox=self.outbox),
-                WebhookPublisher(self.webhooks, client=self._client),
-                poll_interval_ms=self._poll_ms,
-                retry_base_ms=self._retry[0],
-                retry_max_ms=self._retry[1],
-                logger_name=self._log.name,
-            )
-            await self._relay.start()
+            try:
+                self._relay = OutboxRelay(
+                    PostgresOutboxStore(pool, outbox=self.outbox),
+                    WebhookPublisher(self.webhooks, client=self._client),
+                    poll_interval_ms=self._poll_ms,
+                    retry_base_ms=self._retry[0],
+                    retry_max_ms=self._retry[1],
+                    logger_name=self._log.name,
+                )
+                await self._relay.start()
+            except BaseException:
+                self._relay = None
+                await self.stop(0.0)  # what started here stops: a failed start holds nothing
+                raise
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Decide what is queued and send the check-ins in flight (within ``grace_s``), then
