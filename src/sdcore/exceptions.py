@@ -40,6 +40,9 @@ boundary (``raise … from exc``); the original stays in ``__cause__``::
     │   ├── JobTooLargeError                    (ValueError)
     │   ├── JobRejectedError                    (RuntimeError)
     │   └── InvalidProcessorError               (ValueError)
+    ├── AlertingError                           sdcore.alerting
+    │   ├── InvalidAlertingConfigError          (ValueError)
+    │   └── WebhookSignatureError               (ValueError; verify_webhook)
     ├── InvalidIdentifierError                  (ValueError; sdcore.postgres)
     ├── DatabaseConnectError                    (ConnectionError; sdcore.postgres: .reason)
     ├── MigrationError                          (RuntimeError; sdcore.postgres)

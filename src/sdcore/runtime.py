@@ -46,6 +46,7 @@ from sdcore.scheduling import (
 )
 
 if TYPE_CHECKING:
+    from sdcore.alerting import Alerting
     from sdcore.metrics import SdcoreMetrics
     from sdcore.queues import BullMQPublisher, Processor, Workers
     from sdcore.tracing import SdcoreTracing
@@ -288,6 +289,9 @@ class Runtime(AsyncStartStop):
         tracing: OpenTelemetry spans and trace propagation through the outbox
             (``sdcore[otel]``): ``True`` for :class:`~sdcore.tracing.SdcoreTracing` on the
             global tracer provider, or your own instance; :attr:`tracing`.
+        alerting: Alerts on missed, failed and overrunning ticks (``sdcore[alerting]``): an
+            :class:`~sdcore.alerting.Alerting`, started before the scheduler and stopped after
+            it; its observer joins :attr:`telemetry`.
         logger_name: Logger for start-up and shutdown (default :attr:`default_logger_name`).
         **deprecated: The 0.1 keywords, each mapped onto the settings above.
 
@@ -318,6 +322,7 @@ class Runtime(AsyncStartStop):
         grace_period_ms: int = 10_000,
         metrics: bool | SdcoreMetrics = False,
         tracing: bool | SdcoreTracing = False,
+        alerting: Alerting | None = None,
         logger_name: str | None = None,
         **deprecated: Unpack[_Deprecated],
     ) -> None:
@@ -419,6 +424,13 @@ class Runtime(AsyncStartStop):
         self.telemetry: Telemetry = NOOP
         """The observers every component reports to (``NOOP`` without metrics or tracing)."""
         self.instrument(metrics=metrics, tracing=tracing)
+        if alerting is not None:
+            from sdcore.alerting import Alerting
+
+            if not isinstance(alerting, Alerting):
+                raise TypeError(f"alerting must be an Alerting or None, got {shown(alerting)}")
+        self.alerting = alerting
+        """The alerting component (``None`` when off)."""
 
     def instrument(
         self, *, metrics: bool | SdcoreMetrics = False, tracing: bool | SdcoreTracing = False
@@ -482,6 +494,8 @@ class Runtime(AsyncStartStop):
                 await self.jobs.ensure_schema()
                 await self.outbox.ensure_schema(self.pool)
                 await self.schedule_store.ensure_schema()
+            if self.alerting is not None:
+                await self._start_alerting(self.alerting, stack)
             if self.redis_url is not None:
                 await self._start_queues(self.redis_url, stack)
             if self.run_scheduler:
@@ -514,6 +528,24 @@ class Runtime(AsyncStartStop):
             "on" if self.run_scheduler else "off",
             extra={"action": "started"},
         )
+
+    async def _start_alerting(self, alerting: Alerting, stack: AsyncExitStack) -> None:
+        """Install the alerting observer on the scheduler's hub and start it (before the
+        scheduler, so that its first ticks are watched; stopped after it)."""
+        hub = self.telemetry
+        if hub is NOOP:
+            hub = self.telemetry = Telemetry()
+            self.jobs.telemetry = self.scheduler.telemetry = self.outbox.telemetry = hub
+        if alerting.observer not in hub.observers:
+            hub.add(alerting.observer)
+        await alerting.start(
+            self.pool,
+            self.scheduler,
+            jobs=self.jobs if self.run_scheduler else None,
+            history=self.schedule_store if self.control_settings is not None else None,
+            ensure_schema=self._ensure_schema,
+        )
+        stack.push_async_callback(self._step, "alerting", lambda: alerting.stop(self._grace))
 
     async def _start_control(self) -> bool:
         """Start the schedules control plane; without its tables, warn and run without it."""

@@ -1,4 +1,5 @@
-"""The publisher contract's implementations: BullMQ on Redis, Celery on RabbitMQ and on Redis.
+"""The publisher contract's implementations: BullMQ on Redis, Celery on RabbitMQ and on Redis,
+the alerts' webhook publisher on a real HTTP server.
 
 Each :class:`Broker` makes publishers of its kind (directly, or through a port of the test's
 choosing: a proxy, or a closed port) and reads back what a consumer would receive, by job id.
@@ -25,7 +26,7 @@ from sdcore.outbox import Publisher
 from sdcore.outbox.celery import DEFAULT_MAX_MESSAGE_BYTES, CeleryPublisher
 from sdcore.queues import DEFAULT_MAX_JOB_BYTES, BullMQPublisher
 
-BROKERS = ["bullmq", "celery-rabbitmq", "celery-redis"]
+BROKERS = ["bullmq", "celery-rabbitmq", "celery-redis", "webhook"]
 REDIS_URL = os.environ.get("SDCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("SDCORE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
@@ -171,9 +172,49 @@ async def celery_broker(url: str, name: str, default_port: int) -> AsyncIterator
         await asyncio.to_thread(clean)
 
 
+async def webhook_broker() -> AsyncIterator[Broker]:
+    """The alerts' webhook publisher: a row's queue names its sink, the receiver is
+    :mod:`tests._http_sink` (the job id and name arrive as headers, the payload as the body)."""
+    from sdcore.alerting import DELIVERY_HEADER, EVENT_HEADER, WebhookSink
+    from sdcore.alerting._publisher import DEFAULT_MAX_BODY_BYTES, WebhookPublisher
+    from tests._http_sink import http_recorder
+
+    queue = f"contract-{uuid.uuid4().hex[:10]}"
+    with http_recorder() as recorder:
+        server_port = int(recorder.url.rsplit(":", 1)[1])
+
+        def make(port: int | None = None, max_bytes: int | None = None) -> ContractPublisher:
+            sink = WebhookSink(
+                f"http://127.0.0.1:{port or server_port}/hook",
+                secret="contract-secret-0123",
+                name=queue,
+                timeout_s=3.0,
+            )
+            return WebhookPublisher(
+                {queue: sink}, max_body_bytes=max_bytes or DEFAULT_MAX_BODY_BYTES
+            )  # fmt: skip
+
+        async def received() -> list[Received]:
+            return [
+                Received(
+                    job_id=r.headers[DELIVERY_HEADER], name=r.headers[EVENT_HEADER],
+                    payload=r.json(),
+                )
+                for r in recorder.ok("/hook")
+            ]  # fmt: skip
+
+        yield Broker(
+            name="webhook", queue=queue, target=("127.0.0.1", server_port),
+            make=make, received=received,
+        )  # fmt: skip
+
+
 async def broker(name: str) -> AsyncIterator[Broker]:
     """The :class:`Broker` named ``name`` (one of :data:`BROKERS`)."""
-    if name == "bullmq":
+    if name == "webhook":
+        async for value in webhook_broker():
+            yield value
+    elif name == "bullmq":
         async for value in bullmq_broker():
             yield value
     elif name == "celery-rabbitmq":

@@ -18,6 +18,7 @@ PACKAGES = [
     "sdcore.runtime",
     "sdcore.sqlalchemy",
     "sdcore.demo",
+    "sdcore.alerting",
 ]
 
 

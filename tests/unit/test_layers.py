@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "outbox": 3,
     "queues": 4,
     "metrics": 4,
+    "alerting": 4,
     "tracing": 4,
     "probes": 5,
     "runtime": 5,

@@ -22,6 +22,27 @@ import sdcore.runtime
 import sdcore.testing
 
 SDCORE = ["Runtime", "SdcoreError", "__version__"]
+ALERTING = [
+    "DELIVERY_HEADER",
+    "EVENT_HEADER",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "Alert",
+    "AlertKind",
+    "Alerting",
+    "AlertingError",
+    "CheckIn",
+    "CheckInSink",
+    "CheckInStatus",
+    "HealthchecksSink",
+    "HttpRequest",
+    "InvalidAlertingConfigError",
+    "SentryCronsSink",
+    "WebhookSignatureError",
+    "WebhookSink",
+    "sign_webhook",
+    "verify_webhook",
+]
 CLI = ["main", "run"]
 DASHBOARD = ["DashboardError", "Operator", "dashboard_app"]
 DJANGO = [
@@ -285,6 +306,7 @@ TRACING = ["SdcoreTracing"]
 
 SURFACES: dict[str, list[str]] = {
     "sdcore": SDCORE,
+    "sdcore.alerting": ALERTING,
     "sdcore.cli": CLI,
     "sdcore.dashboard": DASHBOARD,
     "sdcore.demo": DEMO,
@@ -307,7 +329,7 @@ SURFACES: dict[str, list[str]] = {
     "sdcore.testing": TESTING,
     "sdcore.tracing": TRACING,
 }
-PUBLIC_NAME_COUNT = 238  # the sum of the lists above
+PUBLIC_NAME_COUNT = 257  # the sum of the lists above
 # Modules Django finds by name in an app (its config, commands, migrations, models and admin):
 # no Python API.
 DJANGO_CONVENTIONS = (

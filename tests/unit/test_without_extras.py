@@ -43,3 +43,21 @@ def test_asking_for_metrics_or_tracing_without_them_names_the_extra() -> None:
         )
         assert done.returncode != 0
         assert extra in done.stderr, done.stderr
+
+
+def test_alerting_without_httpx_names_the_extra() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nsys.modules['httpx'] = None\n"
+            "from sdcore import Runtime\n"
+            "Runtime(database_url='postgresql://127.0.0.1:1/x')\n"  # no alerting: no httpx
+            "import sdcore.alerting\n",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "sdcore[alerting]" in done.stderr, done.stderr

@@ -68,6 +68,8 @@ class RunScope:
         fencing_token: The lease's fencing token (``None`` without a lease).
         started: ``time.perf_counter()`` when the handler started (``None``: it did not).
         lag_s: Scheduled instant → handler start, seconds.
+        path: How the tick was started: ``fire`` (at its instant), ``catch_up`` or ``sweep``
+            (a missed tick started late), ``trigger`` or ``backfill`` (an operator's).
         state: Per-observer state (a tracing observer keeps its span here).
     """
 
@@ -75,6 +77,7 @@ class RunScope:
         "attempt",
         "fencing_token",
         "lag_s",
+        "path",
         "run_key",
         "schedule",
         "scheduled_at",
@@ -92,6 +95,7 @@ class RunScope:
         self.fencing_token: int | None = None
         self.started: float | None = None
         self.lag_s = 0.0
+        self.path = "fire"
         self.state: dict[str, Any] = {}
         # Where the handler started: a context attached there can only be detached there.
         self.thread = 0

@@ -518,8 +518,12 @@ class ScheduleStore(Protocol):
 
 
 def policy_options(policy: RunPolicy) -> dict[str, Any]:
-    """A policy as the JSON options recorded with a schedule."""
-    return {
+    """A policy as the JSON options recorded with a schedule.
+
+    ``max_runtime_ms`` is recorded only when set: the fingerprints of schedules without it stay
+    those that replicas of earlier versions compute.
+    """
+    options = {
         "exclusive": policy.exclusive,
         "overlap": policy.overlap.value,
         "catch_up": policy.catch_up.value,
@@ -530,6 +534,9 @@ def policy_options(policy: RunPolicy) -> dict[str, Any]:
         "lease_ms": policy.lease_ms,
         "heartbeat_ms": policy.heartbeat_ms,
     }
+    if policy.max_runtime_ms is not None:
+        options["max_runtime_ms"] = policy.max_runtime_ms
+    return options
 
 
 def fingerprint(

@@ -1,7 +1,7 @@
 """``RunHistory``: every run of a controlled scheduler recorded in the store (start, end, error).
 
 The control plane wraps each handler with :meth:`RunHistory.wrap`. A run's ``source`` is how its
-tick started (:func:`~sdcore.scheduling._supervisor.current_path`, set by the supervisor for the
+tick started (:func:`~sdcore.scheduling._policy.current_path`, set by the supervisor for the
 tick's task): ``trigger``, ``backfill``, or ``tick`` for every other path. History never fails
 a run: a write that fails is logged and the run goes on.
 
@@ -29,9 +29,8 @@ from sdcore.scheduling._control import (
     RunStart,
     ScheduleStore,
 )
-from sdcore.scheduling._policy import StartPath
+from sdcore.scheduling._policy import StartPath, current_path
 from sdcore.scheduling._runner import Handler
-from sdcore.scheduling._supervisor import current_path
 from sdcore.scheduling._triggers import Tick
 
 __all__ = ["IN_FLIGHT", "MAX_ITEMS", "RunHistory"]

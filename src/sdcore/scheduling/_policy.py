@@ -6,6 +6,7 @@ later in ``start_all()`` or in the timer loop (an ``OverflowError`` from a huge 
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import functools
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ KNOWN_OPTIONS = frozenset(
         "jitter_ms",
         "lease_ms",
         "heartbeat_ms",
+        "max_runtime_ms",
     }
 )
 
@@ -78,6 +80,17 @@ class StartPath(enum.StrEnum):
     BACKFILL = "backfill"
 
 
+# How the running tick started; set by TickStarter.launch for the tick's task only.
+_PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
+    "sdcore_tick_path", default=StartPath.FIRE
+)
+
+
+def current_path() -> StartPath:
+    """How the tick running in this task (or its worker thread) was started."""
+    return _PATH.get()
+
+
 @functools.lru_cache(maxsize=256)
 def _shared_budget(max_attempts: int, backoff_ms: int) -> AttemptBudget:
     return AttemptBudget(max_attempts=max_attempts, backoff_ms=backoff_ms)
@@ -96,6 +109,7 @@ class RunPolicy:
     jitter_ms: int
     lease_ms: int
     heartbeat_ms: int
+    max_runtime_ms: int | None = None
     # The tick's attempt budget (one object per policy: a burst asks for it once per tick; equal
     # budgets are one object, so 10,000 schedules add no object per schedule).
     _budget: AttemptBudget | None = field(default=None, init=False, repr=False, compare=False)
@@ -129,6 +143,8 @@ class ScheduleOptions(TypedDict, total=False):
         jitter_ms: Random delay of the fire moment; the run key is unchanged (default 0).
         lease_ms: Lease of each tick (default: the scheduler's).
         heartbeat_ms: Heartbeat interval (default ``min(60 s, lease_ms // 3)``).
+        max_runtime_ms: A run longer than this raises an ``overrun`` alert
+            (:mod:`sdcore.alerting`); the run goes on (default ``None``: no limit).
     """
 
     exclusive: bool
@@ -140,6 +156,7 @@ class ScheduleOptions(TypedDict, total=False):
     jitter_ms: int
     lease_ms: int
     heartbeat_ms: int
+    max_runtime_ms: int | None
 
 
 class ScheduleNotFoundError(SchedulingError, KeyError):
@@ -159,6 +176,10 @@ class ScheduleInfo:
     running: int
     next_fire_at: datetime | None
     next_fire_local: datetime | None
+    expression: str = ""
+    """The cron expression, or the interval in ms as text (empty for other kinds)."""
+    retries: int = 0
+    max_runtime_ms: int | None = None
 
 
 def check_ms(
@@ -262,5 +283,17 @@ def build_policy(
             ),
             lease_ms=lease,
             heartbeat_ms=heartbeat,
+            max_runtime_ms=check_max_runtime(name, options.get("max_runtime_ms")),
         )
     )
+
+
+def check_max_runtime(name: str, value: object) -> int | None:
+    """Validate ``max_runtime_ms``: ``None``, or a positive int of at most :data:`MAX_PERIOD_MS`.
+
+    Raises:
+        InvalidScheduleError: Naming the schedule and the option.
+    """
+    if value is None:
+        return None
+    return check_ms(name, "max_runtime_ms", value, minimum=1, maximum=MAX_PERIOD_MS)

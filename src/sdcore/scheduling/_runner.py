@@ -35,7 +35,7 @@ from sdcore.job_scheduler import (
 )
 from sdcore.scheduling._batch import TickAcquirer
 from sdcore.scheduling._guard import TickOutcome, run_guarded
-from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy
+from sdcore.scheduling._policy import CatchUp, Overlap, RunPolicy, current_path
 from sdcore.scheduling._triggers import ScheduleKind, Tick
 
 __all__ = [
@@ -137,6 +137,8 @@ class TickRunner:
             tick = replace(tick, attempt=1)
         telemetry = self.telemetry
         run = telemetry.tick_scope(name)
+        if run is not None:
+            run.path = current_path()
         telemetry.tick_started(run, tick)
         try:
             if inspect.iscoroutinefunction(handler):
@@ -296,6 +298,8 @@ class TickRunner:
         for local in range(1, 2 * policy.retries + 2):
             ran_now = False
             run = self.telemetry.tick_scope(name)
+            if run is not None:
+                run.path = current_path()
             try:
                 offer = tick if local == tick.attempt else replace(tick, attempt=local)
                 # A lease just won waits at most this long for a paused state it cannot read: half

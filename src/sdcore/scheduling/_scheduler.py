@@ -32,6 +32,7 @@ from sdcore.scheduling._runner import Handler, TickRunner, utcnow
 from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._timer import Timer
 from sdcore.scheduling._triggers import (
+    CronTrigger,
     IntervalTrigger,
     OnceTrigger,
     ScheduleKind,
@@ -310,6 +311,9 @@ class Scheduler:
             running=len(entry.running),
             next_fire_at=upcoming,
             next_fire_local=None if upcoming is None else upcoming.astimezone(entry.zone),
+            expression=_expression(entry.trigger),
+            retries=entry.policy.retries,
+            max_runtime_ms=entry.policy.max_runtime_ms,
         )
 
     def stop(self, name: str) -> None:
@@ -507,3 +511,12 @@ class Scheduler:
             )
         instants = expected_instants(entry.trigger, start, end, limit=MAX_RANGE_TICKS)
         return await missed(source, entry.name, entry.trigger, instants)
+
+
+def _expression(trigger: Trigger) -> str:
+    """The cron expression, or the interval in ms as text, as stored schedules record them."""
+    if isinstance(trigger, CronTrigger):
+        return trigger.spec.expression
+    if isinstance(trigger, IntervalTrigger):
+        return str(trigger.every_ms)
+    return ""

@@ -29,7 +29,8 @@ from sdcore.scheduling._catch_up import (
 )
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._owners import OWNERS, Owners, second_delay
-from sdcore.scheduling._policy import CatchUp, Overlap, StartPath
+from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
+from sdcore.scheduling._policy import current_path as current_path  # re-exported
 from sdcore.scheduling._runner import (
     GATE_UNKNOWN,
     Deadline,
@@ -56,17 +57,6 @@ class _Fire:
     due: datetime
     tick: Tick | None
     deadline: Deadline
-
-
-# How the running tick started; set by TickStarter.launch for the tick's task only.
-_PATH: contextvars.ContextVar[StartPath] = contextvars.ContextVar(
-    "sdcore_tick_path", default=StartPath.FIRE
-)
-
-
-def current_path() -> StartPath:
-    """How the tick running in this task (or its worker thread) was started."""
-    return _PATH.get()
 
 
 class TickStarter:

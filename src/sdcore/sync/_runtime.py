@@ -37,6 +37,7 @@ from sdcore.sync._outbox import Outbox as SyncOutbox
 from sdcore.sync._portal import Portal
 
 if TYPE_CHECKING:
+    from sdcore.alerting import Alerting
     from sdcore.events import EventBus
     from sdcore.metrics import SdcoreMetrics
     from sdcore.queues import Processor
@@ -85,7 +86,8 @@ class Runtime:
         database_url: As :class:`sdcore.Runtime`; so are ``redis_url``, ``pool``, ``relay``,
             ``scheduling``, ``control``, ``processors``, ``outbox``, ``ensure_schema``,
             ``lease_table``, ``schema``, ``queue_prefix``, ``grace_period_ms``, ``metrics``,
-            ``tracing`` and ``logger_name`` (the flat keywords of sdcore 0.1 are not taken).
+            ``tracing``, ``alerting`` and ``logger_name`` (the flat keywords of sdcore 0.1 are
+            not taken).
         handler_threads: Threads that run plain-function handlers (scheduler ticks, event
             listeners the core runs in threads); a tick beyond them waits for a free thread.
         stop_on_sigterm: Stop on SIGTERM (see above).
@@ -113,6 +115,7 @@ class Runtime:
         grace_period_ms: int = 10_000,
         metrics: bool | SdcoreMetrics = False,
         tracing: bool | SdcoreTracing = False,
+        alerting: Alerting | None = None,
         logger_name: str | None = None,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
         stop_on_sigterm: bool = True,
@@ -137,6 +140,7 @@ class Runtime:
             grace_period_ms=grace_period_ms,
             metrics=metrics,
             tracing=tracing,
+            alerting=alerting,
             logger_name=logger_name,
         )
         """The async runtime this one runs; its coroutines are awaited on :attr:`portal` only."""
