@@ -88,7 +88,8 @@ HOLES = {
     "backfill_starves_live": "a live tick was recorded as an overlap skip while only backfill, "
     "catch-up or sweep runs were running",
     "resume_gap": "a catch_up='all' tick after the resume, skipped as 'paused' by a replica "
-    "that had not applied the resume yet, was never caught up",
+    "that had not applied the resume yet, was never caught up (nor held by a catch-up until "
+    "its window passed)",
     "trigger_idempotency": "one trigger request (one request id) ran more than once",
     "remove_open_actions": "a trigger outlived the removal of its schedule (ran into a "
     "re-created schedule, or stayed open)",
