@@ -12,8 +12,9 @@ ticks fire and handlers succeed, fail or hang. The handlers record every run; af
 Everything is deterministic for a seed: handler behaviour is a function of (seed, schedule, run
 key, n-th run of that key), the steps are drawn up front, and the lease code's client deadlines
 follow the loop's clock (``time.monotonic`` is replaced by the loop's time in the lease modules
-while an episode runs). A failing episode is shrunk by removing steps while it still fails the
-same way.
+while an episode runs), and the replicas' ids, which rank them among each instant's owners, are
+drawn from the seed (:func:`seeded_ids`). A failing episode is shrunk by removing steps while it
+still fails the same way.
 
 A replica's crash cuts its link to the "database" for good (every later call of its job scheduler
 or store raises :class:`JobSchedulerUnavailableError`, so nothing it does afterwards lands) and
@@ -33,6 +34,7 @@ import math
 import random
 import time
 import types
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,6 +68,7 @@ from sdcore.scheduling import (
     Scheduler,
     Tick,
 )
+from sdcore.scheduling import _plane as plane_module
 from sdcore.scheduling._control import ScheduleStore
 from sdcore.scheduling._supervisor import current_path
 from sdcore.scheduling._triggers import IntervalTrigger
@@ -85,7 +88,8 @@ HOLES = {
     "backfill_starves_live": "a live tick was recorded as an overlap skip while only backfill, "
     "catch-up or sweep runs were running",
     "resume_gap": "a catch_up='all' tick after the resume, skipped as 'paused' by a replica "
-    "that had not applied the resume yet, was never caught up",
+    "that had not applied the resume yet, was never caught up (nor held by a catch-up until "
+    "its window passed)",
     "trigger_idempotency": "one trigger request (one request id) ran more than once",
     "remove_open_actions": "a trigger outlived the removal of its schedule (ran into a "
     "re-created schedule, or stayed open)",
@@ -450,6 +454,9 @@ class Sim:
         # started: replaced by a later fire, or held by a pause applied while waiting (when).
         self.deferred_missed: dict[tuple[str, str], float] = {}
         self.deferred_gated: dict[tuple[str, str], float] = {}
+        # Ticks a catch-up chose (pending on a replica) and dropped once its catch-up window no
+        # longer held them, unstarted (when): the schedule's own runs kept them waiting.
+        self.aged_out: dict[tuple[str, str], float] = {}
         self.stored = {name: Stored() for name in STORED_NAMES}
         self.retries_seen: dict[str, int] = {n: d.retries for n, d in CODE_SCHEDULES.items()}
         self.defs_seen: dict[str, list[tuple[float, Def | None]]] = {
@@ -535,6 +542,7 @@ class Sim:
         )
         replica.scheduler, replica.control = scheduler, control
         self._watch_deferrals(replica, scheduler, control)
+        self._watch_catch_up(scheduler, clock)
         self._set_state(replica, "up")
         bisect.insort(self.disturbed, self.loop.time())
         try:
@@ -574,6 +582,31 @@ class Sim:
 
         sup._defer = watched_defer  # type: ignore[method-assign]
         sup._start_deferred = watched_start  # type: ignore[method-assign]
+
+    def _watch_catch_up(self, scheduler: Scheduler, clock: Callable[[], datetime]) -> None:
+        """Note the ticks a catch-up chose that left its pending set unstarted because its
+        catch-up window no longer held them (the sweep keeps only the window's)."""
+        sup = scheduler._sup
+        start_pending = sup.start_pending
+        loop = self.loop
+
+        def watched(entry: Any, instants: list[datetime], path: Any, *, log_level: int) -> None:
+            before = set(entry.pending)
+            start_pending(entry, instants, path, log_level=log_level)
+            window_start = clock() - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+            for instant in before - set(entry.pending):
+                if instant < window_start:
+                    self.aged_out[entry.name, entry.trigger.run_key(instant) or ""] = loop.time()
+
+        sup.start_pending = watched  # type: ignore[method-assign]
+
+    def _catch_up_holds(self, name: str, instant: datetime) -> bool:
+        """Whether a live replica's catch-up still has the tick of ``name`` at ``instant``."""
+        for replica in self.replicas:
+            entry = None if replica.scheduler is None else replica.scheduler._entries.get(name)
+            if replica.state == "up" and entry is not None and instant in entry.pending:
+                return True
+        return False
 
     def _code_handler(self, replica: Replica, incarnation: int, name: str) -> Any:
         async def handle(tick: Tick) -> None:
@@ -1025,6 +1058,13 @@ class Sim:
                 t < lo < t + catch_horizon and hi > window_end - resume_horizon
                 for lo, hi in self.paused[name]
             )
+            # A catch-up that chose the tick runs its ticks one after the other, and the live
+            # ticks first: the schedule's own runs (up to SLOW_MAX_S each) may keep it waiting
+            # until its window no longer holds it, as they would keep any missed tick (the hole
+            # is a tick no catch-up chose).
+            outlasted = key in self.aged_out or self._catch_up_holds(
+                name, BASE + timedelta(seconds=t)
+            )
             if (
                 skipped == "paused"
                 and definition.catch_up == "all"
@@ -1033,6 +1073,7 @@ class Sim:
                 and self._quiet(self.schedule_events[name], t, t + resume_horizon)
                 and self._quiet(self.definition_events[name], t, t + catch_horizon)
                 and not held_to_window_end
+                and not outlasted
             ):
                 self.violate(
                     "resume_gap",
@@ -1225,6 +1266,23 @@ def loop_monotonic(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def seeded_ids(seed: int) -> Iterator[None]:
+    """Draw the replicas' ids and the lease rows' ids and tokens from ``seed``: a replica's id
+    ranks it among each instant's owners, so random ids would make every episode a new one."""
+    rng = random.Random(f"ids:{seed}")
+    shim = types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=rng.getrandbits(128), version=4))
+    modules = (plane_module, memory_module)
+    saved = [m.uuid for m in modules]
+    try:
+        for module in modules:
+            module.uuid = shim  # type: ignore[attr-defined]
+        yield
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.uuid = original  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
 def quiet_logs(capture: logging.Handler) -> Iterator[None]:
     """Only errors reach our capture (and nothing reaches pytest's: it would cost most of the
     run)."""
@@ -1253,6 +1311,7 @@ class Outcome:
     first_gated: dict[str, str]
     violation: Violation | None
     sim_seconds: float
+    aged_out: frozenset[tuple[str, str]] = frozenset()  # (schedule, run key): Sim.aged_out
 
 
 def run_episode(
@@ -1265,7 +1324,7 @@ def run_episode(
         loop = asyncio.get_running_loop()
         sim = Sim(seed, config, holes)
         violation = None
-        with loop_monotonic(loop), quiet_logs(sim.capture):
+        with loop_monotonic(loop), seeded_ids(seed), quiet_logs(sim.capture):
             try:
                 await sim.run(steps, drain_s)
             except Violation as exc:
@@ -1279,6 +1338,7 @@ def run_episode(
             first_gated=dict(sim.first_gated),
             violation=violation,
             sim_seconds=loop.time(),
+            aged_out=frozenset(sim.aged_out),
         )
 
     with asyncio.Runner(

@@ -81,6 +81,39 @@ MINIMAL_WALKS: dict[str, tuple[int, list[Step]]] = {
 }
 
 
+# A walk where the resume's catch-up chose the tick the replica skipped as paused before it
+# applied the resume (03:00:05.500, 0.5 s after the resume), and a run of the schedule that hung
+# 5.4 s kept it waiting until its catch-up window (8 s) no longer held it: the schedule's own
+# runs outlasted the window, as they outlast the live ticks they make overlap skips of.
+OUTLASTED_WALK: tuple[int, list[Step]] = (
+    5034,
+    [
+        Step("start", (3,), 400),
+        Step("resume", ("report",), 200),
+        Step("wait", (), 50),
+        Step("pause", ("beat",), 10),
+        Step("pause", ("beat",), 200),
+        Step("wait", (), 800),
+        Step("create", ("s1", Def(600, catch_up="all", overlap="allow"), False), 800),
+        Step("wait", (), 930),
+        Step("pause", ("sync",), 200),
+        Step("create", ("s2", Def(300, retries=1, catch_up="all"), False), 800),
+        Step("resume", ("fanout",), 50),
+        Step("wait", (), 400),
+        Step("trigger", ("beat", "req-6", True), 140),
+        Step("create", ("s2", Def(600, retries=1, overlap="allow", exclusive=False), False), 20),
+        Step("resume", ("sync",), 0),
+    ],
+)
+
+
+def test_a_catch_up_tick_the_schedules_own_runs_outlast_is_no_resume_gap() -> None:
+    seed, walk = OUTLASTED_WALK
+    outcome = run_episode(seed, walk, frozenset())
+    assert outcome.violation is None, outcome.violation
+    assert ("sync", "2026-07-20T03:00:05.500Z") in outcome.aged_out, sorted(outcome.aged_out)
+
+
 @pytest.mark.parametrize("hole", sorted(MINIMAL_WALKS))
 def test_minimal_walk(hole: str) -> None:
     seed, walk = MINIMAL_WALKS[hole]
@@ -371,6 +404,45 @@ async def test_the_sweep_keeps_the_ticks_a_resume_chose_to_catch_up() -> None:
         await asyncio.sleep(8.0)  # six catch-up runs of 0.45 s, live ticks between, two sweeps
         missed = await scheduler.missed_ticks("sync", paused, resumed)
         assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_the_sweep_lets_a_resume_tick_go_once_its_window_has_passed() -> None:
+    # catch_up="all" within a 3 s window: the resume's catch-up chooses five ticks the pause
+    # skipped, and its first run hangs 5 s. The sweeps meanwhile keep the chosen ticks only while
+    # the window holds them: the four it passed stay "skipped: paused" (missed ticks), as the
+    # simulation's resume_gap check expects (Sim.aged_out). The live ticks the hang made miss
+    # and the window still held at its end run after it.
+    loop = asyncio.get_running_loop()
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
+    caught_up: list[str] = []
+
+    async def sync(tick: Tick) -> None:
+        if current_path() is StartPath.CATCH_UP:
+            caught_up.append(tick.run_key or "")
+            if len(caught_up) == 1:
+                await asyncio.sleep(5.0)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", catch_up_window_ms=3_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05 - loop.time())
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(2.5)  # the ticks 1.5 s ... 3.5 s skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(9.0)  # the hung run ends at 8.65 s: the window is then past 5.6 s
+        skipped = [f"2026-07-20T03:00:0{s:.1f}00Z" for s in (2.0, 2.5, 3.0, 3.5)]
+        assert caught_up[0] == "2026-07-20T03:00:01.500Z"
+        assert not set(skipped) & set(caught_up), caught_up  # the later ones ran: live misses
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert [(m.run_key, m.skipped) for m in missed] == [(k, "paused") for k in skipped]
     finally:
         await control.aclose()
         await scheduler.aclose()
