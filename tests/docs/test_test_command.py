@@ -24,10 +24,9 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 def test_the_test_command_checks_format_and_runs_both_pytest_steps() -> None:
     steps = _readme_test_command().split(" && ")
     assert ".venv/bin/ruff format --check ." in steps
-    # The acceptance tests first, one module per worker at a time (tests/acceptance/conftest.py);
-    # then the rest.
-    assert steps[-3:] == [
+    # The acceptance modules marked alone first, one at a time; then everything else, the other
+    # acceptance modules in two lanes beside the rest (tests/_lanes.py).
+    assert steps[-2:] == [
         '.venv/bin/pytest -m "acceptance and alone" -n 0',
-        '.venv/bin/pytest -m "acceptance and not alone" --dist loadfile',
-        '.venv/bin/pytest -m "not acceptance" -n 4',
+        '.venv/bin/pytest -m "not (acceptance and alone)" -n 6 --dist loadgroup',
     ]
