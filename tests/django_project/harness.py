@@ -19,6 +19,7 @@ def environment(dsn: str, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(PROJECT)])
     env["SDCORE_DJANGO_DSN"] = dsn
     env["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    env["SDCORE_DJANGO_LOG_STDERR"] = "1"
     env.pop("DATABASE_URL", None)
     env.update(extra)
     return env

@@ -63,8 +63,13 @@ SDCORE: dict[str, object] = {"GRACE_PERIOD_MS": 3_000, "POOL_SIZE": 4}
 if os.environ.get("SDCORE_DJANGO_SCHEMA"):
     SDCORE["SCHEMA"] = os.environ["SDCORE_DJANGO_SCHEMA"]
 SDCORE.update(json.loads(os.environ.get("SDCORE_DJANGO_EXTRA", "{}")))
-LOGGING = {
-    "version": 1,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"sdcore": {"handlers": ["stderr"], "level": "WARNING"}},
-}
+if os.environ.get("SDCORE_DJANGO_LOG_STDERR"):
+    # A manage.py child of the tests (harness.environment): sdcore's warnings on its stderr.
+    # Never in the pytest process itself, whose loggers a dictConfig would reconfigure for
+    # every test after it.
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {"sdcore": {"handlers": ["stderr"], "level": "WARNING"}},
+    }
