@@ -247,6 +247,15 @@ out["not_json"] = patch(task.pk, b"\xff")
 out["no_status"] = patch(task.pk, json.dumps({"state": "DONE"}))
 out["unknown"] = patch(task.pk + 1000, json.dumps({"status": "DONE"}))
 out["get"] = client.get(f"/tasks/{task.pk}/status").status_code
+
+# The processor's step, as BullMQ would call it: a repeated delivery, a deleted task.
+from tasks.processors import record_email
+email = {"recipient": "ada@example.com", "status": "DONE", "attempt": 1}
+out["deliveries"] = [
+    record_email(job_id="j1", task_id=task.pk, **email),
+    record_email(job_id="j1", task_id=task.pk, **{**email, "attempt": 2}),
+    record_email(job_id="j2", task_id=task.pk + 1000, **email),
+]
 print("RESULT", json.dumps(out))
 """
 
@@ -265,6 +274,8 @@ def test_a_rolled_back_change_leaves_nothing_and_the_view_answers(site: Site) ->
     assert out["no_status"][0] == 422
     assert out["unknown"] == [404, {"status": 404, "detail": "task 1001 not found"}]
     assert out["get"] == 405
+    assert out["deliveries"] == [True, False, False]
+    assert site.query("SELECT job_id, attempt FROM tasks_sentemail") == [("j1", 1)]
     # One event, for the one committed change: none for the rollback, none for "same".
     emails = [line for line in printed.splitlines() if "[simulated email]" in line]
     keys = site.query("SELECT idempotency_key FROM outbox")

@@ -13,15 +13,19 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from sdcore.queues import Job, Processor
 
-from tasks.models import SentEmail
+from tasks.models import SentEmail, Task
 
 _log = logging.getLogger(__name__)
 
 
 def record_email(*, job_id: str, task_id: int, recipient: str, status: str, attempt: int) -> bool:
-    """Send (a log line) and record one e-mail; ``False`` if this job was already sent."""
+    """Send (a log line) and record one e-mail; ``False`` if this job was already sent, or if
+    the task was deleted since (nobody to tell: the job succeeds without an e-mail)."""
     close_old_connections()
     try:
+        if not Task.objects.filter(pk=task_id).exists():
+            _log.info("task %s is gone: no e-mail for job %s", task_id, job_id)
+            return False
         _, created = SentEmail.objects.get_or_create(
             job_id=job_id,
             defaults={
