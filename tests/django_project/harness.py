@@ -1,4 +1,5 @@
-"""Run the test project's ``manage.py`` in a child process against one test database."""
+"""Run the test project's ``manage.py`` (or another project's: ``project=``) in a child process
+against one test database."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def environment(dsn: str, **extra: str) -> dict[str, str]:
 
 
 def manage(
-    dsn: str, *args: str, env: dict[str, str] | None = None
+    dsn: str, *args: str, env: dict[str, str] | None = None, project: Path = PROJECT
 ) -> subprocess.CompletedProcess[str]:
     """``python manage.py ARGS`` to completion (60 s at most)."""
     return subprocess.run(
-        [sys.executable, str(PROJECT / "manage.py"), *args],
+        [sys.executable, str(project / "manage.py"), *args],
         env=env or environment(dsn),
         capture_output=True,
         text=True,
@@ -39,10 +40,12 @@ def manage(
     )
 
 
-def start(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
+def start(
+    dsn: str, *args: str, env: dict[str, str] | None = None, project: Path = PROJECT
+) -> subprocess.Popen[Any]:
     """``python manage.py ARGS`` in the background (stderr and stdout to pipes)."""
     return subprocess.Popen(
-        [sys.executable, str(PROJECT / "manage.py"), *args],
+        [sys.executable, str(project / "manage.py"), *args],
         env=env or environment(dsn),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
