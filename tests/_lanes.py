@@ -1,7 +1,7 @@
 """The suite's pytest-xdist scheduler for ``--dist loadgroup``: acceptance modules in lanes.
 
 The README's second pytest step runs the acceptance modules not marked ``alone`` together with
-the rest of the suite (``pytest -m "not (acceptance and alone)" -n 6 --dist loadgroup``). The
+the rest of the suite (``pytest -m "not (acceptance and alone)" -n 4 --dist loadgroup``). The
 acceptance modules go in :data:`LANES` lanes: each lane is one work unit, its modules one after
 the other on one worker, so no more than two fleets run side by side (they are judged by the
 clock); every other test is a unit of its own, handed to whichever worker is free. The lanes are

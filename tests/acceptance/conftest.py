@@ -7,10 +7,10 @@ processes and judge them by the clock, so the README's test command runs them th
   64-process lease storms (they take most of ``max_connections``) and the verdicts judged too
   tightly by the clock to share the machine's cores (the demo's per-second ticks, the
   dashboard's browser tests);
-- ``pytest -m "not (acceptance and alone)" -n 6 --dist loadgroup``: everything else. The other
+- ``pytest -m "not (acceptance and alone)" -n 4 --dist loadgroup``: everything else. The other
   acceptance modules go in two **lanes** (``tests/_lanes.py``), each one module after the other
   on a worker of its own, so two of them run side by side at most; the rest of the suite runs
-  on the other four workers beside them (and on a lane's worker once its lane is done).
+  on the other two workers beside them (and on a lane's worker once its lane is done).
   Acceptance modules mostly wait on their processes (two side by side used 60 % of one core),
   and so does most of the rest: together they fill the two cores that each left half idle.
 

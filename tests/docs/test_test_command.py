@@ -28,5 +28,5 @@ def test_the_test_command_checks_format_and_runs_both_pytest_steps() -> None:
     # acceptance modules in two lanes beside the rest (tests/_lanes.py).
     assert steps[-2:] == [
         '.venv/bin/pytest -m "acceptance and alone" -n 0',
-        '.venv/bin/pytest -m "not (acceptance and alone)" -n 6 --dist loadgroup',
+        '.venv/bin/pytest -m "not (acceptance and alone)" -n 4 --dist loadgroup',
     ]
