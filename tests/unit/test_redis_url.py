@@ -155,3 +155,11 @@ async def test_a_replica_wait_not_shorter_than_the_socket_timeout_is_refused() -
         )
     with pytest.raises(ValueError, match="min_replicas"):
         BullMQPublisher.from_url("redis://127.0.0.1:1", min_replicas=-1)
+
+
+def test_the_runtime_refuses_a_bad_redis_url_at_construction() -> None:
+    from sdcore.runtime import Runtime
+
+    with pytest.raises(ValueError, match="service name"):
+        Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379")
+    assert Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379/m").queues_enabled
