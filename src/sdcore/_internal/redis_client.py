@@ -37,6 +37,13 @@ class MasterConnection(SentinelManagedConnection):
             check_health=check_health, retry_socket_connect=retry_socket_connect
         )
 
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        """Connect to ``address``, which the pool's own lookup has just given (asked once)."""
+        self.host, self.port = address
+        await super().connect_check_health(
+            check_health=self.connection_pool.check_connection, retry_socket_connect=False
+        )
+
 
 class SentinelRedis(Redis):
     """A ``master_for`` client that also closes its connections to the sentinels."""
