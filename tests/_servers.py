@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 
 PG_BIN = Path(os.environ.get("SDCORE_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SERVICE_USER = "postgres"
@@ -351,7 +352,9 @@ class RedisServer:
     a ``kill -9``; otherwise nothing is persisted (the data is disposable).
     """
 
-    def __init__(self, directory: Path, *, durable: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, durable: bool = False, extra: Sequence[str] = ()
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail(
@@ -360,6 +363,7 @@ class RedisServer:
         self.binary = binary
         self.directory = directory
         self.durable = durable
+        self.extra = tuple(extra)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -379,6 +383,7 @@ class RedisServer:
                 *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
                 *("--save", "", *persistence),
                 *("--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")),
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -410,3 +415,140 @@ def redis_server(directory: Path, *, durable: bool = False) -> Iterator[RedisSer
         yield server
     finally:
         server.crash()
+
+
+class SentinelGroup:
+    """A Redis master, its replicas and three sentinels of one test alone, on spare loopback ports.
+
+    The sentinels watch the master as ``service`` with a quorum of two, call a node down after
+    ``down_after_ms`` without a reply and give a failover ``failover_timeout_ms``. ``url`` is the
+    ``redis+sentinel://`` URL of the group.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        replicas: int = 1,
+        service: str = "mymaster",
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        node_options: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        self.service = service
+        # Diskless sync without delay: a demoted master resyncs from the new one in milliseconds.
+        common = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0", *node_options)
+        first = directory / "node-0"
+        first.mkdir()
+        self.nodes = [RedisServer(first, extra=common)]
+        for index in range(1, replicas + 1):
+            path = directory / f"node-{index}"
+            path.mkdir()
+            replicaof = ("--replicaof", "127.0.0.1", str(self.nodes[0].port))
+            self.nodes.append(RedisServer(path, extra=(*common, *replicaof)))
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+        self._down_after_ms = down_after_ms
+        self._failover_timeout_ms = failover_timeout_ms
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def start(self) -> None:
+        """Start the nodes, wait until every replica is in sync, then start the sentinels."""
+        for node in self.nodes:
+            node.start()
+        self.wait_synced(self.nodes[0].port, len(self.nodes) - 1)
+        binary = self.nodes[0].binary
+        for index, port in enumerate(self.sentinel_ports):
+            conf = self.directory / f"sentinel-{index}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
+                f"logfile {self.directory / f'sentinel-{index}.log'}\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {self.nodes[0].port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {self._down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} {self._failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+            self._sentinels.append(
+                subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL)
+            )
+        deadline = time.monotonic() + 30
+        # Ready once every sentinel knows the replicas and the other sentinels (a failover
+        # needs both).
+        while not all(self._sentinel_ready(port) for port in self.sentinel_ports):
+            if time.monotonic() > deadline:
+                pytest.fail("private sentinels did not discover each other", pytrace=False)
+            time.sleep(0.1)
+
+    def _sentinel_ready(self, port: int) -> bool:
+        try:
+            with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
+                fields = client.sentinel_master(self.service)
+        except (redis.RedisError, OSError):
+            return False
+        want_replicas = len(self.nodes) - 1
+        return (
+            int(fields["num-slaves"]) >= want_replicas and int(fields["num-other-sentinels"]) == 2
+        )
+
+    def master_port(self) -> int:
+        """The master's port, as the first sentinel that answers names it."""
+        for port in self.sentinel_ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
+                    address = client.sentinel_get_master_addr_by_name(self.service)
+            except (redis.RedisError, OSError):
+                continue
+            return int(address[1])
+        raise RuntimeError("no sentinel answers")
+
+    def failover(self) -> None:
+        """``SENTINEL FAILOVER``: promote a replica without waiting for the master to fail."""
+        with redis.Redis(port=self.sentinel_ports[0], socket_timeout=5) as client:
+            client.execute_command("SENTINEL", "FAILOVER", self.service)
+
+    def wait_synced(self, master_port: int, replicas: int, *, timeout: float = 30) -> None:
+        """Wait until ``master_port`` has ``replicas`` replicas online, none lagging behind."""
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=master_port, socket_timeout=1, decode_responses=True) as client:
+            while True:
+                info = client.info("replication")
+                offset = int(info.get("master_repl_offset", 0))
+                online = [
+                    value
+                    for key, value in info.items()
+                    if key.startswith("slave")
+                    and isinstance(value, dict)
+                    and value.get("state") == "online"
+                ]
+                if len(online) >= replicas and all(int(v["offset"]) >= offset for v in online):
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"replicas not in sync: {info}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill every process of the group."""
+        for proc in self._sentinels:
+            proc.kill()
+            proc.wait(10)
+        self._sentinels.clear()
+        for node in self.nodes:
+            node.crash()
+
+
+@contextlib.contextmanager
+def sentinel_group(**options: Any) -> Iterator[SentinelGroup]:
+    """A started :class:`SentinelGroup` in a temporary directory, killed and removed at the end."""
+    directory = Path(tempfile.mkdtemp(prefix="sdcore-sentinel-"))
+    group = SentinelGroup(directory, **options)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+        shutil.rmtree(directory, ignore_errors=True)

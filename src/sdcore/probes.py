@@ -150,9 +150,11 @@ async def health(runtime: Runtime) -> dict[str, ComponentHealth]:
 
 
 async def _redis(url: str) -> ComponentHealth:
-    import redis.asyncio as redis
+    from sdcore._internal.redis_client import open_redis
 
-    client = redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+    client = open_redis(
+        url, decode_responses=False, socket_timeout_s=_TIMEOUT_S, connect_timeout_s=_TIMEOUT_S
+    )
     try:
         async with asyncio.timeout(_TIMEOUT_S):
             await client.ping()

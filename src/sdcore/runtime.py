@@ -29,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.legacy import fold_moved, refuse_unknown, warn_switch
 from sdcore._internal.lifecycle import AsyncStartStop
+from sdcore._internal.redis_url import check_redis_url
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore._internal.validation import boolean, int_between, non_empty_str, shown, text
 from sdcore.events import EventBus
@@ -296,8 +297,9 @@ class Runtime(AsyncStartStop):
         **deprecated: The 0.1 keywords, each mapped onto the settings above.
 
     Raises:
-        ValueError: An empty ``database_url``, processors without ``redis_url``, a pool of
-            fewer than 2 connections, or a 0.1 keyword's value out of range.
+        ValueError: An empty ``database_url``, a ``redis_url`` that is not a Redis URL (the
+            message names the problem), processors without ``redis_url``, a pool of fewer than
+            2 connections, or a 0.1 keyword's value out of range.
         TypeError: A settings keyword of the wrong type, an unknown keyword, or a 0.1 keyword
             beside the settings object that holds it.
     """
@@ -329,6 +331,8 @@ class Runtime(AsyncStartStop):
         text("database_url", database_url)
         if redis_url is not None:
             text("redis_url", redis_url, empty=True)
+            if redis_url.strip():
+                check_redis_url(redis_url)  # a bad URL fails here, not when the queues start
         boolean("ensure_schema", ensure_schema)
         non_empty_str("queue_prefix", queue_prefix)
         int_between("grace_period_ms", grace_period_ms, 0, 2**31 - 1)

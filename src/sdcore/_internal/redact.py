@@ -14,9 +14,10 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^\s/?#]*)(?=@)", re.IGNORECASE
 )
 # ``password=SECRET``: quoted ('…' with \' escapes) or unquoted, where libpq lets a backslash
-# escape a space (``password=a\ b`` is the password "a b").
+# escape a space (``password=a\ b`` is the password "a b"); a Redis Sentinel URL's
+# ``sentinel_password=`` too.
 _KV_PASSWORD = re.compile(
-    r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])+\\?)",
+    r"(?P<head>\b(?:sentinel_)?password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])+\\?)",
     re.IGNORECASE,
 )
 

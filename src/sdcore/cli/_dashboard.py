@@ -251,7 +251,8 @@ def _redis_url_has_password(url: str) -> bool:
         query = parse_qs(parts.query, keep_blank_values=True)
     except ValueError:
         return False
-    return any(name.strip().lower() == "password" and any(values) for name, values in query.items())
+    secrets = {"password", "sentinel_password"}
+    return any(name.strip().lower() in secrets and any(values) for name, values in query.items())
 
 
 def _warn_secrets_in_argv(args: argparse.Namespace) -> None:

@@ -466,10 +466,10 @@ async def queue_counts(
         ImportError: The ``redis`` package is missing (``sdcore[bullmq]``).
         redis.RedisError: Redis cannot be reached.
     """
-    from redis.asyncio import Redis
+    from sdcore._internal.redis_client import open_redis
 
     finder = names if names is not None else QueueNames(limit=limit)
-    client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = open_redis(redis_url, decode_responses=False, socket_timeout_s=2, connect_timeout_s=2)
     async with client:
         found = (await finder.get(client, prefix))[:limit]
         keys = ("waiting", "active", "delayed", "prioritized", "completed", "failed", "paused")

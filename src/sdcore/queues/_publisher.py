@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
+from sdcore._internal.redis_url import check_redis_url
 from sdcore._internal.telemetry import trace_option
 from sdcore._internal.validation import int_between, non_empty_str, shown
 from sdcore._json import MAX_JSON_BYTES
@@ -38,6 +39,9 @@ DEFAULT_MAX_JOB_BYTES = MAX_JSON_BYTES
 # Queues kept between publishes (each a few KB once the scripts are shared); a batch touches at
 # most batch_size of them, and one not kept is rebuilt from the shared connection in microseconds.
 MAX_CACHED_QUEUES = 1024
+# The key written (with a one-minute expiry) right before WAIT, under the prefix: one segment,
+# so it is never taken for a queue's key.
+REPLICATION_MARKER = "sdcore-replicated"
 
 
 def check_prefix(prefix: object) -> str:
@@ -78,11 +82,22 @@ class BullMQPublisher(AsyncStartStop):
             accepted.
         check_server: Check the eviction policy and persistence once, on first use.
         logger_name: Logger for warnings.
+        min_replicas: Replicas that must hold a batch before it counts as published (Redis
+            ``WAIT``, after every batch); ``0`` trusts the master's reply. Replication is
+            asynchronous: when a Sentinel failover promotes a replica, the jobs the old master
+            acknowledged but had not replicated are gone, yet their rows would be marked
+            published. With ``min_replicas`` they stay pending (the publish raises
+            :class:`~sdcore.outbox.PublisherUnavailableError`, the pooled connections are
+            dropped so the next ones go to the master the sentinels name) and are published
+            again there (the job ids dedup). While fewer replicas are up, nothing is published.
+        replica_timeout_ms: How long ``WAIT`` waits for the replicas (must be shorter than
+            the client's socket timeout).
 
     Raises:
         RedisClientError: ``redis`` is not a ``redis.asyncio.Redis`` with ``decode_responses``.
         TypeError: A prefix or limit of the wrong type.
-        ValueError: A prefix or limit out of range.
+        ValueError: A prefix or limit out of range, or a ``replica_timeout_ms`` not shorter
+            than the socket timeout.
     """
 
     def __init__(
@@ -93,10 +108,20 @@ class BullMQPublisher(AsyncStartStop):
         max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
         check_server: bool = True,
         logger_name: str = "sdcore.queues",
+        min_replicas: int = 0,
+        replica_timeout_ms: int = 1_000,
     ) -> None:
         # 512 MiB: Redis' proto-max-bulk-len.
         int_between("max_job_bytes", max_job_bytes, 2, 512 * 1024 * 1024)
         self._redis = check_client(redis)
+        self._min_replicas = int_between("min_replicas", min_replicas, 0, 100)
+        self._replica_timeout_ms = int_between("replica_timeout_ms", replica_timeout_ms, 1, 60_000)
+        socket_timeout = self._redis.connection_pool.connection_kwargs.get("socket_timeout")
+        if min_replicas and socket_timeout and replica_timeout_ms >= socket_timeout * 1000:
+            raise ValueError(
+                f"replica_timeout_ms ({replica_timeout_ms}) must be shorter than the client's"
+                f" socket timeout ({socket_timeout} s): WAIT would time out as a lost connection"
+            )
         self._prefix = check_prefix(prefix)
         self._max_job_bytes = max_job_bytes
         self._check = check_server
@@ -119,6 +144,8 @@ class BullMQPublisher(AsyncStartStop):
         connect_timeout_s: float = 5.0,
         check_server: bool = True,
         logger_name: str = "sdcore.queues",
+        min_replicas: int | None = None,
+        replica_timeout_ms: int = 1_000,
     ) -> BullMQPublisher:
         """Create a publisher with its own client (closed by :meth:`close`).
 
@@ -126,14 +153,21 @@ class BullMQPublisher(AsyncStartStop):
         ambiguous publish, treated as unavailable (the relay re-publishes; the job id dedups).
 
         Args:
-            url: ``redis://[user:password@]host:port/db``, ``rediss://…`` or ``unix://…``.
+            url: ``redis://[user:password@]host:port/db``, ``rediss://…``, ``unix://…``, or
+                ``redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]``
+                (the client asks the sentinels for the master and follows a failover).
             prefix: BullMQ key prefix.
             max_job_bytes: See the class.
             socket_timeout_s: Per-command timeout.
             connect_timeout_s: Connection timeout.
             check_server: See the class.
             logger_name: Logger for warnings.
+            min_replicas: See the class; ``None`` (the default) means 1 for a Sentinel URL (a
+                failover must not lose a published job) and 0 otherwise.
+            replica_timeout_ms: See the class.
         """
+        if min_replicas is None:
+            min_replicas = 1 if check_redis_url(url) is not None else 0
         client = connect(
             url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s
         )
@@ -143,6 +177,8 @@ class BullMQPublisher(AsyncStartStop):
             max_job_bytes=max_job_bytes,
             check_server=check_server,
             logger_name=logger_name,
+            min_replicas=min_replicas,
+            replica_timeout_ms=replica_timeout_ms,
         )
         publisher._owns_client = True
         return publisher
@@ -261,7 +297,31 @@ class BullMQPublisher(AsyncStartStop):
             for (index, job), result in zip(jobs, added, strict=True):
                 if isinstance(result.id, int) and result.id < 0:
                     results[index] = JobRejectedError(job["opts"]["jobId"], result.id)
+        if self._min_replicas and by_queue:
+            await self._wait_replicated()
         return results
+
+    async def _wait_replicated(self) -> None:
+        # WAIT counts the replicas that acknowledged the last write of *its* connection, and the
+        # batch's writes may have used other pooled connections: a marker write goes first on
+        # WAIT's connection. It follows every write of the batch (all were answered), so a
+        # replica that has it has the whole batch.
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(f"{self._prefix}:{REPLICATION_MARKER}", "1", px=60_000)
+                pipe.execute_command("WAIT", self._min_replicas, self._replica_timeout_ms)
+                acked = int((await pipe.execute())[1])
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        if acked >= self._min_replicas:
+            return
+        # A master whose replicas do not acknowledge may be a deposed one (its replica now
+        # follows the master a Sentinel failover promoted): the next connections ask again.
+        await self._redis.connection_pool.disconnect()
+        raise PublisherUnavailableError(
+            f"Redis unavailable: {acked} of {self._min_replicas} replica(s) acknowledged the"
+            f" batch within {self._replica_timeout_ms} ms"
+        )
 
     async def _add_one_by_one(
         self,

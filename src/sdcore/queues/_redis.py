@@ -6,7 +6,6 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -15,10 +14,10 @@ from redis.backoff import ExponentialBackoff
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
+from sdcore._internal.redis_client import open_redis
+from sdcore._internal.redis_url import check_redis_url
 from sdcore._internal.validation import positive_number
 from sdcore.queues._errors import RedisClientError, RedisUnavailableError
-
-_SCHEMES = frozenset({"redis", "rediss", "unix"})
 
 # Replies that say "Redis cannot take writes right now", not "this message is bad": out of
 # memory, loading, a failing RDB save, a read-only replica, a busy script, cluster trouble, ACL
@@ -71,7 +70,8 @@ def queues_enabled(redis_url: str | None) -> bool:
 
     The library never reads environment variables: pass ``os.environ.get("REDIS_URL")``.
     ``None`` or a blank string means "no queues"; anything else must be a Redis URL, so a typo
-    (``localhost:6379``) fails at start instead of silently turning the queues off.
+    (``localhost:6379``) fails at start instead of silently turning the queues off. A Sentinel
+    URL (``redis+sentinel://host:26379,host:26379/mymaster[/db]``) is checked in full here.
 
     Args:
         redis_url: The configured Redis URL, or ``None``.
@@ -80,16 +80,12 @@ def queues_enabled(redis_url: str | None) -> bool:
         ``True`` when a Redis URL is set.
 
     Raises:
-        ValueError: A non-blank value that is not a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        ValueError: A non-blank value that is not a ``redis://``, ``rediss://``, ``unix://`` or
+            valid ``redis+sentinel://`` URL (the message names the problem).
     """
     if redis_url is None or not redis_url.strip():
         return False
-    scheme = urlsplit(redis_url.strip()).scheme.lower()
-    if scheme not in _SCHEMES:
-        raise ValueError(
-            "the Redis URL must start with redis://, rediss:// or unix:// "
-            f"(got scheme {scheme or 'none'!r})"
-        )
+    check_redis_url(redis_url)
     return True
 
 
@@ -107,11 +103,11 @@ def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> R
         raise ValueError("a Redis URL is required")
     positive_number("socket_timeout_s", socket_timeout_s, maximum=3600)
     positive_number("connect_timeout_s", connect_timeout_s, maximum=3600)
-    client: Redis = Redis.from_url(
-        url.strip(),
+    return open_redis(
+        url,
         decode_responses=True,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=connect_timeout_s,
+        socket_timeout_s=socket_timeout_s,
+        connect_timeout_s=connect_timeout_s,
         # Only connection errors are retried here; a timeout surfaces at once (an ambiguous
         # publish: the relay retries it later and the job id deduplicates it).
         retry=Retry(
@@ -121,7 +117,30 @@ def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> R
         ),
         health_check_interval=30,
     )
-    return client
+
+
+def worker_connection(url: str) -> str | Redis:
+    """Return what a bullmq ``Worker`` gets as its ``connection`` option for ``url``.
+
+    A plain URL is passed through: bullmq builds its two clients (commands, blocking wait) with
+    its own long retry. bullmq cannot read a Sentinel URL, so for one a ``master_for`` client is
+    built here, with no command timeout (the blocking wait lasts seconds) and a short retry of
+    connection errors, which reconnects to whichever master the sentinels name; bullmq uses it
+    for both roles (a pool: the blocking wait holds a connection of its own) and closes it.
+
+    Raises:
+        ValueError: Not a Redis URL.
+    """
+    if check_redis_url(url) is None:
+        return url.strip()
+    return open_redis(
+        url,
+        decode_responses=True,
+        socket_timeout_s=None,
+        connect_timeout_s=5.0,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), 20),
+        retry_on_error=[redis_errors.BusyLoadingError, redis_errors.TimeoutError],
+    )
 
 
 def check_client(client: object) -> Redis:

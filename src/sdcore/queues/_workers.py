@@ -21,7 +21,12 @@ from sdcore._internal.validation import at_least
 from sdcore.queues._bullmq import Worker
 from sdcore.queues._processor import Processor, check_processor, is_final_attempt
 from sdcore.queues._publisher import DEFAULT_PREFIX, check_prefix
-from sdcore.queues._redis import RedisServerInfo, check_redis_server, queues_enabled
+from sdcore.queues._redis import (
+    RedisServerInfo,
+    check_redis_server,
+    queues_enabled,
+    worker_connection,
+)
 
 # While bullmq's closes are pending, how often a lost cancellation of the idle wait is re-sent.
 NUDGE_S = 0.5
@@ -61,7 +66,9 @@ class Workers(AsyncStartStop):
 
     Args:
         processors: One per queue.
-        redis_url: ``redis://…`` (each worker opens two connections, ``decode_responses=True``).
+        redis_url: ``redis://…`` (each worker opens two connections, ``decode_responses=True``)
+            or ``redis+sentinel://host:port[,host:port…]/service_name[/db]`` (each worker
+            follows the master the sentinels name).
         prefix: BullMQ key prefix (must match the producers').
         stalled_interval_ms: How often each worker looks for jobs whose lock expired.
         max_stalled_count: Times a job may stall before it fails.
@@ -155,7 +162,7 @@ class Workers(AsyncStartStop):
             processor.queue,
             handler,
             {
-                "connection": self._url,
+                "connection": worker_connection(self._url),
                 "prefix": self._prefix,
                 "concurrency": processor.concurrency,
                 "lockDuration": processor.lock_duration_ms,

@@ -1,0 +1,165 @@
+"""Redis URLs: plain ones pass through, Sentinel ones are read in full, bad ones are named."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.sentinel import SentinelConnectionPool
+
+from sdcore._internal.redis_client import MasterConnection, SentinelRedis, open_redis
+from sdcore._internal.redis_url import RedisUrlError, SentinelHost, SentinelTarget, check_redis_url
+from sdcore.queues import BullMQPublisher, queues_enabled
+from sdcore.queues._redis import connect, worker_connection
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h:6379/0", "rediss://u:p@h:6380", "unix:///run/redis.sock", " REDIS://h "]
+)
+def test_a_plain_url_is_left_to_redis_py(url: str) -> None:
+    assert check_redis_url(url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "redis+sentinel://a:26379,b:26380/mymaster",
+            SentinelTarget(
+                sentinels=(SentinelHost(host="a", port=26379), SentinelHost(host="b", port=26380)),
+                service_name="mymaster",
+            ),
+        ),
+        (
+            "redis+sentinel://:s%40cret@a:26379/cache/3?sentinel_password=sp",
+            SentinelTarget(
+                sentinels=(SentinelHost(host="a", port=26379),),
+                service_name="cache",
+                db=3,
+                password="s@cret",
+                sentinel_password="sp",
+            ),
+        ),
+        (
+            "redis+sentinel://app:pw@[::1]:26379/m/",
+            SentinelTarget(
+                sentinels=(SentinelHost(host="::1", port=26379),),
+                service_name="m",
+                username="app",
+                password="pw",
+            ),
+        ),
+        (
+            "redis+sentinel://pw@a:1/m",
+            SentinelTarget(
+                sentinels=(SentinelHost(host="a", port=1),), service_name="m", password="pw"
+            ),
+        ),
+    ],
+    ids=["two-sentinels", "password-db-sentinel-password", "ipv6-user", "lone-password"],
+)
+def test_a_sentinel_url_is_read_in_full(url: str, expected: SentinelTarget) -> None:
+    assert check_redis_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("localhost:6379", "scheme 'localhost'"),
+        ("rediss+sentinel://a:1/m", "scheme 'rediss\\+sentinel'"),
+        ("redis+sentinel:/a:1/m", "must start with redis\\+sentinel://"),
+        ("redis+sentinel://a:26379", "service name"),
+        ("redis+sentinel://a/m", "needs host:port"),
+        ("redis+sentinel://a:1,,b:2/m", "at least one sentinel"),
+        ("redis+sentinel://a:0/m", "bad port"),
+        ("redis+sentinel://a:x/m", "bad port"),
+        ("redis+sentinel://a:1/m/one", "must be a number"),
+        ("redis+sentinel://a:1/m?ssl=true", "unknown redis\\+sentinel URL option"),
+    ],
+    ids=[
+        "no-scheme",
+        "tls",
+        "one-slash",
+        "no-service",
+        "no-port",
+        "empty-host",
+        "port-0",
+        "port-word",
+        "db-word",
+        "unknown-option",
+    ],
+)
+def test_a_bad_url_names_the_problem(url: str, problem: str) -> None:
+    with pytest.raises(RedisUrlError, match=problem):
+        check_redis_url(url)
+    with pytest.raises(ValueError, match=problem):
+        queues_enabled(url)
+
+
+def test_an_error_never_shows_the_password() -> None:
+    with pytest.raises(RedisUrlError) as caught:
+        check_redis_url("redis+sentinel://:hunter2@a:1/m/x")
+    assert "hunter2" not in str(caught.value)
+
+
+async def test_a_sentinel_url_builds_a_master_client_that_closes_its_sentinels() -> None:
+    client = connect(
+        "redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/mymaster/2",
+        socket_timeout_s=2.0,
+        connect_timeout_s=0.5,
+    )
+    assert isinstance(client, SentinelRedis)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "mymaster"
+    assert pool.connection_class is MasterConnection
+    assert pool.connection_kwargs["db"] == 2
+    assert pool.connection_kwargs["password"] == "pw"
+    assert pool.connection_kwargs["decode_responses"] is True
+    assert client.owner is not None
+    assert [s.connection_pool.connection_kwargs["port"] for s in client.owner.sentinels] == [1, 2]
+    assert client.owner.sentinels[0].connection_pool.connection_kwargs["socket_timeout"] == 0.5
+    await client.aclose()
+    await client.aclose()  # twice: bullmq closes the shared client once per role
+
+
+async def test_a_plain_url_builds_a_plain_client() -> None:
+    client = open_redis(
+        "redis://127.0.0.1:1/4", decode_responses=False, socket_timeout_s=1, connect_timeout_s=1
+    )
+    assert type(client) is Redis
+    assert client.connection_pool.connection_kwargs["db"] == 4
+    await client.aclose()
+
+
+async def test_workers_get_a_plain_url_as_is_and_a_client_for_sentinel() -> None:
+    assert worker_connection(" redis://h:6379/1 ") == "redis://h:6379/1"
+    client = worker_connection("redis+sentinel://127.0.0.1:1/mymaster")
+    assert isinstance(client, SentinelRedis)
+    # No command timeout: the worker's blocking wait lasts seconds.
+    assert client.connection_pool.connection_kwargs["socket_timeout"] is None
+    await client.aclose()
+
+
+async def test_the_publisher_waits_for_a_replica_by_default_only_on_sentinel() -> None:
+    plain = BullMQPublisher.from_url("redis://127.0.0.1:1", check_server=False)
+    sentinel = BullMQPublisher.from_url("redis+sentinel://127.0.0.1:1/m", check_server=False)
+    assert (plain._min_replicas, sentinel._min_replicas) == (0, 1)
+    await plain.close()
+    await sentinel.close()
+
+
+async def test_a_replica_wait_not_shorter_than_the_socket_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="replica_timeout_ms \\(2000\\) must be shorter"):
+        BullMQPublisher.from_url(
+            "redis+sentinel://127.0.0.1:1/m", socket_timeout_s=2.0, replica_timeout_ms=2000
+        )
+    with pytest.raises(ValueError, match="min_replicas"):
+        BullMQPublisher.from_url("redis://127.0.0.1:1", min_replicas=-1)
+
+
+def test_the_runtime_refuses_a_bad_redis_url_at_construction() -> None:
+    from sdcore.runtime import Runtime
+
+    with pytest.raises(ValueError, match="service name"):
+        Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379")
+    assert Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379/m").queues_enabled
