@@ -139,6 +139,13 @@ class Portal:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        # Every call whose caller still waits: once the loop stops taking calls (the start of
+        # its shutdown), none is added; those left unsettled after the loop closed (their spawn
+        # never ran) are cancelled then, so that no caller waits for ever.
+        self._calls: set[_Call] = set()
+        self._calls_lock = threading.Lock()
+        self._accepting = False
+        self._closing = False  # read and written on the loop's thread only
 
     @property
     def running(self) -> bool:
@@ -220,10 +227,17 @@ class Portal:
         context = contextvars.copy_context()
         if here is not None:
             context.run(PLAIN_CALLS.set, here)
+        with self._calls_lock:
+            if not self._accepting:  # the loop shuts down (or is gone) since the check
+                coro.close()
+                raise RuntimeStateError(f"the {self.name} portal is not running")
+            self._calls.add(call)
+        call.future.add_done_callback(lambda _: self._forget(call))
         try:
             loop.call_soon_threadsafe(self._spawn, call, coro, context)
         except RuntimeError:  # the loop closed between the check and here
             coro.close()
+            _cancelled(call.future)
             raise RuntimeStateError(f"the {self.name} portal is not running") from None
         try:
             if here is None:
@@ -253,9 +267,16 @@ class Portal:
             raise exc.original from None
         raise exc
 
-    @staticmethod
-    def _spawn(call: _Call, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
-        if call.cancelled:
+    def _forget(self, call: _Call) -> None:
+        with self._calls_lock:
+            self._calls.discard(call)
+
+    def _spawn(
+        self, call: _Call, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+    ) -> None:
+        if call.cancelled or self._closing:
+            # A spawn that runs while the loop shuts down would start a task after shutdown
+            # cancelled the others: nothing would end it.
             coro.close()
             _cancelled(call.future)
             return
@@ -308,10 +329,16 @@ class Portal:
             loop.set_default_executor(handlers)
         asyncio.set_event_loop(loop)
         self._loop = loop
+        self._closing = False
+        with self._calls_lock:
+            self._accepting = True
         ready.set()
         try:
             loop.run_forever()
         finally:
+            self._closing = True
+            with self._calls_lock:
+                self._accepting = False
             try:
                 tasks = asyncio.all_tasks(loop)
                 for task in tasks:
@@ -329,6 +356,11 @@ class Portal:
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
+                with self._calls_lock:
+                    left = list(self._calls)
+                for call in left:
+                    if not call.future.done():
+                        _cancelled(call.future)
 
 
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
