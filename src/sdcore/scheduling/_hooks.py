@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from sdcore.job_scheduler import BaseJobScheduler
-from sdcore.scheduling._cron import CronSpec, DayRule, InvalidScheduleError, load_zone
+from sdcore.scheduling._cron import DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._policy import MAX_PERIOD_MS, StartPath, check_ms, check_name
 from sdcore.scheduling._runner import Handler, TickOutcome
@@ -26,7 +26,6 @@ from sdcore.scheduling._triggers import (
     ScheduleKind,
     Tick,
     Trigger,
-    cron_trigger,
 )
 
 __all__ = ["SchedulerHooks"]
@@ -84,8 +83,7 @@ class SchedulerHooks:
         scheduler = self.scheduler
         trigger: Trigger
         if kind is ScheduleKind.CRON:
-            zone = scheduler._zone if time_zone is None else load_zone(time_zone, name)
-            trigger = cron_trigger(CronSpec.parse(expression, zone, name, day_rule=day_rule))
+            trigger, zone = scheduler._cron_trigger(name, expression, time_zone, day_rule)
         elif kind is ScheduleKind.INTERVAL:
             # An interval's zone is its ticks' local time only.
             zone = load_zone(time_zone, name)

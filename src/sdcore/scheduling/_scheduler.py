@@ -199,9 +199,15 @@ class Scheduler:
     ) -> None:
         """Register a cron schedule (see :meth:`cron`); usable while running."""
         check_name(name)
+        trigger, zone = self._cron_trigger(name, expression, time_zone, day_rule)
+        self._add(name, trigger, handler, zone, options)
+
+    def _cron_trigger(
+        self, name: str, expression: str, time_zone: str | None, day_rule: DayRule | str
+    ) -> tuple[Trigger, ZoneInfo]:
+        """The trigger of a cron schedule and its zone (``None``: the scheduler's default)."""
         zone = self._zone if time_zone is None else load_zone(time_zone, name)
-        spec = CronSpec.parse(expression, zone, name, day_rule=day_rule)
-        self._add(name, cron_trigger(spec), handler, zone, options)
+        return cron_trigger(CronSpec.parse(expression, zone, name, day_rule=day_rule)), zone
 
     def add_interval(
         self, name: str, every_ms: int, handler: Handler, **options: Unpack[ScheduleOptions]

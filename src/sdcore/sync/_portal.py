@@ -144,14 +144,18 @@ class Portal:
         # never ran) are cancelled then, so that no caller waits for ever.
         self._calls: set[_Call] = set()
         self._calls_lock = threading.Lock()
-        self._accepting = False
-        self._closing = False  # read and written on the loop's thread only
+        self._accepting = False  # written on the loop's thread only
 
     @property
     def running(self) -> bool:
         """Whether the loop's thread runs (in this process)."""
         thread = self._thread
         return thread is not None and thread.is_alive() and self._pid == os.getpid()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the loop takes calls (it runs in this process and is not shutting down)."""
+        return self._accepting and self.running
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -274,7 +278,7 @@ class Portal:
     def _spawn(
         self, call: _Call, coro: Coroutine[Any, Any, Any], context: contextvars.Context
     ) -> None:
-        if call.cancelled or self._closing:
+        if call.cancelled or not self._accepting:
             # A spawn that runs while the loop shuts down would start a task after shutdown
             # cancelled the others: nothing would end it.
             coro.close()
@@ -329,14 +333,12 @@ class Portal:
             loop.set_default_executor(handlers)
         asyncio.set_event_loop(loop)
         self._loop = loop
-        self._closing = False
         with self._calls_lock:
             self._accepting = True
         ready.set()
         try:
             loop.run_forever()
         finally:
-            self._closing = True
             with self._calls_lock:
                 self._accepting = False
             try:

@@ -289,7 +289,7 @@ class Runtime:
         try:
             return self.portal.call(self.aio.health)
         except RuntimeStateError:
-            if self.portal.running:
+            if self.portal.accepting:
                 raise  # the caller's fault (its own loop): not a stop racing the call
             raise RuntimeStateError(
                 "this sdcore.sync.Runtime stopped while the call ran: start() it first"
@@ -310,7 +310,7 @@ class Runtime:
             try:
                 result: ProbeResult = self.portal.call(probe)
             except RuntimeStateError:
-                if self.portal.running:
+                if self.portal.accepting:
                     raise  # the caller's fault (its own loop): not a stop racing the call
             else:
                 return result
