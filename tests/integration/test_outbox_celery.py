@@ -163,7 +163,6 @@ def amqp() -> Iterator[tuple[Any, Callable[[str], str]]]:
         for queue in names:
             channel.queue_delete(queue)
             channel.exchange_delete(queue)
-        channel.exchange_delete("sdcore-test-tasks")
         conn.release()
 
 
@@ -240,8 +239,8 @@ async def test_a_configured_exchange_routing_key_and_task_name_are_used(
     amqp: tuple[Any, Any],
 ) -> None:
     conn, name = amqp
-    queue = name("routed")
-    routed = Queue(queue, Exchange("sdcore-test-tasks", type="direct"), routing_key="emails")
+    queue, exchange = name("routed"), name("tasks")  # unique: tests run side by side
+    routed = Queue(queue, Exchange(exchange, type="direct"), routing_key="emails")
     async with CeleryPublisher(
         AMQP_URL, queues=[routed], task_names={"send": "app.tasks.send_email"}
     ) as publisher:
