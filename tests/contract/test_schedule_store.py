@@ -169,7 +169,8 @@ async def test_revisions_order_every_control_change(schedules: Schedules) -> Non
     assert await store.row("beat") is None
     await store.sync(REPLICA, [declared("beat"), declared("alpha")])
     assert await store.revision() == 0  # code definitions are no control change
-    assert await store.rows(None) == []  # a starting replica needs only paused and stored rows
+    # A starting replica needs only paused, stored and recently resumed rows.
+    assert await store.rows(None) == []
     created = await _write(schedules, stored("s1"))
     after_create = await store.revision()
     assert after_create > 0
@@ -187,12 +188,20 @@ async def test_revisions_order_every_control_change(schedules: Schedules) -> Non
     assert (removed.name, removed.removed_at is not None) == ("s1", True)
     assert removed.revision == await store.revision()
     assert {r.name for r in await store.rows(None)} == {"beat"}
+    # Resumed: still loaded at start (its pause's skips are start-up catch-up's within the
+    # window), with the pause's start and the resume's instant.
+    await _write(schedules, control("beat", ActionKind.RESUME))
+    (resumed,) = await store.rows(None)
+    assert resumed.name == "beat"
+    assert (resumed.paused, resumed.paused_at is not None) == (False, True)
+    assert resumed.resumed_at is not None and resumed.resumed_at >= resumed.paused_at
     row = await store.row("s1")  # a removed row is still read by name
     assert row is not None
     assert row.removed_at is not None
     # A refused write changes no revision.
+    before = await store.revision()
     assert await store.write(control("s1", ActionKind.PAUSE)) is None
-    assert await store.revision() == removed.revision
+    assert await store.revision() == before
 
 
 async def test_pause_and_resume_apply_once(schedules: Schedules) -> None:

@@ -999,6 +999,27 @@ class Sim:
             self._check_ticks(name, now)
         self._check_actions(now)
 
+    def _lost_with_replicas(self, name: str, t: float, window_end: float, margin: float) -> bool:
+        """Whether no replica was up at some moment after ``t``, and none started from then on
+        while the catch-up window still held ``t`` (``margin`` before its end) with ``name``
+        neither paused nor changed around that start."""
+        down = next((at for at, count in self.up_log if at > t and count == 0), None)
+        if down is None:
+            return False
+        previous = 0
+        for at, count in self.up_log:
+            started = count > previous
+            previous = count
+            if at <= down or not started or at >= window_end - margin:
+                continue
+            if (
+                not self._paused_at(name, at)
+                and self._quiet([lo for lo, _ in self.paused[name]], at, at + margin)
+                and self._quiet(self.definition_events[name], at, at + margin)
+            ):
+                return False
+        return True
+
     def _up_at(self, t: float) -> bool:
         i = bisect.bisect_right(self.up_log, (t, math.inf)) - 1
         return self.up_log[i][1] > 0
@@ -1065,6 +1086,10 @@ class Sim:
             outlasted = key in self.aged_out or self._catch_up_holds(
                 name, BASE + timedelta(seconds=t)
             )
+            # Every replica that held the resume's catch-up stopped before it reached the tick,
+            # and none started afterwards while the window still held it (a start-up catch-up
+            # runs the pause's skips): nothing was left to run it.
+            lost_with_replicas = self._lost_with_replicas(name, t, window_end, resume_horizon)
             if (
                 skipped == "paused"
                 and definition.catch_up == "all"
@@ -1074,6 +1099,7 @@ class Sim:
                 and self._quiet(self.definition_events[name], t, t + catch_horizon)
                 and not held_to_window_end
                 and not outlasted
+                and not lost_with_replicas
             ):
                 self.violate(
                     "resume_gap",

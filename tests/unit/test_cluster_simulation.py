@@ -622,3 +622,86 @@ async def test_a_tick_due_at_the_instant_the_resume_is_applied_is_caught_up() ->
     finally:
         await control.aclose()
         await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_replica_started_after_the_resume_runs_the_catch_up_a_stopped_one_left() -> None:
+    # catch_up="all": the only replica applies the resume and starts its catch-up of the six
+    # ticks the pause skipped, one after the other; its first run hangs and the replica stops.
+    # A replica started within the catch-up window must run the skipped ticks: its start-up
+    # catch-up counts the pause's skips as missed, as the resume's catch-up did.
+    loop = asyncio.get_running_loop()
+    first = _one_replica()
+    now, jobs, store, admin = first.now, first.jobs, first.store, first.admin
+    caught_up: list[str] = []
+
+    async def sync(tick: Tick) -> None:
+        if current_path() is StartPath.CATCH_UP:
+            caught_up.append(tick.run_key or "")
+            await asyncio.sleep(5.0 if len(caught_up) == 1 else 0.05)
+
+    first.scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await first.control.start()
+    await first.scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05 - loop.time())
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # the ticks 1.5 s ... 4 s skipped as paused
+        await admin.resume("sync", actor="ops")
+        resumed = now()
+        await asyncio.sleep(0.5)  # the resume's catch-up has started its first run
+        assert len(caught_up) == 1
+    finally:
+        await first.control.aclose()
+        await first.scheduler.aclose()  # the hung run ends within the grace period
+    assert len(caught_up) == 1  # the rest never started there
+    scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
+    control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(3.0)
+        missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_trigger_waits_for_one_catch_up_run_not_for_the_whole_catch_up() -> None:
+    # catch_up="all": the resume's catch-up runs the pause's six ticks one after the other. A
+    # trigger refused for that overlap starts when the run in its way ends, before the next
+    # catch-up tick: an operator's trigger does not wait for the whole catch-up.
+    loop = asyncio.get_running_loop()
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
+    started: list[tuple[StartPath | None, float]] = []
+
+    async def sync(tick: Tick) -> None:
+        started.append((current_path(), loop.time()))
+        await asyncio.sleep(0.45 if current_path() is StartPath.CATCH_UP else 0.01)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05 - loop.time())
+        await admin.pause("sync", actor="ops")
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(0.3)  # the first catch-up run goes on
+        assert [p for p, _ in started][-1] is StartPath.CATCH_UP
+        requested = loop.time()
+        await admin.trigger("sync", actor="ops")
+        await asyncio.sleep(3.0)
+        after = [p for p, at in started if at > requested]
+        # The live fire that waited for the catch-up run goes first; no catch-up tick does.
+        assert after.index(StartPath.TRIGGER) <= after.index(StartPath.CATCH_UP), after
+        missed = await scheduler.missed_ticks("sync", now() - timedelta(seconds=8), now())
+        assert [m for m in missed if m.skipped == "paused"] == []  # the catch-up went on
+    finally:
+        await control.aclose()
+        await scheduler.aclose()

@@ -20,6 +20,7 @@ from sdcore.scheduling._catch_up import (
     MAX_RANGE_TICKS,
     latest_instants,
     lock_key,
+    skipped_by_pause,
     skipped_paused,
 )
 from sdcore.scheduling._control import (
@@ -39,8 +40,6 @@ __all__ = ["CANCELLED", "ActionRunner"]
 # The outcome of a backfill whose ticks no longer exist (its schedule was removed, or updated to
 # other ticks) or that cannot run where it is coordinated.
 CANCELLED = "CANCELLED"
-# The clock skew allowed between a replica and the database when comparing their instants.
-_SKEW = timedelta(seconds=5)
 # How often a backfill's coordinator writes its progress while its ticks run.
 PROGRESS_EVERY_S = 1.0
 
@@ -108,10 +107,18 @@ class ActionRunner:
         task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
         # Refused while a run of the schedule goes on here (overlap): offered again as soon as
         # that run ends. Waiting for the next poll instead can starve it for good: the polls
-        # keep their phase against the schedule's grid, so they can land in every run.
-        while task is None and entry.running and self.hooks.entry(entry.name) is entry:
-            await asyncio.wait(set(entry.running), return_when=asyncio.FIRST_COMPLETED)
-            task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
+        # keep their phase against the schedule's grid, so they can land in every run. The
+        # catch-up ticks pending here wait for it (they would otherwise start first each time).
+        if task is None and entry.running:
+            entry.triggers_waiting += 1
+            try:
+                while task is None and entry.running and self.hooks.entry(entry.name) is entry:
+                    await asyncio.wait(set(entry.running), return_when=asyncio.FIRST_COMPLETED)
+                    task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
+            finally:
+                entry.triggers_waiting -= 1
+                if task is None:
+                    self.hooks.drain(entry)  # refused for good: the catch-up goes on
         if task is not None:
             await asyncio.shield(task)
         key = tick_options(entry.name, entry.kind, entry.policy, run_key).lock_key
@@ -381,13 +388,12 @@ class ActionRunner:
                 chosen.append(instant)
             elif (
                 record is not None
-                and record.attempts == 0
-                and record.skipped == "paused"
+                and skipped_paused(record)
                 and (
                     instant not in before_set
                     # Before the pause: only a skip this pause wrote (not one of an earlier
-                    # pause or of the schedule stopped here), by the row's age (5 s for skew).
-                    or now - timedelta(milliseconds=record.age_ms) >= paused_at - _SKEW
+                    # pause or of the schedule stopped here), by the row's age.
+                    or skipped_by_pause(record, paused_at, now)
                 )
             ):
                 chosen.append(instant)  # skipped by the pause

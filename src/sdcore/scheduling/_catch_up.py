@@ -9,6 +9,9 @@ Rules (docs/explanation/scheduling.md, "Catch-up"):
   among the pending ticks it replaces.
 - Start-up catch-up looks back ``catch_up_window_ms`` from the start, but never before the
   schedule's first row in the lease table: a schedule never seen before has nothing to catch up.
+  For a schedule resumed within that window it also starts the ticks the pause recorded as
+  skipped (written since the pause began): the resume's catch-up of the replicas that applied
+  it may have stopped with them before it reached them.
 - ``latest`` considers only the most recent instant of its range, found by walking back from the
   range's end (any frequency); ``all`` the most recent :data:`MAX_CATCH_UP` instants.
 - The sweep considers only ticks fired since the schedule became active on this scheduler, plus the
@@ -34,6 +37,16 @@ from sdcore.scheduling._triggers import Trigger, expected_instants
 
 MAX_CATCH_UP = 1_000
 MAX_RANGE_TICKS = 10_000
+# The clock skew allowed between a replica and the database when comparing their instants.
+PAUSE_SKEW = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A schedule's latest pause, ended by a resume (the control plane's row)."""
+
+    paused_at: datetime
+    resumed_at: datetime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,11 +152,13 @@ async def at_start(
     mode: CatchUp,
     window_start: datetime,
     now: datetime,
+    resumed: Resumed | None = None,
 ) -> list[datetime]:
     """The ticks start-up catch-up starts: unsettled, and from after the schedule existed.
 
     A tick *existed* if it has a row, or falls after the schedule's first row was created. A
-    schedule with no row at all was never run anywhere: nothing to catch up.
+    schedule with no row at all was never run anywhere: nothing to catch up. With ``resumed``
+    (within the window), a tick its pause recorded as skipped is not settled either.
     """
     first = await jobs.first_seen(name)
     if first is None:
@@ -155,12 +170,28 @@ async def at_start(
     if mode is CatchUp.LATEST:
         existing = existing[-1:]
     by_instant = {t: records.get(k) for k, t in keys.items()}
-    return [t for t in existing if not settled(by_instant[t])]
+    paused_at = None if resumed is None or resumed.resumed_at < window_start else resumed.paused_at
+    return [
+        t
+        for t in existing
+        if not settled(by_instant[t])
+        or (paused_at is not None and skipped_by_pause(by_instant[t], paused_at, now))
+    ]
 
 
 def skipped_paused(record: TickRecord | None) -> bool:
     """Was the tick recorded as skipped by a pause, never attempted (resume catch-up's own)?"""
     return record is not None and record.attempts == 0 and record.skipped == "paused"
+
+
+def skipped_by_pause(record: TickRecord | None, paused_at: datetime, now: datetime) -> bool:
+    """Was the tick recorded as skipped by the pause that began at ``paused_at`` (a skip written
+    since then, by the row's age), never attempted?"""
+    return (
+        record is not None
+        and skipped_paused(record)
+        and now - timedelta(milliseconds=record.age_ms) >= paused_at - PAUSE_SKEW
+    )
 
 
 async def to_start(

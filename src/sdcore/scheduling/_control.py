@@ -420,7 +420,8 @@ class ScheduleStore(Protocol):
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         """Rows changed after revision ``since`` (removed ones too), or (``None``) every live
-        row that is paused or stored."""
+        row that is paused or stored, or was resumed within the longest catch-up window
+        (``MAX_WINDOW_MS``, by the store's clock)."""
         ...
 
     async def row(self, name: str) -> ScheduleRow | None:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sdcore.scheduling._catch_up import Resumed
 from sdcore.scheduling._policy import CatchUp, RunPolicy
 from sdcore.scheduling._runner import Handler
 from sdcore.scheduling._triggers import ScheduleKind, Trigger
@@ -37,10 +38,12 @@ class Entry:
         "pending",
         "policy",
         "removed",
+        "resumed",
         "running",
         "stopped_at",
         "swept_until",
         "trigger",
+        "triggers_waiting",
         "version",
         "zone",
     )
@@ -67,8 +70,14 @@ class Entry:
         # it once it owns the schedule (sweep).
         self.catch_up_owed: datetime | None = None
         self.pending: AbstractSet[datetime] = NO_INSTANTS
+        # The schedule's latest pause, when a resume ended it (set by a linked control plane):
+        # start-up catch-up also starts the ticks that pause recorded as skipped.
+        self.resumed: Resumed | None = None
         self.offered: AbstractSet[datetime] = NO_INSTANTS
         self.stopped_at: datetime | None = None
+        # Triggers refused for overlap that wait for the run in their way to end: the pending
+        # catch-up ticks give way to them (each trigger's run ends, then the next tick starts).
+        self.triggers_waiting = 0
 
     @property
     def catches_up(self) -> bool:

@@ -107,6 +107,10 @@ class SchedulerHooks:
         """Start one tick through the supervisor (overlap and gate apply); ``None``: refused."""
         return self.scheduler._sup.launch(entry, at, path, deadline=None, tick=tick)
 
+    def drain(self, entry: Entry) -> None:
+        """Start the next pending catch-up tick of ``entry`` if nothing keeps it waiting."""
+        self.scheduler._sup.drain(entry)
+
     def catch_up(self, entry: Entry, instants: list[datetime]) -> None:
         """Start missed ticks as start-up catch-up does (one after the other under ``skip``)."""
         self.scheduler._sup.start_pending(

@@ -31,6 +31,7 @@ from sdcore.scheduling._control import (
     Write,
     live_version,
 )
+from sdcore.scheduling._policy import MAX_WINDOW_MS
 
 __all__ = ["MemoryScheduleStore"]
 
@@ -210,10 +211,16 @@ class MemoryScheduleStore:
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         if since is None:
+            resumed = self._clock() - timedelta(milliseconds=MAX_WINDOW_MS)
             return [
                 r
                 for r in self._rows.values()
-                if r.removed_at is None and (r.paused or r.origin == "stored")
+                if r.removed_at is None
+                and (
+                    r.paused
+                    or r.origin == "stored"
+                    or (r.resumed_at is not None and r.resumed_at >= resumed)
+                )
             ]
         return sorted(
             (r for r in self._rows.values() if r.revision > since), key=lambda r: r.revision

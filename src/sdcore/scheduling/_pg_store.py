@@ -40,6 +40,7 @@ from sdcore.scheduling._control import (
     Write,
     live_version,
 )
+from sdcore.scheduling._policy import MAX_WINDOW_MS
 
 __all__ = ["PostgresScheduleStore"]
 
@@ -259,7 +260,7 @@ class PostgresScheduleStore:
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         if since is None:
-            return [_row(r) for r in await self._all("rows_all")]
+            return [_row(r) for r in await self._all("rows_all", (MAX_WINDOW_MS,))]
         return [_row(r) for r in await self._all("rows_since", (since,))]
 
     async def row(self, name: str) -> ScheduleRow | None:

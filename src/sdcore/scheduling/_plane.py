@@ -24,6 +24,7 @@ from typing import Any
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.validation import int_between
 from sdcore.scheduling._actions import ActionRunner
+from sdcore.scheduling._catch_up import Resumed
 from sdcore.scheduling._control import (
     ActionKind,
     ControlAction,
@@ -540,6 +541,14 @@ class ScheduleControl:
         was = self._paused.get(row.name, False)
         now_paused = row.paused and row.removed_at is None
         self._paused[row.name] = now_paused
+        current = self._hooks.entry(row.name)
+        if current is not None:
+            paused_at, resumed_at = row.paused_at, row.resumed_at
+            current.resumed = (
+                Resumed(paused_at, resumed_at)
+                if not now_paused and paused_at is not None and resumed_at is not None
+                else None
+            )
         if now_paused and not was and not initial:
             self._log.info(
                 "schedule %r paused", row.name, extra={"action": "paused", "schedule": row.name}

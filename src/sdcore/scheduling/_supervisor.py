@@ -513,7 +513,7 @@ class TickStarter:
         if entry.pending and not entry.running and not entry.removed:
             # Catch-up under overlap "skip": the next missed tick starts when this one ends.
             with contextlib.suppress(RuntimeError):  # the loop is closing
-                asyncio.get_running_loop().call_soon(self._drain, entry)
+                asyncio.get_running_loop().call_soon(self.drain, entry)
 
     async def _acquire_batch(self, batch: list[_Fire], go: asyncio.Future[None]) -> None:
         """Acquire the ticks of ``batch`` together once it is closed (``go``); start the ones
@@ -563,7 +563,13 @@ class TickStarter:
             window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
             try:
                 start = await at_start(
-                    jobs, entry.name, entry.trigger, entry.policy.catch_up, window_start, now
+                    jobs,
+                    entry.name,
+                    entry.trigger,
+                    entry.policy.catch_up,
+                    window_start,
+                    now,
+                    entry.resumed,
                 )
             except (JobSchedulerError, ValueError) as exc:
                 self._catch_up_failed(entry, exc)
@@ -626,6 +632,7 @@ class TickStarter:
                 entry.policy.catch_up,
                 max(window_start, owed - timedelta(milliseconds=entry.policy.catch_up_window_ms)),
                 owed,
+                entry.resumed,
             )
         except (JobSchedulerError, ValueError) as exc:
             self._catch_up_failed(entry, exc)
@@ -757,8 +764,16 @@ class TickStarter:
             return
         self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
 
-    def _drain(self, entry: Entry) -> None:
-        if self.closed or entry.removed or not entry.active or entry.running:
+    def drain(self, entry: Entry) -> None:
+        """Start the next pending catch-up tick of ``entry`` if nothing of it runs here and no
+        trigger waits for its turn."""
+        if (
+            self.closed
+            or entry.removed
+            or not entry.active
+            or entry.running
+            or entry.triggers_waiting
+        ):
             return
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
             offered = entry.offered

@@ -125,10 +125,13 @@ SELECT name, origin, kind, expression, time_zone, options, handler, args, finger
 FROM {table} WHERE revision > %s ORDER BY revision
 
 -- name: rows_all
--- What a starting replica must know: the paused schedules and the stored ones.
+-- What a starting replica must know: the paused schedules, the stored ones, and those resumed
+-- within the longest catch-up window (31 days: start-up catch-up runs what a pause skipped).
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
        paused_at, resumed_at, removed_at, revision, day_rule
-FROM {table} WHERE removed_at IS NULL AND (paused OR origin = 'stored')
+FROM {table}
+WHERE removed_at IS NULL
+  AND (paused OR origin = 'stored' OR resumed_at >= now() - %s::bigint * interval '1 millisecond')
 
 -- name: row
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
