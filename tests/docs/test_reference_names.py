@@ -8,13 +8,12 @@ walking the package, as ``tests/unit/test_public_api.py`` pins them.
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_public_api import public_modules
+from tests.unit.test_public_api import declared_all, public_modules
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 _FENCED = re.compile(r"^[ ]*```.*?^[ ]*```[ ]*$", re.DOTALL | re.MULTILINE)
@@ -44,7 +43,7 @@ def test_every_public_name_is_in_the_reference(module: str) -> None:
     for text in pages.values():
         if module == "sdcore" or mention.search(text):
             words |= documented_words(text)
-    missing = [name for name in importlib.import_module(module).__all__ if name not in words]
+    missing = [name for name in declared_all(module) if name not in words]
     assert missing == [], f"{module}: not in docs/reference/*.md: {missing}"
 
 

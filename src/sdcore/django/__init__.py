@@ -8,7 +8,9 @@
 - ``manage.py sdcore …``: the ``sdcore`` command line on those settings; ``manage.py sdcore run``
   is the worker process;
 - the admin's pages and actions (``sdcore.django.admin``), and :func:`dashboard_asgi`: the
-  sdcore dashboard in the project's ASGI application, for staff users.
+  sdcore dashboard in the project's ASGI application, for staff users;
+- on Django 6, ``sdcore.django.tasks.SdcoreBackend``: a ``django.tasks`` backend on the outbox,
+  whose tasks ``manage.py sdcore run`` runs.
 """
 
 from sdcore.django._dashboard import dashboard_asgi

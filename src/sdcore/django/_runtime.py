@@ -55,5 +55,16 @@ def build_runtime() -> Runtime:
 
 
 def _worker() -> Runtime:
-    """What ``manage.py sdcore run`` runs (``sdcore run sdcore.django._runtime:_worker``)."""
-    return get_runtime()
+    """What ``manage.py sdcore run`` runs (``sdcore run sdcore.django._runtime:_worker``): the
+    Runtime, with the queue processors of the ``django.tasks`` backends of ``settings.TASKS``
+    that are ``sdcore.django.tasks.SdcoreBackend`` (Django 6 only)."""
+    import django
+    from django.conf import settings
+
+    runtime = get_runtime()
+    tasks = getattr(settings, "TASKS", None)
+    if django.VERSION >= (6, 0) and tasks:
+        from sdcore.django.tasks import register_processors
+
+        register_processors(runtime, tasks)
+    return runtime

@@ -2,7 +2,8 @@
 
 ``SDCORE_DJANGO_ENGINE`` replaces the engine (the sqlite refusal test), ``SDCORE_DJANGO_SCHEMA``
 sets ``SDCORE["SCHEMA"]``, ``SDCORE_DJANGO_EXTRA`` is JSON merged into ``SDCORE``,
-``SDCORE_DJANGO_USE_TZ=0`` sets ``USE_TZ = False``.
+``SDCORE_DJANGO_USE_TZ=0`` sets ``USE_TZ = False``; ``SDCORE_DJANGO_TASKS`` (Django 6) installs
+``taskapp`` and the ``django.tasks`` backend, its BullMQ queues prefixed with the variable's value.
 """
 
 import json
@@ -63,6 +64,18 @@ SDCORE: dict[str, object] = {"GRACE_PERIOD_MS": 3_000, "POOL_SIZE": 4}
 if os.environ.get("SDCORE_DJANGO_SCHEMA"):
     SDCORE["SCHEMA"] = os.environ["SDCORE_DJANGO_SCHEMA"]
 SDCORE.update(json.loads(os.environ.get("SDCORE_DJANGO_EXTRA", "{}")))
+if os.environ.get("SDCORE_DJANGO_TASKS"):
+    INSTALLED_APPS.append("taskapp")
+    TASKS = {
+        "default": {
+            "BACKEND": "sdcore.django.tasks.SdcoreBackend",
+            "QUEUES": ["default", "other"],
+            "OPTIONS": {
+                "QUEUE_PREFIX": os.environ["SDCORE_DJANGO_TASKS"],
+                "CONCURRENCY": int(os.environ.get("SDCORE_DJANGO_TASKS_CONCURRENCY", "2")),
+            },
+        }
+    }
 if os.environ.get("SDCORE_DJANGO_LOG_STDERR"):
     # A manage.py child of the tests (harness.environment): sdcore's warnings on its stderr.
     # Never in the pytest process itself, whose loggers a dictConfig would reconfigure for
