@@ -193,8 +193,10 @@ async def test_revisions_order_every_control_change(schedules: Schedules) -> Non
     await _write(schedules, control("beat", ActionKind.RESUME))
     (resumed,) = await store.rows(None)
     assert resumed.name == "beat"
-    assert (resumed.paused, resumed.paused_at is not None) == (False, True)
-    assert resumed.resumed_at is not None and resumed.resumed_at >= resumed.paused_at
+    assert resumed.paused is False
+    assert resumed.paused_at is not None
+    assert resumed.resumed_at is not None
+    assert resumed.resumed_at >= resumed.paused_at
     row = await store.row("s1")  # a removed row is still read by name
     assert row is not None
     assert row.removed_at is not None
