@@ -25,12 +25,9 @@ def test_the_test_command_checks_format_and_runs_both_pytest_steps() -> None:
     steps = _readme_test_command().split(" && ")
     assert ".venv/bin/ruff format --check ." in steps
     # The acceptance modules marked alone first, one at a time; then everything else, the other
-    # acceptance modules in two lanes beside the rest (tests/_lanes.py); last the Django 6 tests
-    # in a venv of Python 3.12 (.ci/run drops these three steps when it has no python3.12).
-    assert steps[-5:] == [
+    # acceptance modules in two lanes beside the rest (tests/_lanes.py). The Django 6 tests run
+    # among the rest, in their own venv (tests/integration/test_django6.py).
+    assert steps[-2:] == [
         '.venv/bin/pytest -m "acceptance and alone" -n 0',
         '.venv/bin/pytest -m "not (acceptance and alone)" -n 4 --dist loadgroup',
-        "python3.12 -m venv .venv-django6",
-        ".venv-django6/bin/pip install -e '.[django6-test]'",
-        ".venv-django6/bin/pytest tests/integration/test_django_tasks.py -n 0",
     ]
