@@ -16,10 +16,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -541,17 +541,25 @@ class SentinelGroup:
             node.crash()
 
 
+_Group = TypeVar("_Group", "SentinelGroup", "RedisClusterGroup")
+
+
 @contextlib.contextmanager
-def sentinel_group(**options: Any) -> Iterator[SentinelGroup]:
-    """A started :class:`SentinelGroup` in a temporary directory, killed and removed at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="sdcore-sentinel-"))
-    group = SentinelGroup(directory, **options)
+def _started(make: Callable[[Path], _Group], prefix: str) -> Iterator[_Group]:
+    """A group built in a new temporary directory, started; killed and removed at the end."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    group = make(directory)
     try:
         group.start()
         yield group
     finally:
         group.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def sentinel_group(**options: Any) -> contextlib.AbstractContextManager[SentinelGroup]:
+    """A started :class:`SentinelGroup` in a temporary directory, killed and removed at the end."""
+    return _started(lambda directory: SentinelGroup(directory, **options), "sdcore-sentinel-")
 
 
 def _cluster_port() -> int:
@@ -680,14 +688,6 @@ class RedisClusterGroup:
             node.crash()
 
 
-@contextlib.contextmanager
-def redis_cluster(**options: Any) -> Iterator[RedisClusterGroup]:
+def redis_cluster(**options: Any) -> contextlib.AbstractContextManager[RedisClusterGroup]:
     """A started :class:`RedisClusterGroup` in a temporary directory, killed and removed after."""
-    directory = Path(tempfile.mkdtemp(prefix="sdcore-cluster-"))
-    group = RedisClusterGroup(directory, **options)
-    try:
-        group.start()
-        yield group
-    finally:
-        group.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+    return _started(lambda directory: RedisClusterGroup(directory, **options), "sdcore-cluster-")

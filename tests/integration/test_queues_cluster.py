@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,10 +16,10 @@ import redis
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.dashboard._data import queue_counts
-from sdcore.outbox import Outbox, OutboxMessage, OutboxRelay, PostgresOutboxStore
-from sdcore.queues import BullMQPublisher, Job, Processor, Workers
+from sdcore.outbox import Outbox, OutboxMessage
+from sdcore.queues import BullMQPublisher, Workers
 from tests._servers import RedisClusterGroup, redis_cluster
-from tests.integration.test_queues_sentinel import _stalls
+from tests.integration import test_queues_sentinel as sentinel
 
 pytestmark = pytest.mark.slow
 ROWS = 1_500
@@ -46,24 +45,6 @@ async def _produce(pg_dsn: str, outbox: Outbox, rows: int, *, pause_s: float = 0
             await asyncio.sleep(pause_s)
 
 
-async def _statuses(pg_dsn: str) -> dict[str, int]:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT status, count(*) FROM outbox GROUP BY status")
-        return {str(status): int(count) for status, count in await cur.fetchall()}
-
-
-def _relay(
-    pool: AsyncConnectionPool[Any], outbox: Outbox, publisher: BullMQPublisher
-) -> OutboxRelay:
-    return OutboxRelay(
-        PostgresOutboxStore(pool, outbox=outbox),
-        publisher,
-        batch_size=50,
-        poll_interval_ms=50,
-        unavailable_max_ms=500,
-    )
-
-
 def _message(outbox: Outbox, number: int) -> OutboxMessage:
     """The message ``_produce`` commits as its ``number``-th row, as the relay claims it."""
     key = f"msg-{number}"
@@ -85,27 +66,27 @@ def _cluster_client(group: RedisClusterGroup) -> redis.RedisCluster:
     return redis.RedisCluster(host="127.0.0.1", port=group.nodes[0].port, decode_responses=True)
 
 
-class Collector(Processor):
-    """Records the job id of every run."""
+class Collector(sentinel.Collector):
+    """Records the job id of every run, for one of :data:`QUEUES`."""
 
-    concurrency = 20
     lock_duration_ms = 5_000
 
     def __init__(self, queue: str) -> None:
+        super().__init__()
         self.queue = queue
-        self.runs: list[str] = []
 
-    async def process(self, job: Job) -> Any:
-        self.runs.append(str(job.id))
-        return None
+
+async def _outbox(pg_dsn: str) -> Outbox:
+    outbox = Outbox(namespace="cluster")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await outbox.ensure_schema(conn)
+    return outbox
 
 
 async def test_the_relay_publishes_to_a_cluster_and_the_workers_run_every_job_once(
     pg_dsn: str,
 ) -> None:
-    outbox = Outbox(namespace="cluster")
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await outbox.ensure_schema(conn)
+    outbox = await _outbox(pg_dsn)
     collectors = [Collector(queue) for queue in QUEUES]
     with redis_cluster() as group:
         # Not the first node (the clients' startup node): the commands are routed.
@@ -118,7 +99,7 @@ async def test_the_relay_publishes_to_a_cluster_and_the_workers_run_every_job_on
             await pool.open()
             await asyncio.wait_for(workers.wait_ready(), 15)
             assert workers.server is not None  # the masters' settings were read
-            async with _relay(pool, outbox, publisher):
+            async with sentinel._relay(pool, outbox, publisher):
                 await _produce(pg_dsn, outbox, ROWS)
                 deadline = time.monotonic() + 60
                 while (
@@ -131,7 +112,7 @@ async def test_the_relay_publishes_to_a_cluster_and_the_workers_run_every_job_on
         with _cluster_client(group) as client:
             completed = {q: client.zcard(f"{PREFIX}:{q}:completed") for q in QUEUES}
             waiting = {q: client.llen(f"{PREFIX}:{q}:wait") for q in QUEUES}
-    assert await _statuses(pg_dsn) == {"PUBLISHED": ROWS}
+    assert await sentinel._statuses(pg_dsn) == {"PUBLISHED": ROWS}
     runs = [run for c in collectors for run in c.runs]
     assert len(runs) == ROWS  # every job ran, none twice
     assert len(set(runs)) == ROWS
@@ -162,9 +143,7 @@ async def test_the_relay_follows_a_cluster_failover_without_losing_or_doubling_a
     # then takes over its slots; the publisher's next command gets MOVED (or a connection
     # error) and the client re-reads the slot map. The new master never loaded bullmq's
     # scripts: the publisher loads them again on NOSCRIPT.
-    outbox = Outbox(namespace="cluster")
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await outbox.ensure_schema(conn)
+    outbox = await _outbox(pg_dsn)
     collectors = [Collector(queue) for queue in QUEUES]
     samples: list[tuple[float, int]] = []
     with redis_cluster(replicas=1) as group:
@@ -177,7 +156,7 @@ async def test_the_relay_follows_a_cluster_failover_without_losing_or_doubling_a
         ):
             await pool.open()
             await asyncio.wait_for(workers.wait_ready(), 15)
-            async with _relay(pool, outbox, pub) as relay:
+            async with sentinel._relay(pool, outbox, pub) as relay:
                 producer = asyncio.create_task(_produce(pg_dsn, outbox, ROWS, pause_s=0.05))
                 while relay.state.published < ROWS // 4:
                     await asyncio.sleep(0.01)
@@ -195,10 +174,11 @@ async def test_the_relay_follows_a_cluster_failover_without_losing_or_doubling_a
             jobs = sum(len(list(client.scan_iter(f"{PREFIX}:{q}:sd*", count=1000))) for q in QUEUES)
     runs = [run for c in collectors for run in c.runs]
     print(  # noqa: T201 - the recovery time, shown with -s
-        f"\nCLUSTER FAILOVER at a quarter: publishing stood still at most {_stalls(samples):.3f} s;"
+        f"\nCLUSTER FAILOVER at a quarter: publishing stood still at most"
+        f" {sentinel._stalls(samples):.3f} s;"
         f" every job ran {samples[-1][0] - failover_at:.3f} s after it;"
         f" {len(runs) - len(set(runs))} ran twice (at-least-once)"
     )
-    assert await _statuses(pg_dsn) == {"PUBLISHED": ROWS}
+    assert await sentinel._statuses(pg_dsn) == {"PUBLISHED": ROWS}
     assert len(set(runs)) == ROWS
     assert jobs == ROWS  # one job per row: nothing lost, none twice
