@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import OrderedDict
@@ -10,6 +11,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
@@ -82,9 +84,8 @@ class BullMQPublisher(AsyncStartStop):
     ``decode_responses=True`` (the publisher does not close a client it was given).
 
     On Redis Cluster each queue's keys must share a slot, so the prefix must hold a hash tag
-    (``{bull}``): every queue of the prefix then lives on the master of that slot.
-    ``min_replicas`` is not supported on a cluster (``WAIT`` there would have to go to the
-    slot's master on the connection that wrote the batch).
+    (``{bull}``): every queue of the prefix then lives on the master of that slot, and
+    ``min_replicas`` waits for that master's replicas.
 
     Args:
         redis: The client.
@@ -112,7 +113,7 @@ class BullMQPublisher(AsyncStartStop):
             with ``decode_responses``.
         TypeError: A prefix or limit of the wrong type.
         ValueError: A prefix or limit out of range, a ``replica_timeout_ms`` not shorter than
-            the socket timeout; on a cluster, a prefix without a hash tag or ``min_replicas``.
+            the socket timeout; on a cluster, a prefix without a hash tag.
     """
 
     def __init__(
@@ -132,11 +133,6 @@ class BullMQPublisher(AsyncStartStop):
         self._min_replicas = int_between("min_replicas", min_replicas, 0, 100)
         self._replica_timeout_ms = int_between("replica_timeout_ms", replica_timeout_ms, 1, 60_000)
         self._cluster = is_cluster(self._redis)
-        if self._cluster and min_replicas:
-            raise ValueError(
-                f"min_replicas={min_replicas} is not supported on Redis Cluster: use 0 (a"
-                " failover may then lose the jobs the old master had not replicated)"
-            )
         socket_timeout = client_option(self._redis, "socket_timeout")
         if min_replicas and socket_timeout and replica_timeout_ms >= socket_timeout * 1000:
             raise ValueError(
@@ -191,8 +187,8 @@ class BullMQPublisher(AsyncStartStop):
             check_server: See the class.
             logger_name: Logger for warnings.
             min_replicas: See the class; ``None`` (the default) means 1 for a Sentinel URL (a
-                failover must not lose a published job) and 0 otherwise (a cluster supports
-                only 0).
+                failover must not lose a published job) and 0 otherwise (on a cluster whose
+                masters have replicas, pass 1).
             replica_timeout_ms: See the class.
         """
         target = check_redis_url(url)
@@ -357,23 +353,56 @@ class BullMQPublisher(AsyncStartStop):
         # batch's writes may have used other pooled connections: a marker write goes first on
         # WAIT's connection. It follows every write of the batch (all were answered), so a
         # replica that has it has the whole batch.
+        marker = f"{self._prefix}:{REPLICATION_MARKER}"
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(f"{self._prefix}:{REPLICATION_MARKER}", "1", px=60_000)
-                pipe.execute_command("WAIT", self._min_replicas, self._replica_timeout_ms)
-                acked = int((await pipe.execute())[1])
+            if isinstance(self._redis, RedisCluster):
+                acked = await self._wait_on_slot_master(self._redis, marker)
+            else:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.set(marker, "1", px=60_000)
+                    pipe.execute_command("WAIT", self._min_replicas, self._replica_timeout_ms)
+                    acked = int((await pipe.execute())[1])
         except Exception as exc:
+            if isinstance(self._redis, RedisCluster):
+                # The master may have changed (a failover): read the slot map again.
+                with contextlib.suppress(Exception):
+                    await self._redis.nodes_manager.initialize()
             raise self._unavailable(exc) from exc
         if acked >= self._min_replicas:
             return
         # A master whose replicas do not acknowledge may be a deposed one (its replica now
         # follows the master a Sentinel failover promoted): the next connections ask again.
-        if isinstance(self._redis, Redis):  # never a cluster: min_replicas is 0 there
+        if isinstance(self._redis, Redis):
             await self._redis.connection_pool.disconnect()
         raise PublisherUnavailableError(
             f"Redis unavailable: {acked} of {self._min_replicas} replica(s) acknowledged the"
             f" batch within {self._replica_timeout_ms} ms"
         )
+
+    async def _wait_on_slot_master(self, client: RedisCluster, marker: str) -> int:
+        # The marker shares the prefix's hash tag, so its slot is every queue's slot: its
+        # master took the batch. SET and WAIT go on one connection of that master (a cluster
+        # pipeline would send the keyless WAIT to every master).
+        node = client.get_node_from_key(marker)
+        if node is None:
+            raise redis_errors.ClusterDownError(f"no master serves the slot of {marker!r}")
+        connection = node.acquire_connection()
+        try:
+            await connection.send_packed_command(
+                connection.pack_commands(
+                    [
+                        ("SET", marker, "1", "PX", 60_000),
+                        ("WAIT", self._min_replicas, self._replica_timeout_ms),
+                    ]
+                )
+            )
+            await connection.read_response()
+            return int(await connection.read_response())
+        except BaseException:
+            await connection.disconnect()  # a reply may be left unread
+            raise
+        finally:
+            node.release(connection)
 
     async def _add_one_by_one(
         self,
