@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import psycopg
@@ -140,6 +142,71 @@ async def test_a_prefix_without_a_hash_tag_is_refused_by_name_and_a_tagged_one_i
         assert (row.name, row.counts["waiting"]) == (QUEUES[1], 1)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disrupted:
+    """What a relay run through a disruption of the queues' master saw."""
+
+    stalled_s: float  # the longest time the published count stood still
+    recovered_s: float  # from the disruption to the last job's first run
+    ran: int  # distinct jobs run
+    ran_twice: int  # runs beyond the first of a job (at-least-once)
+    jobs: int  # job hashes on the cluster at the end
+    master_before: int
+    master_after: int
+
+
+async def _run_through(
+    pg_dsn: str, group: RedisClusterGroup, disrupt: Callable[[int], None]
+) -> Disrupted:
+    """Relay ``ROWS`` rows (``min_replicas=1``) while workers run them; call ``disrupt`` with
+    the queues' master port once a quarter is published."""
+    outbox = await _outbox(pg_dsn)
+    collectors = [Collector(queue) for queue in QUEUES]
+    samples: list[tuple[float, int]] = []
+    master = group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait")
+    async with (
+        AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool,
+        BullMQPublisher.from_url(
+            group.url, prefix=PREFIX, socket_timeout_s=2.0, min_replicas=1
+        ) as pub,
+        Workers(collectors, redis_url=group.url, prefix=PREFIX, stalled_interval_ms=1_000) as w,
+    ):
+        await pool.open()
+        await asyncio.wait_for(w.wait_ready(), 15)
+        async with sentinel._relay(pool, outbox, pub) as relay:
+            producer = asyncio.create_task(_produce(pg_dsn, outbox, ROWS, pause_s=0.05))
+            while relay.state.published < ROWS // 4:
+                await asyncio.sleep(0.01)
+            disrupted_at = time.monotonic()
+            await asyncio.to_thread(disrupt, master)
+            deadline = disrupted_at + 40
+            while sum(len(set(c.runs)) for c in collectors) < ROWS and time.monotonic() < deadline:
+                samples.append((time.monotonic(), relay.state.published))
+                await asyncio.sleep(0.01)
+            recovered = time.monotonic() - disrupted_at
+            await producer
+    with _cluster_client(group) as client:
+        jobs = sum(len(list(client.scan_iter(f"{PREFIX}:{q}:sd*", count=1000))) for q in QUEUES)
+    runs = [run for c in collectors for run in c.runs]
+    assert await sentinel._statuses(pg_dsn) == {"PUBLISHED": ROWS}
+    return Disrupted(
+        stalled_s=sentinel._stalls(samples),
+        recovered_s=recovered,
+        ran=len(set(runs)),
+        ran_twice=len(runs) - len(set(runs)),
+        jobs=jobs,
+        master_before=master,
+        master_after=group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait"),
+    )
+
+
+def _report(what: str, seen: Disrupted) -> None:
+    print(  # noqa: T201 - the recovery time, shown with -s
+        f"\n{what} at a quarter: publishing stood still at most {seen.stalled_s:.3f} s; every"
+        f" job ran {seen.recovered_s:.3f} s after it; {seen.ran_twice} ran twice (at-least-once)"
+    )
+
+
 async def test_the_relay_follows_a_cluster_failover_without_losing_or_doubling_a_job(
     pg_dsn: str,
 ) -> None:
@@ -148,47 +215,14 @@ async def test_the_relay_follows_a_cluster_failover_without_losing_or_doubling_a
     # error) and the client re-reads the slot map. The new master never loaded bullmq's
     # scripts: the publisher loads them again on NOSCRIPT. WAIT 1 holds the rows back until
     # the old master has rejoined as the new one's replica.
-    outbox = await _outbox(pg_dsn)
-    collectors = [Collector(queue) for queue in QUEUES]
-    samples: list[tuple[float, int]] = []
     with redis_cluster(replicas=1) as group:
-        master = group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait")
-        replica = group.replica_of(master)
-        async with (
-            AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool,
-            BullMQPublisher.from_url(
-                group.url, prefix=PREFIX, socket_timeout_s=2.0, min_replicas=1
-            ) as pub,
-            Workers(collectors, redis_url=group.url, prefix=PREFIX) as workers,
-        ):
-            await pool.open()
-            await asyncio.wait_for(workers.wait_ready(), 15)
-            async with sentinel._relay(pool, outbox, pub) as relay:
-                producer = asyncio.create_task(_produce(pg_dsn, outbox, ROWS, pause_s=0.05))
-                while relay.state.published < ROWS // 4:
-                    await asyncio.sleep(0.01)
-                failover_at = time.monotonic()
-                await asyncio.to_thread(group.failover, replica)
-                deadline = failover_at + 30
-                while (
-                    sum(len(set(c.runs)) for c in collectors) < ROWS and time.monotonic() < deadline
-                ):
-                    samples.append((time.monotonic(), relay.state.published))
-                    await asyncio.sleep(0.01)
-                await producer
-        assert group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait") == replica
-        with _cluster_client(group) as client:
-            jobs = sum(len(list(client.scan_iter(f"{PREFIX}:{q}:sd*", count=1000))) for q in QUEUES)
-    runs = [run for c in collectors for run in c.runs]
-    print(  # noqa: T201 - the recovery time, shown with -s
-        f"\nCLUSTER FAILOVER at a quarter: publishing stood still at most"
-        f" {sentinel._stalls(samples):.3f} s;"
-        f" every job ran {samples[-1][0] - failover_at:.3f} s after it;"
-        f" {len(runs) - len(set(runs))} ran twice (at-least-once)"
-    )
-    assert await sentinel._statuses(pg_dsn) == {"PUBLISHED": ROWS}
-    assert len(set(runs)) == ROWS
-    assert jobs == ROWS  # one job per row: nothing lost, none twice
+        seen = await _run_through(
+            pg_dsn, group, lambda master: group.failover(group.replica_of(master))
+        )
+    _report("CLUSTER FAILOVER", seen)
+    assert seen.master_after != seen.master_before
+    assert seen.ran == ROWS
+    assert seen.jobs == ROWS  # one job per row: nothing lost, none twice
 
 
 async def test_relay_and_workers_follow_a_killed_master_and_lose_no_published_job(
@@ -197,46 +231,11 @@ async def test_relay_and_workers_follow_a_killed_master_and_lose_no_published_jo
     # The cluster promotes a replica of the killed master after cluster-node-timeout (2 s)
     # and moves its other replica under it. With min_replicas=1 every batch a row was marked
     # published for is on a replica too, so on the promoted one.
-    outbox = await _outbox(pg_dsn)
-    collectors = [Collector(queue) for queue in QUEUES]
-    samples: list[tuple[float, int]] = []
     with redis_cluster(replicas=2) as group:
-        master = group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait")
-        async with (
-            AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool,
-            BullMQPublisher.from_url(
-                group.url, prefix=PREFIX, socket_timeout_s=2.0, min_replicas=1
-            ) as pub,
-            Workers(
-                collectors, redis_url=group.url, prefix=PREFIX, stalled_interval_ms=1_000
-            ) as workers,
-        ):
-            await pool.open()
-            await asyncio.wait_for(workers.wait_ready(), 15)
-            async with sentinel._relay(pool, outbox, pub) as relay:
-                producer = asyncio.create_task(_produce(pg_dsn, outbox, ROWS, pause_s=0.05))
-                while relay.state.published < ROWS // 4:
-                    await asyncio.sleep(0.01)
-                killed_at = time.monotonic()
-                next(n for n in group.nodes if n.port == master).crash()
-                deadline = killed_at + 40
-                while (
-                    sum(len(set(c.runs)) for c in collectors) < ROWS and time.monotonic() < deadline
-                ):
-                    samples.append((time.monotonic(), relay.state.published))
-                    await asyncio.sleep(0.01)
-                recovered = time.monotonic() - killed_at
-                await producer
-        new_master = group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait")
-        with _cluster_client(group) as client:
-            jobs = sum(len(list(client.scan_iter(f"{PREFIX}:{q}:sd*", count=1000))) for q in QUEUES)
-    runs = [run for c in collectors for run in c.runs]
-    print(  # noqa: T201 - the recovery time, shown with -s
-        f"\nmaster killed (2 replicas) at a quarter: publishing stood still at most"
-        f" {sentinel._stalls(samples):.3f} s; every job ran {recovered:.3f} s after the kill;"
-        f" {len(runs) - len(set(runs))} ran twice (at-least-once)"
-    )
-    assert new_master != master
-    assert await sentinel._statuses(pg_dsn) == {"PUBLISHED": ROWS}
-    assert len(set(runs)) == ROWS
-    assert jobs == ROWS  # one job per row: nothing lost, none twice
+        seen = await _run_through(
+            pg_dsn, group, lambda master: next(n for n in group.nodes if n.port == master).crash()
+        )
+    _report("master killed (2 replicas)", seen)
+    assert seen.master_after != seen.master_before
+    assert seen.ran == ROWS
+    assert seen.jobs == ROWS  # one job per row: nothing lost, none twice
