@@ -982,6 +982,8 @@ async def run(
 ) -> list[Round]:
     """Set up the scratch schema, warm up, run the rounds; delete the Redis keys at the end."""
     client = connect(args.redis_url, socket_timeout_s=5.0, connect_timeout_s=5.0)
+    if not isinstance(client, Redis):
+        raise SystemExit("the outbox benchmark runs on one Redis server, not a cluster")
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
     )  # as `sdcore relay` builds its pool

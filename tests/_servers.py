@@ -16,10 +16,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -541,14 +541,153 @@ class SentinelGroup:
             node.crash()
 
 
+_Group = TypeVar("_Group", "SentinelGroup", "RedisClusterGroup")
+
+
 @contextlib.contextmanager
-def sentinel_group(**options: Any) -> Iterator[SentinelGroup]:
-    """A started :class:`SentinelGroup` in a temporary directory, killed and removed at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="sdcore-sentinel-"))
-    group = SentinelGroup(directory, **options)
+def _started(make: Callable[[Path], _Group], prefix: str) -> Iterator[_Group]:
+    """A group built in a new temporary directory, started; killed and removed at the end."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    group = make(directory)
     try:
         group.start()
         yield group
     finally:
         group.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def sentinel_group(**options: Any) -> contextlib.AbstractContextManager[SentinelGroup]:
+    """A started :class:`SentinelGroup` in a temporary directory, killed and removed at the end."""
+    return _started(lambda directory: SentinelGroup(directory, **options), "sdcore-sentinel-")
+
+
+def _cluster_port() -> int:
+    """A free loopback port whose cluster bus port (the port + 10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class RedisClusterGroup:
+    """A Redis Cluster of one test alone: ``masters`` masters, ``replicas`` replicas each.
+
+    Every node is a :class:`RedisServer` in cluster mode on a spare loopback port, its
+    ``nodes.conf`` in its own directory; ``redis-cli --cluster create`` spreads the 16384 slots
+    over the masters and attaches the replicas. ``url`` is the ``redis+cluster://`` URL of the
+    masters. ``node_timeout_ms`` is ``cluster-node-timeout``: how long a silent master takes to
+    be failed over.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        masters: int = 3,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+        node_options: Sequence[str] = (),
+    ) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self.directory = directory
+        self.replicas = replicas
+        common = (
+            *("--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms)),
+            *("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"),
+            *node_options,
+        )
+        self.nodes: list[RedisServer] = []
+        for index in range(masters * (replicas + 1)):
+            path = directory / f"node-{index}"
+            path.mkdir()
+            node = RedisServer(path, extra=common)
+            node.port = _cluster_port()
+            self.nodes.append(node)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return f"redis+cluster://{hosts}"
+
+    def start(self) -> None:
+        """Start the nodes, create the cluster and wait until every node reports it ``ok``."""
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            pytest.fail("redis-cli is not installed (apt-get install redis-tools)", pytrace=False)
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        done = subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
+             "--cluster-yes"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}")
+        self.wait_ok()
+
+    def wait_ok(self, *, timeout: float = 30) -> None:
+        """Wait until every running node says ``cluster_state:ok`` and knows every node."""
+        deadline = time.monotonic() + timeout
+        while not all(self._ok(node.port) for node in self.nodes if node.proc is not None):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the private Redis Cluster did not become ok")
+            time.sleep(0.1)
+
+    def _ok(self, port: int) -> bool:
+        try:
+            with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
+                info = str(client.execute_command("CLUSTER", "INFO"))
+                nodes = str(client.execute_command("CLUSTER", "NODES"))
+        except (redis.RedisError, OSError):
+            return False
+        known = len([line for line in nodes.splitlines() if line.strip()])
+        return "cluster_state:ok" in info and known == len(self.nodes)
+
+    def owner_of(self, key: str) -> int:
+        """The port of the master that serves ``key``'s slot now."""
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                with redis.Redis(port=node.port, socket_timeout=1) as client:
+                    slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+                    for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                        if int(start) <= slot <= int(end):
+                            return int(master[1])
+            except (redis.RedisError, OSError):
+                continue
+        raise RuntimeError("no cluster node answers")
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of a replica of the master on ``master_port``."""
+        with redis.Redis(port=master_port, socket_timeout=1, decode_responses=True) as client:
+            info = client.info("replication")
+        for key, value in info.items():
+            if key.startswith("slave") and isinstance(value, dict):
+                return int(value["port"])
+        raise RuntimeError(f"the master on {master_port} has no replica")
+
+    def failover(self, replica_port: int) -> None:
+        """``CLUSTER FAILOVER`` on a replica: it and its master swap roles, no write lost."""
+        with redis.Redis(port=replica_port, socket_timeout=5) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+
+    def stop(self) -> None:
+        """Kill every node."""
+        for node in self.nodes:
+            node.crash()
+
+
+def redis_cluster(**options: Any) -> contextlib.AbstractContextManager[RedisClusterGroup]:
+    """A started :class:`RedisClusterGroup` in a temporary directory, killed and removed after."""
+    return _started(lambda directory: RedisClusterGroup(directory, **options), "sdcore-cluster-")

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sdcore._internal.legacy import fold_moved, refuse_unknown, warn_switch
 from sdcore._internal.lifecycle import AsyncStartStop
-from sdcore._internal.redis_url import check_redis_url
+from sdcore._internal.redis_url import ClusterTarget, check_cluster_prefix, check_redis_url
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore._internal.validation import boolean, int_between, non_empty_str, shown, text
 from sdcore.events import EventBus
@@ -263,7 +263,8 @@ class Runtime(AsyncStartStop):
 
     Args:
         database_url: libpq URL of the service's PostgreSQL.
-        redis_url: Redis URL for BullMQ, or ``None`` (queues off).
+        redis_url: Redis URL for BullMQ (``redis://``, ``rediss://``, ``unix://``,
+            ``redis+sentinel://``, ``redis+cluster://``), or ``None`` (queues off).
         pool: The connection pool (:class:`~sdcore.postgres.PoolSettings`; the control plane
             opens a second pool of 2 connections with the same settings). At least 2
             connections: the job scheduler holds at most half of them, never the last one.
@@ -281,7 +282,8 @@ class Runtime(AsyncStartStop):
             start (off when ``sdcore db upgrade`` or your own migrations do it).
         lease_table: The job lease table (the scheduler's run records).
         schema: Schema of the lease and schedules tables (``None``: the ``search_path``).
-        queue_prefix: BullMQ key prefix.
+        queue_prefix: BullMQ key prefix; with a ``redis+cluster://`` URL it must hold a hash
+            tag (``{bull}``).
         grace_period_ms: How long running ticks, jobs, the relay's batch and event handlers
             may finish at shutdown (one budget for the whole process).
         metrics: Prometheus metrics (``sdcore[metrics]``): ``True`` for
@@ -329,12 +331,14 @@ class Runtime(AsyncStartStop):
         **deprecated: Unpack[_Deprecated],
     ) -> None:
         text("database_url", database_url)
+        non_empty_str("queue_prefix", queue_prefix)
         if redis_url is not None:
             text("redis_url", redis_url, empty=True)
-            if redis_url.strip():
-                check_redis_url(redis_url)  # a bad URL fails here, not when the queues start
+            if redis_url.strip() and isinstance(check_redis_url(redis_url), ClusterTarget):
+                # A bad URL, or a Cluster prefix without a hash tag, fails here, not when the
+                # queues start.
+                check_cluster_prefix(queue_prefix)
         boolean("ensure_schema", ensure_schema)
-        non_empty_str("queue_prefix", queue_prefix)
         int_between("grace_period_ms", grace_period_ms, 0, 2**31 - 1)
         if outbox is not None and not isinstance(outbox, Outbox):
             raise TypeError(f"outbox must be an Outbox or None, got {shown(outbox)}")

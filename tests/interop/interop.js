@@ -4,6 +4,9 @@
 //   node interop.js add     <redisUrl> <prefix> <queue> <count>  add jobs (attempts 3, exponential)
 //   node interop.js ids     <redisUrl> <prefix> <queue> <id>...  try custom job ids, report each
 //   node interop.js inspect <redisUrl> <prefix> <queue> <id>...  state and returnvalue of jobs
+//
+// <redisUrl> is a redis:// URL, or redis+cluster://host:port[,host:port...] for an ioredis
+// Cluster started from those nodes (the prefix must then hold a hash tag, e.g. {bull}).
 'use strict';
 
 const { Queue, Worker, Job } = require('bullmq');
@@ -83,9 +86,23 @@ async function inspect(connection, prefix, queue, jobIds) {
   await q.close();
 }
 
+function connect(url) {
+  const cluster = 'redis+cluster://';
+  if (!url.startsWith(cluster)) return new IORedis(url, { maxRetriesPerRequest: null });
+  const nodes = url
+    .slice(cluster.length)
+    .replace(/\/.*$/, '')
+    .split(',')
+    .map((hostPort) => {
+      const at = hostPort.lastIndexOf(':');
+      return { host: hostPort.slice(0, at), port: Number(hostPort.slice(at + 1)) };
+    });
+  return new IORedis.Cluster(nodes, { redisOptions: { maxRetriesPerRequest: null } });
+}
+
 async function main() {
   const [command, url, prefix, queue, ...rest] = process.argv.slice(2);
-  const connection = new IORedis(url, { maxRetriesPerRequest: null });
+  const connection = connect(url);
   try {
     if (command === 'work') await work(connection, prefix, queue, Number(rest[0]));
     else if (command === 'add') await add(connection, prefix, queue, Number(rest[0]));

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from sdcore._internal.redis_client import MasterConnection, SentinelRedis, open_redis
-from sdcore._internal.redis_url import RedisUrlError, SentinelHost, SentinelTarget, check_redis_url
-from sdcore.queues import BullMQPublisher, queues_enabled
-from sdcore.queues._redis import connect, worker_connection
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    RedisHost,
+    RedisUrlError,
+    SentinelHost,
+    SentinelTarget,
+    check_cluster_prefix,
+    check_redis_url,
+    hash_tag,
+)
+from sdcore.queues import BullMQPublisher, Processor, Workers, queues_enabled
+from sdcore.queues._redis import client_option, connect, worker_connection
 
 
 @pytest.mark.parametrize(
@@ -74,6 +84,10 @@ def test_a_sentinel_url_is_read_in_full(url: str, expected: SentinelTarget) -> N
         ("redis+sentinel://a:x/m", "bad port"),
         ("redis+sentinel://a:1/m/one", "must be a number"),
         ("redis+sentinel://a:1/m?ssl=true", "unknown redis\\+sentinel URL option"),
+        ("redis+cluster://a:1/3", "takes no path: a cluster has database 0 only"),
+        ("redis+cluster://a:1?read_from_replicas=1", "takes no options"),
+        ("redis+cluster://a", "cluster node 'a' needs host:port"),
+        ("redis+cluster://", "must start with redis\\+cluster:// and name a cluster node"),
     ],
     ids=[
         "no-scheme",
@@ -86,6 +100,10 @@ def test_a_sentinel_url_is_read_in_full(url: str, expected: SentinelTarget) -> N
         "port-word",
         "db-word",
         "unknown-option",
+        "cluster-db",
+        "cluster-option",
+        "cluster-no-port",
+        "cluster-no-host",
     ],
 )
 def test_a_bad_url_names_the_problem(url: str, problem: str) -> None:
@@ -163,3 +181,94 @@ def test_the_runtime_refuses_a_bad_redis_url_at_construction() -> None:
     with pytest.raises(ValueError, match="service name"):
         Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379")
     assert Runtime("postgresql://db/app", redis_url="redis+sentinel://s1:26379/m").queues_enabled
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "redis+cluster://a:7000,b:7001",
+            ClusterTarget(nodes=(RedisHost(host="a", port=7000), RedisHost(host="b", port=7001))),
+        ),
+        (
+            "redis+cluster://app:p%40ss@[::1]:7000/",
+            ClusterTarget(
+                nodes=(RedisHost(host="::1", port=7000),), username="app", password="p@ss"
+            ),
+        ),
+        ("REDIS+CLUSTER://a:1/0", ClusterTarget(nodes=(RedisHost(host="a", port=1),))),
+    ],
+    ids=["two-nodes", "ipv6-user-slash", "upper-case-db-0"],
+)
+def test_a_cluster_url_is_read_in_full(url: str, expected: ClusterTarget) -> None:
+    assert check_redis_url(url) == expected
+    assert queues_enabled(url)
+
+
+@pytest.mark.parametrize(
+    ("key", "tag"),
+    [
+        ("{bull}:q:wait", "bull"),
+        ("app:{bull}:q:1", "bull"),
+        ("{}{bull}:q", None),  # an empty first tag: the whole key is hashed
+        ("bull:q:wait", None),
+        ("{bull:q", None),
+        ("a{b}{c}", "b"),
+    ],
+)
+def test_the_hash_tag_is_read_as_redis_reads_it(key: str, tag: str | None) -> None:
+    assert hash_tag(key) == tag
+
+
+def test_a_cluster_prefix_without_a_hash_tag_is_refused_by_name() -> None:
+    check_cluster_prefix("{bull}")
+    with pytest.raises(ValueError, match=r"must hold a hash tag, e.g. '\{bull\}'.*got 'bull'"):
+        check_cluster_prefix("bull")
+
+
+async def test_a_cluster_url_builds_a_cluster_client_for_publisher_and_workers() -> None:
+    url = "redis+cluster://:pw@127.0.0.1:1,127.0.0.1:2"
+    client = connect(url, socket_timeout_s=2.0, connect_timeout_s=0.5)
+    assert isinstance(client, RedisCluster)
+    assert [(n.host, n.port) for n in client.nodes_manager.startup_nodes.values()] == [
+        ("127.0.0.1", 1),
+        ("127.0.0.1", 2),
+    ]
+    assert client_option(client, "password") == "pw"
+    assert client_option(client, "decode_responses") is True
+    assert client_option(client, "socket_timeout") == 2.0
+    await client.aclose()
+    worker = worker_connection(url)
+    assert isinstance(worker, RedisCluster)
+    assert client_option(worker, "socket_timeout") is None  # the blocking wait lasts seconds
+    await worker.aclose()
+
+
+class _Mails(Processor):
+    queue = "mails"
+
+    async def process(self, job: object) -> None:
+        return None
+
+
+async def test_the_queues_refuse_an_untagged_prefix_on_a_cluster() -> None:
+    url = "redis+cluster://127.0.0.1:1"
+    with pytest.raises(ValueError, match="must hold a hash tag"):
+        BullMQPublisher.from_url(url)
+    with pytest.raises(ValueError, match="must hold a hash tag"):
+        Workers([_Mails()], redis_url=url)
+    publisher = BullMQPublisher.from_url(url, prefix="{bull}", check_server=False)
+    assert publisher._min_replicas == 0
+    await publisher.close()
+    Workers([_Mails()], redis_url=url, prefix="{bull}")
+
+
+def test_the_runtime_refuses_an_untagged_prefix_on_a_cluster_at_construction() -> None:
+    from sdcore.runtime import Runtime
+
+    with pytest.raises(ValueError, match="must hold a hash tag"):
+        Runtime("postgresql://db/app", redis_url="redis+cluster://n1:6379")
+    runtime = Runtime(
+        "postgresql://db/app", redis_url="redis+cluster://n1:6379", queue_prefix="{bull}"
+    )
+    assert runtime.queues_enabled

@@ -4,7 +4,10 @@ A plain URL gives ``Redis.from_url``; a ``redis+sentinel://`` URL gives redis-py
 ``Sentinel(…).master_for(service_name)`` client, whose pool asks the sentinels for the master's
 address before each new connection, drops every pooled connection when that address changes,
 and turns a demoted master's ``READONLY`` reply into a connection error (the connection is
-closed, the next one goes to the new master): it follows a failover without a restart.
+closed, the next one goes to the new master): it follows a failover without a restart. A
+``redis+cluster://`` URL gives redis-py's ``RedisCluster``, which learns the slot map from the
+startup nodes, routes each command to the master of its keys' slot and re-reads the map on
+``MOVED`` or a connection error (a failover, a resharding).
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 
-from sdcore._internal.redis_url import check_redis_url
+from sdcore._internal.redis_url import ClusterTarget, check_redis_url
+
+# What open_redis builds: one server (plain or Sentinel-managed) or a cluster.
+AnyRedis = Redis | RedisCluster
 
 
 class MasterConnection(SentinelManagedConnection):
@@ -67,12 +74,14 @@ def open_redis(
     retry: Retry | None = None,
     retry_on_error: list[type[Exception]] | None = None,
     health_check_interval: int = 0,
-) -> Redis:
-    """Build a ``redis.asyncio`` client for a plain or a Sentinel URL (not connected yet).
+) -> AnyRedis:
+    """Build a ``redis.asyncio`` client for a plain, Sentinel or Cluster URL (not connected yet).
 
     A Sentinel URL gives redis-py's ``Sentinel(…).master_for(service_name)`` client: the
     sentinels are asked for the master's address before each new connection, and closing the
-    client closes its connections to the sentinels too.
+    client closes its connections to the sentinels too. A Cluster URL gives a ``RedisCluster``
+    started from the URL's nodes (commands go to masters only; ``retry`` also covers the
+    cluster's own retries after a ``MOVED``, a dead node or ``CLUSTERDOWN``).
 
     Args:
         url: A URL :func:`check_redis_url` accepts.
@@ -102,6 +111,13 @@ def open_redis(
     if target is None:
         client: Redis = Redis.from_url(url.strip(), **options)
         return client
+    if isinstance(target, ClusterTarget):
+        return RedisCluster(
+            startup_nodes=[ClusterNode(node.host, node.port) for node in target.nodes],
+            username=target.username,
+            password=target.password,
+            **options,
+        )
     sentinel = Sentinel(
         [(node.host, node.port) for node in target.sentinels],
         sentinel_kwargs={

@@ -442,8 +442,17 @@ class QueueNames:
         pattern = f"{_glob(prefix)}:*:[cefmw]*"
         names: set[str] = set()
         cursor, calls = 0, 0
+        # On Redis Cluster the prefix's hash tag puts every queue key on one master: walk that
+        # node alone (a cluster's SCAN cursor is one per node).
+        node = client.get_node_from_key(prefix) if hasattr(client, "get_node_from_key") else None
         while True:
-            cursor, keys = await client.scan(cursor=cursor, match=pattern, count=self._count)
+            if node is None:
+                cursor, keys = await client.scan(cursor=cursor, match=pattern, count=self._count)
+            else:
+                cursors, keys = await client.scan(
+                    cursor=cursor, match=pattern, count=self._count, target_nodes=node
+                )
+                cursor = cursors[node.name]
             calls += 1
             for key in keys:
                 text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
-from sdcore._internal.redis_url import check_redis_url
+from sdcore._internal.redis_client import AnyRedis
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    SentinelTarget,
+    check_cluster_prefix,
+    check_redis_url,
+)
 from sdcore._internal.telemetry import trace_option
 from sdcore._internal.validation import int_between, non_empty_str, shown
 from sdcore._json import MAX_JSON_BYTES
@@ -24,7 +33,9 @@ from sdcore.queues._redis import (
     RedisServerInfo,
     check_client,
     check_redis_server,
+    client_option,
     connect,
+    is_cluster,
     is_unavailable,
     timed_out,
 )
@@ -69,8 +80,12 @@ class BullMQPublisher(AsyncStartStop):
     :class:`JobTooLargeError` (data over ``max_job_bytes``), :class:`JobRejectedError`, or the
     error BullMQ raised.
 
-    Use :meth:`from_url`, or pass a ``redis.asyncio.Redis`` created with
+    Use :meth:`from_url`, or pass a ``redis.asyncio.Redis`` or ``RedisCluster`` created with
     ``decode_responses=True`` (the publisher does not close a client it was given).
+
+    On Redis Cluster each queue's keys must share a slot, so the prefix must hold a hash tag
+    (``{bull}``): every queue of the prefix then lives on the master of that slot, and
+    ``min_replicas`` waits for that master's replicas.
 
     Args:
         redis: The client.
@@ -94,15 +109,16 @@ class BullMQPublisher(AsyncStartStop):
             the client's socket timeout).
 
     Raises:
-        RedisClientError: ``redis`` is not a ``redis.asyncio.Redis`` with ``decode_responses``.
+        RedisClientError: ``redis`` is not a ``redis.asyncio`` ``Redis`` or ``RedisCluster``
+            with ``decode_responses``.
         TypeError: A prefix or limit of the wrong type.
-        ValueError: A prefix or limit out of range, or a ``replica_timeout_ms`` not shorter
-            than the socket timeout.
+        ValueError: A prefix or limit out of range, a ``replica_timeout_ms`` not shorter than
+            the socket timeout; on a cluster, a prefix without a hash tag.
     """
 
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         *,
         prefix: str = DEFAULT_PREFIX,
         max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
@@ -116,13 +132,16 @@ class BullMQPublisher(AsyncStartStop):
         self._redis = check_client(redis)
         self._min_replicas = int_between("min_replicas", min_replicas, 0, 100)
         self._replica_timeout_ms = int_between("replica_timeout_ms", replica_timeout_ms, 1, 60_000)
-        socket_timeout = self._redis.connection_pool.connection_kwargs.get("socket_timeout")
+        self._cluster = is_cluster(self._redis)
+        socket_timeout = client_option(self._redis, "socket_timeout")
         if min_replicas and socket_timeout and replica_timeout_ms >= socket_timeout * 1000:
             raise ValueError(
                 f"replica_timeout_ms ({replica_timeout_ms}) must be shorter than the client's"
                 f" socket timeout ({socket_timeout} s): WAIT would time out as a lost connection"
             )
         self._prefix = check_prefix(prefix)
+        if self._cluster:
+            check_cluster_prefix(self._prefix)
         self._max_job_bytes = max_job_bytes
         self._check = check_server
         self._logger_name = logger_name
@@ -132,6 +151,9 @@ class BullMQPublisher(AsyncStartStop):
         self._template: Any = None
         self._server: RedisServerInfo | None = None
         self._closed = False
+        # On a cluster, whether bullmq's scripts were loaded on the masters (a cluster pipeline
+        # sends EVALSHA without loading a missing script first).
+        self._scripts_loaded = False
 
     @classmethod
     def from_url(
@@ -153,9 +175,11 @@ class BullMQPublisher(AsyncStartStop):
         ambiguous publish, treated as unavailable (the relay re-publishes; the job id dedups).
 
         Args:
-            url: ``redis://[user:password@]host:port/db``, ``rediss://…``, ``unix://…``, or
+            url: ``redis://[user:password@]host:port/db``, ``rediss://…``, ``unix://…``,
                 ``redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]``
-                (the client asks the sentinels for the master and follows a failover).
+                (the client asks the sentinels for the master and follows a failover), or
+                ``redis+cluster://[[user]:password@]host:port[,host:port…]`` (any of the
+                cluster's nodes; the prefix must hold a hash tag, e.g. ``{bull}``).
             prefix: BullMQ key prefix.
             max_job_bytes: See the class.
             socket_timeout_s: Per-command timeout.
@@ -163,11 +187,15 @@ class BullMQPublisher(AsyncStartStop):
             check_server: See the class.
             logger_name: Logger for warnings.
             min_replicas: See the class; ``None`` (the default) means 1 for a Sentinel URL (a
-                failover must not lose a published job) and 0 otherwise.
+                failover must not lose a published job) and 0 otherwise (on a cluster whose
+                masters have replicas, pass 1).
             replica_timeout_ms: See the class.
         """
+        target = check_redis_url(url)
         if min_replicas is None:
-            min_replicas = 1 if check_redis_url(url) is not None else 0
+            min_replicas = 1 if isinstance(target, SentinelTarget) else 0
+        if isinstance(target, ClusterTarget):
+            check_cluster_prefix(prefix)  # before a client is built
         client = connect(
             url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s
         )
@@ -288,7 +316,7 @@ class BullMQPublisher(AsyncStartStop):
         for queue_name, jobs in by_queue.items():
             queue = self._queue(queue_name)
             try:
-                added = await queue.addBulk([job for _, job in jobs])
+                added = await self._add_bulk(queue, [job for _, job in jobs])
             except Exception as exc:
                 if is_unavailable(exc):
                     raise self._unavailable(exc) from exc
@@ -301,27 +329,80 @@ class BullMQPublisher(AsyncStartStop):
             await self._wait_replicated()
         return results
 
+    async def _add_bulk(self, queue: Any, jobs: list[dict[str, Any]]) -> list[Any]:
+        if not self._cluster:
+            return list(await queue.addBulk(jobs))
+        if not self._scripts_loaded:
+            await self._load_scripts(queue)
+        try:
+            return list(await queue.addBulk(jobs))
+        except redis_errors.NoScriptError:
+            # A master that was a replica a moment ago (a failover) or was restarted has an
+            # empty script cache: load the scripts on every master again, then retry once.
+            await self._load_scripts(queue)
+            return list(await queue.addBulk(jobs))
+
+    async def _load_scripts(self, queue: Any) -> None:
+        # SCRIPT LOAD on a cluster client goes to every master.
+        for script in queue.redisConnection.commands.values():
+            await self._redis.script_load(script.script)
+        self._scripts_loaded = True
+
     async def _wait_replicated(self) -> None:
         # WAIT counts the replicas that acknowledged the last write of *its* connection, and the
         # batch's writes may have used other pooled connections: a marker write goes first on
         # WAIT's connection. It follows every write of the batch (all were answered), so a
         # replica that has it has the whole batch.
+        marker = f"{self._prefix}:{REPLICATION_MARKER}"
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(f"{self._prefix}:{REPLICATION_MARKER}", "1", px=60_000)
-                pipe.execute_command("WAIT", self._min_replicas, self._replica_timeout_ms)
-                acked = int((await pipe.execute())[1])
+            if isinstance(self._redis, RedisCluster):
+                acked = await self._wait_on_slot_master(self._redis, marker)
+            else:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.set(marker, "1", px=60_000)
+                    pipe.execute_command("WAIT", self._min_replicas, self._replica_timeout_ms)
+                    acked = int((await pipe.execute())[1])
         except Exception as exc:
+            if isinstance(self._redis, RedisCluster):
+                # The master may have changed (a failover): read the slot map again.
+                with contextlib.suppress(Exception):
+                    await self._redis.nodes_manager.initialize()
             raise self._unavailable(exc) from exc
         if acked >= self._min_replicas:
             return
         # A master whose replicas do not acknowledge may be a deposed one (its replica now
         # follows the master a Sentinel failover promoted): the next connections ask again.
-        await self._redis.connection_pool.disconnect()
+        if isinstance(self._redis, Redis):
+            await self._redis.connection_pool.disconnect()
         raise PublisherUnavailableError(
             f"Redis unavailable: {acked} of {self._min_replicas} replica(s) acknowledged the"
             f" batch within {self._replica_timeout_ms} ms"
         )
+
+    async def _wait_on_slot_master(self, client: RedisCluster, marker: str) -> int:
+        # The marker shares the prefix's hash tag, so its slot is every queue's slot: its
+        # master took the batch. SET and WAIT go on one connection of that master (a cluster
+        # pipeline would send the keyless WAIT to every master).
+        node = client.get_node_from_key(marker)
+        if node is None:
+            raise redis_errors.ClusterDownError(f"no master serves the slot of {marker!r}")
+        connection = node.acquire_connection()
+        try:
+            await connection.send_packed_command(
+                connection.pack_commands(
+                    [
+                        ("SET", marker, "1", "PX", 60_000),
+                        ("WAIT", self._min_replicas, self._replica_timeout_ms),
+                    ]
+                )
+            )
+            await connection.read_response()
+            return int(await connection.read_response())
+        except BaseException:
+            await connection.disconnect()  # a reply may be left unread
+            raise
+        finally:
+            node.release(connection)
 
     async def _add_one_by_one(
         self,
@@ -340,8 +421,7 @@ class BullMQPublisher(AsyncStartStop):
     def _unavailable(self, exc: BaseException) -> PublisherUnavailableError:
         # A write that got no answer within the socket timeout carries that timeout: the relay
         # then pings (ping()) to tell a broker that is down from a job too slow to write.
-        kwargs = getattr(self._redis.connection_pool, "connection_kwargs", {})
-        timeout = kwargs.get("socket_timeout")
+        timeout = client_option(self._redis, "socket_timeout")
         return PublisherUnavailableError(
             f"Redis unavailable: {redact_text(error_text(exc))}",
             timeout_s=float(timeout) if timed_out(exc) and timeout else None,

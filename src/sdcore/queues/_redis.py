@@ -9,13 +9,14 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from sdcore._internal.errors import error_text
 from sdcore._internal.redact import redact_text
-from sdcore._internal.redis_client import open_redis
-from sdcore._internal.redis_url import check_redis_url
+from sdcore._internal.redis_client import AnyRedis, open_redis
+from sdcore._internal.redis_url import ClusterTarget, check_redis_url
 from sdcore._internal.validation import positive_number
 from sdcore.queues._errors import RedisClientError, RedisUnavailableError
 
@@ -71,7 +72,8 @@ def queues_enabled(redis_url: str | None) -> bool:
     The library never reads environment variables: pass ``os.environ.get("REDIS_URL")``.
     ``None`` or a blank string means "no queues"; anything else must be a Redis URL, so a typo
     (``localhost:6379``) fails at start instead of silently turning the queues off. A Sentinel
-    URL (``redis+sentinel://host:26379,host:26379/mymaster[/db]``) is checked in full here.
+    URL (``redis+sentinel://host:26379,host:26379/mymaster[/db]``) and a Cluster URL
+    (``redis+cluster://host:6379,host:6379``) are checked in full here.
 
     Args:
         redis_url: The configured Redis URL, or ``None``.
@@ -80,8 +82,9 @@ def queues_enabled(redis_url: str | None) -> bool:
         ``True`` when a Redis URL is set.
 
     Raises:
-        ValueError: A non-blank value that is not a ``redis://``, ``rediss://``, ``unix://`` or
-            valid ``redis+sentinel://`` URL (the message names the problem).
+        ValueError: A non-blank value that is not a ``redis://``, ``rediss://``, ``unix://``, or
+            valid ``redis+sentinel://`` or ``redis+cluster://`` URL (the message names the
+            problem).
     """
     if redis_url is None or not redis_url.strip():
         return False
@@ -89,11 +92,30 @@ def queues_enabled(redis_url: str | None) -> bool:
     return True
 
 
-def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> Redis:
+def is_cluster_url(url: str) -> bool:
+    """Tell whether ``url`` is a ``redis+cluster://`` URL (checked in full)."""
+    return isinstance(check_redis_url(url), ClusterTarget)
+
+
+def is_cluster(client: object) -> bool:
+    """Tell whether ``client`` is a ``redis.asyncio.cluster.RedisCluster``."""
+    return isinstance(client, RedisCluster)
+
+
+def client_option(client: AnyRedis, name: str) -> Any:
+    """A connection setting of a client (``socket_timeout``, ``decode_responses``…)."""
+    if isinstance(client, RedisCluster):
+        return client.nodes_manager.connection_kwargs.get(name)
+    return client.connection_pool.connection_kwargs.get(name)
+
+
+def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> AnyRedis:
     """Create a ``redis.asyncio`` client for BullMQ that fails fast when Redis is down.
 
     ``decode_responses=True`` (BullMQ needs it), two quick retries of a connection error (a stale
-    pooled socket), then the error surfaces so the outbox relay can back off.
+    pooled socket), then the error surfaces so the outbox relay can back off. On a cluster the
+    retries also re-read the slot map, and a timeout is retried too (redis-py's cluster client
+    retries both; the job id deduplicates a write sent twice).
 
     Raises:
         TypeError: A timeout that is not a number.
@@ -119,7 +141,7 @@ def connect(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> R
     )
 
 
-def worker_connection(url: str) -> str | Redis:
+def worker_connection(url: str) -> str | AnyRedis:
     """Return what a bullmq ``Worker`` gets as its ``connection`` option for ``url``.
 
     A plain URL is passed through: bullmq builds its two clients (commands, blocking wait) with
@@ -127,6 +149,8 @@ def worker_connection(url: str) -> str | Redis:
     built here, with no command timeout (the blocking wait lasts seconds) and a short retry of
     connection errors, which reconnects to whichever master the sentinels name; bullmq uses it
     for both roles (a pool: the blocking wait holds a connection of its own) and closes it.
+    A Cluster URL gives a ``RedisCluster`` built the same way (bullmq runs its commands,
+    scripts and blocking wait on it; each goes to the master of the queue's slot).
 
     Raises:
         ValueError: Not a Redis URL.
@@ -143,8 +167,9 @@ def worker_connection(url: str) -> str | Redis:
     )
 
 
-def check_client(client: object) -> Redis:
-    """Check that ``client`` is a ``redis.asyncio.Redis`` with ``decode_responses=True``.
+def check_client(client: object) -> AnyRedis:
+    """Check that ``client`` is a ``redis.asyncio`` ``Redis`` or ``RedisCluster`` with
+    ``decode_responses=True``.
 
     Without it BullMQ's Python client silently misreads replies (``Queue.getJob`` returns
     ``None`` for a job that exists).
@@ -152,12 +177,12 @@ def check_client(client: object) -> Redis:
     Raises:
         RedisClientError: Another type, or ``decode_responses`` off.
     """
-    if not isinstance(client, Redis):
+    if not isinstance(client, Redis | RedisCluster):
         raise RedisClientError(
-            f"expected a redis.asyncio.Redis, got {type(client).__module__}."
+            f"expected a redis.asyncio.Redis or RedisCluster, got {type(client).__module__}."
             f"{type(client).__qualname__}"
         )
-    if not client.connection_pool.connection_kwargs.get("decode_responses"):
+    if not client_option(client, "decode_responses"):
         raise RedisClientError(
             "create it with decode_responses=True (BullMQ reads str replies; with bytes,"
             " Queue.getJob() returns None for jobs that exist)"
@@ -244,7 +269,9 @@ class RedisServerInfo:
         return self.maxmemory_policy == "noeviction"
 
 
-async def _read_server(client: Redis) -> tuple[dict[str, Any], bool | None]:
+async def _read_server(client: AnyRedis) -> tuple[dict[str, Any], bool | None]:
+    if isinstance(client, RedisCluster):
+        return await _read_cluster(client)
     try:
         info: dict[str, Any] = await client.info()
     except redis_errors.ResponseError as exc:  # INFO denied by an ACL: report "unknown"
@@ -260,6 +287,31 @@ async def _read_server(client: Redis) -> tuple[dict[str, Any], bool | None]:
     return info, rdb
 
 
+async def _read_cluster(client: RedisCluster) -> tuple[dict[str, Any], bool | None]:
+    """Every master's INFO and save points, folded into one: the weakest setting wins."""
+    try:
+        per_node: dict[str, dict[str, Any]] = await client.info(target_nodes=RedisCluster.PRIMARIES)
+    except redis_errors.ResponseError as exc:
+        if is_unavailable(exc) and not isinstance(exc, redis_errors.NoPermissionError):
+            raise
+        per_node = {}
+    infos = list(per_node.values())
+    info: dict[str, Any] = dict(infos[0]) if infos else {}
+    unsafe = [i.get("maxmemory_policy") for i in infos if i.get("maxmemory_policy") != "noeviction"]
+    if unsafe:
+        info["maxmemory_policy"] = unsafe[0]
+    if any(_flag(i.get("aof_enabled")) is False for i in infos):
+        info["aof_enabled"] = 0
+    rdb: bool | None
+    try:
+        # One {"save": …} per master (redis-py types the reply as one node's).
+        saved: dict[Any, Any] = await client.config_get("save", target_nodes=RedisCluster.PRIMARIES)
+        rdb = all(bool(str(node.get("save", "")).strip()) for node in saved.values())
+    except redis_errors.ResponseError:
+        rdb = None
+    return info, rdb
+
+
 def _flag(value: Any) -> bool | None:
     if value is None:
         return None
@@ -270,9 +322,11 @@ def _flag(value: Any) -> bool | None:
 
 
 async def check_redis_server(
-    client: Redis, *, logger_name: str = "sdcore.queues"
+    client: AnyRedis, *, logger_name: str = "sdcore.queues"
 ) -> RedisServerInfo:
     """Read ``INFO`` (and ``CONFIG GET save``) and warn about settings that lose jobs.
+
+    On a cluster every master is read, and the weakest setting among them is reported.
 
     Warns (``extra={"action": "redis_eviction_policy"}``) unless ``maxmemory-policy`` is
     ``noeviction``: any other policy lets Redis delete job hashes, locks and queue lists under
@@ -281,7 +335,7 @@ async def check_redis_server(
     snapshots), although the outbox already marked them published.
 
     Args:
-        client: A ``redis.asyncio`` client (``decode_responses=True``).
+        client: A ``redis.asyncio`` ``Redis`` or ``RedisCluster`` (``decode_responses=True``).
         logger_name: Where the warnings go.
 
     Returns:

@@ -15,6 +15,7 @@ from redis import exceptions as redis_errors
 from sdcore._internal.errors import error_text
 from sdcore._internal.lifecycle import AsyncStartStop
 from sdcore._internal.redact import redact_text
+from sdcore._internal.redis_url import check_cluster_prefix
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.telemetry import NOOP, Telemetry
 from sdcore._internal.validation import at_least
@@ -24,6 +25,7 @@ from sdcore.queues._publisher import DEFAULT_PREFIX, check_prefix
 from sdcore.queues._redis import (
     RedisServerInfo,
     check_redis_server,
+    is_cluster_url,
     queues_enabled,
     worker_connection,
 )
@@ -66,10 +68,12 @@ class Workers(AsyncStartStop):
 
     Args:
         processors: One per queue.
-        redis_url: ``redis://…`` (each worker opens two connections, ``decode_responses=True``)
-            or ``redis+sentinel://host:port[,host:port…]/service_name[/db]`` (each worker
-            follows the master the sentinels name).
-        prefix: BullMQ key prefix (must match the producers').
+        redis_url: ``redis://…`` (each worker opens two connections, ``decode_responses=True``),
+            ``redis+sentinel://host:port[,host:port…]/service_name[/db]`` (each worker
+            follows the master the sentinels name) or ``redis+cluster://host:port[,…]`` (each
+            worker's commands go to the master of its queue's slot).
+        prefix: BullMQ key prefix (must match the producers'). On Redis Cluster it must hold
+            a hash tag (``{bull}``) so a queue's keys share one slot.
         stalled_interval_ms: How often each worker looks for jobs whose lock expired.
         max_stalled_count: Times a job may stall before it fails.
         check_server: Check the eviction policy and persistence at start.
@@ -78,7 +82,8 @@ class Workers(AsyncStartStop):
     Raises:
         InvalidProcessorError: A processor is invalid.
         TypeError: A prefix or stall option of the wrong type.
-        ValueError: Two processors for one queue, no processor, a bad URL, prefix or interval.
+        ValueError: Two processors for one queue, no processor, a bad URL, prefix or interval,
+            or, on Redis Cluster, a prefix without a hash tag.
     """
 
     telemetry: Telemetry = NOOP  # observers of processed jobs (sdcore.metrics, sdcore.tracing)
@@ -107,6 +112,8 @@ class Workers(AsyncStartStop):
         self._processors = checked
         self._url = redis_url.strip()
         self._prefix = check_prefix(prefix)
+        if is_cluster_url(self._url):
+            check_cluster_prefix(self._prefix)
         self._stalled_interval = stalled_interval_ms
         self._max_stalled = max_stalled_count
         self._check = check_server
