@@ -414,14 +414,14 @@ def _error_of(exc: BaseException) -> TaskError:
 
 def _read_job(runtime: Runtime, queue: str, job_id: str) -> dict[str, str] | None:
     """The BullMQ job's hash (``{prefix}:{queue}:{id}``), or ``None`` when Redis has none."""
-    from sdcore.queues._redis import connect
+    from sdcore._internal.redis_client import open_redis
 
     url = runtime.redis_url
     if url is None:
         return None
 
     async def read() -> dict[str, str]:
-        client = connect(url, socket_timeout_s=5.0, connect_timeout_s=5.0)
+        client = open_redis(url, decode_responses=True, socket_timeout_s=5.0, connect_timeout_s=5.0)
         try:
             found = await client.hgetall(f"{runtime._prefix}:{queue}:{job_id}")
         finally:
