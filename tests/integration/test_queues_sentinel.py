@@ -18,7 +18,7 @@ from sdcore.outbox import Outbox, OutboxRelay, PostgresOutboxStore
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from tests._servers import sentinel_group
 
-ROWS = 2_000
+ROWS = 5_000
 QUEUE = "sentinel-mails"
 PREFIX = "bull"
 
