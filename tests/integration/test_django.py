@@ -7,13 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import redis
 
 from sdcore.postgres import migrations
+from tests.conftest import REDIS_URL
 from tests.django_project.harness import environment, manage, start
 from tests.integration.test_migrations import _legacy, _rows
 
@@ -233,3 +236,58 @@ def test_a_schema_of_its_own(empty_dsn: str) -> None:
     assert ("sdcore_schedules",) in tables
     status = _ok(manage(empty_dsn, "sdcore", "db", "status", "--outbox", "--schedules", env=env))
     assert status.count("up to date") == 3
+
+
+ENQUEUE_RECORDED = """
+from django.db import transaction
+from sdcore.django import enqueue_once
+with transaction.atomic():
+    for label in ("a", "b"):
+        enqueue_once(idempotency_key=f"rec-{label}", queue="recorded", name="record",
+                     payload={"label": label})
+with transaction.atomic():
+    enqueue_once(idempotency_key="rec-c", queue="recorded", name="record", payload={"label": "c"})
+    transaction.set_rollback(True)
+"""
+
+
+@pytest.mark.slow
+def test_the_worker_runs_the_processors_the_settings_name(empty_dsn: str) -> None:
+    """``SDCORE["PROCESSORS"]`` and ``SDCORE["QUEUE_PREFIX"]``: the worker imports the processor,
+    and the committed messages reach it through BullMQ under the prefix (a rolled-back one
+    never does)."""
+    prefix = f"{{sdcore-test-{uuid.uuid4().hex[:8]}}}"
+    extra = {
+        "REDIS_URL": REDIS_URL,
+        "QUEUE_PREFIX": prefix,
+        "PROCESSORS": ["tickapp.processors.Recorder"],
+    }
+    env = environment(empty_dsn, SDCORE_DJANGO_EXTRA=json.dumps(extra))
+    _ok(manage(empty_dsn, "migrate", env=env))
+    _ok(manage(empty_dsn, "shell", "-c", ENQUEUE_RECORDED, env=env))
+    worker = start(empty_dsn, "sdcore", "run", env=env)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_recorded(empty_dsn)) < 2 and time.monotonic() < deadline:
+            assert worker.poll() is None, worker.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # a third run (the rolled-back message, a repeat) would show by now
+        assert sorted(_recorded(empty_dsn)) == ["job:a", "job:b"]
+        assert client.exists(f"{prefix}:recorded:meta") == 1  # BullMQ's keys under the prefix
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    assert worker.returncode == 0, err
+
+
+def _recorded(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT schedule FROM tickapp_tickrow WHERE schedule LIKE 'job:%'"
+        ).fetchall()
+    return [str(row[0]) for row in rows]

@@ -12,8 +12,11 @@ from django.core.exceptions import ImproperlyConfigured
 from psycopg.conninfo import conninfo_to_dict
 
 from sdcore.django import SdcoreSettings
+from sdcore.django._runtime import add_processors
 from sdcore.django._settings import check_database, conninfo_of
 from sdcore.postgres import migrations
+from sdcore.queues import Processor
+from sdcore.runtime import Runtime
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "src" / "sdcore" / "django" / "migrations"
 _CALL = re.compile(r'sdcore_migration\("(\w+)", (\d+), after=(None|"\w+")\)')
@@ -123,3 +126,58 @@ def test_the_dashboard_mount_refuses_websockets_unread() -> None:
 
     asyncio.run(call())
     assert sent == [{"type": "websocket.close", "code": 1008}]
+
+
+# Processors the PROCESSORS setting names (tests.unit.test_django_app.<name>).
+class MailProcessor(Processor):
+    queue = "mail"
+
+    async def process(self, job: Any) -> None:
+        pass
+
+
+def both_queues() -> list[Processor]:
+    second = MailProcessor()
+    second.queue = "sms"
+    return [MailProcessor(), second]
+
+
+NOT_A_PROCESSOR = object()
+HERE = "tests.unit.test_django_app"
+
+
+def test_queue_prefix_and_processors_settings() -> None:
+    chosen = SdcoreSettings.from_mapping(
+        {"QUEUE_PREFIX": "{bull}", "PROCESSORS": [f"{HERE}.MailProcessor"]}
+    )
+    assert (chosen.queue_prefix, chosen.processors) == ("{bull}", (f"{HERE}.MailProcessor",))
+    assert SdcoreSettings().queue_prefix == "bull"
+    with pytest.raises(ImproperlyConfigured, match=r"PROCESSORS'\] must be a list"):
+        SdcoreSettings.from_mapping({"PROCESSORS": f"{HERE}.MailProcessor"})
+    with pytest.raises(ImproperlyConfigured, match="a dotted path names a module"):
+        SdcoreSettings.from_mapping({"PROCESSORS": ["MailProcessor"]})
+    with pytest.raises(ImproperlyConfigured, match=r"QUEUE_PREFIX'\] must be a non-blank str"):
+        SdcoreSettings.from_mapping({"QUEUE_PREFIX": 3})
+
+
+def test_the_worker_adds_the_processors_the_settings_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime = Runtime("postgresql://u@h/db", redis_url="redis://127.0.0.1:6379/0")
+    add_processors(runtime, (f"{HERE}.MailProcessor",))
+    assert [type(p).__name__ for p in runtime.processors] == ["MailProcessor"]
+    with pytest.raises(ImproperlyConfigured, match="a second processor of queue 'mail'"):
+        add_processors(runtime, (f"{HERE}.both_queues",))
+    runtime = Runtime("postgresql://u@h/db", redis_url="redis://127.0.0.1:6379/0")
+    add_processors(runtime, (f"{HERE}.both_queues",))
+    assert [p.queue for p in runtime.processors] == ["mail", "sms"]
+    with pytest.raises(
+        ImproperlyConfigured, match=r"gives object, not a sdcore\.queues\.Processor"
+    ):
+        add_processors(runtime, (f"{HERE}.NOT_A_PROCESSOR",))
+    with pytest.raises(ImproperlyConfigured, match=r"'nowhere\.Mail' does not import"):
+        add_processors(runtime, ("nowhere.Mail",))
+    without_redis = Runtime("postgresql://u@h/db")
+    add_processors(without_redis, ("nowhere.Mail",))  # not imported: no queue runs
+    assert without_redis.processors == []
+    assert "no queue processor runs" in caplog.text

@@ -26,6 +26,8 @@ _KEYS = frozenset(
         "RELAY",
         "SCHEDULING",
         "CONTROL",
+        "QUEUE_PREFIX",
+        "PROCESSORS",
     }
 )
 # libpq's own keywords: Django's OPTIONS may also hold its own (isolation_level, pool,
@@ -60,6 +62,11 @@ class SdcoreSettings:
         relay: Run the outbox relay in ``manage.py sdcore run`` (``"RELAY"``, default ``True``).
         scheduling: Run the schedules there (``"SCHEDULING"``, default ``True``).
         control: Run the schedules control plane there (``"CONTROL"``, default ``True``).
+        queue_prefix: BullMQ's key prefix (``"QUEUE_PREFIX"``, default ``"bull"``; on Redis
+            Cluster it must hold a hash tag, e.g. ``"{bull}"``).
+        processors: Dotted paths of the queue processors ``manage.py sdcore run`` runs
+            (``"PROCESSORS"``, default none): each names a ``sdcore.queues.Processor``, or a
+            callable without arguments that returns one or a list of them.
     """
 
     database: str = "default"
@@ -71,6 +78,8 @@ class SdcoreSettings:
     relay: bool = True
     scheduling: bool = True
     control: bool = True
+    queue_prefix: str = "bull"
+    processors: tuple[str, ...] = ()
 
     @classmethod
     def from_mapping(cls, values: object) -> SdcoreSettings:
@@ -116,6 +125,8 @@ class SdcoreSettings:
             relay=boolean("RELAY", get("RELAY", True), error=_refused),
             scheduling=boolean("SCHEDULING", get("SCHEDULING", True), error=_refused),
             control=boolean("CONTROL", get("CONTROL", True), error=_refused),
+            queue_prefix=text("QUEUE_PREFIX", get("QUEUE_PREFIX", "bull"), error=_refused),
+            processors=_dotted_paths(get("PROCESSORS", ())),
         )
 
     @classmethod
@@ -131,6 +142,22 @@ class SdcoreSettings:
         chosen = cls.from_mapping(getattr(settings, "SDCORE", None))
         check_database(chosen.database, settings.DATABASES)
         return chosen
+
+
+def _dotted_paths(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise _improperly_configured(
+            "SDCORE['PROCESSORS'] must be a list of dotted paths "
+            f"(['myapp.processors.Mail', …]), got {type(value).__name__}"
+        )
+    paths = tuple(text("PROCESSORS", item, error=_refused) for item in value)
+    for path in paths:
+        if "." not in path.strip("."):
+            raise _improperly_configured(
+                f"SDCORE['PROCESSORS'] holds {path!r}: a dotted path names a module and an "
+                "object in it ('myapp.processors.Mail')"
+            )
+    return paths
 
 
 def check_database(alias: str, databases: Mapping[str, Mapping[str, Any]]) -> None:
