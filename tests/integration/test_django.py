@@ -291,3 +291,29 @@ def _recorded(dsn: str) -> list[str]:
             "SELECT schedule FROM tickapp_tickrow WHERE schedule LIKE 'job:%'"
         ).fetchall()
     return [str(row[0]) for row in rows]
+
+
+CALL_COMMAND = """
+import io, json
+from django.core.management import call_command
+from django.core.management.base import CommandError
+out, err = io.StringIO(), io.StringIO()
+call_command("sdcore", "db", "status", stdout=out, stderr=err)
+failed = io.StringIO()
+try:
+    call_command("sdcore", "schedules", "pause", "no-such-schedule", stdout=io.StringIO(),
+                 stderr=failed)
+except CommandError as exc:
+    code = exc.returncode
+print(json.dumps({"out": out.getvalue(), "failed": failed.getvalue(), "code": code}))
+"""
+
+
+def test_call_command_writes_to_the_streams_it_is_given(empty_dsn: str) -> None:
+    _ok(manage(empty_dsn, "migrate"))
+    done = _ok(manage(empty_dsn, "shell", "-c", CALL_COMMAND))
+    found = json.loads(done.strip().splitlines()[-1])
+    assert "0001_initial" in found["out"]  # the status, in the buffer given
+    assert "applied" in found["out"]
+    assert "no-such-schedule" in found["failed"]
+    assert found["code"] != 0

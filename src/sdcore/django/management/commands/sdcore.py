@@ -7,6 +7,7 @@ periodic tasks (see ``sdcore.django._celery_beat``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,8 +64,14 @@ class Command(BaseCommand):  # type: ignore[misc]
             sys.exit(status)
 
     def handle(self, *args: str, **options: Any) -> None:
-        """``call_command("sdcore", "schedules", "list")``: a failure is a ``CommandError``."""
-        status = self._main(list(args))
+        """``call_command("sdcore", "schedules", "list")``: a failure is a ``CommandError``;
+        the output goes to the command's ``stdout`` / ``stderr`` (``call_command(...,
+        stdout=buffer)``)."""
+        # The streams OutputWrapper wraps: its own write() would add a newline to each piece.
+        out = getattr(self.stdout, "_out", self.stdout)
+        err = getattr(self.stderr, "_out", self.stderr)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = self._main(list(args))
         if status:
             raise CommandError(f"sdcore exited with status {status}", returncode=status)
 
