@@ -10,6 +10,12 @@ from typing import Any
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    RedisUrlError,
+    check_cluster_prefix,
+    check_redis_url,
+)
 from sdcore._internal.validation import Refusal, boolean, int_between, text
 
 __all__ = ["SdcoreSettings", "database_url"]
@@ -19,6 +25,7 @@ _KEYS = frozenset(
     {
         "DATABASE",
         "REDIS_URL",
+        "QUEUE_PREFIX",
         "SCHEMA",
         "GRACE_PERIOD_MS",
         "POOL_SIZE",
@@ -44,6 +51,23 @@ def _refused(refusal: Refusal) -> Exception:
     return _improperly_configured(f"SDCORE[{refusal.name!r}] {refusal.problem}")
 
 
+def _check_queue_prefix(redis_url: str | None, prefix: str) -> None:
+    """Refuse a Redis URL sdcore cannot read, or a Cluster URL with an untagged prefix."""
+    if redis_url is None:
+        return
+    try:
+        target = check_redis_url(redis_url)
+    except RedisUrlError as exc:
+        raise _improperly_configured(f"SDCORE['REDIS_URL']: {exc}") from None
+    if isinstance(target, ClusterTarget):
+        try:
+            check_cluster_prefix(prefix)
+        except ValueError as exc:
+            raise _improperly_configured(
+                f"SDCORE['QUEUE_PREFIX'] with a redis+cluster:// REDIS_URL: {exc}"
+            ) from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SdcoreSettings:
     """``settings.SDCORE``, validated.
@@ -52,6 +76,9 @@ class SdcoreSettings:
         database: The alias in ``DATABASES`` sdcore uses (``"DATABASE"``, default ``"default"``).
         redis_url: Redis for the outbox relay and the queue processors (``"REDIS_URL"``), or
             ``None``: outbox rows wait in PostgreSQL.
+        queue_prefix: BullMQ key prefix of the relay and the queue processors
+            (``"QUEUE_PREFIX"``, default ``"bull"``); on a ``redis+cluster://`` URL it must
+            hold a hash tag, e.g. ``"{bull}"``.
         schema: Schema of sdcore's tables (``"SCHEMA"``), or ``None`` for the ``search_path``.
         grace_period_ms: How long running ticks and jobs may finish at shutdown
             (``"GRACE_PERIOD_MS"``, default 10,000).
@@ -64,6 +91,7 @@ class SdcoreSettings:
 
     database: str = "default"
     redis_url: str | None = None
+    queue_prefix: str = "bull"
     schema: str | None = None
     grace_period_ms: int = 10_000
     pool_size: int = 10
@@ -92,6 +120,10 @@ class SdcoreSettings:
             )
         get = values.get
         redis_url = get("REDIS_URL")
+        if redis_url is not None:
+            redis_url = text("REDIS_URL", redis_url, empty=True, error=_refused) or None
+        queue_prefix = text("QUEUE_PREFIX", get("QUEUE_PREFIX", "bull"), error=_refused)
+        _check_queue_prefix(redis_url, queue_prefix)
         schema = get("SCHEMA")
         if schema is not None:
             from sdcore.postgres import InvalidIdentifierError, check_identifier
@@ -102,11 +134,8 @@ class SdcoreSettings:
                 raise _improperly_configured(f"SDCORE['SCHEMA']: {exc}") from None
         return cls(
             database=text("DATABASE", get("DATABASE", "default"), error=_refused),
-            redis_url=(
-                None
-                if redis_url is None
-                else text("REDIS_URL", redis_url, empty=True, error=_refused) or None
-            ),
+            redis_url=redis_url,
+            queue_prefix=queue_prefix,
             schema=schema,
             grace_period_ms=int_between(
                 "GRACE_PERIOD_MS", get("GRACE_PERIOD_MS", 10_000), 0, 2**31 - 1, error=_refused
