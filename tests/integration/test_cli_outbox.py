@@ -86,6 +86,12 @@ def test_relay_needs_redis(
     monkeypatch.delenv("REDIS_URL", raising=False)
     assert main(["--database-url", pg_dsn, "relay"]) == 2
     assert "REDIS_URL" in capsys.readouterr().err
+    # On a cluster the default prefix "bull" cannot work: refused by name, before connecting.
+    cluster = ["--redis-url", "redis+cluster://127.0.0.1:1"]
+    assert main(["--database-url", pg_dsn, "relay", *cluster]) == 2
+    err = capsys.readouterr().err
+    assert "--prefix: on Redis Cluster the BullMQ key prefix must hold a hash tag" in err
+    assert "bug" not in err
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 rolled-back and no transaction, a schedule's ``enqueue_on_tick``, two workers running each task
 once, ``get_result``, priority order and ``run_after``, and the refusals without Redis.
 
-Django 6 needs Python 3.12: the README's test command runs this module in a second venv
+Django 6 needs Python 3.12: tests/integration/test_django6.py runs this module in a second venv
 (``.venv-django6``); in the main venv (Django 5.2) only the import refusal runs here.
 """
 
@@ -28,7 +28,8 @@ from tests.django_project.harness import environment, manage, start
 
 DJANGO_6 = django.VERSION >= (6, 0)
 needs_django_6 = pytest.mark.skipif(
-    not DJANGO_6, reason="django.tasks needs Django 6: run by the README's .venv-django6 step"
+    not DJANGO_6,
+    reason="django.tasks needs Django 6: tests/integration/test_django6.py runs it (Python 3.12)",
 )
 WAIT_S = 30
 
@@ -36,10 +37,22 @@ ENQUEUE = r"""
 import asyncio
 import json
 from django.db import transaction
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks import task
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from taskapp.tasks import fail, record, record_async, record_context
 
 out = {}
+
+
+@task
+def in_the_shell(label):  # its module path does not import: no worker could find it
+    return label
+
+
+try:
+    in_the_shell.enqueue("in-the-shell")
+except InvalidTask as exc:
+    out["unimportable"] = str(exc)
 with transaction.atomic():
     out["committed"] = record.enqueue("committed").id
 try:
@@ -172,6 +185,7 @@ def test_tasks_and_a_schedules_tasks_run_once_each_with_two_workers(
             ).fetchall()
         )
     assert ids["refused"] is True
+    assert "in_the_shell' does not import by that path" in ids["unimportable"]
     enqueued = (
         "committed",
         "autocommit",
@@ -263,6 +277,33 @@ def test_priority_orders_a_queue_and_run_after_defers(empty_dsn: str, queue_pref
     started = manage(empty_dsn, "shell", "-c", STARTED % enqueued["later"], env=env)
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip().splitlines()[-1] >= enqueued["run_after"]
+
+
+STALLED = r"""
+import json
+from django.tasks import default_task_backend
+from sdcore.django.tasks import _from_job
+from taskapp.tasks import record
+
+result = default_task_backend.enqueue(record, ["stalled"], {})
+# A job whose first worker died mid-task and that a second worker then finished.
+job = {"ats": "2", "atm": "1", "processedOn": "1700000000000", "finishedOn": "1700000001000",
+       "returnvalue": '"stalled"'}
+done = _from_job(result, job)
+running = _from_job(result, {"ats": "1", "atm": "0", "processedOn": "1700000000000"})
+print(json.dumps([str(done.status), done.attempts, str(running.status), running.attempts]))
+"""
+
+
+@needs_django_6
+@pytest.mark.postgres
+def test_a_task_run_again_after_a_stall_counts_both_attempts(
+    empty_dsn: str, queue_prefix: str
+) -> None:
+    env = _env(empty_dsn, queue_prefix)
+    migrated = manage(empty_dsn, "migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert _shell(empty_dsn, env, STALLED) == ["SUCCESSFUL", 2, "RUNNING", 1]
 
 
 @needs_django_6

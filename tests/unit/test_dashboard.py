@@ -16,6 +16,7 @@ from sdcore.dashboard._auth import Signer, check_actor, check_token, token_match
 from sdcore.dashboard._calendar import BUCKET, Calendar
 from sdcore.dashboard._data import Bucket
 from sdcore.dashboard._format import age, timeline
+from sdcore.runtime import Runtime
 from sdcore.scheduling import Scheduler
 
 TOKEN = "unit-test-operator-token-000"
@@ -77,6 +78,9 @@ def test_tokens_and_names_are_checked() -> None:
         {"refresh_s": True},
         {"queue_prefix": ""},
         {"secret": "s" * 20},
+        # No BullMQ queue can live under an untagged prefix on a cluster.
+        {"redis_url": "redis+cluster://127.0.0.1:7000", "queue_prefix": "bull"},
+        {"redis_url": "redis+cluster://127.0.0.1:7000"},
     ]
     for options in refused:
         with pytest.raises(DashboardError):
@@ -84,6 +88,20 @@ def test_tokens_and_names_are_checked() -> None:
     assert check_actor("  alice   smith ") == "alice smith"
     assert check_actor("") is None
     assert check_actor("x" * 101) is None
+
+
+def test_the_queue_prefix_is_the_runtimes_by_default() -> None:
+    # On a cluster the Runtime holds a tagged prefix; the dashboard must read the queues there,
+    # not under "bull" (which it would now refuse on a cluster URL).
+    runtime = Runtime(
+        "postgresql://u@127.0.0.1:1/db",
+        redis_url="redis+cluster://127.0.0.1:7000",
+        queue_prefix="{app}",
+        ensure_schema=False,
+    )
+    dashboard_app(runtime)
+    with pytest.raises(DashboardError, match=r"queue_prefix: .*hash tag.*got 'bull'"):
+        dashboard_app(runtime, queue_prefix="bull")
 
 
 @pytest.mark.parametrize("every_ms", [1, 7, 1_000, 60_000, 3_600_000, 7 * 60_000 + 13])

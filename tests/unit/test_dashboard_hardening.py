@@ -215,6 +215,8 @@ def test_a_redis_url_without_a_password_is_not_warned_about(
         (["--allowed-host", "dash example"], "--allowed-host"),
         (["--allowed-host", "http://dash.example.com/"], "--allowed-host"),
         (["--queue-prefix", ""], "--queue-prefix"),
+        # The default prefix "bull" on a cluster: no queue can live there.
+        (["--redis-url", "redis+cluster://127.0.0.1:1"], "--queue-prefix: on Redis Cluster"),
     ],
 )
 def test_bad_dashboard_options_are_usage_errors_naming_the_option(

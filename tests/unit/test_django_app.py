@@ -56,6 +56,17 @@ def test_settings_defaults_and_refusals() -> None:
         SdcoreSettings.from_mapping([])
 
 
+def test_a_cluster_url_takes_the_queue_prefix_setting_with_a_hash_tag() -> None:
+    cluster = "redis+cluster://127.0.0.1:7000"
+    with pytest.raises(ImproperlyConfigured, match=r"SDCORE\['QUEUE_PREFIX'\].*hash tag.*'bull'"):
+        SdcoreSettings.from_mapping({"REDIS_URL": cluster})
+    chosen = SdcoreSettings.from_mapping({"REDIS_URL": cluster, "QUEUE_PREFIX": "{bull}"})
+    assert (chosen.redis_url, chosen.queue_prefix) == (cluster, "{bull}")
+    assert SdcoreSettings.from_mapping({"REDIS_URL": "redis://h/0"}).queue_prefix == "bull"
+    with pytest.raises(ImproperlyConfigured, match=r"SDCORE\['REDIS_URL'\]: .*scheme 'http'"):
+        SdcoreSettings.from_mapping({"REDIS_URL": "http://h"})
+
+
 def test_only_postgresql_is_accepted() -> None:
     with pytest.raises(ImproperlyConfigured, match=r"needs PostgreSQL.*mysql"):
         check_database("default", {"default": {"ENGINE": "django.db.backends.mysql"}})

@@ -119,6 +119,24 @@ def test_an_error_never_shows_the_password() -> None:
     assert "hunter2" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://:hun/ter2@h:7000",
+        "redis+cluster://user:hun?ter2@h:7000",
+        "redis+sentinel://:hun/ter2@h:26379/mymaster",
+    ],
+)
+def test_an_unencoded_slash_in_a_password_is_named_and_the_password_never_shown(
+    url: str,
+) -> None:
+    # The URL is cut at the first "/" or "?": the password's start would read as a host.
+    problem = "password holds a '/' or '\\?': percent-encode"
+    with pytest.raises(RedisUrlError, match=problem) as caught:
+        check_redis_url(url)
+    assert "hun" not in str(caught.value)
+
+
 async def test_a_sentinel_url_builds_a_master_client_that_closes_its_sentinels() -> None:
     client = connect(
         "redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/mymaster/2",

@@ -141,8 +141,18 @@ def _split_multi_host(url: str, scheme: str, role: str) -> _MultiHostUrl:
         password = unquote(secret) if colon else None
         if not colon:  # "scheme://secret@…": a lone word is the password, as in redis://
             username, password = None, unquote(user)
+    try:
+        parsed = tuple(_host(part, scheme, role) for part in hosts.split(","))
+    except RedisUrlError:
+        if not at and "@" in url[len(scheme) + 3 + len(netloc) :]:
+            # The "host" is the start of a password cut at an unencoded "/" or "?": never shown.
+            raise RedisUrlError(
+                f"the {scheme} URL's user name or password holds a '/' or '?': percent-encode"
+                " it (%2F, %3F)"
+            ) from None
+        raise
     return _MultiHostUrl(
-        hosts=tuple(_host(part, scheme, role) for part in hosts.split(",")),
+        hosts=parsed,
         username=username,
         password=password,
         path=path,

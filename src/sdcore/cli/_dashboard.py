@@ -19,6 +19,7 @@ from sdcore.cli._format import emit, escape
 from sdcore.cli._options import (
     UsageError,
     add_command,
+    check_queue_prefix,
     connection_options,
     int_in,
     outbox_table_option,
@@ -182,6 +183,8 @@ def run_dashboard(args: argparse.Namespace, environ: Mapping[str, str], emit: Em
         or environ.get("REDIS_URL")
         or None
     )
+    if redis_url is not None:
+        check_queue_prefix("--queue-prefix", redis_url, args.queue_prefix)
     hosts = [*LOOPBACK_HOSTS, *args.allowed_host]
     if args.host not in WILDCARD_HOSTS:
         hosts.append(args.host)

@@ -17,6 +17,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    RedisUrlError,
+    check_cluster_prefix,
+    check_redis_url,
+)
 from sdcore.postgres import InvalidIdentifierError, check_identifier
 
 DEFAULT_TABLE = "job_scheduler"
@@ -51,6 +57,24 @@ HANDLER = "sdcore_handler"
 
 class UsageError(Exception):
     """A command line that cannot be run as written (exit status 2)."""
+
+
+def check_queue_prefix(option: str, redis_url: str, prefix: str) -> None:
+    """Refuse, before any connection, a bad Redis URL or, with a ``redis+cluster://`` URL, a
+    BullMQ prefix ``option`` without a hash tag.
+
+    Raises:
+        UsageError: The URL or the prefix, named.
+    """
+    try:
+        target = check_redis_url(redis_url)
+    except RedisUrlError as exc:
+        raise UsageError(f"the Redis URL: {exc}") from None
+    if isinstance(target, ClusterTarget):
+        try:
+            check_cluster_prefix(prefix)
+        except ValueError as exc:
+            raise UsageError(f"{option}: {exc}") from None
 
 
 class HelpExit(Exception):

@@ -17,6 +17,7 @@ from sdcore.cli._options import (
     UsageError,
     add_command,
     add_group,
+    check_queue_prefix,
     connection_options,
     int_in,
     json_option,
@@ -295,6 +296,7 @@ def _relay(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     url = args.redis_url or environ.get("REDIS_URL")
     if not url:
         raise UsageError("the relay needs Redis: --redis-url or REDIS_URL")
+    check_queue_prefix("--prefix", url, args.prefix)
     run_relay(
         target,
         emit,

@@ -21,6 +21,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool
 
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    RedisUrlError,
+    check_cluster_prefix,
+    check_redis_url,
+)
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.validation import Refusal, int_between, non_empty_str, shown
 from sdcore.dashboard import _format
@@ -85,6 +91,20 @@ class Visit:
     base: str
 
 
+def _check_cluster_prefix(redis_url: str | None, prefix: str) -> None:
+    """On a ``redis+cluster://`` URL, refuse a prefix without a hash tag (no queue could live
+    under it); any other URL is left to the queues page, which shows what Redis says."""
+    try:
+        cluster = redis_url is not None and isinstance(check_redis_url(redis_url), ClusterTarget)
+    except RedisUrlError:
+        return
+    if cluster:
+        try:
+            check_cluster_prefix(prefix)
+        except ValueError as exc:
+            raise DashboardError(f"queue_prefix: {exc}") from None
+
+
 def _refused(refusal: Refusal) -> DashboardError:
     return DashboardError(refusal.message)
 
@@ -96,7 +116,7 @@ def dashboard_app(
     operator: Operator | None = None,
     secret: bytes | None = None,
     redis_url: str | None = None,
-    queue_prefix: str = "bull",
+    queue_prefix: str | None = None,
     lease_table: str = JobScheduler.TABLE_NAME,
     schema: str | None = None,
     schedules_table: str = "sdcore_schedules",
@@ -121,7 +141,8 @@ def dashboard_app(
             replicas serve the dashboard behind one address). With ``token`` too, the key is
             derived from both, so rotating either ends every session.
         redis_url: Show BullMQ queues from this Redis (default: the runtime's).
-        queue_prefix: BullMQ key prefix.
+        queue_prefix: BullMQ key prefix (default: the runtime's, else ``"bull"``); with a
+            ``redis+cluster://`` URL it must hold a hash tag, e.g. ``"{bull}"``.
         lease_table: The lease table (pool only).
         schema: Schema of the lease and schedules tables (pool only).
         schedules_table: The schedules table (pool only).
@@ -134,10 +155,13 @@ def dashboard_app(
 
     Raises:
         DashboardError: A short or predictable token, a short secret, or a bad
-            ``refresh_s``, ``queue_prefix`` or ``allowed_hosts``.
+            ``refresh_s``, ``queue_prefix`` (on a Redis Cluster, one without a hash tag) or
+            ``allowed_hosts``.
     """
     token = check_token(token)
     int_between("refresh_s", refresh_s, 0, 3600, error=_refused)
+    if queue_prefix is None:
+        queue_prefix = source._prefix if isinstance(source, Runtime) else "bull"
     if "\x00" in non_empty_str("queue_prefix", queue_prefix, error=_refused):
         raise DashboardError(f"queue_prefix must be a str without NUL, got {shown(queue_prefix)}")
     if secret is not None and not isinstance(secret, bytes):
@@ -156,6 +180,7 @@ def dashboard_app(
         store = PostgresScheduleStore(
             pool, table=schedules_table, schema=schema, lease_table=lease_table
         )
+    _check_cluster_prefix(redis_url, queue_prefix)
     data = DashboardData(pool, store=store, lease_table=lease_table, schema=schema, outbox=outbox)
     admin = ScheduleAdmin(store)
     if token is not None:

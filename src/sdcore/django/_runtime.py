@@ -43,6 +43,7 @@ def build_runtime() -> Runtime:
     return Runtime(
         database_url(),
         redis_url=chosen.redis_url,
+        queue_prefix=chosen.queue_prefix,
         pool=PoolSettings(max_size=chosen.pool_size, application_name=APPLICATION_NAME),
         relay=RelaySettings() if chosen.relay else None,
         scheduling=(SchedulingSettings(time_zone=chosen.time_zone) if chosen.scheduling else None),
@@ -51,7 +52,6 @@ def build_runtime() -> Runtime:
         ensure_schema=False,
         schema=chosen.schema,
         grace_period_ms=chosen.grace_period_ms,
-        queue_prefix=chosen.queue_prefix,
         logger_name="sdcore.django",
     )
 

@@ -10,6 +10,12 @@ from typing import Any
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
+from sdcore._internal.redis_url import (
+    ClusterTarget,
+    RedisUrlError,
+    check_cluster_prefix,
+    check_redis_url,
+)
 from sdcore._internal.validation import Refusal, boolean, int_between, text
 
 __all__ = ["SdcoreSettings", "database_url"]
@@ -19,6 +25,7 @@ _KEYS = frozenset(
     {
         "DATABASE",
         "REDIS_URL",
+        "QUEUE_PREFIX",
         "SCHEMA",
         "GRACE_PERIOD_MS",
         "POOL_SIZE",
@@ -26,7 +33,6 @@ _KEYS = frozenset(
         "RELAY",
         "SCHEDULING",
         "CONTROL",
-        "QUEUE_PREFIX",
         "PROCESSORS",
     }
 )
@@ -46,6 +52,23 @@ def _refused(refusal: Refusal) -> Exception:
     return _improperly_configured(f"SDCORE[{refusal.name!r}] {refusal.problem}")
 
 
+def _check_queue_prefix(redis_url: str | None, prefix: str) -> None:
+    """Refuse a Redis URL sdcore cannot read, or a Cluster URL with an untagged prefix."""
+    if redis_url is None:
+        return
+    try:
+        target = check_redis_url(redis_url)
+    except RedisUrlError as exc:
+        raise _improperly_configured(f"SDCORE['REDIS_URL']: {exc}") from None
+    if isinstance(target, ClusterTarget):
+        try:
+            check_cluster_prefix(prefix)
+        except ValueError as exc:
+            raise _improperly_configured(
+                f"SDCORE['QUEUE_PREFIX'] with a redis+cluster:// REDIS_URL: {exc}"
+            ) from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SdcoreSettings:
     """``settings.SDCORE``, validated.
@@ -54,6 +77,9 @@ class SdcoreSettings:
         database: The alias in ``DATABASES`` sdcore uses (``"DATABASE"``, default ``"default"``).
         redis_url: Redis for the outbox relay and the queue processors (``"REDIS_URL"``), or
             ``None``: outbox rows wait in PostgreSQL.
+        queue_prefix: BullMQ key prefix of the relay and the queue processors
+            (``"QUEUE_PREFIX"``, default ``"bull"``); on a ``redis+cluster://`` URL it must
+            hold a hash tag, e.g. ``"{bull}"``.
         schema: Schema of sdcore's tables (``"SCHEMA"``), or ``None`` for the ``search_path``.
         grace_period_ms: How long running ticks and jobs may finish at shutdown
             (``"GRACE_PERIOD_MS"``, default 10,000).
@@ -62,8 +88,6 @@ class SdcoreSettings:
         relay: Run the outbox relay in ``manage.py sdcore run`` (``"RELAY"``, default ``True``).
         scheduling: Run the schedules there (``"SCHEDULING"``, default ``True``).
         control: Run the schedules control plane there (``"CONTROL"``, default ``True``).
-        queue_prefix: BullMQ's key prefix (``"QUEUE_PREFIX"``, default ``"bull"``; on Redis
-            Cluster it must hold a hash tag, e.g. ``"{bull}"``).
         processors: Dotted paths of the queue processors ``manage.py sdcore run`` runs
             (``"PROCESSORS"``, default none): each names a ``sdcore.queues.Processor``, or a
             callable without arguments that returns one or a list of them.
@@ -71,6 +95,7 @@ class SdcoreSettings:
 
     database: str = "default"
     redis_url: str | None = None
+    queue_prefix: str = "bull"
     schema: str | None = None
     grace_period_ms: int = 10_000
     pool_size: int = 10
@@ -78,7 +103,6 @@ class SdcoreSettings:
     relay: bool = True
     scheduling: bool = True
     control: bool = True
-    queue_prefix: str = "bull"
     processors: tuple[str, ...] = ()
 
     @classmethod
@@ -101,6 +125,10 @@ class SdcoreSettings:
             )
         get = values.get
         redis_url = get("REDIS_URL")
+        if redis_url is not None:
+            redis_url = text("REDIS_URL", redis_url, empty=True, error=_refused) or None
+        queue_prefix = text("QUEUE_PREFIX", get("QUEUE_PREFIX", "bull"), error=_refused)
+        _check_queue_prefix(redis_url, queue_prefix)
         schema = get("SCHEMA")
         if schema is not None:
             from sdcore.postgres import InvalidIdentifierError, check_identifier
@@ -111,11 +139,8 @@ class SdcoreSettings:
                 raise _improperly_configured(f"SDCORE['SCHEMA']: {exc}") from None
         return cls(
             database=text("DATABASE", get("DATABASE", "default"), error=_refused),
-            redis_url=(
-                None
-                if redis_url is None
-                else text("REDIS_URL", redis_url, empty=True, error=_refused) or None
-            ),
+            redis_url=redis_url,
+            queue_prefix=queue_prefix,
             schema=schema,
             grace_period_ms=int_between(
                 "GRACE_PERIOD_MS", get("GRACE_PERIOD_MS", 10_000), 0, 2**31 - 1, error=_refused
@@ -125,7 +150,6 @@ class SdcoreSettings:
             relay=boolean("RELAY", get("RELAY", True), error=_refused),
             scheduling=boolean("SCHEDULING", get("SCHEDULING", True), error=_refused),
             control=boolean("CONTROL", get("CONTROL", True), error=_refused),
-            queue_prefix=text("QUEUE_PREFIX", get("QUEUE_PREFIX", "bull"), error=_refused),
             processors=_dotted_paths(get("PROCESSORS", ())),
         )
 

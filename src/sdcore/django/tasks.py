@@ -139,7 +139,9 @@ class SdcoreBackend(BaseTaskBackend):  # type: ignore[misc]
         ``task_enqueued`` is sent when the row commits (never for a rolled-back one).
 
         Raises:
-            InvalidTask: The task does not suit this backend (Django's checks).
+            InvalidTask: The task does not suit this backend (Django's checks), or its module
+                path does not import back to it (a task defined in ``manage.py shell``), so
+                no worker could find it.
             TypeError: ``args``/``kwargs`` are not JSON (Django's ``normalize_json``).
             django.db.DatabaseError: The database refused the row (no outbox table: run
                 ``manage.py migrate``).
@@ -159,6 +161,7 @@ class SdcoreBackend(BaseTaskBackend):  # type: ignore[misc]
         from sdcore.django._settings import SdcoreSettings
 
         self.validate_task(task)
+        _check_importable(task)
         args = normalize_json(list(args))
         kwargs = normalize_json(dict(kwargs))
         now = timezone.now()
@@ -376,6 +379,19 @@ def _replace(result: TaskResult, **changes: Any) -> TaskResult:
     return copy
 
 
+def _check_importable(task: Task) -> None:
+    """The worker finds a task by its module path: refuse one that does not lead back to it."""
+    try:
+        found = import_string(task.module_path)
+    except ImportError:
+        found = None
+    if not isinstance(found, Task) or found.func is not task.func:
+        raise InvalidTask(
+            f"the task {task.module_path!r} does not import by that path, so no worker could"
+            " run it: define it with @task at the top level of an importable module"
+        )
+
+
 def _task_of(data: Mapping[str, Any]) -> Task:
     """The enqueued task: the module-level ``Task`` at ``data["task"]``, with the priority, queue
     and ``run_after`` it was enqueued with."""
@@ -436,7 +452,8 @@ def _from_job(result: TaskResult, job: Mapping[str, str]) -> TaskResult:
     value, or the error's class and traceback)."""
     started = _ms(job.get("processedOn"))
     finished = _ms(job.get("finishedOn"))
-    attempts = int(job.get("attemptsMade") or job.get("atm") or 0)
+    # "ats" counts the attempts started, a run again after a stall too; "atm" the finished ones.
+    attempts = max(int(job.get(name) or 0) for name in ("ats", "atm", "attemptsMade"))
     # BullMQ keeps no worker name per attempt: the count is right, the names are not known.
     workers = ["unknown"] * attempts
     changes: dict[str, Any] = {
@@ -474,7 +491,8 @@ def _run(data: Mapping[str, Any], job: Job) -> Any:
     task = _task_of(data)
     backend = task_backends[data["backend"]]
     started = timezone.now()
-    attempts = int(job.attemptsMade or 0) + 1
+    # This attempt included: attemptsStarted counts it (and a run again after a stall).
+    attempts = max(int(job.attemptsStarted or 0), int(job.attemptsMade or 0) + 1)
     result = _replace(
         _new_result(
             task,
