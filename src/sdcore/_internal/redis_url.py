@@ -241,6 +241,24 @@ def hash_tag(key: str) -> str | None:
     return key[start + 1 : end]
 
 
+class UntaggedPrefixError(ValueError):
+    """A BullMQ prefix without a hash tag, given with a Redis Cluster URL."""
+
+
+def check_queue_target(url: str, prefix: str) -> None:
+    """Check a Redis URL and, when it is a Cluster URL, that ``prefix`` holds a hash tag.
+
+    Raises:
+        RedisUrlError: The URL (see :func:`check_redis_url`).
+        UntaggedPrefixError: A Cluster URL and a prefix without a hash tag.
+    """
+    if isinstance(check_redis_url(url), ClusterTarget):
+        try:
+            check_cluster_prefix(prefix)
+        except ValueError as exc:
+            raise UntaggedPrefixError(str(exc)) from None
+
+
 def check_cluster_prefix(prefix: str) -> None:
     """Check that a BullMQ prefix keeps each queue's keys on one Redis Cluster slot.
 

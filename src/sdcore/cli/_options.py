@@ -17,12 +17,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from sdcore._internal.redis_url import (
-    ClusterTarget,
-    RedisUrlError,
-    check_cluster_prefix,
-    check_redis_url,
-)
+from sdcore._internal.redis_url import RedisUrlError, UntaggedPrefixError, check_queue_target
 from sdcore.postgres import InvalidIdentifierError, check_identifier
 
 DEFAULT_TABLE = "job_scheduler"
@@ -67,14 +62,11 @@ def check_queue_prefix(option: str, redis_url: str, prefix: str) -> None:
         UsageError: The URL or the prefix, named.
     """
     try:
-        target = check_redis_url(redis_url)
+        check_queue_target(redis_url, prefix)
     except RedisUrlError as exc:
         raise UsageError(f"the Redis URL: {exc}") from None
-    if isinstance(target, ClusterTarget):
-        try:
-            check_cluster_prefix(prefix)
-        except ValueError as exc:
-            raise UsageError(f"{option}: {exc}") from None
+    except UntaggedPrefixError as exc:
+        raise UsageError(f"{option}: {exc}") from None
 
 
 class HelpExit(Exception):

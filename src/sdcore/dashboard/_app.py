@@ -21,12 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore._internal.redis_url import (
-    ClusterTarget,
-    RedisUrlError,
-    check_cluster_prefix,
-    check_redis_url,
-)
+from sdcore._internal.redis_url import RedisUrlError, UntaggedPrefixError, check_queue_target
 from sdcore._internal.supervisor import Supervisor
 from sdcore._internal.validation import Refusal, int_between, non_empty_str, shown
 from sdcore.dashboard import _format
@@ -94,15 +89,14 @@ class Visit:
 def _check_cluster_prefix(redis_url: str | None, prefix: str) -> None:
     """On a ``redis+cluster://`` URL, refuse a prefix without a hash tag (no queue could live
     under it); any other URL is left to the queues page, which shows what Redis says."""
+    if redis_url is None:
+        return
     try:
-        cluster = redis_url is not None and isinstance(check_redis_url(redis_url), ClusterTarget)
+        check_queue_target(redis_url, prefix)
     except RedisUrlError:
         return
-    if cluster:
-        try:
-            check_cluster_prefix(prefix)
-        except ValueError as exc:
-            raise DashboardError(f"queue_prefix: {exc}") from None
+    except UntaggedPrefixError as exc:
+        raise DashboardError(f"queue_prefix: {exc}") from None
 
 
 def _refused(refusal: Refusal) -> DashboardError:

@@ -10,12 +10,7 @@ from typing import Any
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
-from sdcore._internal.redis_url import (
-    ClusterTarget,
-    RedisUrlError,
-    check_cluster_prefix,
-    check_redis_url,
-)
+from sdcore._internal.redis_url import RedisUrlError, UntaggedPrefixError, check_queue_target
 from sdcore._internal.validation import Refusal, boolean, int_between, text
 
 __all__ = ["SdcoreSettings", "database_url"]
@@ -57,16 +52,13 @@ def _check_queue_prefix(redis_url: str | None, prefix: str) -> None:
     if redis_url is None:
         return
     try:
-        target = check_redis_url(redis_url)
+        check_queue_target(redis_url, prefix)
     except RedisUrlError as exc:
         raise _improperly_configured(f"SDCORE['REDIS_URL']: {exc}") from None
-    if isinstance(target, ClusterTarget):
-        try:
-            check_cluster_prefix(prefix)
-        except ValueError as exc:
-            raise _improperly_configured(
-                f"SDCORE['QUEUE_PREFIX'] with a redis+cluster:// REDIS_URL: {exc}"
-            ) from None
+    except UntaggedPrefixError as exc:
+        raise _improperly_configured(
+            f"SDCORE['QUEUE_PREFIX'] with a redis+cluster:// REDIS_URL: {exc}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
