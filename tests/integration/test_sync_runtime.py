@@ -167,6 +167,30 @@ def test_stop_from_inside_the_runtime_is_refused(schema_dsn: str, no_thread_left
     ]
 
 
+def test_stop_from_inside_a_run_exclusive_function_is_refused_and_changes_nothing(
+    schema_dsn: str, no_thread_left: None
+) -> None:
+    # The stop would close runtime.jobs, which waits for that very function.
+    runtime = build(schema_dsn)
+    errors: list[RuntimeStateError] = []
+
+    def stop_inside(lease: object) -> int:
+        try:
+            runtime.stop()
+        except RuntimeStateError as exc:
+            errors.append(exc)
+        return 1
+
+    with runtime:
+        result = runtime.jobs.run_exclusive({"code": "stop-inside", "run_key": "1"}, stop_inside)
+        assert result.result == 1
+        assert running(runtime) == (True, True, True)
+    assert [str(error).split(" would")[0] for error in errors] == [
+        "runtime.stop() from inside run_exclusive's function"
+    ]
+    assert running(runtime) == (False, False, False)
+
+
 def test_stop_waits_for_a_stop_in_progress(schema_dsn: str, no_thread_left: None) -> None:
     runtime = build(schema_dsn)
     runtime.start()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
+from sdcore._internal.threads import PLAIN_CALLS
 from sdcore.job_scheduler import (
     JobExecutionLease,
     JobLease,
@@ -270,3 +273,33 @@ async def test_the_lease_carries_its_client_deadline_in_memory() -> None:
     )
     assert manual.time_left == float("inf")
     assert manual.is_held
+
+
+async def test_a_plain_function_cancelled_while_it_waits_for_a_thread_never_starts() -> None:
+    # A full pool (one thread, busy): the run is cancelled (a stop) while its function waits
+    # for the thread; once the thread frees, the function must not start on the lost lease.
+    service = MemoryJobScheduler()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    busy = threading.Event()
+    pool.submit(busy.wait, 10)
+    started: list[JobExecutionLease] = []
+
+    def work(lease: JobExecutionLease) -> None:
+        started.append(lease)
+
+    token = PLAIN_CALLS.set(pool)
+    try:
+        run = asyncio.ensure_future(service.run_exclusive({"code": "queued", "run_key": "1"}, work))
+    finally:
+        PLAIN_CALLS.reset(token)
+    for _ in range(50):  # until the function is queued behind the busy thread
+        await asyncio.sleep(0.01)
+    run.cancel()
+    for _ in range(5):  # the task takes its cancellation (marks the lease lost) first
+        await asyncio.sleep(0)
+    busy.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    pool.shutdown(wait=True)
+    assert started == []
+    assert _status(service) is JobSchedulerStatus.FAIL

@@ -248,7 +248,9 @@ class _Run:
             self.cancellable = True
             return cast("T", await fn(*args))
         ctx = contextvars.copy_context()
-        future = self.loop.run_in_executor(PLAIN_CALLS.get(), functools.partial(ctx.run, fn, *args))
+        future = self.loop.run_in_executor(
+            PLAIN_CALLS.get(), functools.partial(ctx.run, self._start_plain, fn, *args)
+        )
         self.cancellable = True
         try:
             result = await asyncio.shield(future)
@@ -258,11 +260,11 @@ class _Run:
             # is no longer ours to protect: wait for the thread only until the slack is used up.
             self.cancellable = False
             self.state.mark_lost("run cancelled")
+            future.add_done_callback(_consume)  # the cancellation is the outcome, not its error
             if self.cancel_requested:
                 limit = max(self.state.deadline + SLACK - time.monotonic(), 0.0)
                 (done, _), _ = await _settle(asyncio.wait({future}, timeout=limit))
                 if not done:
-                    future.add_done_callback(_consume)
                     self.service._log.error(
                         "job %r run %r: the lease was lost and the thread still runs "
                         "(it should check lease.is_held)",
@@ -282,6 +284,13 @@ class _Run:
             self.cancellable = True
             return cast("T", await result)
         return result
+
+    def _start_plain(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call the plain ``fn`` in its worker thread, unless the lease was lost or the run
+        cancelled while it waited for a free thread (a full pool): it never starts on a lease
+        that no longer holds."""
+        self.lease.raise_if_lost()
+        return fn(*args)
 
     def _plan_heartbeat(self) -> None:
         """Start the heartbeat task when the first heartbeat is due: a run that ends before

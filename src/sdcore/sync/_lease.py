@@ -167,11 +167,7 @@ class JobSchedulerService:
             RuntimeStateError: Called from inside a ``run_exclusive`` function (it would wait
                 for that function).
         """
-        if threading.get_ident() in self._inside:
-            raise RuntimeStateError(
-                "close() from inside run_exclusive's function would wait for that function: "
-                "close the service after run_exclusive returns"
-            )
+        self._refuse_inside("close()", "close the service")
         with self._closing_lock:  # a second close() returns once the first one is done
             if self._closed:
                 return
@@ -183,6 +179,18 @@ class JobSchedulerService:
             finally:
                 if owned is not None:
                     portal.stop()
+
+    def _refuse_inside(self, what: str, instead: str) -> None:
+        """Refuse ``what`` (a call that waits for this service's runs) from inside one of them.
+
+        Raises:
+            RuntimeStateError: This thread runs a ``run_exclusive`` function of this service.
+        """
+        if threading.get_ident() in self._inside:
+            raise RuntimeStateError(
+                f"{what} from inside run_exclusive's function would wait for that function: "
+                f"{instead} after run_exclusive returns"
+            )
 
     async def _tracked(
         self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs

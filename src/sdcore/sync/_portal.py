@@ -64,27 +64,34 @@ class _Call:
 class _CallerThread(concurrent.futures.Executor):
     """An executor whose work runs in the thread that calls :meth:`serve` (the blocking caller).
 
-    Work submitted after :meth:`close` is cancelled at once: the task awaiting it sees a
-    cancellation, never a wait on a thread that stopped serving.
+    Every future it hands out is settled on the portal's loop, never in the caller's thread: an
+    interrupt may land anywhere in that thread (inside ``Future.set_result``, between the state
+    change and the callback that wakes the awaiting task), so the caller only passes outcomes to
+    the loop, and once interrupted (:meth:`close`) passes it the interrupt for whatever is not
+    settled yet. Settling a settled future is a no-op, so both may arrive. Work submitted after
+    :meth:`close` is cancelled at once: the task awaiting it never waits on a thread that
+    stopped serving.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._items: queue.SimpleQueue[
             tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
         ]
         self._items = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Any]] = set()  # the loop's thread only
         self._closed = False
 
     def submit(
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
+        # Called on the loop's thread (run_in_executor), as _abandon is: they never interleave.
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._lock:
-            if self._closed:
-                future.cancel()
-            else:
-                self._items.put((future, lambda: fn(*args, **kwargs)))
+        if self._closed:
+            future.cancel()
+        else:
+            self._pending.add(future)
+            self._items.put((future, lambda: fn(*args, **kwargs)))
         return future
 
     def serve(self, done: concurrent.futures.Future[Any]) -> None:
@@ -98,27 +105,40 @@ class _CallerThread(concurrent.futures.Executor):
             del item
             if not future.set_running_or_notify_cancel():
                 continue
+            outcome: BaseException | None = None
             try:
                 result = work()
             except Exception as exc:  # noqa: BLE001 - handed to the task that awaits it
-                future.set_exception(exc)
+                outcome, result = exc, None
             except BaseException as exc:  # noqa: BLE001 - carried through the loop, re-raised
-                future.set_exception(CallerInterrupted(exc))
-            else:
-                future.set_result(result)
-            del future, work
+                outcome, result = CallerInterrupted(exc), None
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits it
+                self._loop.call_soon_threadsafe(self._finish, future, result, outcome)
+            del future, work, result, outcome
 
-    def close(self) -> None:
-        """Cancel the work not started yet and refuse new work."""
-        with self._lock:
-            self._closed = True
-            while True:
-                try:
-                    item = self._items.get_nowait()
-                except queue.Empty:
-                    return
-                if item is not None:
-                    item[0].cancel()
+    def _finish(
+        self, future: concurrent.futures.Future[Any], result: Any, exc: BaseException | None
+    ) -> None:
+        self._pending.discard(future)
+        if future.done():
+            return
+        if exc is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+
+    def close(self, interrupt: BaseException) -> None:
+        """Refuse new work; on the loop, cancel the work not started and settle the work
+        started with ``interrupt`` (unless its outcome arrived first)."""
+        self._closed = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: its tasks are gone
+            self._loop.call_soon_threadsafe(self._abandon, interrupt)
+
+    def _abandon(self, interrupt: BaseException) -> None:
+        pending, self._pending = self._pending, set()
+        for future in pending:
+            if not future.done() and not future.cancel():
+                future.set_exception(CallerInterrupted(interrupt))
 
 
 class Portal:
@@ -212,16 +232,16 @@ class Portal:
             RuntimeStateError: The portal is not running, or the call comes from the loop's own
                 thread or from a running event loop (it would block that loop).
         """
-        return self._run(fn(*args, **kwargs), None)
+        return self._run(fn(*args, **kwargs), here=False)
 
     def call_here(
         self, fn: Callable[P, Coroutine[Any, Any, T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """:meth:`call`, with the plain functions the call runs in a worker thread (see
         :data:`sdcore._internal.threads.PLAIN_CALLS`) run in this thread instead."""
-        return self._run(fn(*args, **kwargs), _CallerThread())
+        return self._run(fn(*args, **kwargs), here=True)
 
-    def _run(self, coro: Coroutine[Any, Any, T], here: _CallerThread | None) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], *, here: bool) -> T:
         try:
             loop = self._check_caller()
         except BaseException:
@@ -229,32 +249,37 @@ class Portal:
             raise
         call = _Call()
         context = contextvars.copy_context()
-        if here is not None:
-            context.run(PLAIN_CALLS.set, here)
+        caller = _CallerThread(loop) if here else None
+        if caller is not None:
+            context.run(PLAIN_CALLS.set, caller)
         with self._calls_lock:
             if not self._accepting:  # the loop shuts down (or is gone) since the check
                 coro.close()
                 raise RuntimeStateError(f"the {self.name} portal is not running")
             self._calls.add(call)
-        call.future.add_done_callback(lambda _: self._forget(call))
+        # From here on an interrupt may land at any bytecode, the spawn's included: whatever
+        # it interrupts, the except below cancels the call and waits for it to settle.
         try:
-            loop.call_soon_threadsafe(self._spawn, call, coro, context)
-        except RuntimeError:  # the loop closed between the check and here
-            coro.close()
-            _cancelled(call.future)
-            raise RuntimeStateError(f"the {self.name} portal is not running") from None
-        try:
-            if here is None:
+            call.future.add_done_callback(lambda _: self._forget(call))
+            try:
+                loop.call_soon_threadsafe(self._spawn, call, coro, context)
+            except RuntimeError:  # the loop closed between the check and here
+                coro.close()
+                _cancelled(call.future)
+                raise RuntimeStateError(f"the {self.name} portal is not running") from None
+            if caller is None:
                 concurrent.futures.wait([call.future])
             else:
-                here.serve(call.future)
-        except BaseException:
+                caller.serve(call.future)
+        except BaseException as exc:
             # Interrupted while waiting: cancel the task and let it unwind (a second interrupt
             # leaves at once).
-            if here is not None:
-                here.close()
+            if caller is not None:
+                caller.close(exc)
             self._cancel(loop, call)
             concurrent.futures.wait([call.future])
+            if call.task is None:  # never spawned (or refused at its spawn): nothing ran it
+                coro.close()
             raise
         result: T = self._result(call, self.name)
         return result
@@ -291,9 +316,13 @@ class Portal:
     @staticmethod
     def _cancel(loop: asyncio.AbstractEventLoop, call: _Call) -> None:
         def cancel() -> None:
+            # Runs after the call's spawn if the spawn was scheduled at all; if it was not (the
+            # caller was interrupted first), nothing else would settle the call's future.
             call.cancelled = True
             if call.task is not None:
                 call.task.cancel()
+            elif not call.future.done():
+                _cancelled(call.future)
 
         with contextlib.suppress(RuntimeError):  # closed: its tasks were cancelled with it
             loop.call_soon_threadsafe(cancel)

@@ -239,10 +239,12 @@ class Runtime:
         runtime's own (its loop, its handlers); callers wait for one stop in progress.
 
         Raises:
-            RuntimeStateError: Called from the runtime's loop or one of its handlers (the stop
-                would wait for itself).
+            RuntimeStateError: Called from the runtime's loop, one of its handlers or a
+                ``runtime.jobs.run_exclusive`` function (the stop would wait for itself).
         """
         self._refuse_own_threads("stop()")
+        # Before any state changes: the stop would close the lease and wait for that function.
+        self.jobs._refuse_inside("runtime.stop()", "stop the runtime")
         with self._lock:
             if self._state != _STARTED or self._pid != os.getpid():
                 return
