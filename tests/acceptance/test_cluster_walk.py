@@ -406,24 +406,31 @@ def due_ticks(
         instants.append(at)
         at += step
     keys = [run_key(i) for i in instants]
-    rows = {
-        r[0]: r[1:]
-        for r in cluster.query(
-            "SELECT run_key, status, attempts, data, given_back FROM job_scheduler"
-            " WHERE code = %s AND run_key = ANY(%s)",
-            (name, keys),
-        )
-    }
+
+    def read_rows() -> dict[str, tuple[Any, ...]]:
+        return {
+            r[0]: r[1:]
+            for r in cluster.query(
+                "SELECT run_key, status, attempts, data, given_back FROM job_scheduler"
+                " WHERE code = %s AND run_key = ANY(%s)",
+                (name, keys),
+            )
+        }
+
+    rows = read_rows()
     if not instants:
         return []
     # a removed stored schedule has no definition left to ask missed_ticks about
     missed = missed_ticks(cluster, name, instants[0], instants[-1]) if cli else {}
+    # A row that changed while missed_ticks ran (a resume's catch-up or a backfill ran the tick
+    # meanwhile) cannot be compared with its answer; its latest state is judged below.
+    after = read_rows() if cli else rows
     lost = []
     for instant, key in zip(instants, keys, strict=True):
-        row = rows.get(key)
+        row = after.get(key)
         succeeded = row is not None and row[0] == "SUCCESS"
         walk.tally["ticks checked"] += 1
-        if cli and succeeded == (key in missed):
+        if cli and rows.get(key) == row and succeeded == (key in missed):
             lost.append(f"{key}: missed_ticks says {missed.get(key)}, the lease row {row}")
             continue
         if row is not None:

@@ -31,7 +31,7 @@ from sdcore.alerting import (
 )
 from sdcore.alerting._incidents import IncidentLog, Problem
 from sdcore.runtime import Runtime
-from sdcore.scheduling import Tick, format_run_key
+from sdcore.scheduling import Tick
 from tests._http_sink import HttpRecorder, http_recorder
 from tests._servers import free_port
 
@@ -282,19 +282,24 @@ async def test_an_outage_caught_up_tick_by_tick_is_one_incident(pg_dsn: str) -> 
         options = {"missed_after_ms": 1_000, "scan_interval_ms": 200}
         async with _running(pg_dsn, _alerting(recorder, **options), declare):
             await _until(lambda: len(ran) >= 1)
-        last_before = max(ran)
+        last_before = max(map(_instant, ran))
         await asyncio.sleep(2.0)  # every replica down: three or four ticks nobody runs
-        restart = format_run_key(datetime.now(UTC))
+        restart = datetime.now(UTC)
         async with _running(pg_dsn, _alerting(recorder, **options), declare):
             await _until(lambda: [a["kind"] for a in _hooks(recorder)] == ["missed", "resolved"])
             await asyncio.sleep(1.5)  # later scans: nothing more
         hooks = _hooks(recorder)
-    late = [key for key in ran if last_before < key < restart]
+    # Compared as instants: a run key of a sub-second interval carries milliseconds.
+    late = [key for key in ran if last_before < _instant(key) < restart]
     assert len(late) >= 3, ran  # caught up one after the other
     assert [a["kind"] for a in hooks] == ["missed", "resolved"]
     missed, resolved = hooks
     assert missed["run_key"] == late[0]
-    assert resolved["run_key"] >= restart  # the first tick run on time, after the late ones
+    assert _instant(resolved["run_key"]) >= restart  # the first on time, after the late ones
+
+
+def _instant(run_key: str) -> datetime:
+    return datetime.fromisoformat(run_key.replace("Z", "+00:00"))
 
 
 @pytest.mark.parametrize("outage_s", [0.0])
