@@ -17,6 +17,7 @@ from sdcore import Runtime
 from sdcore.job_scheduler import JobSchedulerService
 from sdcore.postgres import PoolSettings
 from sdcore.scheduling import (
+    MissedTick,
     PostgresScheduleStore,
     ScheduleAdmin,
     ScheduleControl,
@@ -687,13 +688,19 @@ async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
             await _until(held)
             await asyncio.sleep(0.3)
             await locker.rollback()
-            await asyncio.sleep(1.5)
+            given: list[MissedTick] = []
+
+            async def given_back() -> bool:
+                # The acquire answers once the lock is gone; the give-back follows it (under
+                # load, a second or more later).
+                missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=1.3))
+                given[:] = [m for m in missed if m.given_back == "paused"]
+                return bool(given)
+
+            await _until(given_back)
             during = [r for r in runs if r[1]]
             assert during == [], f"started on a replica that held the pause: {during}"
-            missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=1.3))
             await admin.resume("beat", actor="ops")
-            given = [m for m in missed if m.given_back == "paused"]
-            assert given, missed
 
             async def caught_up() -> bool:
                 return any(k == given[0].run_key for k, _ in runs)
