@@ -4,6 +4,7 @@ and ``succeeded_before``, against memory and real PostgreSQL alike."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from sdcore.job_scheduler import JobAcquireOptions, JobExecutionLease
@@ -215,3 +216,41 @@ async def test_succeeded_before_names_the_ticks_done_by_then(schedules: Schedule
     assert await store.succeeded_before(lock_keys, before) == {early[0]}
     assert await store.succeeded_before(lock_keys, await schedules.now()) == {early[0], late[0]}
     assert await store.succeeded_before([], before) == set()
+
+
+async def test_a_run_whose_lease_was_taken_over_ends_abandoned_before_the_takeover_starts(
+    schedules: Schedules,
+) -> None:
+    """The superseded replica's handler returns after a takeover acquired the tick but before
+    the takeover's start reached the history: its end is recorded as abandoned, never as a
+    second SUCCESS of the tick."""
+    jobs, store = schedules.jobs, schedules.store
+    outcome = await jobs.acquire(JobAcquireOptions(code="report", run_key=TICK, lease_ms=1_000))
+    assert outcome.acquired
+    first = outcome.lease
+    superseded = await store.run_started(run_start(TICK, first.fencing_token))
+    kept = await store.run_started(run_start(OTHER, 1))
+    await schedules.age(5_000)  # the lease ran out: the memory clock moves on,
+    if schedules.name == "postgres":
+        await asyncio.sleep(1.3)  # the database's clock does not
+    again = await jobs.acquire(JobAcquireOptions(code="report", run_key=TICK, lease_ms=60_000))
+    assert again.acquired
+    assert again.lease.id == first.id
+    assert again.lease.fencing_token == first.fencing_token + 1
+    await store.runs_finished(
+        [
+            RunFinish(run_id=superseded, status="SUCCESS", error=None, lease_id=first.id),
+            RunFinish(run_id=kept, status="SUCCESS", error=None, lease_id=None),
+        ]
+    )
+    (ended,) = [r for r in await store.history("report", 10) if r.run_key == TICK]
+    assert (ended.status, ended.error) == ("FAIL", ABANDONED.format(again.lease.fencing_token))
+    (other,) = [r for r in await store.history("report", 10) if r.run_key == OTHER]
+    assert other.status == "SUCCESS"
+    # The run that holds the lease ends as its handler says.
+    current = await store.run_started(run_start(TICK, again.lease.fencing_token))
+    await store.runs_finished(
+        [RunFinish(run_id=current, status="SUCCESS", error=None, lease_id=again.lease.id)]
+    )
+    statuses = sorted(r.status for r in await store.history("report", 10) if r.run_key == TICK)
+    assert statuses == ["FAIL", "SUCCESS"]

@@ -345,11 +345,17 @@ class MemberRow:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinish:
-    """What the history records when a run ends."""
+    """What the history records when a run ends.
+
+    ``lease_id``: the lease row of the run (exclusive schedules). A row whose fencing token has
+    moved past the run's by then was taken over: the run is recorded as abandoned, whatever its
+    handler returned (the takeover's own start may not be written yet).
+    """
 
     run_id: int
     status: str
     error: str | None
+    lease_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

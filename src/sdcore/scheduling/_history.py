@@ -235,7 +235,7 @@ class RunHistory:
                 except asyncio.CancelledError as exc:  # the run is cancelled: so is its record
                     history.finish_when_started(tick.schedule, start, exc)
                     raise
-                await history.finished(tick.schedule, run_id, None)
+                await history.finished(tick.schedule, run_id, None, _lease_id(tick))
                 return result
 
             return recorded
@@ -262,9 +262,11 @@ class RunHistory:
             try:
                 result = handler(tick)
             except BaseException as exc:
-                history._from_thread(history.finished(tick.schedule, run_id(), exc))
+                history._from_thread(
+                    history.finished(tick.schedule, run_id(), exc, _lease_id(tick))
+                )
                 raise
-            history._from_thread(history.finished(tick.schedule, run_id(), None))
+            history._from_thread(history.finished(tick.schedule, run_id(), None, _lease_id(tick)))
             return result
 
         return recorded_sync
@@ -320,11 +322,18 @@ class RunHistory:
         else:
             start.add_done_callback(written)
 
-    async def finished(self, schedule: str, run_id: int | None, exc: BaseException | None) -> None:
-        """Record the end of a run of ``schedule`` (``exc``: what it raised)."""
+    async def finished(
+        self,
+        schedule: str,
+        run_id: int | None,
+        exc: BaseException | None,
+        lease_id: str | None = None,
+    ) -> None:
+        """Record the end of a run of ``schedule`` (``exc``: what it raised; ``lease_id``: its
+        lease row, whose fencing token tells a run taken over meanwhile)."""
         if run_id is None:
             return
-        finish = RunFinish(run_id=run_id, status=_status(exc), error=_error(exc))
+        finish = RunFinish(run_id=run_id, status=_status(exc), error=_error(exc), lease_id=lease_id)
         # Shielded: the end of a cancelled run is recorded too.
         await asyncio.shield(self._ends.submit(finish, schedule))
 
@@ -343,3 +352,8 @@ class RunHistory:
         """Wait for every write requested so far."""
         await self._starts.drain()
         await self._ends.drain()
+
+
+def _lease_id(tick: Tick) -> str | None:
+    """The lease row of ``tick``'s run (``None``: a schedule that runs without a lease)."""
+    return None if tick.lease is None else tick.lease.id

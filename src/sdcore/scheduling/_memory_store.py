@@ -445,10 +445,20 @@ class MemoryScheduleStore:
         now = self._clock()
         for done in runs:
             run = self._runs.get(done.run_id)
-            if run is not None and run.status == "RUNNING":  # a takeover's close stays
-                self._runs[done.run_id] = replace(
-                    run, status=done.status, error=done.error, finished_at=now
-                )
+            if run is None or run.status != "RUNNING":  # a takeover's close stays
+                continue
+            status, error = done.status, done.error
+            # As the PostgreSQL statement: a lease row whose token moved on was taken over.
+            row = None if done.lease_id is None else self._lease_row(done.lease_id)
+            newer = None if row is None else int(row.fencing_token)
+            if newer is not None and run.fencing_token is not None and newer > run.fencing_token:
+                status = "FAIL"
+                error = f"abandoned: the tick was taken over (fencing token {newer})"
+            self._runs[done.run_id] = replace(run, status=status, error=error, finished_at=now)
+
+    def _lease_row(self, lease_id: str) -> Any:
+        get = getattr(self.jobs, "get", None)  # MemoryJobScheduler's lookup by row id
+        return None if get is None else get(lease_id)
 
     async def run_started(self, run: RunStart) -> int:
         (run_id,) = await self.runs_started([run])

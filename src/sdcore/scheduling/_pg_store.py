@@ -416,7 +416,12 @@ class PostgresScheduleStore:
         if runs:
             await self._exec(
                 "runs_finished",
-                ([r.run_id for r in runs], [r.status for r in runs], [r.error for r in runs]),
+                (
+                    [r.run_id for r in runs],
+                    [r.status for r in runs],
+                    [r.error for r in runs],
+                    [r.lease_id for r in runs],
+                ),
             )
 
     async def run_started(self, run: RunStart) -> int:

@@ -320,14 +320,23 @@ SELECT id FROM started ORDER BY id
 
 -- name: runs_finished
 -- Only runs still RUNNING: one a takeover closed as abandoned stays so (its handler may still
--- return on the superseded replica, whose lease completion is then refused). Rows are locked in
--- id order (see runs_started).
--- Parameters (arrays, one element per run): id, status, error.
-UPDATE {runs} AS r SET finished_at = clock_timestamp(), status = done.status, error = done.error
+-- return on the superseded replica, whose lease completion is then refused). A run whose lease
+-- row already carries a newer fencing token was taken over too, though the takeover's start may
+-- not be recorded yet: it is closed as abandoned, whatever its handler returned. Rows are locked
+-- in id order (see runs_started).
+-- Parameters (arrays, one element per run): id, status, error, lease row id (or NULL).
+UPDATE {runs} AS r
+SET finished_at = clock_timestamp(),
+    status = CASE WHEN done.newer IS NULL THEN done.status ELSE 'FAIL' END,
+    error = CASE WHEN done.newer IS NULL THEN done.error
+                 ELSE 'abandoned: the tick was taken over (fencing token ' || done.newer || ')'
+            END
 FROM (
-    SELECT o.id, u.status, u.error
-    FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, status, error)
+    SELECT o.id, u.status, u.error,
+           CASE WHEN l.fencing_token > o.fencing_token THEN l.fencing_token END AS newer
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::uuid[]) AS u(id, status, error, lease)
     JOIN {runs} AS o ON o.id = u.id
+    LEFT JOIN {lease} AS l ON l.id = u.lease
     WHERE o.status = 'RUNNING'
     ORDER BY o.id
     FOR UPDATE OF o
