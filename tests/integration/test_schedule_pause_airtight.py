@@ -679,7 +679,21 @@ async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
             await asyncio.sleep(1.5)
             await locker.execute("LOCK TABLE job_scheduler IN SHARE ROW EXCLUSIVE MODE")
             began = datetime.now(UTC)
-            await asyncio.sleep(1.3)  # a tick is admitted; its acquire waits on the lock
+
+            async def acquire_waits() -> bool:
+                # A tick was admitted and its acquire waits on the lock (under load the next
+                # fire may come a while later: pausing before it would skip it, not test this).
+                async with pool.connection() as conn:
+                    # This test's database: only the tick's statements touch job_scheduler.
+                    cur = await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                    row = await cur.fetchone()
+                return row is not None and row[0] > 0
+
+            await _until(acquire_waits)
+            admitted = datetime.now(UTC)
             await admin.pause("beat", actor="ops")
 
             async def held() -> bool:
@@ -693,7 +707,7 @@ async def test_a_tick_whose_acquire_waited_through_the_pause_is_given_back(
             async def given_back() -> bool:
                 # The acquire answers once the lock is gone; the give-back follows it (under
                 # load, a second or more later).
-                missed = await scheduler.missed_ticks("beat", began, began + timedelta(seconds=1.3))
+                missed = await scheduler.missed_ticks("beat", began, admitted)
                 given[:] = [m for m in missed if m.given_back == "paused"]
                 return bool(given)
 
