@@ -95,16 +95,18 @@ def test_a_failed_run_leaves_no_mark_and_its_retry_runs(ledger_dsn: str) -> None
 
 
 def test_two_runs_of_one_task_id_at_once_write_one_effect(ledger_dsn: str) -> None:
-    add = _eager_task(ledger_dsn, pause_s=0.5)
+    # Two workers: a task object each (Celery's eager apply of one task object from two
+    # threads at once races on the task's request stack).
+    adds = [_eager_task(ledger_dsn, pause_s=0.5) for _ in range(2)]
     states: list[str] = []
 
-    def run() -> None:
+    def run(add: Any) -> None:
         try:
             states.append(add.apply(kwargs={"key": "a"}, task_id="job-1").state)
         except BaseException as exc:
             states.append(repr(exc))
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(add,)) for add in adds]
     for thread in threads:
         thread.start()
     for thread in threads:
