@@ -508,6 +508,9 @@ EXPLAINED = {
     "tick_waits_on_database": "the run in the way waited on the database",
     "tick_gate_unknown": "the paused state was not fresh",
     "ticks_coalesced": "the replica's loop was late",
+    # A live fire that waited for a backfill or catch-up run of its schedule, replaced by a
+    # later one before that run ended (docs/explanation/scheduling.md: a missed tick).
+    "tick_deferred_missed": "a later fire took its place behind a backfill run",
 }
 
 

@@ -729,7 +729,11 @@ class TickStarter:
                 "schedule %r run %r: a missed tick, the next fire waits in its place",
                 entry.name,
                 make_tick(entry.name, entry.trigger, entry.zone, earlier).run_key,
-                extra={"action": "tick_deferred_missed", "schedule": entry.name},
+                extra={
+                    "action": "tick_deferred_missed",
+                    "schedule": entry.name,
+                    "run_key": make_tick(entry.name, entry.trigger, entry.zone, earlier).run_key,
+                },
             )
         if earlier is None or earlier < due:
             self._deferred[entry] = due
