@@ -140,10 +140,11 @@ class _Held:
         self.conn = conn
         self.pid = os.getpid()
 
-    def __del__(self) -> None:
+    def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:
         # Only in the process that opened it: a forked child's copy must not end the parent's
-        # session (libpq's finish writes on the socket both processes hold).
-        if self.pid == os.getpid() and not self.conn.closed:
+        # session (libpq's finish writes on the socket both processes hold). ``getpid`` is bound
+        # at definition: at interpreter exit the module's globals may already be gone.
+        if self.pid == getpid() and not self.conn.closed:
             self.conn.close()
 
 
