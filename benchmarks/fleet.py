@@ -11,7 +11,7 @@ Four modes (``--only``; all by default):
 ``steady``
     20 per-second crons (``* * * * * *``) on R replicas for each R of ``--replicas``. Once all are
     up and ``--warmup`` seconds have passed, a window of ``--seconds`` instants is measured:
-    **PostgreSQL CPU** (utime + stime from ``/proc/PID/stat``, scanned every 0.5 s) of the
+    **PostgreSQL CPU** (``/proc/PID/schedstat``, scanned every 0.5 s) of the
     scratch database's backends (found by the database name in their process title, so backends
     that come and go are counted too), and separately of the postmaster and its background
     processes (shared with whatever else uses the server); the **fleet's CPU** (every replica
@@ -51,7 +51,12 @@ script keeps the Runtime's defaults (pool 10, LISTEN on) when the fleet fits in 
 slots (``max_connections`` less those in use less 16 left to others), else shrinks the pool, then
 turns LISTEN off (the control plane then polls only, every second, with unprepared statements).
 ``steady`` decides once for its largest R, so its ratios compare like with like; ``burst`` per R.
-What was used is printed.
+What was used is printed. ``--own-server`` starts a PostgreSQL of its own (``max_connections``
+400, ``fsync`` on, ``pg_stat_statements``) so that every fleet runs the defaults, and prints the
+scratch database's most frequent statements after each steady window.
+
+CPU is the scheduler's own count of each process's time on a CPU (``/proc/PID/schedstat``, in
+nanoseconds).
 
 Usage::
 
@@ -70,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -98,11 +104,19 @@ from sdcore.postgres import DEFAULT_TABLES, PoolSettings
 from sdcore.scheduling import ControlSettings, Tick
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import base_parser, machine, percentile, scratch_database
 
 _DSN_ENV = "SDCORE_BENCH_REPLICA_DSN"  # keeps a password out of the process list
 RESERVE = 16  # connection slots left to the server's other users
-TICK_HZ = os.sysconf("SC_CLK_TCK")
+# --own-server: durable commits as on the shared server, room for 24 Runtimes' defaults.
+OWN_SERVER = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "shared_buffers": "128MB",
+    "max_connections": "400",
+    "shared_preload_libraries": "'pg_stat_statements'",
+}
 Key = tuple[str, int]  # (schedule, instant)
 
 
@@ -317,13 +331,19 @@ def tally(fleet: Fleet, names: list[str], instants: range) -> dict[str, Any]:
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, utime + stime in clock ticks), or ``None`` for a process that is gone."""
+    """(parent pid, CPU time in nanoseconds), or ``None`` for a process that is gone.
+
+    The time is the scheduler's own count (``/proc/PID/schedstat``), exact to the nanosecond:
+    ``utime + stime`` of ``/proc/PID/stat`` comes in 10 ms clock ticks, too coarse for the
+    backends of a large fleet, each of which runs a few milliseconds in a window.
+    """
     try:
         data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        ran = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
     rest = data[data.rindex(")") + 2 :].split()
-    return int(rest[1]), int(rest[11]) + int(rest[12])
+    return int(rest[1]), ran
 
 
 class CpuMeter:
@@ -375,7 +395,7 @@ class CpuMeter:
         out: Counter[str] = Counter()
         for pid, ticks in self.last.items():
             out[self.kinds.get(pid, "fleet")] += ticks - self.first.get(pid, 0)
-        return {kind: out[kind] / TICK_HZ for kind in ("db", "background", "fleet")}
+        return {kind: out[kind] / 1e9 for kind in ("db", "background", "fleet")}
 
 
 def _server(url: str) -> tuple[int, int, int]:
@@ -432,6 +452,23 @@ def _room(url: str, replicas: int, pool: int, listen: bool) -> None:
         time.sleep(10)
 
 
+def _top_statements(conn: psycopg.Connection[Any], seconds: int) -> None:
+    """With ``--own-server``: the scratch database's statements by calls since the fleet began
+    (``pg_stat_statements``), per second of the window; nothing when the extension is absent."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        rows = conn.execute(
+            r"SELECT calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 90) "
+            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()) ORDER BY calls DESC LIMIT 8"
+        ).fetchall()
+    except psycopg.Error:
+        conn.rollback()
+        return
+    for calls, ms, query in rows:
+        print(f"    {calls:>7} calls, {ms:8.1f} ms executing: {query}", flush=True)
+
+
 def _fleet_up(fleet: Fleet, count: int, deadline: float) -> bool:
     _room(fleet.dsn, count, fleet.pool, fleet.listen)
     for _ in range(count):
@@ -468,6 +505,7 @@ def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                     row = conn.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     ).fetchone()
+                    _top_statements(conn, args.seconds)
                 backends = int(row[0]) - 1 if row else 0
                 load = os.getloadavg()[0]
             finally:
@@ -683,19 +721,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--json", help="also write the raw results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the ledgers and replica logs")
+    parser.add_argument(
+        "--own-server",
+        action="store_true",
+        help="start a PostgreSQL of its own (max_connections 400): every fleet runs the "
+        "Runtime's defaults (pool 10, LISTEN on)",
+    )
     parser.add_argument("--replica", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.replica:
         asyncio.run(_replica(json.loads(args.replica)))
         return 0
-    with psycopg.connect(args.database_url) as conn:
-        print(machine(conn), flush=True)
-    modes = {"steady": steady, "burst": burst, "kill": kill, "churn": churn}
-    results: dict[str, Any] = {}
-    tmp = tempfile.mkdtemp(prefix="sdcore-fleet-")
-    for name, run in modes.items():
-        if args.only is None or name in args.only:
-            results[name] = run(args, Path(tmp))
+    with contextlib.ExitStack() as stack:
+        if args.own_server:
+            from tests._servers import own_postgres
+
+            server = stack.enter_context(own_postgres(OWN_SERVER))
+            args.database_url = server.dsn
+            print(f"own server on port {server.port}: {OWN_SERVER}", flush=True)
+        with psycopg.connect(args.database_url) as conn:
+            print(machine(conn), flush=True)
+        modes = {"steady": steady, "burst": burst, "kill": kill, "churn": churn}
+        results: dict[str, Any] = {}
+        tmp = tempfile.mkdtemp(prefix="sdcore-fleet-")
+        for name, run in modes.items():
+            if args.only is None or name in args.only:
+                results[name] = run(args, Path(tmp))
     if args.keep:
         print(f"ledgers and replica logs kept in {tmp}")
     else:

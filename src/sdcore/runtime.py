@@ -381,9 +381,11 @@ class Runtime(AsyncStartStop):
             lease_ms=chosen.scheduling.lease_ms,
             grace_period_ms=grace_period_ms,
         )
-        poll_only = settings.transaction_pooling or not chosen.control.listen
         self.schedule_store = PostgresScheduleStore(
-            self.pool, schema=schema, lease_table=lease_table, transaction_pooling=poll_only
+            self.pool,
+            schema=schema,
+            lease_table=lease_table,
+            transaction_pooling=settings.transaction_pooling,
         )
         # The control plane's polls and writes run on a pool of their own: a pause must reach
         # this replica while the application's handlers hold every connection of self.pool
@@ -396,12 +398,13 @@ class Runtime(AsyncStartStop):
             self.control_pool,
             schema=schema,
             lease_table=lease_table,
-            transaction_pooling=poll_only,
+            transaction_pooling=settings.transaction_pooling,
         )
         self.control = ScheduleControl(
             self.scheduler,
             self._control_store,
-            listen=not poll_only,
+            # A transaction-mode pooler hands a session's notifications to nobody.
+            listen=chosen.control.listen and not settings.transaction_pooling,
             poll_interval_ms=chosen.control.poll_interval_ms,
             heartbeat_ms=chosen.control.heartbeat_ms,
             history_store=self.schedule_store,

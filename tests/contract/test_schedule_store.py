@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from sdcore.scheduling import ScheduleAdmin, ScheduleControlError
-from sdcore.scheduling._control import DEFAULT_LIVE_MS, ActionKind, ControlAction, Write
+from sdcore.scheduling._control import (
+    DEFAULT_LIVE_MS,
+    ActionKind,
+    Changes,
+    ControlAction,
+    Write,
+)
 from tests.contract._schedules import Schedules, control, declared, replica, stored
 
 REPLICA = replica(handlers=("digest",))
@@ -204,6 +210,23 @@ async def test_revisions_order_every_control_change(schedules: Schedules) -> Non
     before = await store.revision()
     assert await store.write(control("s1", ActionKind.PAUSE)) is None
     assert await store.revision() == before
+
+
+async def test_changes_tell_a_poll_whether_rows_or_actions_wait(schedules: Schedules) -> None:
+    store = schedules.store
+    assert await store.changes() == Changes(revision=0, actions_open=False)
+    await store.sync(REPLICA, [declared("beat")])
+    assert await store.changes() == Changes(revision=0, actions_open=False)
+    await _write(schedules, control("beat", ActionKind.PAUSE))  # done at once: no open action
+    paused = await store.changes()
+    assert paused == Changes(revision=await store.revision(), actions_open=False)
+    assert paused.revision > 0
+    trigger = await _write(schedules, control("beat", ActionKind.TRIGGER))
+    assert await store.changes() == Changes(revision=paused.revision, actions_open=True)
+    await store.finish_action(trigger.id, "SUCCESS", None)
+    assert await store.changes() == Changes(revision=paused.revision, actions_open=False)
+    await _write(schedules, control("beat", ActionKind.RESUME))
+    assert (await store.changes()).revision == await store.revision() > paused.revision
 
 
 async def test_pause_and_resume_apply_once(schedules: Schedules) -> None:

@@ -220,14 +220,30 @@ async def test_members_are_the_replicas_seen_within_the_ttl(schedules: Schedules
     await store.sync(mine, [])
     await store.sync(other, [])
     await schedules.age(5_000)
-    assert await store.members(mine, "dm", 4_000) == []  # members does not mark it seen
-    assert await store.heartbeat(mine)
+    # Neither seen within 4 s before the call; the call marks this one seen (a heartbeat).
+    assert await store.members(mine, "dm", 4_000) == []
     assert await store.members(mine, "dm", 4_000) == [
         MemberRow(replica_id=mine.replica_id, digest="dm")
     ]
     rows = await store.members(mine, "dm", 6_000)
     assert rows is not None
     assert {r.replica_id for r in rows} == {mine.replica_id, other.replica_id}
+    await schedules.age(5_000)
+    # Marked alive by members alone: live as by heartbeat, the other one not.
+    rows = await store.members(other, "do", 5_500)
+    assert rows == [MemberRow(replica_id=mine.replica_id, digest="dm")]
+
+
+async def test_members_of_a_forgotten_replica_mark_nothing(schedules: Schedules) -> None:
+    store = schedules.store
+    me, other = replica(pid=1), replica(pid=2)
+    await store.sync(me, [])
+    await schedules.age(EXPIRY_MS + 1_000)
+    await store.sync(other, [])  # forgets me
+    rows = await store.members(me, "dm", 30_000)
+    assert rows is not None
+    assert me.replica_id not in {r.replica_id for r in rows}
+    assert not await store.heartbeat(me)  # still forgotten: sync again
 
 
 async def test_leave_forgets_the_replica_and_its_declarations(schedules: Schedules) -> None:

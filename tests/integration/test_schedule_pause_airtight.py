@@ -155,14 +155,15 @@ async def test_a_backfill_follows_its_stored_schedule_being_changed(
 
 
 class _PollClock(PostgresScheduleStore):
-    """The PostgreSQL store, noting when the replica's poll read the changes."""
+    """The PostgreSQL store, noting when the replica's poll read the changes (a poll's first
+    statement; the rows are read after it only when there are new ones)."""
 
     polled: asyncio.Event
 
-    async def rows(self, since: int | None) -> Any:
-        rows = await super().rows(since)
+    async def changes(self) -> Any:
+        changes = await super().changes()
         self.polled.set()
-        return rows
+        return changes
 
 
 async def test_ticks_between_the_resume_and_its_poll_are_caught_up(

@@ -47,6 +47,7 @@ from sdcore.scheduling._triggers import (
 
 __all__ = [
     "ActionKind",
+    "Changes",
     "ControlAction",
     "ControlWriteUncertainError",
     "Declared",
@@ -336,6 +337,20 @@ class RunStart:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Changes:
+    """What :meth:`ScheduleStore.changes` reads: enough to tell whether a poll has anything to
+    read.
+
+    Attributes:
+        revision: The newest revision of any row (0: no row).
+        actions_open: Whether any trigger or backfill action is unfinished.
+    """
+
+    revision: int
+    actions_open: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberRow:
     """A live replica as :meth:`ScheduleStore.members` reads it."""
 
@@ -405,9 +420,12 @@ class ScheduleStore(Protocol):
         ...
 
     async def members(self, replica: Replica, digest: str, ttl_ms: int) -> list[MemberRow] | None:
-        """Record ``digest`` (of the names ``replica`` declares) on its row; return the replicas
-        seen within ``ttl_ms`` with their digests (this replica's may be its previous one), or
-        ``None`` when the store keeps no digests (a migration pending): every replica asks."""
+        """The heartbeat of a replica that reads its peers: mark ``replica`` alive (as
+        :meth:`heartbeat`) and record ``digest`` (of the names it declares) on its row; return
+        the replicas seen within ``ttl_ms`` before this call, with their digests (this replica
+        absent when it was not seen within ``ttl_ms`` or was forgotten: sync again; its digest
+        may be its previous one), or ``None`` when the store keeps no digests (a migration
+        pending): every replica asks, and nothing was marked."""
         ...
 
     async def declared_versions(self, digest: str) -> dict[str, str]:
@@ -422,6 +440,11 @@ class ScheduleStore(Protocol):
 
     async def revision(self) -> int:
         """The newest revision of any row."""
+        ...
+
+    async def changes(self) -> Changes:
+        """The newest revision and whether any action is open: a poll reads rows and actions
+        only when these say there is something to read (one cheap statement otherwise)."""
         ...
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:

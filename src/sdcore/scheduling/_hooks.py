@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore.job_scheduler import BaseJobScheduler
 from sdcore.scheduling._cron import DayRule, InvalidScheduleError, load_zone
 from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._owners import OWNERS
 from sdcore.scheduling._policy import MAX_PERIOD_MS, StartPath, check_ms, check_name
 from sdcore.scheduling._runner import Handler, TickOutcome
 from sdcore.scheduling._scheduler import ControlLink, Scheduler
@@ -96,6 +97,24 @@ class SchedulerHooks:
     def unlink(self, *, paused: Callable[[str], bool] | None = None) -> None:
         """Take the scheduler back (:meth:`Scheduler.unlink`; ``paused``: the frozen gate)."""
         self.scheduler.unlink(paused=paused)
+
+    def next_start_in(self, after_s: float, within_s: float) -> float | None:
+        """Seconds until the first instant in ``[after_s, within_s]`` (seconds from now) at which
+        this replica may start a tick (one it fires, or asks for as one of its owners), or
+        ``None``; ``after_s`` while ticks are in progress here (a retry reads the gate again)."""
+        scheduler = self.scheduler
+        sup = scheduler._sup
+        if not scheduler.running:
+            return None
+        if sup.tasks:
+            return after_s
+        now = scheduler._clock()
+        due = scheduler._timer.next_start(
+            now + timedelta(seconds=after_s),
+            now + timedelta(seconds=within_s),
+            lambda entry, at: entry.active and sup.route(entry, at) < OWNERS,
+        )
+        return None if due is None else (due - now).total_seconds()
 
     def release_unknown(self) -> None:
         """The gate knows the paused state again: offer the fires that waited for it."""

@@ -19,6 +19,7 @@ from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerStatus
 from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,
+    Changes,
     ControlAction,
     Declared,
     MemberRow,
@@ -188,8 +189,10 @@ class MemoryScheduleStore:
             for rid, (_, seen) in self._replicas.items()
             if seen >= limit
         ]
-        if replica.replica_id in self._replicas:
+        known = self._replicas.get(replica.replica_id)
+        if known is not None:
             self._digests[replica.replica_id] = digest
+            self._replicas[replica.replica_id] = (known[0], self._clock())
         return rows
 
     async def declared_versions(self, digest: str) -> dict[str, str]:
@@ -208,6 +211,12 @@ class MemoryScheduleStore:
 
     async def revision(self) -> int:
         return max((r.revision for r in self._rows.values()), default=0)
+
+    async def changes(self) -> Changes:
+        return Changes(
+            revision=await self.revision(),
+            actions_open=any(a.finished_at is None for a in self._actions.values()),
+        )
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         if since is None:
@@ -555,8 +564,10 @@ class MemoryScheduleStore:
         return len(old_runs) + len(old_actions)
 
     async def listen(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` on every write until cancelled (as LISTEN/NOTIFY does)."""
+        """Call ``wake`` once listening, then on every write until cancelled (as the
+        PostgreSQL store's LISTEN/NOTIFY does)."""
         self._listeners.append(wake)
+        wake()
         try:
             await asyncio.Event().wait()
         finally:

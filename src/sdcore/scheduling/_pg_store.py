@@ -26,6 +26,7 @@ from sdcore.postgres import derived_name, migrate, notifications
 from sdcore.scheduling._control import (
     DEFAULT_LIVE_MS,
     ActionKind,
+    Changes,
     ControlAction,
     ControlWriteUncertainError,
     Declared,
@@ -257,6 +258,11 @@ class PostgresScheduleStore:
     async def revision(self) -> int:
         row = await self._one("revision")
         return int(row[0]) if row else 0
+
+    async def changes(self) -> Changes:
+        row = await self._one("changes")
+        assert row is not None  # noqa: S101 - a SELECT without FROM returns one row
+        return Changes(revision=int(row[0]), actions_open=bool(row[1]))
 
     async def rows(self, since: int | None) -> list[ScheduleRow]:
         if since is None:

@@ -55,6 +55,13 @@ __all__ = ["ScheduleControl"]
 # poll interval and a second, if that is longer) starts no tick until it has read it again.
 STALE_AFTER_S = 2.0
 
+# While notifications arrive, a poll not needed for a tick's gate waits for the heartbeat; the
+# one before a tick lands this long before its instant, and a view counts as covering the
+# instants up to GATE_MARGIN_S before it goes stale (the gate is read again once a tick's lease
+# is won, after its acquire).
+POLL_LEAD_S = 0.5
+GATE_MARGIN_S = 1.0
+
 # How long a stopping replica tries to remove its row. Its heartbeat ends either way, and a row
 # not seen for 30 s stops counting as declaring anything, so a give-up costs nothing lasting.
 LEAVE_TIMEOUT_S = 5.0
@@ -177,6 +184,7 @@ class ScheduleControl:
         self._wake = asyncio.Event()
         self._last_beat = 0.0
         self._closing = False
+        self._listening = False  # LISTEN took effect and its connection has not failed since
         self._joined = False
         self._since = clock()
         # When the paused state held here was last read (monotonic): a view older than
@@ -219,6 +227,7 @@ class ScheduleControl:
         self._history.loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._closing = False
+        self._listening = False
         self._since = self._clock() - timedelta(seconds=5)  # clock skew with the database
         self._owners = Owners(self.replica.replica_id, stale_s=MEMBER_TTL_BEATS * self._heartbeat_s)
         self._versions = {}
@@ -376,14 +385,41 @@ class ScheduleControl:
 
     async def _listener(self) -> None:
         listen = getattr(self.store, "listen")  # noqa: B009 - optional capability
+
+        def heard() -> None:
+            self._listening = True  # the first call comes once LISTEN took effect
+            self.wake()
+
         while True:
             try:
-                await listen(self.wake)
+                await listen(heard)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - polling goes on meanwhile
                 self._log.warning("control plane LISTEN failed (polling meanwhile): %s", exc)
+            finally:
+                self._listening = False
+            self.wake()  # back to polling every interval from now on
             await asyncio.sleep(max(self._poll_s, 1.0))
+
+    def _poll_delay(self, now: float) -> float:
+        """Seconds until the next poll (``now``: the loop's clock).
+
+        Without notifications: every poll interval. With them (a change wakes the loop at once),
+        polls that only keep the paused state fresh are made when the gate needs them: at the
+        poll interval while a tick may start here, else :data:`POLL_LEAD_S` before the next
+        instant at which one may (its owners'; the others' ticks are not gated here), else at
+        the heartbeat. The view a tick starts on is then never older than without them.
+        """
+        fresh = self._fresh_at
+        if not self._listening or fresh is None:
+            return self._poll_s
+        idle = max(self._poll_s, self._last_beat + self._heartbeat_s - now)
+        covered = fresh + self._stale_s - GATE_MARGIN_S - time.monotonic()
+        need = self._hooks.next_start_in(max(0.0, covered), idle + POLL_LEAD_S)
+        if need is None:
+            return idle
+        return min(idle, max(self._poll_s, need - POLL_LEAD_S))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -395,15 +431,11 @@ class ScheduleControl:
             try:
                 await self._redeclare()
                 await self.poll()
-                if loop.time() - self._last_beat >= self._heartbeat_s:
+                # A notification (a replica left, or a control write): the owners of the ticks
+                # a leaving replica owned must know at once, not at the next beat.
+                if woken or loop.time() - self._last_beat >= self._heartbeat_s:
                     self._last_beat = loop.time()
-                    if not await self.store.heartbeat(self.replica):
-                        await self._sync()
-                    await self._read_members()
-                elif woken:
-                    # A notification (a replica left, or a control write): the owners of the
-                    # ticks a leaving replica owned must know at once, not at the next beat.
-                    await self._read_members()
+                    await self._beat()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive a bad round
@@ -412,19 +444,29 @@ class ScheduleControl:
             # a TimeoutError, and aclose() would wait for this loop forever.
             waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                done, _ = await asyncio.wait({waiter}, timeout=self._poll_s)
+                done, _ = await asyncio.wait({waiter}, timeout=self._poll_delay(loop.time()))
             finally:
                 waiter.cancel()
             woken = bool(done)
 
     async def poll(self) -> None:
-        """Apply every change since the last poll and start the open actions this replica can."""
+        """Apply every change since the last poll and start the open actions this replica can.
+
+        While nothing changes this is one statement (:meth:`ScheduleStore.changes`): the rows
+        are read only past a newer revision, the actions only while one is open. The paused
+        state held here is then known current as of the poll's start: a row written before it
+        committed with a revision that statement sees (revisions commit in order).
+        """
         began = time.monotonic()
-        await self._apply_changes()
+        changes = await self.store.changes()
+        if changes.revision > self._revision:
+            await self._apply_changes()
         self._fresh_at = began
         self._hooks.release_unknown()
+        if not changes.actions_open or not self.scheduler.running:
+            return
         names = sorted(self._local_names())
-        if not names or not self.scheduler.running:
+        if not names:
             return
         actions = await self.store.open_actions(names)
         newest = max((action.id for action in actions), default=0)
@@ -444,9 +486,26 @@ class ScheduleControl:
             elif action.action is ActionKind.BACKFILL:
                 self._spawn(action, functools.partial(self._actions.backfill, action))
 
-    async def _read_members(self) -> None:
-        """Read the live replicas and what each declares: the owners of each exclusive schedule
-        are chosen among them (:mod:`sdcore.scheduling._owners`)."""
+    async def _beat(self) -> None:
+        """The heartbeat: one statement marks this replica alive and reads its peers. A replica
+        the others no longer see (it slept past the members' TTL, or a peer's sync forgot it)
+        declares its schedules again, then reads its peers with them."""
+        seen = await self._read_members()
+        if seen is None:  # the store keeps no digests: a plain heartbeat
+            seen = await self.store.heartbeat(self.replica)
+        if not seen:
+            await self._sync()
+            await self._read_members()
+
+    async def _read_members(self) -> bool | None:
+        """Mark this replica alive and read the live replicas and what each declares: the
+        owners of each exclusive schedule are chosen among them
+        (:mod:`sdcore.scheduling._owners`).
+
+        Returns:
+            Whether this replica was among them; ``None``: the store keeps no digests (nothing
+            was marked).
+        """
         mine = {**self._declared, **self._stored}  # name -> fingerprint declared here
         digest = _digest(mine)
         ttl_ms = round(MEMBER_TTL_BEATS * self._heartbeat_s * 1000)
@@ -460,7 +519,8 @@ class ScheduleControl:
                     extra={"action": "owners_off"},
                 )
             self._owners.forget()
-            return
+            return None
+        seen = False
         # What the holders of each digest declare (name -> fingerprint), and of that the names
         # they declare in this replica's version: a schedule's owners are chosen among the
         # replicas that run its definition as this one does (a rolling deploy that changes it
@@ -475,6 +535,7 @@ class ScheduleControl:
         for row in rows:
             held = row.digest
             if row.replica_id == self.replica.replica_id:
+                seen = True
                 continue
             if held is None:  # no digest recorded (an older version): declares nothing here
                 members.append(Member(row.replica_id, frozenset()))
@@ -499,6 +560,7 @@ class ScheduleControl:
         self._versions = versions
         self._same = (digest, same)
         self._owners.update(members)
+        return seen
 
     async def _apply_changes(self) -> None:
         for row in await self.store.rows(self._revision):

@@ -52,8 +52,9 @@ class ControlSettings:
     reaches them. It runs only with the scheduler (``scheduling`` not ``None``).
 
     Attributes:
-        listen: Changes arrive by LISTEN/NOTIFY and by polling; ``False`` polls only, with
-            unprepared statements (implied by ``PoolSettings(transaction_pooling=True)``).
+        listen: Changes arrive by LISTEN/NOTIFY and by polling; ``False`` polls only
+            (implied by ``PoolSettings(transaction_pooling=True)``, which also keeps every
+            statement unprepared).
         poll_interval_ms: How often the control plane polls for changes.
         heartbeat_ms: How often this replica records that it is alive.
 

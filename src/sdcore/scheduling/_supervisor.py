@@ -117,6 +117,8 @@ class TickStarter:
         # The latest fire of each schedule that came while the gate could not tell whether it
         # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
         self._unknown: dict[Entry, datetime] = {}
+        # The schedules whose pending catch-up ticks the gate refused as unknown (ditto).
+        self._unknown_pending: set[Entry] = set()
         # Set (and replaced) each time the gate knows the paused state again (release_unknown).
         self._known = asyncio.Event()
 
@@ -165,6 +167,9 @@ class TickStarter:
         waiting, self._unknown = self._unknown, {}
         for entry, due in waiting.items():
             self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
+        pending, self._unknown_pending = self._unknown_pending, set()
+        for entry in pending:
+            self.drain(entry)
 
     @property
     def runner(self) -> TickRunner:
@@ -372,6 +377,12 @@ class TickStarter:
                 # A process that slept (SIGSTOP, a VM pause) or lost the database must not start
                 # a tick on a pause state it has not re-read. Only the latest fire waits; earlier
                 # ones are missed ticks, which the catch-up policy decides about.
+                if path in (StartPath.CATCH_UP, StartPath.SWEEP) and due in entry.pending:
+                    # Offered again once the gate knows (release_unknown), not at the next sweep.
+                    offered = entry.offered
+                    if isinstance(offered, set):
+                        offered.discard(due)
+                    self._unknown_pending.add(entry)
                 if path is StartPath.FIRE:
                     self._unknown[entry] = due
                     self._log.info(
@@ -799,6 +810,7 @@ class TickStarter:
         """Let every owned task finish within the grace period, then cancel and await it."""
         # Fires that were waiting belong to this run of the scheduler: none starts after it.
         self._unknown.clear()
+        self._unknown_pending.clear()
         self._deferred.clear()
         for handle in self._later_handles.values():
             handle.cancel()

@@ -138,6 +138,26 @@ class Timer:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
+    def next_start(
+        self, after: datetime, until: datetime, starts: Callable[[Entry, datetime], bool]
+    ) -> datetime | None:
+        """The first armed instant in ``[after, until]`` at which ``starts`` says this replica
+        starts a tick, or ``None``. The heap is walked in instant order from its top, down to
+        ``until`` only (the instants before ``after`` are skipped, not their entries' order)."""
+        heap = self.heap
+        frontier: list[tuple[datetime, int]] = [(heap[0][0], 0)] if heap else []
+        while frontier:
+            due, index = heapq.heappop(frontier)
+            if due > until:
+                return None
+            _, _, version, entry = heap[index]
+            if due >= after and self._live(entry, version) and starts(entry, due):
+                return due
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child][0], child))
+        return None
+
     def _due(self, now: datetime) -> bool:
         return bool(self.heap) and self.heap[0][0] <= now
 

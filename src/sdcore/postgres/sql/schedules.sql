@@ -94,11 +94,13 @@ GROUP BY d.schedule HAVING count(DISTINCT d.fingerprint) > 1
 UPDATE {replicas} SET last_seen = clock_timestamp() WHERE replica_id = %s::uuid
 
 -- name: members
--- Record this replica's digest and read the live replicas with theirs (one statement per
--- heartbeat). The SELECT reads the snapshot before the UPDATE: this replica's own row may show
--- its previous digest, and the caller ignores it.
+-- The heartbeat: mark this replica alive, record its digest, and read the live replicas with
+-- theirs, in one statement. The SELECT reads the snapshot before the UPDATE: this replica's own
+-- row shows as it was (its previous digest; absent if it had lapsed or was forgotten, and then
+-- the caller syncs again).
 WITH me AS (
-    UPDATE {replicas} SET schedules_digest = %s WHERE replica_id = %s::uuid
+    UPDATE {replicas} SET schedules_digest = %s, last_seen = clock_timestamp()
+    WHERE replica_id = %s::uuid
 )
 SELECT replica_id::text, schedules_digest FROM {replicas}
 WHERE last_seen >= clock_timestamp() - %s::bigint * interval '1 millisecond'
@@ -118,6 +120,12 @@ SELECT pg_notify(%s, 'members') FROM gone
 
 -- name: revision
 SELECT coalesce(max(revision), 0) FROM {table}
+
+-- name: changes
+-- A poll's one statement while nothing changes: the newest revision (the last entry of
+-- revision_idx) and whether any action is open (the partial index of open actions).
+SELECT coalesce((SELECT max(revision) FROM {table}), 0),
+       EXISTS (SELECT 1 FROM {actions} WHERE finished_at IS NULL)
 
 -- name: rows_since
 SELECT name, origin, kind, expression, time_zone, options, handler, args, fingerprint, paused,
