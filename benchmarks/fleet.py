@@ -452,11 +452,44 @@ def _room(url: str, replicas: int, pool: int, listen: bool) -> None:
         time.sleep(10)
 
 
-def _top_statements(conn: psycopg.Connection[Any], seconds: int) -> None:
-    """With ``--own-server``: the scratch database's statements by calls since the fleet began
-    (``pg_stat_statements``), per second of the window; nothing when the extension is absent."""
-    try:
+def _reset_statements(dsn: str) -> None:
+    """Start ``pg_stat_statements``' counts at the window (``--own-server``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def _by_backend_kind(conn: psycopg.Connection[Any], meter: CpuMeter, seconds: int) -> None:
+    """The window's CPU of the scratch database's backends by what each last ran: ``listen``
+    (a LISTEN connection), ``control`` (a control-plane poll or heartbeat), ``other`` (the
+    pools' tick, history and lease statements), per second."""
+    kinds: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for pid, query in conn.execute(
+        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    ).fetchall():
+        text_ = " ".join(str(query).split())
+        kind = (
+            "listen"
+            if text_.startswith("LISTEN")
+            else "control"
+            if "A poll's one statement" in text_ or "The heartbeat:" in text_
+            else "other"
+        )
+        kinds[kind] += meter.last.get(pid, 0) - meter.first.get(pid, 0)
+        count[kind] += 1
+    shown = ", ".join(
+        f"{kind} {count[kind]} backends {kinds[kind] / 1e6 / seconds:.2f} ms/s"
+        for kind in ("listen", "control", "other")
+    )
+    print(f"    backends by what they last ran: {shown}", flush=True)
+
+
+def _top_statements(conn: psycopg.Connection[Any], seconds: int) -> None:
+    """With ``--own-server``: the scratch database's statements by calls in the window
+    (``pg_stat_statements``); nothing when the extension is absent."""
+    try:
         rows = conn.execute(
             r"SELECT calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 90) "
             "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
@@ -496,6 +529,8 @@ def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 pids = {r.proc.pid: r.index for r in fleet.replicas}
                 meter = CpuMeter(postmaster, str(conninfo_to_dict(dsn)["dbname"]), pids)
                 xacts: list[int] = []
+                if args.own_server:
+                    _reset_statements(dsn)
                 for step in range(2 * args.seconds + 1):
                     _sleep_until(t0 - 0.5 + step / 2)
                     meter.scan()
@@ -506,6 +541,7 @@ def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     ).fetchone()
                     _top_statements(conn, args.seconds)
+                    _by_backend_kind(conn, meter, args.seconds)
                 backends = int(row[0]) - 1 if row else 0
                 load = os.getloadavg()[0]
             finally:

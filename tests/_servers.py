@@ -366,37 +366,63 @@ class RedisServer:
         self.extra = tuple(extra)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """Start it (again, on the same port and directory) and wait until it accepts."""
+        """Start it (again, on the same port and directory) and wait until it accepts.
+
+        Ready means this process logged that it accepts connections: a port that merely
+        accepts may be another server's (a cluster node's bus port is its port + 10000, which
+        ``free_port`` cannot see coming). At a cluster node's first start, a port taken
+        meanwhile is replaced by a new one; a restart keeps its port (clients know it).
+        """
+        # Only a cluster node's port moves: a replica's options name its master's port.
+        movable = not self._started and "--cluster-enabled" in self.extra
+        for _ in range(5):
+            if self._start_once():
+                self._started = True
+                return
+            if not movable:
+                break
+            self.port = _cluster_port()
+        pytest.fail("private redis-server did not start", pytrace=False)
+
+    def _start_once(self) -> bool:
         persistence = (
             ("--appendonly", "yes", "--appendfsync", "always")
             if self.durable
             else ("--appendonly", "no")
         )
+        log = self.directory / "redis.log"
+        seen = log.stat().st_size if log.exists() else 0
         self.proc = subprocess.Popen(
             [
                 *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
                 *("--save", "", *persistence),
-                *("--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")),
+                *("--dir", str(self.directory), "--logfile", str(log)),
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                pytest.fail("private redis-server did not start", pytrace=False)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                return False  # exited: the port is taken (or a bad option)
+            if log.exists():
+                with log.open("rb") as handle:
+                    handle.seek(seen)
+                    if b"Ready to accept connections" in handle.read():
+                        return True
             time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait(10)
+        self.proc = None
+        return False
 
     def crash(self) -> None:
         """``kill -9`` it (SIGTERM may wait for an AOF rewrite); a no-op when it is not running."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -462,6 +463,11 @@ class _WritesBetweenReads(PostgresScheduleStore):
     its read of the open actions (a poll that started just before an update and a trigger)."""
 
     between: Callable[[], Awaitable[None]] | None = None
+
+    async def changes(self) -> Any:
+        # Say an action is open, so that the poll reads the open actions even when none was
+        # open at its start (the writes commit after this read).
+        return replace(await super().changes(), actions_open=True)
 
     async def open_actions(self, names: Any) -> Any:
         between, self.between = self.between, None
