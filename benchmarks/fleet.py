@@ -28,8 +28,9 @@ Four modes (``--only``; all by default):
     and each tick exactly once (ledgers, and the lease rows all ``SUCCESS``). Target: last ≤ 1 s.
 ``kill``
     ``--kill-replicas`` replicas, ``--kill-schedules`` per-second crons, handlers of ``--work-ms``.
-    At a half second, ``kill -9`` the replica that started the most of the last 4 instants' ticks
-    (ties: the latest to start one); then, in a fresh fleet, the first two so ranked. For each
+    At a half second, ``kill -9`` the first owner of the coming instants (the top of their
+    epoch's rendezvous order, computed from the replicas' rows as the replicas compute it); then,
+    in a fresh fleet, the first two owners. For each
     schedule they ran: which replica started the next tick, how long after the first instant past
     the kill, and which replicas ran it before and after (all its owners killed: skipped instants
     or a late start).
@@ -102,6 +103,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sdcore import Runtime
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings
 from sdcore.scheduling import ControlSettings, Tick
+from sdcore.scheduling._owners import EPOCH_S, _score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -452,6 +454,44 @@ def _room(url: str, replicas: int, pool: int, listen: bool) -> None:
         time.sleep(10)
 
 
+def _backends(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) - 1 if row else 0
+
+
+def _settled(dsn: str, limit: float) -> tuple[int, float, bool]:
+    """Wait (up to ``limit`` seconds) until the scratch database's backends stop growing for
+    15 s: each replica's pool opens connections as it first needs them (a replica owns one
+    instant in R/3), and a backend's start-up is not what a tick costs once the fleet runs.
+    Returns the count, the seconds waited and whether it settled."""
+    began = time.monotonic()
+    count, since = _backends(dsn), began
+    while time.monotonic() - began < limit:
+        time.sleep(5)
+        now = _backends(dsn)
+        if now != count:
+            count, since = now, time.monotonic()
+        elif time.monotonic() - since >= 15:
+            return count, time.monotonic() - began, True
+    return count, time.monotonic() - began, False
+
+
+def _epoch_owners(dsn: str, fleet: Fleet, instant: int) -> list[int]:
+    """The fleet's replicas (indexes) in the rendezvous order of ``instant``'s epoch, as each
+    replica ranks them (``sdcore.scheduling._owners``): its first owners first."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f"SELECT replica_id::text, pid FROM {DEFAULT_TABLES['schedules']}_replicas"
+        ).fetchall()
+    by_pid = {r.proc.pid: r.index for r in fleet.replicas}
+    key = str(int(instant // EPOCH_S))
+    order = sorted(rows, key=lambda row: (_score(key, row[0]), row[0]), reverse=True)
+    return [by_pid[pid] for _, pid in order if pid in by_pid]
+
+
 def _reset_statements(dsn: str) -> None:
     """Start ``pg_stat_statements``' counts at the window (``--own-server``)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -524,6 +564,7 @@ def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             try:
                 _fleet_up(fleet, size, time.time() + 60 + 5 * size)
                 time.sleep(args.warmup)
+                settled = _settled(dsn, args.settle)
                 t0 = math.ceil(time.time()) + 1
                 postmaster = _server(dsn)[0]
                 pids = {r.proc.pid: r.index for r in fleet.replicas}
@@ -543,6 +584,12 @@ def steady(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                     _top_statements(conn, args.seconds)
                     _by_backend_kind(conn, meter, args.seconds)
                 backends = int(row[0]) - 1 if row else 0
+                print(
+                    f"    backends: {settled[0]} at the window's start ({settled[1]:.0f} s "
+                    f"after the warm-up, {'settled' if settled[2] else 'still growing'}), "
+                    f"{backends} at its end",
+                    flush=True,
+                )
                 load = os.getloadavg()[0]
             finally:
                 fleet.stop()
@@ -648,14 +695,13 @@ def kill(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 _fleet_up(fleet, size, time.time() + 60 + 5 * size)
                 time.sleep(args.warmup + 4)
                 killed_at = math.floor(time.time()) + 1.5
+                # Four instants before the kill and the observed ones after it in one epoch.
+                epoch_s = int(EPOCH_S)
+                if (int(killed_at) - 4) // epoch_s != (int(killed_at) + 10) // epoch_s:
+                    killed_at = (int(killed_at) + 10) // epoch_s * epoch_s + 5.5
                 first = int(killed_at) + 1  # the first instant after the kill
                 _sleep_until(killed_at - 0.3)
-                score: dict[int, tuple[int, int]] = {}  # replica: (ticks started, latest)
-                for (_, t), started in fleet.runs().items():
-                    for x in started if first - 4 <= t < first else ():
-                        n, latest = score.get(x.replica, (0, 0))
-                        score[x.replica] = (n + 1, max(latest, t))
-                ranked = sorted(score, key=score.__getitem__, reverse=True)
+                ranked = _epoch_owners(dsn, fleet, first)
                 chosen = [fleet.replicas[i] for i in ranked[:victims]]
                 _sleep_until(killed_at)
                 for r in chosen:
@@ -744,6 +790,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=30, help="steady: window (default 30)")
     parser.add_argument("--steady-schedules", type=int, default=20, help="0: an idle fleet")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds once all are up")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=180.0,
+        help="steady: then wait up to this long for the backends to stop growing (0: not)",
+    )
     parser.add_argument("--burst-replicas", default="3,24")
     parser.add_argument("--burst-schedules", type=int, default=10_000)
     parser.add_argument("--burst-lead", type=float, default=0.0, help="0: 15 s + R*N/2000 s")

@@ -4,8 +4,9 @@ Without a view of the cluster every replica asks for every tick, and the lease p
 database then answers one statement per replica per tick, so the fleet's cost grows with its
 size. With the control plane on, each replica knows the live replicas (their heartbeats) and
 which schedules each declares; an exclusive cron or interval schedule's tick is then asked for
-by its **owners** only, the top :data:`OWNERS` replicas of a rendezvous hash of (tick instant,
-replica id) over the live replicas that declare the schedule (:meth:`Owners.fire_rank`):
+by its **owners** only, the top :data:`OWNERS` replicas of a rendezvous hash of (the instant's
+epoch, replica id) over the live replicas that declare the schedule (:meth:`Owners.fire_rank`;
+an epoch is :data:`EPOCH_S` seconds):
 
 - the first owner acquires at the instant;
 - the second acquires :func:`second_delay` later (a quarter of the schedule's spacing, at most
@@ -21,7 +22,12 @@ killed or started every 2 s) two owners per instant lose ticks that three keep; 
 The ticks due at one instant share their owners, so each owner sends them as one batch statement and
 records their outcomes and history together: the database's work per instant is that of one replica,
 whatever the fleet's size (owners by schedule instead would spread one instant's ticks over most of
-the fleet, each replica sending a statement of one or two keys). Consecutive instants rotate over
+the fleet, each replica sending a statement of one or two keys). So do the instants of one epoch:
+the same few replicas run a minute of per-second ticks on connections, prepared statements and
+caches kept warm by the second before. Owners rotating every instant measured 2.06-2.22x the
+server's CPU per tick at 24 replicas against 3 (a replica then ran the lease statements once in
+eight seconds, on backends gone cold meanwhile), by the minute 0.94-1.54x
+(``docs/benchmarks.md#fleet-owners-replicas-and-bursts-through-the-runtime``). Epochs rotate over
 the replicas, which spreads the work over time; the ticks of one instant (a burst at 08:00) run on
 one replica while it is live. The duties that are not a fire — start-up catch-up and the sweep — go
 by schedule (:meth:`Owners.owns`: the top :data:`OWNERS` by a hash of (schedule, replica id)), so
@@ -32,10 +38,11 @@ one's heartbeat lapsed) at worst both ask, an extra statement, never a double ru
 whose view is missing or stale asks for everything, as without a control plane. The hash moves a
 schedule only when one of its owners leaves or joins, and spreads the schedules evenly.
 
-What it costs: when every owner of an instant dies at once, nobody asks for its ticks until the
-others drop them from their view (:data:`MEMBER_TTL_BEATS` heartbeats without one, then up to a
-heartbeat more to read it); the new owners then fire its next tick and their catch-up sweep
-decides about the ticks in between, as for any missed tick.
+What it costs: a first owner killed makes every tick of its epochs start :func:`second_delay`
+late (the second owner's) until the others drop it from their view (:data:`MEMBER_TTL_BEATS`
+heartbeats without one, then up to a heartbeat more to read it); when every owner of an epoch
+dies at once, nobody asks for its ticks until then; the new owners then fire the next tick and
+their catch-up sweep decides about the ticks in between, as for any missed tick.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 __all__ = [
+    "EPOCH_S",
     "MEMBER_TTL_BEATS",
     "OWNERS",
     "Member",
@@ -55,9 +63,12 @@ __all__ = [
 ]
 
 OWNERS = 3  # replicas that ask for each exclusive tick
+# The instants of one epoch (whole multiples of this many seconds since the Unix epoch) share
+# their owners.
+EPOCH_S = 60.0
 # A replica whose heartbeat is older than this many heartbeat intervals is no longer an owner.
 MEMBER_TTL_BEATS = 3
-_MAX_ORDERS = 64  # instants whose order is kept (a burst reuses one; per-second ticks one each)
+_MAX_ORDERS = 64  # epochs whose order is kept
 _MAX_SECOND_DELAY_S = 1.0
 _MIN_SECOND_DELAY_S = 0.05
 
@@ -104,6 +115,7 @@ class Owners:
         *,
         stale_s: float,
         clock: Callable[[], float] = time.monotonic,
+        epoch_s: float | None = None,
     ) -> None:
         self.replica_id = replica_id
         self._stale_s = stale_s
@@ -112,7 +124,8 @@ class Owners:
         self._read_at = 0.0
         self._ranks: dict[str, int] = {}
         # Each recent instant's replicas in rendezvous order (None: this replica).
-        self._orders: dict[datetime, tuple[Member | None, ...]] = {}
+        self._orders: dict[int, tuple[Member | None, ...]] = {}
+        self._epoch_s = EPOCH_S if epoch_s is None else epoch_s
 
     @property
     def members(self) -> tuple[Member, ...] | None:
@@ -195,21 +208,22 @@ class Owners:
     def fire_rank(self, name: str, instant: datetime) -> int:
         """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first; 0
         without a fresh view): the live replicas that declare ``name``, in the rendezvous order
-        of the instant, which every schedule due then shares."""
+        of the instant's epoch, which every schedule due in it shares."""
         others = self._fresh()
         if others is None:
             return 0
-        order = self._orders.get(instant)
+        epoch = int(instant.timestamp() // self._epoch_s)
+        order = self._orders.get(epoch)
         if order is None:
             if len(self._orders) >= _MAX_ORDERS:
                 self._orders.clear()
-            key = instant.isoformat()
+            key = str(epoch)
             scored: list[tuple[tuple[bytes, str], Member | None]] = [
                 ((_score(key, m.replica_id), m.replica_id), m) for m in others
             ]
             scored.append(((_score(key, self.replica_id), self.replica_id), None))
             scored.sort(key=lambda item: item[0], reverse=True)
-            order = self._orders[instant] = tuple(m for _, m in scored)
+            order = self._orders[epoch] = tuple(m for _, m in scored)
         rank = 0
         for m in order:
             if m is None:

@@ -134,7 +134,9 @@ class PostgresScheduleStore:
     ) -> None:
         self.pool = pool
         self.transaction_pooling = bool(transaction_pooling)
-        self._prepare: bool | None = False if transaction_pooling else None
+        # Prepared at first use (a poll or heartbeat runs a few times a minute on a replica),
+        # never behind a transaction-mode pooler.
+        self._prepare = not transaction_pooling
         self.table = table
         self.schema = schema
         self.live_ms = live_ms
