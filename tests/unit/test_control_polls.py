@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sdcore.scheduling import ScheduleControl, Scheduler, Tick
+from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._control import Changes
 from sdcore.scheduling._policy import StartPath
 from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
@@ -95,3 +95,27 @@ async def test_a_catch_up_tick_refused_on_a_stale_view_starts_once_the_view_is_r
         while not ran and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
     assert len(ran) == 1, ran
+
+
+async def test_a_listening_replica_polls_every_interval_while_an_action_is_open() -> None:
+    jobs = MemoryJobScheduler()
+    store = _Counting(jobs)
+    scheduler = Scheduler(jobs=jobs, lease_ms=30_000)
+    release = asyncio.Event()
+
+    async def slow(tick: Tick) -> None:
+        await release.wait()
+
+    scheduler.add_interval("beat", 3_600_000, slow)
+    control = ScheduleControl(
+        scheduler, store, poll_interval_ms=100, heartbeat_ms=1_000, listen=True
+    )
+    async with control, scheduler:
+        await asyncio.sleep(0.3)
+        await ScheduleAdmin(store).trigger("beat", actor="ops")  # open while its run waits
+        await asyncio.sleep(0.3)
+        store.polls.clear()
+        await asyncio.sleep(1.5)
+        polls = len(store.polls)
+        release.set()
+    assert polls >= 10, polls

@@ -185,6 +185,7 @@ class ScheduleControl:
         self._last_beat = 0.0
         self._closing = False
         self._listening = False  # LISTEN took effect and its connection has not failed since
+        self._actions_open = False  # as the last poll read it
         self._joined = False
         self._since = clock()
         # When the paused state held here was last read (monotonic): a view older than
@@ -412,7 +413,9 @@ class ScheduleControl:
         the heartbeat. The view a tick starts on is then never older than without them.
         """
         fresh = self._fresh_at
-        if not self._listening or fresh is None:
+        if not self._listening or fresh is None or self._actions_open:
+            # Open actions are offered again at every poll (one whose replica died runs again
+            # once its lease expires): they keep the interval.
             return self._poll_s
         idle = max(self._poll_s, self._last_beat + self._heartbeat_s - now)
         covered = fresh + self._stale_s - GATE_MARGIN_S - time.monotonic()
@@ -459,6 +462,7 @@ class ScheduleControl:
         """
         began = time.monotonic()
         changes = await self.store.changes()
+        self._actions_open = changes.actions_open
         if changes.revision > self._revision:
             await self._apply_changes()
         self._fresh_at = began
