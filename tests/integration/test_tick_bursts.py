@@ -27,6 +27,7 @@ from sdcore.testing import MemoryJobScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUDGET = AttemptBudget(max_attempts=2, backoff_ms=50)
+EXPIRING_MS = 500
 
 
 def _tick(
@@ -45,7 +46,9 @@ async def _running(store: BaseJobScheduler, code: str) -> None:
 
 
 async def _running_expired(store: BaseJobScheduler, code: str) -> None:
-    got, _ = await store.acquire_attempt(_tick(code, lease_ms=20), BUDGET)
+    # Long enough that a loaded machine's acquire answers within it (an answer later than the
+    # lease is given up: not acquired), short enough to expire before the comparison.
+    got, _ = await store.acquire_attempt(_tick(code, lease_ms=EXPIRING_MS), BUDGET)
     assert got.acquired
 
 
@@ -104,7 +107,7 @@ async def _batch_matches_single(store: BaseJobScheduler) -> None:
     for state, make in STATES.items():
         await make(store, f"single-{state}")
         await make(store, f"batch-{state}")
-    await asyncio.sleep(0.12)  # past the expired lease and the first backoff
+    await asyncio.sleep(EXPIRING_MS / 1000 + 0.15)  # past the expired lease and the backoff
     single = {}
     for state in STATES:
         got, attempt = await store.acquire_attempt(_tick(f"single-{state}"), BUDGET)
