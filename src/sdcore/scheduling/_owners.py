@@ -115,7 +115,6 @@ class Owners:
         *,
         stale_s: float,
         clock: Callable[[], float] = time.monotonic,
-        epoch_s: float | None = None,
     ) -> None:
         self.replica_id = replica_id
         self._stale_s = stale_s
@@ -123,9 +122,9 @@ class Owners:
         self._others: tuple[Member, ...] | None = None
         self._read_at = 0.0
         self._ranks: dict[str, int] = {}
-        # Each recent instant's replicas in rendezvous order (None: this replica).
+        # Each recent epoch's replicas in rendezvous order (None: this replica).
         self._orders: dict[int, tuple[Member | None, ...]] = {}
-        self._epoch_s = EPOCH_S if epoch_s is None else epoch_s
+        self._epoch_s = EPOCH_S
 
     @property
     def members(self) -> tuple[Member, ...] | None:
