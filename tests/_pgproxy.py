@@ -26,11 +26,29 @@ TripRule = Callable[[], Trip]
 """Makes the trip predicate of one client connection (so a rule may keep per-connection state)."""
 
 
+# An extended-protocol Execute of the unnamed portal, all rows: what psycopg sends to run a
+# statement, prepared or not.
+EXECUTE = b"E\x00\x00\x00\x09\x00\x00\x00\x00\x00"
+
+
 def on_message(marker: bytes) -> TripRule:
-    """Trip on the first client message holding ``marker``."""
+    """Trip on the first client message that runs a statement holding ``marker``.
+
+    A statement prepared at its first use arrives as a Parse alone, then its Bind and Execute
+    (without the text) in the next message: the proxy trips on that one, which runs it.
+    """
 
     def per_connection() -> Trip:
-        return lambda data: marker in data
+        prepared = False
+
+        def trip(data: bytes) -> bool:
+            nonlocal prepared
+            if marker in data and data[:1] == b"P" and EXECUTE not in data:
+                prepared = True
+                return False
+            return marker in data or (prepared and EXECUTE in data)
+
+        return trip
 
     return per_connection
 

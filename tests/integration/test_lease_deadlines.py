@@ -369,7 +369,9 @@ async def test_a_caller_cancelled_after_its_acquire_committed_leaves_a_fail_row(
     FAIL, so another replica acquires at once instead of waiting out a 60 s lease."""
     options = {"code": "cancelled", "run_key": "r", "lease_ms": 60_000}
     async with Proxy(pg_dsn) as proxy, _service(proxy.dsn, "cancelled-owner") as owner:
-        await owner.statuses(["warm-up"])  # one connection open through the proxy
+        # One connection open through the proxy, the acquire prepared on it: what is held
+        # below is the acquire's execution, not its Parse.
+        await owner.acquire({**options, "code": "cancelled-warm-up"})
         proxy.hold()
         task = asyncio.create_task(owner.acquire(options))
         async with asyncio.timeout(10):

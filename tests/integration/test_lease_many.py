@@ -79,7 +79,9 @@ async def test_a_caller_cancelled_after_its_batch_committed_leaves_fail_rows(
     so another replica acquires them at once instead of waiting out a 60 s lease."""
     options = _batch("cancelled-many", 60_000, count=3)
     async with Proxy(pg_dsn) as proxy, _service(proxy.dsn, "cancelled-owner") as owner:
-        await owner.statuses(["warm-up"])  # one connection open through the proxy
+        # One connection open through the proxy, the batch acquire prepared on it: what is held
+        # below is the acquire's execution, not its Parse.
+        await owner.acquire_many(_batch("cancelled-warm-up", 60_000, count=3))
         proxy.hold()
         task = asyncio.create_task(owner.acquire_many(options))
         async with asyncio.timeout(10):

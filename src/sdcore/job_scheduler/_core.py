@@ -161,6 +161,10 @@ class LeaseEngine:
                 extra={"action": "pool_too_small"},
             )
         self.max_connections = held
+        # Prepared at first use: a replica sends each lease statement a few times a minute, and
+        # psycopg's default (prepared at the fifth use per connection) would leave the server
+        # parsing and planning it on every send. A transaction-mode pooler allows none.
+        self._prepare = not transaction_pooling
         self._watchdog = _Watchdog()
         self.held = HeldConnections(
             pool,
@@ -276,7 +280,7 @@ class LeaseEngine:
         if limit is not None:
             self._watchdog.watch(conn, limit)
         try:
-            cur = await conn.execute(query, params)
+            cur = await conn.execute(query, params, prepare=self._prepare)
             result = await read(cur)
         except BaseException as exc:
             abandoned = limit is not None and self._watchdog.done(conn)
