@@ -133,7 +133,7 @@ def test_no_view_or_a_stale_one_asks_for_everything() -> None:
     assert owners.members is None
 
 
-def test_the_second_owner_waits_a_quarter_of_the_spacing_between_50_ms_and_1_s() -> None:
+def test_the_second_owner_waits_a_quarter_of_the_gap_to_the_next_instant_50_ms_to_1_s() -> None:
     assert second_delay(timedelta(seconds=1)) == 0.25
     assert second_delay(timedelta(milliseconds=100)) == 0.05
     assert second_delay(timedelta(hours=1)) == 1.0
@@ -172,6 +172,7 @@ class _Cluster:
         names: Sequence[str],
         *,
         heartbeat_ms: int = 1_000,
+        cron: str | None = None,
         catch_up: Literal["off", "latest", "all"] = "all",
         stored: Callable[[Tick, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
@@ -184,7 +185,10 @@ class _Cluster:
             async def handler(tick: Tick, index: int = index) -> None:
                 self.ran.append((tick.schedule, tick.run_key or "", index, loop.time()))
 
-            scheduler.add_interval(name, 1_000, handler, catch_up=catch_up)
+            if cron is None:
+                scheduler.add_interval(name, 1_000, handler, catch_up=catch_up)
+            else:
+                scheduler.add_cron(name, cron, handler, catch_up=catch_up)
         control = ScheduleControl(
             scheduler, self.store, poll_interval_ms=200, heartbeat_ms=heartbeat_ms, clock=self.now
         )
@@ -297,6 +301,40 @@ async def test_an_owner_killed_leaves_its_ticks_to_the_second_owner_a_quarter_se
                 assert (replica, round(at - t, 3)) == (second, delay)
             else:  # the victim was second or not an owner: the first owner, on time
                 assert (replica, at) == (first, t)
+
+
+@in_loop_time
+async def test_a_minutely_ticks_second_owner_asks_a_second_late_reading_the_gate_meanwhile() -> (
+    None
+):
+    """A cron's fields say nothing of how far apart its instants are; the time to the next one
+    does: a minute's quarter is over the cap, so the second owner waits 1 s, not the 250 ms of
+    a per-second schedule (which in a burst of thousands would ask while the first still
+    acquires). Meanwhile it keeps the paused state fresh, as while a tick runs."""
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 60.0  # loop time 0 is BASE, a whole minute: the cron's next instant
+    try:
+        for i in range(4):
+            await cluster.start(i, ["minutely"], cron="* * * * *")
+        await asyncio.sleep(3.0)  # every replica has read every other's heartbeat
+        first, second, third = _fire_owners(cluster, "minutely", instant)
+        await asyncio.sleep(instant - 1.0 - loop.time())
+        await cluster.crash(first)  # its heartbeat lapses after 3 s: still an owner at the instant
+        await asyncio.sleep(instant + 0.5 - loop.time())
+        hooks = cluster.replicas[second][1]._hooks
+        assert hooks.next_start_in(0.0, 5.0) == 0.0  # the later ask waits: polls go on
+        await asyncio.sleep(2.0)
+        assert cluster.replicas[third][1]._hooks.next_start_in(0.0, 5.0) is None  # asked, lost
+    finally:
+        await cluster.stop_all()
+    assert second_delay(timedelta(minutes=1)) == 1.0
+    ran = [
+        (i, round(at, 3))
+        for n, k, i, at in cluster.ran
+        if _instant(k) == BASE + timedelta(seconds=instant)
+    ]
+    assert ran == [(second, instant + 1.0)]
 
 
 @in_loop_time

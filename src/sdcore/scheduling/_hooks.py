@@ -101,12 +101,13 @@ class SchedulerHooks:
     def next_start_in(self, after_s: float, within_s: float) -> float | None:
         """Seconds until the first instant in ``[after_s, within_s]`` (seconds from now) at which
         this replica may start a tick (one it fires, or asks for as one of its owners), or
-        ``None``; ``after_s`` while ticks are in progress here (a retry reads the gate again)."""
+        ``None``; ``after_s`` while ticks are in progress here (a retry reads the gate again)
+        or wait for a later owner's turn."""
         scheduler = self.scheduler
         sup = scheduler._sup
         if not scheduler.running:
             return None
-        if sup.tasks:
+        if sup.tasks or sup.waiting:
             return after_s
         now = scheduler._clock()
         due = scheduler._timer.next_start(

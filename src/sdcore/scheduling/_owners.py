@@ -9,9 +9,9 @@ epoch, replica id) over the live replicas that declare the schedule (:meth:`Owne
 an epoch is :data:`EPOCH_S` seconds):
 
 - the first owner acquires at the instant;
-- the second acquires :func:`second_delay` later (a quarter of the schedule's spacing, at most
-  1 s), the third twice that; if an earlier owner started the tick, each costs one losing
-  statement, and if the first is dead or cut off, the tick starts that much late;
+- the second acquires :func:`second_delay` later (a quarter of the time to the schedule's next
+  instant, at most 1 s), the third twice that; if an earlier owner started the tick, each costs
+  one losing statement, and if the first is dead or cut off, the tick starts that much late;
 - every other replica leaves the tick alone.
 
 Three, not two: a replica killed with ``kill -9`` stays in the others' view until its heartbeat
@@ -73,12 +73,13 @@ _MAX_SECOND_DELAY_S = 1.0
 _MIN_SECOND_DELAY_S = 0.05
 
 
-def second_delay(spacing: timedelta | None) -> float:
+def second_delay(gap: timedelta | None) -> float:
     """How long (seconds) the second owner waits before it asks for a tick (the third twice
-    that): a quarter of the schedule's spacing, between 50 ms and 1 s."""
-    if spacing is None:
+    that): a quarter of ``gap``, the time from the tick's instant to the schedule's next one,
+    between 50 ms and 1 s (1 s without a next instant)."""
+    if gap is None:
         return _MAX_SECOND_DELAY_S
-    return min(_MAX_SECOND_DELAY_S, max(_MIN_SECOND_DELAY_S, spacing.total_seconds() / 4))
+    return min(_MAX_SECOND_DELAY_S, max(_MIN_SECOND_DELAY_S, gap.total_seconds() / 4))
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,6 +177,11 @@ class TickStarter:
         return self._runner
 
     @property
+    def waiting(self) -> bool:
+        """Whether fires wait here for a later owner's turn (:meth:`_start_later`)."""
+        return bool(self._later)
+
+    @property
     def tasks(self) -> int:
         """Ticks (and skip records) in progress."""
         return len(self._tasks)
@@ -307,10 +312,14 @@ class TickStarter:
 
     def _start_later(self, fire: _Fire, rank: int) -> None:
         """Start ``fire`` as its instant's owner of ``rank`` (1 or more), ``rank`` times
-        :func:`second_delay` late: the fires of one instant that wait as long share one timer,
-        and go out as one batch."""
+        :func:`second_delay` after its instant: the fires of one instant that wait as long
+        share one timer, and go out as one batch."""
         loop = asyncio.get_running_loop()
-        at = loop.time() + rank * second_delay(fire.entry.trigger.spacing)
+        deadline = fire.deadline
+        following = deadline() if callable(deadline) else deadline
+        gap = None if following is None else following - fire.due
+        late = (self._clock() - fire.due).total_seconds()
+        at = loop.time() + max(0.0, rank * second_delay(gap) - late)
         at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
         waiting = self._later.get(at)
         if waiting is None:
