@@ -182,22 +182,15 @@ class OnceTrigger:
         return f"once, {self.delay_ms} ms after start"
 
 
-# The last (instant, zone) made into a tick and its (UTC, local) datetimes: the ticks of a burst
-# share one instant, so they share these immutable objects instead of converting it each time.
-_last_instant: tuple[datetime, ZoneInfo, datetime, datetime] | None = None
-
-
 def make_tick(name: str, trigger: Trigger, zone: ZoneInfo, instant: datetime) -> Tick:
     """Build the :class:`Tick` of ``trigger`` scheduled at ``instant``."""
-    global _last_instant
-    last = _last_instant
-    if last is not None and last[0] == instant and last[1] is zone:
-        utc, local = last[2], last[3]
-    else:
-        utc = instant.astimezone(UTC)
-        local = utc.astimezone(zone)
-        _last_instant = (instant, zone, utc, local)
-    return Tick(schedule=name, scheduled_at=utc, local_time=local, run_key=trigger.run_key(utc))
+    utc = instant.astimezone(UTC)
+    return Tick(
+        schedule=name,
+        scheduled_at=utc,
+        local_time=utc.astimezone(zone),
+        run_key=trigger.run_key(utc),
+    )
 
 
 def expected_instants(
