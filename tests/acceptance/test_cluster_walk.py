@@ -38,7 +38,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from sdcore.scheduling import PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling import ControlSettings, PostgresScheduleStore, ScheduleAdmin
+from sdcore.scheduling._owners import MEMBER_TTL_BEATS, OWNERS
 from tests.acceptance._walk_plan import CODE, LEASE_MS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -551,10 +552,14 @@ def excused(cluster: Cluster, walk: Walk, name: str, instant: datetime) -> str |
       2 s) logged why it left the tick without a row (:data:`EXPLAINED`: the run in the way was
       in its acquire or completion commit, a not-fresh paused state, a late loop);
     - its schedule was paused, from 3 s before the pause's commit to 3 s after the resume (a
-      replica whose view was not fresh held the tick as unknown).
+      replica whose view was not fresh held the tick as unknown);
+    - at least :data:`OWNERS` replicas were killed in the membership TTL before it (3 heartbeats,
+      and up to one more until the next read): they may be all three owners of its epoch in the
+      live replicas' views, and then nobody asks for it until the views drop them (the
+      documented trade of owners, ``docs/explanation/scheduling.md``).
 
-    A replica's kill or stop alone is no exception: the others fire the same tick, and a tick
-    the victim had won keeps its ``RUNNING`` row."""
+    A replica's kill or stop alone is no exception: its epoch's other owners ask for the same
+    tick, and a tick the victim had won keeps its ``RUNNING`` row."""
     margin = PAUSE_BOUND + timedelta(seconds=1)
     for pause in walk.pauses:
         if pause.schedule != name:
@@ -577,6 +582,17 @@ def excused(cluster: Cluster, walk: Walk, name: str, instant: datetime) -> str |
     ]
     if not up:
         return "its only replicas were starting or ending"
+    in_view = timedelta(milliseconds=(MEMBER_TTL_BEATS + 1) * ControlSettings().heartbeat_ms)
+    killed = [
+        life
+        for life in cluster.lives
+        if life.how == "kill"
+        and life.ended is not None
+        and instant - in_view <= life.ended
+        and life.ended <= instant
+    ]
+    if len(killed) >= OWNERS:
+        return f"{len(killed)} replicas killed in the membership TTL before it"
     periods = {n: every for n, (every, _) in CODE.items()}
     periods.update({stored.name: stored.every_ms for stored in walk.stored})
     key = (name, run_key(instant))
