@@ -836,8 +836,18 @@ async def test_unpatched_bullmq_worker_rounds_waits_up(redis: aioredis.Redis, pr
         await _add(redis, prefix, "bare", "b", attempts=2, backoff={"type": "fixed", "delay": 200})
         await _until(lambda: _true(len(seen) == 2), what="the retry")
     finally:
-        await worker.close()
-        await run
+        # As Workers closes: a bounded wait, then the processing (a blocked fetch) cancelled.
+        # A bare close() can wait on its fetch for good, and once the test's loop is torn down
+        # it spins (bullmq re-awaits its cancelled teardown).
+        closing = asyncio.ensure_future(worker.close())
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        if not done:
+            worker.cancelProcessing()
+            await asyncio.wait({closing}, timeout=10)
+        await asyncio.wait({run}, timeout=10)
+        for task in (closing, run):
+            if not task.done():
+                pytest.fail(f"the bare bullmq Worker did not close: {task!r}")
     assert seen[1] - seen[0] >= 0.95
 
 
