@@ -63,7 +63,10 @@ Usage::
 
     python benchmarks/fleet.py [--database-url URL] [--only MODE ...] [--replicas 3,24]
                                [--seconds 30] [--steady-schedules 20] [--burst-replicas 3,24]
-                               [--burst-schedules 10000] [--json PATH] [--keep]
+                               [--burst-schedules 10000] [--gc-freeze] [--json PATH] [--keep]
+
+``--gc-freeze``: each burst replica calls ``gc.collect()`` and ``gc.freeze()`` once started (the
+schedules, triggers and caches leave the collector's sight), as an application may.
 
 ``--keep`` keeps the ledgers and each replica's log (stderr, warnings and up) in a directory it
 prints. The fleet waits (up to 10 minutes) until the server has the connections it needs free.
@@ -77,6 +80,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -148,6 +152,9 @@ async def _replica(cfg: dict[str, Any]) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with runtime:
+        if cfg.get("gc_freeze"):
+            gc.collect()
+            gc.freeze()  # what an application may do once started (docs/benchmarks.md)
         Path(cfg["ready"] + ".tmp").write_text(f"{time.time()}")
         Path(cfg["ready"] + ".tmp").rename(cfg["ready"])  # seen whole or not at all
         await stop.wait()
@@ -192,6 +199,7 @@ class Fleet:
     listen: bool
     spec: dict[str, Any]
     work_ms: int = 0
+    gc_freeze: bool = False
     replicas: list[Replica] = field(default_factory=list)
 
     def start(self) -> Replica:
@@ -201,6 +209,7 @@ class Fleet:
         cfg = {
             "index": index, "pool": self.pool, "listen": self.listen, "spec": self.spec,
             "work_ms": self.work_ms, "ready": str(paths[0]), "ledger": str(paths[1]),
+            "gc_freeze": self.gc_freeze,
         }  # fmt: skip
         with paths[2].open("wb") as log:
             proc = subprocess.Popen(
@@ -644,7 +653,7 @@ def burst(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             f"burst: {count} exclusive ticks at one instant ({lead:.0f} s ahead); {why}", flush=True
         )
         with scratch_database(args.database_url, "fleet_burst") as dsn:
-            fleet = Fleet(dsn, work / f"burst{size}", pool, listen, spec)
+            fleet = Fleet(dsn, work / f"burst{size}", pool, listen, spec, gc_freeze=args.gc_freeze)
             try:
                 in_time = _fleet_up(fleet, size, at - 1)
                 if not in_time:
@@ -798,6 +807,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--burst-replicas", default="3,24")
     parser.add_argument("--burst-schedules", type=int, default=10_000)
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="burst: each replica calls gc.collect() and gc.freeze() once started",
+    )
     parser.add_argument("--burst-lead", type=float, default=0.0, help="0: 15 s + R*N/2000 s")
     parser.add_argument("--kill-replicas", type=int, default=5)
     parser.add_argument("--kill-schedules", type=int, default=8)
