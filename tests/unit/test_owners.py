@@ -237,6 +237,15 @@ def _fire_owners(cluster: _Cluster, name: str, at: float) -> list[int]:
     return [i for rank, i in sorted(ranks) if rank < OWNERS]
 
 
+async def _four_replicas(cluster: _Cluster, name: str, cron: str, at: float) -> list[int]:
+    """Four replicas of one cron schedule, once each has read the others' heartbeats: the
+    owners of its tick at loop time ``at``, first owner first."""
+    for i in range(4):
+        await cluster.start(i, [name], cron=cron)
+    await asyncio.sleep(3.0)
+    return _fire_owners(cluster, name, at)
+
+
 @in_loop_time
 async def test_on_eight_replicas_only_two_ask_for_each_tick_and_each_runs_once(
     monkeypatch: pytest.MonkeyPatch,
@@ -315,10 +324,7 @@ async def test_a_minutely_ticks_second_owner_asks_a_second_late_reading_the_gate
     loop = asyncio.get_running_loop()
     instant = 60.0  # loop time 0 is BASE, a whole minute: the cron's next instant
     try:
-        for i in range(4):
-            await cluster.start(i, ["minutely"], cron="* * * * *")
-        await asyncio.sleep(3.0)  # every replica has read every other's heartbeat
-        first, second, third = _fire_owners(cluster, "minutely", instant)
+        first, second, third = await _four_replicas(cluster, "minutely", "* * * * *", instant)
         await asyncio.sleep(instant - 1.0 - loop.time())
         await cluster.crash(first)  # its heartbeat lapses after 3 s: still an owner at the instant
         await asyncio.sleep(instant + 0.5 - loop.time())
@@ -335,6 +341,35 @@ async def test_a_minutely_ticks_second_owner_asks_a_second_late_reading_the_gate
         if _instant(k) == BASE + timedelta(seconds=instant)
     ]
     assert ran == [(second, instant + 1.0)]
+
+
+@in_loop_time
+async def test_the_sweep_leaves_a_tick_to_its_later_owners_until_the_last_ones_turn() -> None:
+    """Two owners of an instant dead but still in the views: the third asks at twice the
+    second owner's delay. A sweep that falls between the instant and that ask must not start
+    the tick (it would be a missed tick's late run in the history and to alerting, and one more
+    ask): the later owners are how an owner's death is covered on time."""
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 63.0  # every 3 s: the later owners ask 0.75 and 1.5 s late
+    await asyncio.sleep(0.25)
+    try:
+        first, second, third = await _four_replicas(cluster, "every3", "*/3 * * * * *", instant)
+        await asyncio.sleep(instant - 1.0 - loop.time())
+        await cluster.crash(first)  # their heartbeats lapse after 3 s: owners at the instant
+        await cluster.crash(second)
+        # The sweeps (every lease_ms, 2 s, from each start) fall at 64.25 s: after the instant's
+        # first second, before the third owner's turn at 64.5 s.
+        await asyncio.sleep(instant + 2.0 - loop.time())
+    finally:
+        await cluster.stop_all()
+    delay = second_delay(timedelta(seconds=3))
+    ran = [
+        (i, round(at, 3))
+        for n, k, i, at in cluster.ran
+        if _instant(k) == BASE + timedelta(seconds=instant)
+    ]
+    assert ran == [(third, instant + 2 * delay)]
 
 
 @in_loop_time

@@ -55,6 +55,7 @@ from datetime import datetime, timedelta
 
 __all__ = [
     "EPOCH_S",
+    "LAST_ASK_S",
     "MEMBER_TTL_BEATS",
     "OWNERS",
     "Member",
@@ -71,6 +72,8 @@ MEMBER_TTL_BEATS = 3
 _MAX_ORDERS = 64  # epochs whose order is kept
 _MAX_SECOND_DELAY_S = 1.0
 _MIN_SECOND_DELAY_S = 0.05
+# The last owner of an instant asks at most this long after it (second_delay twice, at most).
+LAST_ASK_S = (OWNERS - 1) * _MAX_SECOND_DELAY_S
 
 
 def second_delay(gap: timedelta | None) -> float:

@@ -28,7 +28,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import OWNERS, Owners, second_delay
+from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Owners, second_delay
 from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
 from sdcore.scheduling._policy import current_path as current_path  # re-exported
 from sdcore.scheduling._runner import (
@@ -41,6 +41,8 @@ from sdcore.scheduling._runner import (
 )
 from sdcore.scheduling._triggers import ScheduleKind, Tick, make_tick
 
+# The sweep looks at ticks this long past their instant; those of a schedule with owners also
+# past the last owner's ask (LAST_ASK_S), so that it never starts a tick a later owner would.
 _SWEEP_MARGIN = timedelta(seconds=1)
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
@@ -295,16 +297,15 @@ class TickStarter:
         times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
         that has no owners: not exclusive, one-shot, or no view of the cluster)."""
         owners = self.owners
-        if (
-            owners is None
-            or self._jobs is None
-            or not entry.policy.exclusive
-            or entry.kind not in _OWNED_KINDS
-        ):
+        if owners is None or not self._routed(entry):
             return 0
         if due is None:
             return owners.rank(entry.name)
         return owners.fire_rank(entry.name, due)
+
+    def _routed(self, entry: Entry) -> bool:
+        """Whether ``entry``'s regular fires go by owners (once the cluster has a view)."""
+        return self._jobs is not None and entry.policy.exclusive and entry.kind in _OWNED_KINDS
 
     def owns(self, entry: Entry) -> bool:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
@@ -607,6 +608,8 @@ class TickStarter:
         if not self.owns(entry):
             return  # its owners sweep it
         end = now - _SWEEP_MARGIN
+        if self.owners is not None and self._routed(entry):
+            end -= timedelta(seconds=LAST_ASK_S)
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
         active = entry.active_since + timedelta(microseconds=1)
