@@ -1,8 +1,10 @@
-"""The run history's group commit: many runs, few statements; a failed statement loses no run."""
+"""The run history's group commit: many runs, few statements; a failed statement loses no run;
+the statements wait for the scheduler's acquires."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -10,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from sdcore.job_scheduler import AttemptAcquireResult, AttemptBudget, JobAcquireOptions
 from sdcore.scheduling import Tick
+from sdcore.scheduling._batch import TickAcquirer
 from sdcore.scheduling._control import Replica, RunFinish, RunStart
-from sdcore.scheduling._history import RunHistory
+from sdcore.scheduling._history import YIELD_S, RunHistory
 from sdcore.scheduling._runner import Handler
-from sdcore.testing import MemoryScheduleStore
+from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 REPLICA = Replica(replica_id="00000000-0000-0000-0000-000000000001", host="h", pid=1)
@@ -227,6 +231,77 @@ async def test_sync_handlers_record_through_the_loop() -> None:
     assert failed.error is not None
     assert "boom" in failed.error
     assert sum(store.starts) == sum(store.ends) == 21
+
+
+async def test_statements_wait_for_the_schedulers_acquires_then_take_every_row_queued() -> None:
+    """No handler waits for a history row, and every handler of a burst waits for its acquire:
+    the history's statements go out once the scheduler has no acquire in flight, or after
+    YIELD_S, whichever comes first, with every row queued by then."""
+    store = CountingStore()
+    history = _history(store)
+    acquires_done = asyncio.Event()
+    asked: list[float] = []
+
+    async def quiet(at_most_s: float) -> None:
+        asked.append(at_most_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(acquires_done.wait(), at_most_s)
+
+    history.quiet = quiet
+    ran: list[str] = []
+
+    async def handler(tick: Tick) -> None:
+        ran.append(tick.schedule)
+
+    recorded = history.wrap("x", handler)
+    first = [asyncio.create_task(_call(recorded, _tick(f"a{i}"))) for i in range(30)]
+    await asyncio.sleep(0.05)
+    later = [asyncio.create_task(_call(recorded, _tick(f"b{i}"))) for i in range(20)]
+    await asyncio.sleep(0.05)
+    assert len(ran) == 50  # the handlers ran
+    assert store.starts == []  # their rows wait for the acquires
+    acquires_done.set()
+    await asyncio.gather(*first, *later)
+    assert store.starts == [50]  # one statement, with the rows queued meanwhile
+    assert store.ends == [50]
+    assert set(asked) == {YIELD_S}
+
+
+@pytest.mark.parametrize("held", [True, False])
+async def test_acquirer_quiet_waits_for_the_calls_in_flight_at_most_as_long_as_asked(
+    held: bool,
+) -> None:
+    release = asyncio.Event()
+
+    class Held(MemoryJobScheduler):
+        async def acquire_attempts(
+            self, items: Sequence[tuple[JobAcquireOptions, AttemptBudget]]
+        ) -> list[AttemptAcquireResult]:
+            await release.wait()
+            return await super().acquire_attempts(items)
+
+    acquirer = TickAcquirer(Held(), logging.getLogger("test.acquirer"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await acquirer.quiet(5.0)
+    assert loop.time() - started < 0.05  # nothing in flight: at once
+    budget = AttemptBudget(max_attempts=1, backoff_ms=0)
+    asked = asyncio.create_task(
+        acquirer.acquire(JobAcquireOptions(code="x", run_key="k", lease_ms=1_000), budget)
+    )
+    await asyncio.sleep(0)  # queued; flushed at the next turn
+    if not held:
+        loop.call_later(0.1, release.set)
+    started = loop.time()
+    await acquirer.quiet(0.3)
+    waited = loop.time() - started
+    if held:
+        assert 0.3 <= waited < 0.5  # the call still out: no longer than asked
+        assert not asked.done()
+        release.set()
+    else:
+        assert 0.1 <= waited < 0.3  # returned once the call was answered
+    assert (await asked).attempt == 1
 
 
 async def _noop(tick: Tick) -> None:

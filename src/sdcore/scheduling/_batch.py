@@ -129,6 +129,24 @@ class TickAcquirer:
         # goes on: a lease it wins for this caller is given back (see _send).
         return await future
 
+    async def quiet(self, at_most_s: float) -> None:
+        """Return once no request is queued or in flight, or after ``at_most_s`` seconds.
+
+        Writes that no handler waits for (the run history) wait for this before they go out: in
+        a burst the database and the event loop then serve the acquires, which each handler's
+        start waits for, first.
+        """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + at_most_s
+        while self._tasks or self._pending:
+            left = until - loop.time()
+            if left <= 0:
+                return
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=left)
+            else:
+                await asyncio.sleep(0)  # queued this turn: flushed at the next
+
     def flush(self) -> bool:
         """Send every queued request now (the timer loop calls this after each slice).
 

@@ -9,8 +9,14 @@ The writes are group-committed: the starts requested in one turn of the event lo
 :data:`IN_FLIGHT` start statements are already out, leave together as one ``runs_started`` statement
 (at most :data:`MAX_ITEMS` rows), and the ends likewise as one ``runs_finished``. A burst of 10,000
 ticks thus costs tens of statements instead of 20,000 (``docs/benchmarks.md#control-plane``). A lone
-run waits one loop turn, no timer. A handler still starts only once its start row is recorded (or
-failed): its end needs the row's id, and the wait is the one round trip the burst shares.
+run waits one loop turn, no timer. A handler does not wait for its start row (it is queued just
+before the handler's first line); its end row waits for the start row's id.
+
+No handler waits for a history row, and in a burst every handler waits for its tick's acquire:
+a statement waits (at most :data:`YIELD_S`) until the scheduler has no acquire queued or in
+flight (:attr:`RunHistory.quiet`), and then takes every row queued by then. A run's end row still
+follows its start row, and a successful run's lease outcome its end row. A replica killed while
+rows wait loses them, as one killed while their statement was out did.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ from sdcore.scheduling._policy import StartPath, current_path
 from sdcore.scheduling._runner import Handler
 from sdcore.scheduling._triggers import Tick
 
-__all__ = ["IN_FLIGHT", "MAX_ITEMS", "RunHistory"]
+__all__ = ["IN_FLIGHT", "MAX_ITEMS", "YIELD_S", "RunHistory"]
 
 IN_FLIGHT = 2  # statements of each kind (starts, ends) at once
 MAX_ITEMS = 1_000  # rows per statement
+YIELD_S = 1.0  # how long a statement waits for the scheduler's acquires, at most
 _RECORD_TIMEOUT_S = 5.0
 _NAMED = 10  # schedules named in the log line of a failed statement
 _SOURCES = {StartPath.TRIGGER: "trigger", StartPath.BACKFILL: "backfill"}
@@ -68,6 +75,7 @@ class _Group(Generic[T, R]):
         log: The logger.
         orphan: Called with a row and its result when the row was written after its caller
             stopped waiting (cancelled).
+        before: Awaited before each statement takes its rows.
         in_flight: Statements at once.
         max_items: Rows per statement.
     """
@@ -79,6 +87,7 @@ class _Group(Generic[T, R]):
         log: logging.Logger,
         *,
         orphan: Callable[[T, R], None] | None = None,
+        before: Callable[[], Awaitable[None]] | None = None,
         in_flight: int = IN_FLIGHT,
         max_items: int = MAX_ITEMS,
     ) -> None:
@@ -86,6 +95,7 @@ class _Group(Generic[T, R]):
         self._write = write
         self._log = log
         self._orphan = orphan
+        self._before = before
         self._in_flight = max(1, in_flight)
         self._max_items = max(1, max_items)
         self._queue: list[tuple[T, str, asyncio.Future[R | None]]] = []
@@ -109,14 +119,20 @@ class _Group(Generic[T, R]):
     def _pump(self) -> None:
         self._scheduled = False
         while self._running < self._in_flight and self._queue:
-            waiting = [entry for entry in self._queue if not entry[2].done()]
-            batch, self._queue = waiting[: self._max_items], waiting[self._max_items :]
-            if not batch:
-                return
             self._running += 1
-            task = asyncio.create_task(self._send(batch), name=f"sdcore-history-{self._what}")
+            task = asyncio.create_task(self._next(), name=f"sdcore-history-{self._what}")
             self._tasks.add(task)
             task.add_done_callback(self._sent)
+
+    async def _next(self) -> None:
+        """One statement: the rows queued once ``before`` returns (a statement already taking
+        them leaves the rest to the next)."""
+        if self._before is not None:
+            await self._before()
+        waiting = [entry for entry in self._queue if not entry[2].done()]
+        batch, self._queue = waiting[: self._max_items], waiting[self._max_items :]
+        if batch:
+            await self._send(batch)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -189,7 +205,13 @@ class RunHistory:
         logger: The control plane's logger.
         in_flight: Statements of each kind at once.
         max_items: Rows per statement.
+
+    Attributes:
+        quiet: Returns once the scheduler has no acquire queued or in flight, or after the
+            seconds it is given (set by the control plane; ``None``: statements go at once).
     """
+
+    quiet: Callable[[float], Awaitable[None]] | None = None
 
     def __init__(
         self,
@@ -209,12 +231,27 @@ class RunHistory:
             self._start_rows,
             logger,
             orphan=self._abandon,
+            before=self._yield,
             in_flight=in_flight,
             max_items=max_items,
         )
         self._ends: _Group[RunFinish, None] = _Group(
-            "end", self._finish_rows, logger, in_flight=in_flight, max_items=max_items
+            "end",
+            self._finish_rows,
+            logger,
+            before=self._yield,
+            in_flight=in_flight,
+            max_items=max_items,
         )
+
+    async def _yield(self) -> None:
+        quiet = self.quiet
+        if quiet is None:
+            return
+        try:
+            await quiet(YIELD_S)
+        except Exception:  # noqa: BLE001 - the rows go out all the same
+            self._log.debug("run history: the wait for the acquires failed", exc_info=True)
 
     def wrap(self, name: str, handler: Handler) -> Handler:
         """``handler`` recording every run in the history (start, end, error)."""

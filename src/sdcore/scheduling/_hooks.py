@@ -59,6 +59,12 @@ class SchedulerHooks:
         """The names of every registered schedule."""
         return set(self.scheduler._entries)
 
+    async def acquires_quiet(self, at_most_s: float) -> None:
+        """Wait until no tick acquire is queued or in flight, at most ``at_most_s`` seconds."""
+        acquirer = self.scheduler._sup.runner.acquirer
+        if acquirer is not None:
+            await acquirer.quiet(at_most_s)
+
     def link(self, control: ControlLink) -> None:
         """Lend the scheduler to the control plane (:meth:`Scheduler.link`)."""
         self.scheduler.link(control)

@@ -209,9 +209,10 @@ class Owners:
         return self._others
 
     def fire_rank(self, name: str, instant: datetime) -> int:
-        """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first; 0
-        without a fresh view): the live replicas that declare ``name``, in the rendezvous order
-        of the instant's epoch, which every schedule due in it shares."""
+        """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first;
+        :data:`OWNERS` for any place from there on; 0 without a fresh view): the live replicas
+        that declare ``name``, in the rendezvous order of the instant's epoch, which every
+        schedule due in it shares."""
         others = self._fresh()
         if others is None:
             return 0
@@ -233,6 +234,8 @@ class Owners:
                 return rank
             if m.names is None or name in m.names:
                 rank += 1
+                if rank == OWNERS:
+                    return rank  # not an owner: how far below does not matter
         return rank  # pragma: no cover - this replica is always in its own order
 
     def rank(self, name: str) -> int:

@@ -226,6 +226,7 @@ class ScheduleControl:
         if self._loop_task is not None:
             raise RuntimeError("this ScheduleControl is already started")
         self._history.loop = asyncio.get_running_loop()
+        self._history.quiet = self._hooks.acquires_quiet
         self._wake = asyncio.Event()
         self._closing = False
         self._listening = False
