@@ -101,6 +101,7 @@ class _Group(Generic[T, R]):
         self._queue: list[tuple[T, str, asyncio.Future[R | None]]] = []
         self._running = 0
         self._scheduled = False
+        self._taking = False  # a statement waits to take rows: the queue is its until then
         self._tasks: set[asyncio.Task[None]] = set()
 
     def submit(self, row: T, schedule: str) -> asyncio.Future[R | None]:
@@ -118,19 +119,25 @@ class _Group(Generic[T, R]):
 
     def _pump(self) -> None:
         self._scheduled = False
-        while self._running < self._in_flight and self._queue:
+        if self._running < self._in_flight and self._queue and not self._taking:
+            self._taking = True
             self._running += 1
             task = asyncio.create_task(self._next(), name=f"sdcore-history-{self._what}")
             self._tasks.add(task)
             task.add_done_callback(self._sent)
 
     async def _next(self) -> None:
-        """One statement: the rows queued once ``before`` returns (a statement already taking
-        them leaves the rest to the next)."""
-        if self._before is not None:
-            await self._before()
+        """One statement: the rows queued once ``before`` returns; what it leaves goes to the
+        next statement, which starts waiting at once."""
+        try:
+            if self._before is not None:
+                await self._before()
+        finally:
+            self._taking = False
         waiting = [entry for entry in self._queue if not entry[2].done()]
         batch, self._queue = waiting[: self._max_items], waiting[self._max_items :]
+        if self._queue:
+            self._pump()
         if batch:
             await self._send(batch)
 
