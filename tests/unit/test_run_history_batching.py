@@ -208,6 +208,47 @@ async def test_a_run_cancelled_while_its_start_is_written_is_closed_as_cancelled
         assert (run.status, run.error) == ("FAIL", "cancelled")
 
 
+async def test_a_run_cancelled_while_its_rows_wait_for_their_statement_keeps_both_rows() -> None:
+    """The start row still queued (its statement waits for the acquires) when the run is
+    cancelled after its handler: written all the same and closed as cancelled. The end row
+    queued when the run is cancelled: written as the handler ended."""
+    store = CountingStore()
+    history = _history(store)
+    acquires_done = asyncio.Event()
+
+    async def quiet(at_most_s: float) -> None:
+        await acquires_done.wait()
+
+    history.quiet = quiet
+    task = asyncio.create_task(_call(history.wrap("x", _noop), _tick("queued")))
+    await asyncio.sleep(0.01)
+    assert store.starts == []  # the start row waits for the acquires
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    acquires_done.set()
+    await history.drain()
+    ((run),) = await store.history("queued", 10)
+    assert (run.status, run.error) == ("FAIL", "cancelled")
+
+    store.gate = asyncio.Event()
+    history.quiet = None
+    task = asyncio.create_task(_call(history.wrap("x", _noop), _tick("ending")))
+    await asyncio.sleep(0.01)  # the start statement is out
+    acquires_done.clear()
+    history.quiet = quiet  # the end row's statement will wait
+    store.gate.set()
+    await asyncio.sleep(0.01)
+    assert store.ends == [1]  # the first run's end only: this one's waits
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    acquires_done.set()
+    await history.drain()
+    ((run),) = await store.history("ending", 10)
+    assert (run.status, run.error) == ("SUCCESS", None)
+
+
 async def test_sync_handlers_record_through_the_loop() -> None:
     store = CountingStore()
     history = _history(store)

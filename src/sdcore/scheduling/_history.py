@@ -25,6 +25,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sdcore._internal.errors import error_text
@@ -66,6 +67,16 @@ def _refused(exc: Exception) -> bool:
     return isinstance(state, str) and not state.startswith(("08", "57"))
 
 
+@dataclass(slots=True)
+class _Row(Generic[T, R]):
+    """A row waiting for its statement, and the future of its result."""
+
+    row: T
+    schedule: str
+    future: asyncio.Future[R | None]
+    kept: bool  # written even if the future is cancelled first (see _Group.submit)
+
+
 class _Group(Generic[T, R]):
     """The rows of one kind waiting for a statement (a group commit).
 
@@ -98,20 +109,22 @@ class _Group(Generic[T, R]):
         self._before = before
         self._in_flight = max(1, in_flight)
         self._max_items = max(1, max_items)
-        self._queue: list[tuple[T, str, asyncio.Future[R | None]]] = []
+        self._queue: list[_Row[T, R]] = []
         self._running = 0
         self._scheduled = False
         self._taking = False  # a statement waits to take rows: the queue is its until then
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def submit(self, row: T, schedule: str) -> asyncio.Future[R | None]:
+    def submit(self, row: T, schedule: str, *, kept: bool = False) -> asyncio.Future[R | None]:
         """Queue ``row`` (of ``schedule``); the future of its result, ``None`` if not written.
 
-        Cancelling the future before the row is sent leaves the row out.
+        Cancelling the future before the row is sent leaves the row out, unless ``kept``: a kept
+        row is written all the same (its caller may await the future without a shield), and
+        its result goes to ``orphan``.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R | None] = loop.create_future()
-        self._queue.append((row, schedule, future))
+        self._queue.append(_Row(row, schedule, future, kept))
         if not self._scheduled and self._running < self._in_flight:
             self._scheduled = True
             loop.call_soon(self._pump)
@@ -134,7 +147,7 @@ class _Group(Generic[T, R]):
                 await self._before()
         finally:
             self._taking = False
-        waiting = [entry for entry in self._queue if not entry[2].done()]
+        waiting = [entry for entry in self._queue if entry.kept or not entry.future.done()]
         batch, self._queue = waiting[: self._max_items], waiting[self._max_items :]
         if self._queue:
             self._pump()
@@ -148,12 +161,12 @@ class _Group(Generic[T, R]):
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._pump)
 
-    async def _send(self, batch: list[tuple[T, str, asyncio.Future[R | None]]]) -> None:
+    async def _send(self, batch: list[_Row[T, R]]) -> None:
         try:
-            results = await self._write([row for row, _, _ in batch])
+            results = await self._write([entry.row for entry in batch])
         except asyncio.CancelledError:
-            for _, _, future in batch:
-                future.cancel()
+            for entry in batch:
+                entry.future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - history must never fail a run
             if len(batch) > 1 and _refused(exc):
@@ -162,7 +175,7 @@ class _Group(Generic[T, R]):
                 await self._send(batch[:half])
                 await self._send(batch[half:])
                 return
-            names = sorted({schedule for _, schedule, _ in batch})
+            names = sorted({entry.schedule for entry in batch})
             shown = ", ".join(repr(n) for n in names[:_NAMED])
             more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
             self._log.warning(
@@ -174,15 +187,15 @@ class _Group(Generic[T, R]):
                 exc,
                 extra={"action": "run_history_failed", "schedules": names},
             )
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_result(None)
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_result(None)
             return
-        for (row, _, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        for entry, result in zip(batch, results, strict=True):
+            if not entry.future.done():
+                entry.future.set_result(result)
             elif self._orphan is not None:
-                self._orphan(row, result)
+                self._orphan(entry.row, result)
 
     async def drain(self) -> None:
         """Wait for the statements in flight and the rows queued."""
@@ -268,16 +281,18 @@ class RunHistory:
             async def recorded(tick: Tick) -> Any:
                 # The start row is queued, not awaited: nothing may come between the gate's
                 # last look (the runner's, just before) and the handler's first line.
-                start = history.start(tick, run_source(tick))
+                start = history.start(tick, run_source(tick), kept=True)
                 try:
                     result = await handler(tick)
                 except BaseException as exc:
                     history.finish_when_started(tick.schedule, start, exc)
                     raise
                 try:
-                    run_id = await asyncio.shield(start)
+                    run_id = await start
                 except asyncio.CancelledError as exc:  # the run is cancelled: so is its record
-                    history.finish_when_started(tick.schedule, start, exc)
+                    if not start.cancelled():  # written before the cancellation reached us
+                        history.finish_when_started(tick.schedule, start, exc)
+                    # Else a kept row: written all the same, then closed as cancelled (_abandon).
                     raise
                 await history.finished(tick.schedule, run_id, None, _lease_id(tick))
                 return result
@@ -332,8 +347,12 @@ class RunHistory:
         """Record the start of a run; its history id, or ``None`` if not recorded."""
         return await self.start(tick, source)
 
-    def start(self, tick: Tick, source: str) -> asyncio.Future[int | None]:
-        """Queue the start of a run; the future of its history id (``None``: not recorded)."""
+    def start(self, tick: Tick, source: str, *, kept: bool = False) -> asyncio.Future[int | None]:
+        """Queue the start of a run; the future of its history id (``None``: not recorded).
+
+        Cancelling the future leaves the row out if it is not sent yet; a ``kept`` row (its
+        handler has run, or runs) is written all the same and closed as cancelled.
+        """
         lease = tick.lease
         run = RunStart(
             schedule=tick.schedule,
@@ -344,7 +363,7 @@ class RunHistory:
             fencing_token=None if lease is None else lease.fencing_token,
             replica=self.replica,
         )
-        return self._starts.submit(run, tick.schedule)
+        return self._starts.submit(run, tick.schedule, kept=kept)
 
     def finish_when_started(
         self, schedule: str, start: asyncio.Future[int | None], exc: BaseException
@@ -378,8 +397,8 @@ class RunHistory:
         if run_id is None:
             return
         finish = RunFinish(run_id=run_id, status=_status(exc), error=_error(exc), lease_id=lease_id)
-        # Shielded: the end of a cancelled run is recorded too.
-        await asyncio.shield(self._ends.submit(finish, schedule))
+        # Kept: the end of a run cancelled meanwhile is recorded too.
+        await self._ends.submit(finish, schedule, kept=True)
 
     async def _start_rows(self, rows: list[RunStart]) -> list[int]:
         return await self.store.runs_started(rows)
@@ -389,7 +408,8 @@ class RunHistory:
         return [None] * len(rows)
 
     def _abandon(self, run: RunStart, run_id: int) -> None:
-        """A start written after its caller stopped waiting: its handler never ran."""
+        """A start written after its caller stopped waiting: its handler never ran (a thread's
+        start given up), or its run was cancelled while it waited (a kept start)."""
         self._ends.submit(RunFinish(run_id=run_id, status="FAIL", error="cancelled"), run.schedule)
 
     async def drain(self) -> None:
