@@ -292,7 +292,8 @@ class RunHistory:
                 except asyncio.CancelledError as exc:  # the run is cancelled: so is its record
                     if not start.cancelled():  # written before the cancellation reached us
                         history.finish_when_started(tick.schedule, start, exc)
-                    # Else a kept row: written all the same, then closed as cancelled (_abandon).
+                    # Else a kept row: written all the same, then closed as cancelled (_abandon),
+                    # unless its statement is cancelled too (the loop shuts down).
                     raise
                 await history.finished(tick.schedule, run_id, None, _lease_id(tick))
                 return result
@@ -408,8 +409,9 @@ class RunHistory:
         return [None] * len(rows)
 
     def _abandon(self, run: RunStart, run_id: int) -> None:
-        """A start written after its caller stopped waiting: its handler never ran (a thread's
-        start given up), or its run was cancelled while it waited (a kept start)."""
+        """A start written after its caller stopped waiting for its id (a thread's run gave up
+        after ``_RECORD_TIMEOUT_S``, or a run was cancelled while it waited): closed as
+        cancelled."""
         self._ends.submit(RunFinish(run_id=run_id, status="FAIL", error="cancelled"), run.schedule)
 
     async def drain(self) -> None:
