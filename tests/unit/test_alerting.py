@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -29,9 +30,11 @@ from sdcore.alerting import (
 )
 from sdcore.alerting._model import check_in_id, incident_key, parse_key
 from sdcore.alerting._observer import AlertObserver, Finished, Started
-from sdcore.scheduling import InvalidScheduleError, Scheduler
+from sdcore.alerting._scan import MissedScan
+from sdcore.scheduling import InvalidScheduleError, Scheduler, Tick
 from sdcore.scheduling._control import policy_options
 from sdcore.scheduling._policy import build_policy
+from sdcore.testing import MemoryJobScheduler
 
 SECRET = "0123456789abcdef-secret"
 NOW = 1_765_000_000.0
@@ -474,3 +477,35 @@ async def test_a_late_start_is_told_from_a_retry(
     )
     reason = await alerting._late(_started(attempt, path), info)
     assert (reason is not None) == missed, reason
+
+
+class _SeenAt(MemoryJobScheduler):
+    """A lease table whose schedule was first seen at ``first`` and holds no row since."""
+
+    def __init__(self, first: datetime) -> None:
+        super().__init__()
+        self.first = first
+
+    async def first_seen(self, code: str) -> datetime | None:
+        return self.first
+
+
+async def test_the_scan_leaves_a_tick_to_its_later_owners_before_missed_after_counts() -> None:
+    """The third owner of a tick asks up to 2 s after its instant (the first two dead): a tick
+    with no row is judged only ``missed_after`` past that, never before it could start."""
+    instant = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+    jobs = _SeenAt(instant - timedelta(seconds=5))
+    scheduler = Scheduler(jobs=jobs)
+
+    async def beat(tick: Tick) -> None:
+        return None
+
+    scheduler.add_interval("beat", 60_000, beat)
+    scan = MissedScan(
+        timedelta(seconds=1), timedelta(hours=1), instant - timedelta(hours=1), logging.getLogger()
+    )
+    at = instant + timedelta(seconds=2.5)  # 1 s past the instant, and the third owner's turn
+    assert await scan.missed(scheduler, jobs, at) == []
+    (problem,) = await scan.missed(scheduler, jobs, instant + timedelta(seconds=3.5))
+    assert (problem.schedule, problem.scheduled_at) == ("beat", instant)
+    assert "3000 ms after its instant" in problem.reason

@@ -15,7 +15,8 @@ What is noticed, per cron or interval schedule:
 
 - ``missed``: a tick started late by start-up catch-up or the sweep, or taken over from a replica
   that died mid-run (its lease expired), or, found by the periodic scan, a tick with no row
-  ``missed_after_ms`` after its instant (this works with ``catch_up="off"`` too);
+  ``missed_after_ms`` after the last of its owners could ask for it, 2 s after its instant (this
+  works with ``catch_up="off"`` too);
 - ``failed``: a tick's last attempt (``retries + 1``) raised;
 - ``overrun``: a run still going after the schedule's ``max_runtime_ms``;
 - ``resolved``: the next success of the schedule after one of those, of a tick run on time (the
@@ -82,8 +83,9 @@ class Alerting:
         retry_base_ms: First retry delay of a failed delivery (doubled each time).
         retry_max_ms: Largest retry delay.
         poll_interval_ms: How often the alerts relay looks for rows.
-        missed_after_ms: The periodic scan calls a tick with no row missed this long after its
-            instant (longer than a replica takes to start a tick; at least 1 s).
+        missed_after_ms: The periodic scan calls a tick with no row missed this long after the
+            last of its owners could ask for it, 2 s after its instant (longer than a replica
+            takes to start a tick; at least 1 s).
         missed_window_ms: How far back the first scan looks (alerts on ticks missed while every
             replica was down, within this window).
         scan_interval_ms: How often each replica scans (``None``: no scan; missed ticks are then

@@ -2,8 +2,10 @@
 
 Catch-up and the sweep notice a missed tick when they start it; with ``catch_up="off"`` nothing
 ever starts it. The scan reads each exclusive cron and interval schedule's expected ticks and
-calls one with no row (or given back unstarted) ``missed_after`` after its instant missed. Every
-replica scans; the decisions keep it to one alert per incident.
+calls one with no row (or given back unstarted) missed once ``missed_after`` has passed since the
+last of its owners could ask for it (:data:`~sdcore.scheduling._owners.LAST_ASK_S` after its
+instant, the first owners dead: as the sweep, the scan leaves a tick to its later owners until
+then). Every replica scans; the decisions keep it to one alert per incident.
 
 The first scan of a start waits until ``missed_after`` has passed since it, then judges only the
 latest such tick of the window, once per schedule: an outage before this start is one incident,
@@ -55,7 +57,10 @@ class MissedScan:
         self, scheduler: Scheduler, jobs: BaseJobScheduler, now: datetime
     ) -> list[Problem]:
         """The missed ticks judged now, as problems to decide (oldest first per schedule)."""
-        end = now - self._after
+        from sdcore.scheduling._owners import LAST_ASK_S
+
+        late = self._after + timedelta(seconds=LAST_ASK_S)
+        end = now - late
         if end < self._started:
             return []  # the ticks before this start are judged together, once they all are
         found: list[Problem] = []
@@ -86,7 +91,7 @@ class MissedScan:
             lost = [t for t in ticks if t.skipped is None and (t.status is None or t.given_back)]
             if floor is None:
                 lost = lost[-1:]
-            after_ms = int(self._after.total_seconds() * 1000)
+            after_ms = int(late.total_seconds() * 1000)
             found += [
                 Problem(
                     kind=AlertKind.MISSED,
