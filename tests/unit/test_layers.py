@@ -6,7 +6,8 @@ lower): ``_internal``/``_json`` → ``events``/``postgres`` → ``job_scheduler`
 ``fastapi``/``dashboard``/``sync`` → ``cli``/``demo``. Imports inside functions and under
 ``TYPE_CHECKING`` count too. What two packages share lives in ``sdcore._internal``, the one
 private module every package may import. The listed exceptions (``FRIENDS``): the in-memory
-doubles of ``sdcore.testing``, and ``sdcore.scheduling``, which runs on the lease's tick helpers.
+doubles of ``sdcore.testing``, ``sdcore.scheduling``, which runs on the lease's tick helpers, and
+the alerting scan, which waits for the scheduler's last owner as the sweep does.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ SHARED_PRIVATE = {"_internal", "_json"}  # "exceptions" is public
 # - the blocking facade runs the async objects' own statement sequences on a blocking connection
 #   (the lease's finalize and admin plans, the outbox's write loop and admin requests, the
 #   migration runner) and their own validation: one implementation.
+# - the alerting scan judges a tick missed only after its last owner's turn, the bound the
+#   sweep uses (``LAST_ASK_S`` of the scheduler's owners), not a copy of it.
 FRIENDS = {
+    "alerting": {"scheduling"},
     "testing": {"job_scheduler", "outbox", "scheduling"},
     "scheduling": {"job_scheduler"},
     "sync": {"job_scheduler", "outbox", "postgres"},
