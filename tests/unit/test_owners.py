@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pytest
@@ -131,6 +131,55 @@ def test_no_view_or_a_stale_one_asks_for_everything() -> None:
     now[0] = 15.1
     assert [owners.rank(f"s{i}") for i in range(100)] == [0] * 100
     assert owners.members is None
+
+
+def test_a_replicas_place_at_an_instant_is_never_above_its_rank_for_any_schedule_it_declares() -> (
+    None
+):
+    """``place`` lets the timer look at an instant's owned ticks later: it must never say a
+    replica is further down than its rank for one of them, whatever the others declare."""
+    rng = random.Random(7)
+    names = [f"s{i}" for i in range(40)]
+    base = datetime(2026, 12, 7, 8, tzinfo=UTC)
+    seen = Counter[int]()
+    for trial in range(300):
+        ids = _ids(rng.randint(1, 10))
+        mine = frozenset(rng.sample(names, 30))
+        owners = Owners(ids[0], stale_s=15.0, clock=lambda: 0.0)
+        members = []
+        for r in ids[1:]:
+            kind = rng.random()
+            declared = (
+                mine  # the same version (one frozenset, as the control plane hands out)
+                if kind < 0.5
+                else None
+                if kind < 0.6
+                else frozenset(mine | set(rng.sample(names, 5)))
+                if kind < 0.8
+                else frozenset(rng.sample(sorted(mine), 25))
+            )
+            members.append(Member(r, declared))
+        owners.update(members, mine if trial % 10 else None)
+        for minute in range(5):
+            instant = base + timedelta(minutes=minute)
+            place = owners.place(instant, sorted(mine))
+            seen[place] += 1
+            assert all(place <= owners.fire_rank(name, instant) for name in mine)
+            # A name it does not declare: its owners are not known to be those.
+            assert owners.place(instant, ["not-declared"]) == 0
+    assert set(seen) == {0, 1, 2, OWNERS}  # every place was reached
+
+
+def test_a_replicas_place_is_0_without_a_fresh_view() -> None:
+    now = [0.0]
+    mine = frozenset({"a", "b"})
+    owners = Owners(_ids(1)[0], stale_s=15.0, clock=lambda: now[0])
+    instant = datetime(2026, 12, 7, 8, tzinfo=UTC)
+    assert owners.place(instant, ["a"]) == 0  # no view yet
+    owners.update([Member(r, mine) for r in _ids(30)], mine)
+    assert max(owners.place(instant + timedelta(minutes=m), ["a"]) for m in range(10)) == OWNERS
+    now[0] = 15.1
+    assert [owners.place(instant + timedelta(minutes=m), ["a"]) for m in range(10)] == [0] * 10
 
 
 def test_the_second_owner_waits_a_quarter_of_the_gap_to_the_next_instant_50_ms_to_1_s() -> None:
@@ -329,7 +378,8 @@ async def test_a_minutely_ticks_second_owner_asks_a_second_late_reading_the_gate
         await cluster.crash(first)  # its heartbeat lapses after 3 s: still an owner at the instant
         await asyncio.sleep(instant + 0.5 - loop.time())
         hooks = cluster.replicas[second][1]._hooks
-        assert hooks.next_start_in(0.0, 5.0) == 0.0  # the later ask waits: polls go on
+        # Its later ask, 1 s after the instant, is still ahead: polls go on.
+        assert hooks.next_start_in(0.0, 5.0) == pytest.approx(0.5, abs=0.02)
         await asyncio.sleep(2.0)
         assert cluster.replicas[third][1]._hooks.next_start_in(0.0, 5.0) is None  # asked, lost
     finally:
@@ -641,3 +691,45 @@ async def test_a_stored_schedule_changed_while_a_later_owner_waits_still_runs_th
     }
     per_key = Counter(k for k, _, _ in ran if k in keys)
     assert per_key == dict.fromkeys(keys, 1), sorted(ran)
+
+
+@in_loop_time
+async def test_at_a_bursts_instant_only_its_first_owner_walks_its_schedules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replicas that are not an instant's first owner look at its ticks when their place
+    says they may ask: the second a second later (a minutely cron's delay), the third two, the
+    others three, to re-arm them only. At the instant, the first owner has the CPU to itself."""
+    from sdcore.scheduling._timer import Timer
+
+    looked: list[tuple[int, float]] = []  # (timer, loop time) of each tick looked at
+    fire = Timer._fire
+
+    def recording(self: Timer, *args: Any, **kwargs: Any) -> Any:
+        looked.append((id(self), asyncio.get_running_loop().time()))
+        return fire(self, *args, **kwargs)
+
+    monkeypatch.setattr(Timer, "_fire", recording)
+    cluster = _cluster()
+    names = [f"s{i}" for i in range(300)]
+    instant = 120.0
+    try:
+        for i in range(6):
+            await cluster.start(i, names, cron="* * * * *")
+        await asyncio.sleep(instant - 1.0 - asyncio.get_running_loop().time())
+        order = _fire_owners(cluster, "s0", instant)
+        looked.clear()
+        await asyncio.sleep(5.0)
+    finally:
+        await cluster.stop_all()
+    timers = {id(scheduler._timer): i for i, (scheduler, _) in enumerate(cluster.replicas)}
+    when: dict[int, Counter[float]] = {}
+    for timer, at in looked:
+        when.setdefault(timers[timer], Counter())[round(at - instant, 3)] += 1
+    expected = {i: Counter({3.0: len(names)}) for i in range(6)}
+    for place, i in enumerate(order):
+        expected[i] = Counter({float(place): len(names)})
+    assert when == expected
+    run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ran = [(i, at) for _, key, i, at in cluster.ran if key == run_key]
+    assert sorted(ran) == [(order[0], instant)] * len(names)

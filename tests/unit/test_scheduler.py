@@ -660,6 +660,37 @@ def test_stop_start_cycles_do_not_grow_the_timer_heap() -> None:
             for i in range(500):
                 scheduler.add_interval(f"tmp{i}", 3_600_000, lambda tick: None)
                 scheduler.remove(f"tmp{i}")
-            return len(scheduler._timer.heap)
+            return scheduler._timer.armed
 
     assert asyncio.run(run()) <= 2 * 1 + 64 + 1
+
+
+@in_loop_time
+async def test_a_timer_loop_that_crashes_in_the_middle_of_a_bucket_keeps_the_rest_armed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The schedules of one instant are taken off the heap together: when the loop stops half
+    way through them (a crash its supervisor restarts it after), those it did not reach are
+    armed again, not dropped for good."""
+    from sdcore.scheduling._supervisor import TickStarter
+
+    flush = TickStarter.flush
+    calls = 0
+
+    def crashing(self: TickStarter, *, final: bool = True) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after the first slice of 100
+            raise RuntimeError("flush failed")
+        return flush(self, final=final)
+
+    monkeypatch.setattr(TickStarter, "flush", crashing)
+    scheduler = Scheduler(clock=loop_clock())
+    fired: Counter[str] = Counter()
+    for i in range(250):
+        scheduler.add_interval(f"s{i}", 10_000, lambda tick: fired.update([tick.schedule]))
+    async with scheduler:
+        await asyncio.sleep(25.0)  # the instants at 10 s and 20 s
+    assert calls > 2
+    assert "flush failed" in caplog.text  # the loop crashed, and was restarted
+    assert fired == Counter({f"s{i}": 2 for i in range(250)})

@@ -14,6 +14,11 @@ an epoch is :data:`EPOCH_S` seconds):
   one losing statement, and if the first is dead or cut off, the tick starts that much late;
 - every other replica leaves the tick alone.
 
+The timer looks at the ticks of one instant at the time this replica's place among their owners
+says (:meth:`Owners.place`, the least of its ranks for the schedules it declares): a replica that
+is no owner walks them only to re-arm them, after the owners' turns, not while the first owner
+needs the CPU.
+
 Three, not two: a replica killed with ``kill -9`` stays in the others' view until its heartbeat
 lapses, and an instant is lost only when every owner is such a replica. Under churn (a replica
 killed or started every 2 s) two owners per instant lose ticks that three keep; see
@@ -129,14 +134,19 @@ class Owners:
         # Each recent epoch's replicas in rendezvous order (None: this replica).
         self._orders: dict[int, tuple[Member | None, ...]] = {}
         self._epoch_s = EPOCH_S
+        # What this replica declares (update()), and each recent epoch's place (place()).
+        self._mine: frozenset[str] | None = None
+        self._places: dict[int, int] = {}
 
     @property
     def members(self) -> tuple[Member, ...] | None:
         """The other live replicas of the current view (``None``: no view)."""
         return self._others
 
-    def update(self, members: Iterable[Member]) -> None:
-        """Replace the view: the live replicas just read (this replica's own entry is ignored).
+    def update(self, members: Iterable[Member], declared: frozenset[str] | None = None) -> None:
+        """Replace the view: the live replicas just read (this replica's own entry is ignored),
+        and ``declared``, the schedules this replica declared when they were read (``None``: not
+        known; :meth:`place` is then 0).
 
         The ranks already computed are adjusted for the replicas that joined or left (one hash
         per schedule and such replica) and for those whose declarations changed (one hash per
@@ -151,10 +161,14 @@ class Owners:
         )
         old = self._others
         self._read_at = self._clock()
+        if declared is not self._mine:
+            self._mine = declared
+            self._places = {}
         if others == old:
             return
         self._others = others
         self._orders = {}
+        self._places = {}
         if old is None:
             self._ranks = {}
             return
@@ -201,6 +215,7 @@ class Owners:
         self._others = None
         self._ranks = {}
         self._orders = {}
+        self._places = {}
 
     def _fresh(self) -> tuple[Member, ...] | None:
         """The other replicas of the view, or ``None`` (no view, or one gone stale: dropped)."""
@@ -216,20 +231,8 @@ class Owners:
         others = self._fresh()
         if others is None:
             return 0
-        epoch = int(instant.timestamp() // self._epoch_s)
-        order = self._orders.get(epoch)
-        if order is None:
-            if len(self._orders) >= _MAX_ORDERS:
-                self._orders.clear()
-            key = str(epoch)
-            scored: list[tuple[tuple[bytes, str], Member | None]] = [
-                ((_score(key, m.replica_id), m.replica_id), m) for m in others
-            ]
-            scored.append(((_score(key, self.replica_id), self.replica_id), None))
-            scored.sort(key=lambda item: item[0], reverse=True)
-            order = self._orders[epoch] = tuple(m for _, m in scored)
         rank = 0
-        for m in order:
+        for m in self._order(others, int(instant.timestamp() // self._epoch_s)):
             if m is None:
                 return rank
             if m.names is None or name in m.names:
@@ -237,6 +240,44 @@ class Owners:
                 if rank == OWNERS:
                     return rank  # not an owner: how far below does not matter
         return rank  # pragma: no cover - this replica is always in its own order
+
+    def _order(self, others: tuple[Member, ...], epoch: int) -> tuple[Member | None, ...]:
+        """The live replicas in the rendezvous order of ``epoch`` (``None``: this replica)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            if len(self._orders) >= _MAX_ORDERS:
+                self._orders.clear()
+                self._places.clear()
+            key = str(epoch)
+            scored: list[tuple[tuple[bytes, str], Member | None]] = [
+                ((_score(key, m.replica_id), m.replica_id), m) for m in others
+            ]
+            scored.append(((_score(key, self.replica_id), self.replica_id), None))
+            scored.sort(key=lambda item: item[0], reverse=True)
+            order = self._orders[epoch] = tuple(m for _, m in scored)
+        return order
+
+    def place(self, instant: datetime, names: Iterable[str]) -> int:
+        """This replica's place among the owners of the ticks of ``names`` at ``instant``, at
+        the least (0 first; :data:`OWNERS` for any place from there on): the replicas before it
+        in the instant's epoch order that declare every schedule this replica declares. 0
+        without a fresh view, or when one of ``names`` is not among those this replica declared
+        when the view was read (its owners are not known to be those)."""
+        others = self._fresh()
+        mine = self._mine
+        if others is None or mine is None:
+            return 0
+        epoch = int(instant.timestamp() // self._epoch_s)
+        place = self._places.get(epoch)
+        if place is None:
+            place = 0
+            for m in self._order(others, epoch):
+                if m is None or place == OWNERS:
+                    break
+                if m.names is None or m.names is mine or m.names >= mine:
+                    place += 1
+            self._places[epoch] = place
+        return place if place == 0 or mine.issuperset(names) else 0
 
     def rank(self, name: str) -> int:
         """This replica's place among the owners of ``name``'s duties (start-up catch-up, the

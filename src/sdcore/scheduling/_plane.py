@@ -564,7 +564,7 @@ class ScheduleControl:
             members.append(Member(row.replica_id, same[held]))
         self._versions = versions
         self._same = (digest, same)
-        self._owners.update(members)
+        self._owners.update(members, same[digest])
         return seen
 
     async def _apply_changes(self) -> None:

@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import functools
 import logging
+import operator
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,6 +49,7 @@ _SWEEP_MARGIN = timedelta(seconds=1)
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
 _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+_name = operator.attrgetter("name")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -297,15 +299,21 @@ class TickStarter:
         times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
         that has no owners: not exclusive, one-shot, or no view of the cluster)."""
         owners = self.owners
-        if owners is None or not self._routed(entry):
+        if owners is None or not self.routed(entry):
             return 0
         if due is None:
             return owners.rank(entry.name)
         return owners.fire_rank(entry.name, due)
 
-    def _routed(self, entry: Entry) -> bool:
+    def routed(self, entry: Entry) -> bool:
         """Whether ``entry``'s regular fires go by owners (once the cluster has a view)."""
         return self._jobs is not None and entry.policy.exclusive and entry.kind in _OWNED_KINDS
+
+    def place(self, due: datetime, entries: list[Entry]) -> int:
+        """This replica's place among the owners of every tick of ``entries`` (routed ones) at
+        ``due`` at the least (:meth:`Owners.place`): 0 when it may be a first owner of one."""
+        owners = self.owners
+        return 0 if owners is None else owners.place(due, map(_name, entries))
 
     def owns(self, entry: Entry) -> bool:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
@@ -608,7 +616,7 @@ class TickStarter:
         if not self.owns(entry):
             return  # its owners sweep it
         end = now - _SWEEP_MARGIN
-        if self.owners is not None and self._routed(entry):
+        if self.owners is not None and self.routed(entry):
             end -= timedelta(seconds=LAST_ASK_S)
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
