@@ -7,6 +7,7 @@ The rank function on its own, then real schedulers and control planes on one sha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import uuid
@@ -224,6 +225,7 @@ class _Cluster:
         cron: str | None = None,
         catch_up: Literal["off", "latest", "all"] = "all",
         stored: Callable[[Tick, dict[str, Any]], Awaitable[None]] | None = None,
+        replica_id: str | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         scheduler = Scheduler(jobs=self.jobs, lease_ms=2_000, clock=self.now)
@@ -241,6 +243,8 @@ class _Cluster:
         control = ScheduleControl(
             scheduler, self.store, poll_interval_ms=200, heartbeat_ms=heartbeat_ms, clock=self.now
         )
+        if replica_id is not None:
+            control.replica = dataclasses.replace(control.replica, replica_id=replica_id)
         await control.start()
         await scheduler.start_all()
         self.replicas.append((scheduler, control))
@@ -733,3 +737,71 @@ async def test_at_a_bursts_instant_only_its_first_owner_walks_its_schedules(
     run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ran = [(i, at) for _, key, i, at in cluster.ran if key == run_key]
     assert sorted(ran) == [(order[0], instant)] * len(names)
+
+
+def _above(cluster: _Cluster, index: int, at: float) -> str:
+    """A replica id that ranks above replica ``index`` in the epoch of loop time ``at``."""
+    epoch = str(int((BASE + timedelta(seconds=at)).timestamp() // owners_module.EPOCH_S))
+    below = cluster.replicas[index][1].replica.replica_id
+    while True:
+        candidate = str(uuid.uuid4())
+        if (owners_module._score(epoch, candidate), candidate) > (
+            owners_module._score(epoch, below),
+            below,
+        ):
+            return candidate
+
+
+@in_loop_time
+async def test_a_replica_joining_after_an_instant_does_not_take_a_later_owners_turn() -> None:
+    """The first two owners are killed (still in every view); just after the instant a replica
+    starts that ranks above the third in the instant's epoch. It cannot fire a tick from before
+    its start, and the third owner, which looks at the tick two delays later with the joiner in
+    its view, still asks for it: its place when the instant came counts."""
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 120.0
+    try:
+        await asyncio.sleep(1.5)  # a heartbeat read falls between the join and the third's turn
+        for i in range(5):
+            await cluster.start(i, ["job"], cron="* * * * *", catch_up="off")
+        await asyncio.sleep(instant - 0.1 - loop.time())
+        first, second, third = _fire_owners(cluster, "job", instant)
+        await cluster.crash(first)
+        await cluster.crash(second)
+        await asyncio.sleep(instant + 0.3 - loop.time())
+        joiner = _above(cluster, third, instant)
+        await cluster.start(5, ["job"], cron="* * * * *", catch_up="off", replica_id=joiner)
+        await asyncio.sleep(instant + 1.9 - loop.time())
+        view = cluster.replicas[third][1]._owners.members or ()
+        assert joiner in {m.replica_id for m in view}  # the third's view has it before its turn
+        await asyncio.sleep(instant + 4.0 - loop.time())
+    finally:
+        await cluster.stop_all()
+    run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ran = [(i, round(at, 3)) for _, key, i, at in cluster.ran if key == run_key]
+    assert ran == [(third, instant + 2 * second_delay(timedelta(minutes=1)))]
+
+
+@in_loop_time
+async def test_a_schedule_stopped_and_started_while_its_later_owner_waits_keeps_that_ask() -> None:
+    """The first owner is killed; the second stops and starts the schedule locally while it
+    waits for its turn (armed again from then, for the next minute): its turn still asks for the
+    instant's tick, a delay late, not the third owner's two."""
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 120.0
+    try:
+        first, second, _ = await _four_replicas(cluster, "job", "* * * * *", instant)
+        await asyncio.sleep(instant - 0.1 - loop.time())
+        await cluster.crash(first)
+        await asyncio.sleep(instant + 0.3 - loop.time())
+        scheduler = cluster.replicas[second][0]
+        scheduler.stop("job")
+        scheduler.start("job")
+        await asyncio.sleep(instant + 4.0 - loop.time())
+    finally:
+        await cluster.stop_all()
+    run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ran = [(i, round(at, 3)) for _, key, i, at in cluster.ran if key == run_key]
+    assert ran == [(second, instant + second_delay(timedelta(minutes=1)))]

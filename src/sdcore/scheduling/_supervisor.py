@@ -29,7 +29,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Owners, second_delay
+from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Order, Owners, second_delay
 from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
 from sdcore.scheduling._policy import current_path as current_path  # re-exported
 from sdcore.scheduling._runner import (
@@ -252,6 +252,7 @@ class TickStarter:
         *,
         deadline: Deadline,
         owned: bool = False,
+        then: Order | None = None,
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
@@ -260,7 +261,8 @@ class TickStarter:
 
         A regular fire of an exclusive cron or interval schedule is started here only by the
         instant's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
-        the second, twice that by the third (``owned``: such a later start).
+        the second, twice that by the third (``owned``: such a later start; ``then``: the
+        owners' order when the instant came, for a fire looked at after it, see :meth:`route`).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -269,7 +271,7 @@ class TickStarter:
         as the tick's run for the overlap policy, and the tick as in flight.
         """
         if path is StartPath.FIRE and not owned:
-            rank = self.route(entry, due)
+            rank = self.route(entry, due, then)
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
             if rank > 0:
@@ -293,17 +295,18 @@ class TickStarter:
         entry.in_flight.add(due)
         return True
 
-    def route(self, entry: Entry, due: datetime | None = None) -> int:
+    def route(self, entry: Entry, due: datetime | None = None, then: Order | None = None) -> int:
         """This replica's rank among the owners of ``entry``'s regular fire at ``due`` (``None``:
         of its catch-up and sweep): 0 asks at the instant, ``r`` below :data:`OWNERS` asks ``r``
         times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
-        that has no owners: not exclusive, one-shot, or no view of the cluster)."""
+        that has no owners: not exclusive, one-shot, or no view of the cluster). ``then``: the
+        order when the instant came; the better of that rank and today's counts."""
         owners = self.owners
         if owners is None or not self.routed(entry):
             return 0
         if due is None:
             return owners.rank(entry.name)
-        return owners.fire_rank(entry.name, due)
+        return owners.fire_rank(entry.name, due, then)
 
     def routed(self, entry: Entry) -> bool:
         """Whether ``entry``'s regular fires go by owners (once the cluster has a view)."""
@@ -314,6 +317,11 @@ class TickStarter:
         ``due`` at the least (:meth:`Owners.place`): 0 when it may be a first owner of one."""
         owners = self.owners
         return 0 if owners is None else owners.place(due, map(_name, entries))
+
+    def order_at(self, due: datetime) -> Order | None:
+        """The owners' order of ``due`` as this replica sees it now (:meth:`Owners.order_at`)."""
+        owners = self.owners
+        return None if owners is None else owners.order_at(due)
 
     def owns(self, entry: Entry) -> bool:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""

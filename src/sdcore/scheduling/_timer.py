@@ -47,7 +47,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import OWNERS, second_delay
+from sdcore.scheduling._owners import OWNERS, Order, second_delay
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
@@ -88,9 +88,11 @@ class Bucket:
             (``None``: none has one, or not an owned bucket).
         at: When the loop looks at it: ``due``, or later for a replica that is not its first
             owner (set once it came due).
+        then: The owners' order when it came due, if it is looked at later: a replica that
+            joined since does not take this one's place for these ticks.
     """
 
-    __slots__ = ("at", "due", "entries", "gap", "owned", "versions")
+    __slots__ = ("at", "due", "entries", "gap", "owned", "then", "versions")
 
     def __init__(self, due: datetime, owned: bool) -> None:
         self.due = due
@@ -99,6 +101,7 @@ class Bucket:
         self.versions: list[int] = []
         self.gap: timedelta | None = None
         self.at: datetime | None = None
+        self.then: Order | None = None
 
 
 # A heap item: (when the loop looks at the bucket, arm sequence, bucket).
@@ -276,6 +279,7 @@ class Timer:
                         if bucket.gap is not None:
                             later = min(later, bucket.gap.total_seconds() / 2)
                         bucket.at = bucket.due + timedelta(seconds=later)
+                        bucket.then = self._sup.order_at(bucket.due)
                         if bucket.at > now:
                             heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
                             continue
@@ -288,7 +292,7 @@ class Timer:
         loop stopped in its middle: a crash it restarts after, or a cancellation)."""
         rest = Bucket(bucket.due, bucket.owned)
         rest.entries, rest.versions = bucket.entries[done:], bucket.versions[done:]
-        rest.gap, rest.at = bucket.gap, bucket.at
+        rest.gap, rest.at, rest.then = bucket.gap, bucket.at, bucket.then
         heapq.heappush(self.heap, (bucket.at or bucket.due, next(self._seq), rest))
         self.armed += len(rest.entries)
 
@@ -309,20 +313,24 @@ class Timer:
                 bucket = self._take(now)
                 while bucket is not None:
                     due = bucket.due
-                    within = bucket.gap if bucket.owned else None
+                    within, then = (bucket.gap if bucket.owned else None), bucket.then
+                    later = bucket.at != due
                     armed, armed_versions = bucket.entries, bucket.versions
                     for start in range(0, len(armed), SLICE):
                         for index in range(start, min(start + SLICE, len(armed))):
                             done = index + 1
                             entry, version = armed[index], armed_versions[index]
-                            if not self._live(entry, version):
+                            live = self._live(entry, version)
+                            if not live and not (later and self._left_behind(entry, due)):
                                 continue
                             try:
-                                following = self._fire(entry, due, now, memo, within)
+                                following = self._fire(
+                                    entry, due, now, memo, within, then, rearm=live
+                                )
                             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                                 self._fire_failed(entry)
                                 continue
-                            if following is not None:
+                            if following is not None and live:
                                 entries.append(entry)
                                 versions.append(entry.version)
                                 followings.append(following)
@@ -353,6 +361,12 @@ class Timer:
             for index in range(rearmed, len(entries)):
                 self._rearm_started(entries[index], versions[index], followings[index])
 
+    def _left_behind(self, entry: Entry, due: datetime) -> bool:
+        """Whether ``entry``, armed again since its bucket came due (stopped and started while
+        this replica waited for its turn), still has the bucket's tick to offer: it is live and
+        armed for a later instant only."""
+        return self._live(entry, None) and (entry.next_at is None or entry.next_at > due)
+
     def _rearm_started(self, entry: Entry, version: int, following: NextFire) -> None:
         try:
             self._rearm(entry, version, following())
@@ -374,12 +388,16 @@ class Timer:
         now: datetime,
         memo: dict[tuple[Trigger, datetime], NextFire],
         within: timedelta | None,
+        then: Order | None = None,
+        *,
+        rearm: bool = True,
     ) -> NextFire | None:
         """Start the tick due at ``due``; return its successor, to re-arm after the burst.
 
         ``within``: how late a tick is still on time (its successor is after now): its bucket's
-        gap, or (``None``) its trigger's spacing. ``None``: already re-armed (the loop was late
-        and ticks were coalesced).
+        gap, or (``None``) its trigger's spacing; ``then``: the owners' order when the bucket came
+        due; ``rearm``: whether the entry is armed from here (not: only its tick on time starts).
+        ``None``: already re-armed (the loop was late and ticks were coalesced).
         """
         spacing = entry.trigger.spacing
         if spacing is not None and now - due < (within or spacing):
@@ -393,8 +411,10 @@ class Timer:
                 if following is None:
                     following = memo[key] = NextFire(trigger, due, self._next.get(key, False))
                 self._last = following
-            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following, then=then)
             return following
+        if not rearm:
+            return None
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
         skipped = 0
