@@ -274,8 +274,7 @@ class TickStarter:
             rank = self.route(entry, due, then)
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
-            if rank > 0:
-                self._start_later(_Fire(entry, due, None, deadline), rank)
+            if rank > 0 and self._start_later(_Fire(entry, due, None, deadline), rank):
                 return True
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
             return self.launch(entry, due, path, deadline=deadline) is not None
@@ -327,23 +326,27 @@ class TickStarter:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
         return self.route(entry) < OWNERS
 
-    def _start_later(self, fire: _Fire, rank: int) -> None:
+    def _start_later(self, fire: _Fire, rank: int) -> bool:
         """Start ``fire`` as its instant's owner of ``rank`` (1 or more), ``rank`` times
         :func:`second_delay` after its instant: the fires of one instant that wait as long
-        share one timer, and go out as one batch."""
+        share one timer, and go out as one batch. ``False``: that time has come (the timer
+        looked at the instant at this replica's turn), the fire starts now."""
         loop = asyncio.get_running_loop()
         deadline = fire.deadline
         following = deadline() if callable(deadline) else deadline
         gap = None if following is None else following - fire.due
         late = (self._clock() - fire.due).total_seconds()
-        at = loop.time() + max(0.0, rank * second_delay(gap) - late)
-        at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
+        wait = rank * second_delay(gap) - late
+        if wait <= 0.0:
+            return False
+        at = round(loop.time() + wait, 2)  # fires due together share one timer (10 ms apart)
         waiting = self._later.get(at)
         if waiting is None:
             waiting = self._later[at] = []
             handle = loop.call_at(at, self._start_waiting, at)
             self._later_handles[at] = handle
         waiting.append(fire)
+        return True
 
     def _start_waiting(self, at: float) -> None:
         self._later_handles.pop(at, None)
