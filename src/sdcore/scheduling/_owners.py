@@ -14,12 +14,9 @@ an epoch is :data:`EPOCH_S` seconds):
   one losing statement, and if the first is dead or cut off, the tick starts that much late;
 - every other replica leaves the tick alone.
 
-The timer looks at the ticks of one instant at the time this replica's place among their owners
-says (:meth:`Owners.place`, the least of its ranks for the schedules it declares): a replica that
-is no owner walks them only to re-arm them, after the owners' turns, not while the first owner
-needs the CPU. At such a later look, a tick's rank is the better of its rank in the instant's
-order when it came (:meth:`Owners.order_at`) and in today's: a replica that joined since cannot
-fire the tick, and must not take the place of one that can.
+A replica that is none of the owners of a burst's ticks (:meth:`Owners.place`, the least of its
+ranks for the schedules it declares) looks at them after the owners' turns, only to re-arm them,
+not while the first owner needs the CPU (:mod:`sdcore.scheduling._timer`).
 
 Three, not two: a replica killed with ``kill -9`` stays in the others' view until its heartbeat
 lapses, and an instant is lost only when every owner is such a replica. Under churn (a replica
@@ -66,7 +63,6 @@ __all__ = [
     "MEMBER_TTL_BEATS",
     "OWNERS",
     "Member",
-    "Order",
     "Owners",
     "second_delay",
 ]
@@ -108,10 +104,6 @@ class Member:
     names: frozenset[str] | None = None
 
 
-# Replicas in an epoch's rendezvous order, first first (``None``: this replica).
-Order = tuple[Member | None, ...]
-
-
 def _score(name: str, replica_id: str) -> bytes:
     return hashlib.blake2b(f"{name}\0{replica_id}".encode(), digest_size=8).digest()
 
@@ -139,7 +131,7 @@ class Owners:
         self._read_at = 0.0
         self._ranks: dict[str, int] = {}
         # Each recent epoch's replicas in rendezvous order (None: this replica).
-        self._orders: dict[int, Order] = {}
+        self._orders: dict[int, tuple[Member | None, ...]] = {}
         self._epoch_s = EPOCH_S
         # What this replica declares (update()), and each recent epoch's place (place()).
         self._mine: frozenset[str] | None = None
@@ -230,31 +222,16 @@ class Owners:
             self.forget()
         return self._others
 
-    def order_at(self, instant: datetime) -> Order | None:
-        """The live replicas in the rendezvous order of ``instant``'s epoch, as the view has them
-        now (``None``: no fresh view): what :meth:`fire_rank` ranks by, kept for a later look."""
-        others = self._fresh()
-        if others is None:
-            return None
-        return self._order(others, int(instant.timestamp() // self._epoch_s))
-
-    def fire_rank(self, name: str, instant: datetime, then: Order | None = None) -> int:
+    def fire_rank(self, name: str, instant: datetime) -> int:
         """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first;
         :data:`OWNERS` for any place from there on; 0 without a fresh view): the live replicas
         that declare ``name``, in the rendezvous order of the instant's epoch, which every
-        schedule due in it shares. ``then``: the instant's order when it came (:meth:`order_at`);
-        the better of the two places counts, so that a replica that joined the view since (and
-        cannot fire a tick from before its start) never takes an owner's place away."""
+        schedule due in it shares."""
         others = self._fresh()
         if others is None:
             return 0
-        rank = self._rank_in(self._order(others, int(instant.timestamp() // self._epoch_s)), name)
-        return rank if then is None else min(rank, self._rank_in(then, name))
-
-    @staticmethod
-    def _rank_in(order: Order, name: str) -> int:
         rank = 0
-        for m in order:
+        for m in self._order(others, int(instant.timestamp() // self._epoch_s)):
             if m is None:
                 return rank
             if m.names is None or name in m.names:
@@ -263,7 +240,7 @@ class Owners:
                     return rank  # not an owner: how far below does not matter
         return rank  # pragma: no cover - this replica is always in its own order
 
-    def _order(self, others: tuple[Member, ...], epoch: int) -> Order:
+    def _order(self, others: tuple[Member, ...], epoch: int) -> tuple[Member | None, ...]:
         """The live replicas in the rendezvous order of ``epoch`` (``None``: this replica)."""
         order = self._orders.get(epoch)
         if order is None:

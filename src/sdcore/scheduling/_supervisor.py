@@ -29,7 +29,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Order, Owners, second_delay
+from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Owners, second_delay
 from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
 from sdcore.scheduling._policy import current_path as current_path  # re-exported
 from sdcore.scheduling._runner import (
@@ -252,7 +252,6 @@ class TickStarter:
         *,
         deadline: Deadline,
         owned: bool = False,
-        then: Order | None = None,
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
@@ -261,8 +260,7 @@ class TickStarter:
 
         A regular fire of an exclusive cron or interval schedule is started here only by the
         instant's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
-        the second, twice that by the third (``owned``: such a later start; ``then``: the
-        owners' order when the instant came, for a fire looked at after it, see :meth:`route`).
+        the second, twice that by the third (``owned``: such a later start).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -271,10 +269,11 @@ class TickStarter:
         as the tick's run for the overlap policy, and the tick as in flight.
         """
         if path is StartPath.FIRE and not owned:
-            rank = self.route(entry, due, then)
+            rank = self.route(entry, due)
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
-            if rank > 0 and self._start_later(_Fire(entry, due, None, deadline), rank):
+            if rank > 0:
+                self._start_later(_Fire(entry, due, None, deadline), rank)
                 return True
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
             return self.launch(entry, due, path, deadline=deadline) is not None
@@ -294,18 +293,17 @@ class TickStarter:
         entry.in_flight.add(due)
         return True
 
-    def route(self, entry: Entry, due: datetime | None = None, then: Order | None = None) -> int:
+    def route(self, entry: Entry, due: datetime | None = None) -> int:
         """This replica's rank among the owners of ``entry``'s regular fire at ``due`` (``None``:
         of its catch-up and sweep): 0 asks at the instant, ``r`` below :data:`OWNERS` asks ``r``
         times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
-        that has no owners: not exclusive, one-shot, or no view of the cluster). ``then``: the
-        order when the instant came; the better of that rank and today's counts."""
+        that has no owners: not exclusive, one-shot, or no view of the cluster)."""
         owners = self.owners
         if owners is None or not self.routed(entry):
             return 0
         if due is None:
             return owners.rank(entry.name)
-        return owners.fire_rank(entry.name, due, then)
+        return owners.fire_rank(entry.name, due)
 
     def routed(self, entry: Entry) -> bool:
         """Whether ``entry``'s regular fires go by owners (once the cluster has a view)."""
@@ -317,36 +315,27 @@ class TickStarter:
         owners = self.owners
         return 0 if owners is None else owners.place(due, map(_name, entries))
 
-    def order_at(self, due: datetime) -> Order | None:
-        """The owners' order of ``due`` as this replica sees it now (:meth:`Owners.order_at`)."""
-        owners = self.owners
-        return None if owners is None else owners.order_at(due)
-
     def owns(self, entry: Entry) -> bool:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
         return self.route(entry) < OWNERS
 
-    def _start_later(self, fire: _Fire, rank: int) -> bool:
+    def _start_later(self, fire: _Fire, rank: int) -> None:
         """Start ``fire`` as its instant's owner of ``rank`` (1 or more), ``rank`` times
         :func:`second_delay` after its instant: the fires of one instant that wait as long
-        share one timer, and go out as one batch. ``False``: that time has come (the timer
-        looked at the instant at this replica's turn), the fire starts now."""
+        share one timer, and go out as one batch."""
         loop = asyncio.get_running_loop()
         deadline = fire.deadline
         following = deadline() if callable(deadline) else deadline
         gap = None if following is None else following - fire.due
         late = (self._clock() - fire.due).total_seconds()
-        wait = rank * second_delay(gap) - late
-        if wait <= 0.0:
-            return False
-        at = round(loop.time() + wait, 2)  # fires due together share one timer (10 ms apart)
+        at = loop.time() + max(0.0, rank * second_delay(gap) - late)
+        at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
         waiting = self._later.get(at)
         if waiting is None:
             waiting = self._later[at] = []
             handle = loop.call_at(at, self._start_waiting, at)
             self._later_handles[at] = handle
         waiting.append(fire)
-        return True
 
     def _start_waiting(self, at: float) -> None:
         self._later_handles.pop(at, None)

@@ -25,13 +25,12 @@ When a bucket comes due, the loop starts its ticks in slices of :data:`SLICE`:
    meanwhile.
 
 Every tick goes through :meth:`TickStarter.start_tick`, which also decides whether this replica
-asks for it at all. A bucket of owned schedules is looked at when this replica's place among
-their owners says it may ask (:meth:`TickStarter.place`): at its instant by a first owner,
-:func:`~sdcore.scheduling._owners.second_delay` later by the second, twice that by the third, and
-three times that (at most half the gap) by every other replica, which only re-arms them (a
-bucket of fewer than :data:`SLICE` ticks, at once: waking again costs more). A burst then costs
-the replicas that are no owners nothing at its instant, where the first owner needs the CPU; on
-a fleet of 24, that was 23 replicas walking 10,000 schedules at once.
+asks for it at all: at the instant as a first owner, later as a second or third
+(:mod:`sdcore.scheduling._owners`), or not at all. A replica that is none of the owners of a
+bucket's ticks (:meth:`TickStarter.place`) looks at a bucket of :data:`SLICE` ticks or more three
+owner delays after the instant (at most half the gap), only to re-arm them: a burst then costs it
+nothing at its instant, where the first owner needs the CPU (on a fleet of 24, that was 23
+replicas walking 10,000 schedules at once). A smaller bucket costs it less than waking up again.
 
 A tick later than that (the loop was blocked, the process suspended) takes the old path: ticks
 that passed are coalesced to the latest, then it starts.
@@ -48,7 +47,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import OWNERS, Order, second_delay
+from sdcore.scheduling._owners import OWNERS, second_delay
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
@@ -87,13 +86,11 @@ class Bucket:
         owned: Whether its schedules' ticks go by owners (:meth:`TickStarter.routed`).
         gap: The least time from ``due`` to the next instant of any schedule armed in it
             (``None``: none has one, or not an owned bucket).
-        at: When the loop looks at it: ``due``, or later for a replica that is not its first
-            owner (set once it came due).
-        then: The owners' order when it came due, if it is looked at later: a replica that
-            joined since does not take this one's place for these ticks.
+        at: When the loop looks at it: ``due``, or later on a replica that is none of its
+            ticks' owners (set once it came due).
     """
 
-    __slots__ = ("at", "due", "entries", "gap", "owned", "then", "versions")
+    __slots__ = ("at", "due", "entries", "gap", "owned", "versions")
 
     def __init__(self, due: datetime, owned: bool) -> None:
         self.due = due
@@ -102,7 +99,6 @@ class Bucket:
         self.versions: list[int] = []
         self.gap: timedelta | None = None
         self.at: datetime | None = None
-        self.then: Order | None = None
 
 
 # A heap item: (when the loop looks at the bucket, arm sequence, bucket).
@@ -263,9 +259,8 @@ class Timer:
         return None
 
     def _take(self, now: datetime) -> Bucket | None:
-        """The next bucket to look at now, taken off the heap, or ``None``. A bucket of owned
-        schedules that this replica asks for later, or not at all, goes back under the time
-        its place says."""
+        """The next bucket to look at now, taken off the heap, or ``None``. A burst of owned ticks
+        that this replica does not ask for goes back under the time it looks at it."""
         heap = self.heap
         while heap and heap[0][0] <= now:
             _, _, bucket = heapq.heappop(heap)
@@ -273,19 +268,20 @@ class Timer:
                 bucket.at = bucket.due
                 if self._open.get((bucket.due, bucket.owned)) is bucket:
                     del self._open[bucket.due, bucket.owned]
-                if bucket.owned:
-                    place = self._sup.place(bucket.due, bucket.entries)
-                    # A bucket smaller than a slice costs a replica that is no owner less than
-                    # the loop's waking up again for it: that one looks at it now.
-                    if place > 0 and (place < OWNERS or len(bucket.entries) >= SLICE):
-                        later = min(place, OWNERS) * second_delay(bucket.gap)
-                        if bucket.gap is not None:
-                            later = min(later, bucket.gap.total_seconds() / 2)
-                        bucket.at = bucket.due + timedelta(seconds=later)
-                        bucket.then = self._sup.order_at(bucket.due)
-                        if bucket.at > now:
-                            heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
-                            continue
+                # A replica that is none of a burst's owners looks at it after their turns.
+                # (A bucket smaller than a slice costs it less than waking up again for it.)
+                if (
+                    bucket.owned
+                    and len(bucket.entries) >= SLICE
+                    and self._sup.place(bucket.due, bucket.entries) >= OWNERS
+                ):
+                    later = OWNERS * second_delay(bucket.gap)
+                    if bucket.gap is not None:
+                        later = min(later, bucket.gap.total_seconds() / 2)
+                    bucket.at = bucket.due + timedelta(seconds=later)
+                    if bucket.at > now:
+                        heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
+                        continue
             self.armed -= len(bucket.entries)
             return bucket
         return None
@@ -295,7 +291,7 @@ class Timer:
         loop stopped in its middle: a crash it restarts after, or a cancellation)."""
         rest = Bucket(bucket.due, bucket.owned)
         rest.entries, rest.versions = bucket.entries[done:], bucket.versions[done:]
-        rest.gap, rest.at, rest.then = bucket.gap, bucket.at, bucket.then
+        rest.gap, rest.at = bucket.gap, bucket.at
         heapq.heappush(self.heap, (bucket.at or bucket.due, next(self._seq), rest))
         self.armed += len(rest.entries)
 
@@ -316,24 +312,20 @@ class Timer:
                 bucket = self._take(now)
                 while bucket is not None:
                     due = bucket.due
-                    within, then = (bucket.gap if bucket.owned else None), bucket.then
-                    later = bucket.at != due
+                    within = bucket.gap if bucket.owned else None
                     armed, armed_versions = bucket.entries, bucket.versions
                     for start in range(0, len(armed), SLICE):
                         for index in range(start, min(start + SLICE, len(armed))):
                             done = index + 1
                             entry, version = armed[index], armed_versions[index]
-                            live = self._live(entry, version)
-                            if not live and not (later and self._left_behind(entry, due)):
+                            if not self._live(entry, version):
                                 continue
                             try:
-                                following = self._fire(
-                                    entry, due, now, memo, within, then, rearm=live
-                                )
+                                following = self._fire(entry, due, now, memo, within)
                             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                                 self._fire_failed(entry)
                                 continue
-                            if following is not None and live:
+                            if following is not None:
                                 entries.append(entry)
                                 versions.append(entry.version)
                                 followings.append(following)
@@ -364,12 +356,6 @@ class Timer:
             for index in range(rearmed, len(entries)):
                 self._rearm_started(entries[index], versions[index], followings[index])
 
-    def _left_behind(self, entry: Entry, due: datetime) -> bool:
-        """Whether ``entry``, armed again since its bucket came due (stopped and started while
-        this replica waited for its turn), still has the bucket's tick to offer: it is live and
-        armed for a later instant only."""
-        return self._live(entry, None) and (entry.next_at is None or entry.next_at > due)
-
     def _rearm_started(self, entry: Entry, version: int, following: NextFire) -> None:
         try:
             self._rearm(entry, version, following())
@@ -391,16 +377,12 @@ class Timer:
         now: datetime,
         memo: dict[tuple[Trigger, datetime], NextFire],
         within: timedelta | None,
-        then: Order | None = None,
-        *,
-        rearm: bool = True,
     ) -> NextFire | None:
         """Start the tick due at ``due``; return its successor, to re-arm after the burst.
 
         ``within``: how late a tick is still on time (its successor is after now): its bucket's
-        gap, or (``None``) its trigger's spacing; ``then``: the owners' order when the bucket came
-        due; ``rearm``: whether the entry is armed from here (not: only its tick on time starts).
-        ``None``: already re-armed (the loop was late and ticks were coalesced).
+        gap, or (``None``) its trigger's spacing. ``None``: already re-armed (the loop was late
+        and ticks were coalesced).
         """
         spacing = entry.trigger.spacing
         if spacing is not None and now - due < (within or spacing):
@@ -414,10 +396,8 @@ class Timer:
                 if following is None:
                     following = memo[key] = NextFire(trigger, due, self._next.get(key, False))
                 self._last = following
-            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following, then=then)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
             return following
-        if not rearm:
-            return None
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
         skipped = 0
