@@ -232,10 +232,9 @@ class Timer:
         self, after: datetime, until: datetime, starts: Callable[[Entry, datetime], bool]
     ) -> datetime | None:
         """The first time in ``[after, until]`` at which the loop looks at a bucket where
-        ``starts`` says this replica starts a tick (its instant, or later for a later owner), or
-        ``None``. The heap is walked in order from its top, down to ``until`` only (the buckets
-        before ``after`` are skipped, not their order); a bucket this replica leaves to their
-        owners is skipped whole."""
+        ``starts`` says this replica starts a tick, or ``None``. The heap is walked in order from
+        its top, down to ``until`` only (the buckets before ``after`` are skipped, not their
+        order); a bucket this replica leaves to their owners is skipped whole."""
         heap = self.heap
         frontier: list[tuple[datetime, int]] = [(heap[0][0], 0)] if heap else []
         while frontier:
