@@ -26,6 +26,8 @@ Four modes (``--only``; all by default):
     ``--burst-replicas``; the instant is chosen ``--burst-lead`` seconds ahead (auto: long enough
     for the fleet to start). First/median/last handler start after the instant over the fleet,
     and each tick exactly once (ledgers, and the lease rows all ``SUCCESS``). Target: last ≤ 1 s.
+    Also each replica's CPU from 50 ms before the instant to 500 ms after it: the first owner's
+    (the replica that started most ticks) and the others' (what they took from it).
 ``kill``
     ``--kill-replicas`` replicas, ``--kill-schedules`` per-second crons, handlers of ``--work-ms``.
     At a half second, ``kill -9`` the first owner of the coming instants (the top of their
@@ -107,7 +109,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sdcore import Runtime
 from sdcore.postgres import DEFAULT_TABLES, PoolSettings
 from sdcore.scheduling import ControlSettings, Tick
-from sdcore.scheduling._owners import EPOCH_S, _score
+from sdcore.scheduling._owners import EPOCH_S, OWNERS, _score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -266,6 +268,11 @@ class Fleet:
                     run = next(x for x in out[key] if x.replica == r.index and not x.ended)
                     run.ended = True
         return out
+
+
+# burst: the window in which each replica's CPU is read, around the instant.
+_BURST_CPU_BEFORE_S = 0.05
+_BURST_CPU_AFTER_S = 0.5
 
 
 def _sleep_until(at: float) -> None:
@@ -659,6 +666,11 @@ def burst(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 if not in_time:
                     fleet.wait_ready(at + 120)
                 margin = at - max(float(r.ready.read_text()) for r in fleet.replicas)
+                _sleep_until(at - _BURST_CPU_BEFORE_S)
+                before = {r.index: _stat(r.proc.pid) for r in fleet.replicas}
+                _sleep_until(at + _BURST_CPU_AFTER_S)
+                after = {r.index: _stat(r.proc.pid) for r in fleet.replicas}
+                order = _epoch_owners(dsn, fleet, int(at))
                 while (
                     time.time() < at + 120
                     and sum(1 for runs in fleet.runs().values() for x in runs if x.ended) < count
@@ -669,12 +681,29 @@ def burst(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 fleet.stop()
             names = [name for name, _ in _schedules(spec)]
             counts = tally(fleet, names, range(int(at), int(at) + 1))
-        starts = sorted(x.start - at for runs in fleet.runs().values() for x in runs)
+        runs = [x for xs in fleet.runs().values() for x in xs]
+        starts = sorted(x.start - at for x in runs)
+        # The CPU the replicas other than the one that started most ticks (the instant's first
+        # owner) took from the instant's first half second (two vCPUs shared with the server):
+        # the later owners' and the rest's.
+        owner = Counter(x.replica for x in runs).most_common(1)[0][0] if runs else -1
+        spent = {
+            i: (a[1] - b[1]) / 1e6
+            for i, b in before.items()
+            if b is not None and (a := after.get(i)) is not None
+        }
+        others = sorted((ms for i, ms in spent.items() if i != owner), reverse=True)
+        later = [spent.get(i, math.nan) for i in order[1:OWNERS]]
+        rest = sorted((ms for i, ms in spent.items() if i not in order[:OWNERS]), reverse=True)
         result = {
             "replicas": size, "schedules": count, "ready_before_s": margin, "in_time": in_time,
             **counts, "first_ms": starts[0] * 1000 if starts else math.nan,
             "p50_ms": statistics.median(starts) * 1000 if starts else math.nan,
             "last_ms": starts[-1] * 1000 if starts else math.nan,
+            "owner_cpu_ms": spent.get(owner, math.nan), "others_cpu_ms": sum(others),
+            "others_cpu_max_ms": others[0] if others else 0.0,
+            "later_owners_cpu_ms": later, "rest_cpu_ms": sum(rest),
+            "rest_cpu_max_ms": rest[0] if rest else 0.0,
         }  # fmt: skip
         results.append(result)
         met = "met" if result["last_ms"] <= 1000 else "MISSED"
@@ -683,6 +712,17 @@ def burst(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             f"p50 {result['p50_ms']:.0f} ms, last {result['last_ms']:.0f} ms (target <= 1000 "
             f"ms: {met}); {verdict(counts)}; last replica ready {margin:.1f} s before the instant"
             f"{'' if in_time else ' (LATE: not all replicas were up in time)'}",
+            flush=True,
+        )
+        print(
+            f"        CPU from {_BURST_CPU_BEFORE_S * 1000:.0f} ms before the instant to "
+            f"{_BURST_CPU_AFTER_S * 1000:.0f} ms after: the first owner "
+            f"{result['owner_cpu_ms']:.0f} ms; the {len(others)} others "
+            f"{result['others_cpu_ms']:.0f} ms together, at most "
+            f"{result['others_cpu_max_ms']:.0f} ms each (the later owners "
+            f"{', '.join(f'{ms:.0f}' for ms in later) or '-'} ms; the {len(rest)} others "
+            f"{result['rest_cpu_ms']:.0f} ms, at most {result['rest_cpu_max_ms']:.0f} ms)"
+            f"{'' if order[:1] == [owner] else ' (the first owner by the rows was another)'}",
             flush=True,
         )
     return results

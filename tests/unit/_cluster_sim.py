@@ -69,6 +69,7 @@ from sdcore.scheduling import (
     Tick,
 )
 from sdcore.scheduling import _plane as plane_module
+from sdcore.scheduling import _timer as timer_module
 from sdcore.scheduling._control import ScheduleStore
 from sdcore.scheduling._supervisor import current_path
 from sdcore.scheduling._triggers import IntervalTrigger
@@ -172,6 +173,9 @@ class Config:
     listen: bool
     poll_ms: int
     faults: bool  # crashes, stops and partitions happen (else those steps do nothing)
+    # The timer's burst size (sdcore.scheduling._timer.BURST): at 1, every instant's owned ticks
+    # are looked at later by all but their first owner, as a burst's are.
+    burst: int
 
     @classmethod
     def draw(cls, seed: int) -> Config:
@@ -181,6 +185,7 @@ class Config:
             listen=rng.random() < 0.6,
             poll_ms=rng.choice((100, 300, 1_000)),
             faults=rng.random() < 0.6,
+            burst=rng.choice((1, timer_module.BURST)),
         )
 
 
@@ -1367,10 +1372,15 @@ def run_episode(
             aged_out=frozenset(sim.aged_out),
         )
 
-    with asyncio.Runner(
-        loop_factory=lambda: looptime.new_event_loop(start=0, noop_cycles=1)
-    ) as runner:
-        return runner.run(main())
+    burst = timer_module.BURST
+    timer_module.BURST = config.burst
+    try:
+        with asyncio.Runner(
+            loop_factory=lambda: looptime.new_event_loop(start=0, noop_cycles=1)
+        ) as runner:
+            return runner.run(main())
+    finally:
+        timer_module.BURST = burst
 
 
 def shrink(

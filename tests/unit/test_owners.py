@@ -290,13 +290,16 @@ def _fire_owners(cluster: _Cluster, name: str, at: float) -> list[int]:
     return [i for rank, i in sorted(ranks) if rank < OWNERS]
 
 
-async def _four_replicas(cluster: _Cluster, name: str, cron: str, at: float) -> list[int]:
-    """Four replicas of one cron schedule, once each has read the others' heartbeats: the
-    owners of its tick at loop time ``at``, first owner first."""
+async def _four_replicas(
+    cluster: _Cluster, names: str | list[str], cron: str, at: float
+) -> list[int]:
+    """Four replicas of cron schedules (one or a list), once each has read the others'
+    heartbeats: the owners of their ticks at loop time ``at``, first owner first."""
+    names = [names] if isinstance(names, str) else names
     for i in range(4):
-        await cluster.start(i, [name], cron=cron)
+        await cluster.start(i, names, cron=cron)
     await asyncio.sleep(3.0)
-    return _fire_owners(cluster, name, at)
+    return _fire_owners(cluster, names[0], at)
 
 
 @in_loop_time
@@ -659,32 +662,39 @@ async def test_both_owners_stopping_gracefully_leave_no_tick_behind() -> None:
             assert per_tick[name, run_key] == 1, (name, run_key)
 
 
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
 @in_loop_time
-async def test_a_stored_schedule_changed_while_a_later_owner_waits_still_runs_the_tick() -> None:
+async def test_a_stored_schedule_changed_while_a_later_owner_waits_still_runs_the_tick(
+    count: int,
+) -> None:
     # The first owner of each instant is dead (still in the view); the later owners wait a
-    # quarter of a second, and the change of the stored schedule's arguments reaches them in
-    # that quarter: the tick they wait to ask for is the changed schedule's, not a lost one.
+    # quarter of a second, and the change of the stored schedules' arguments reaches them in
+    # that quarter: the ticks they wait to ask for are the changed schedules', not lost ones
+    # (one schedule waits in the starter, a burst in the timer).
     cluster = _cluster()
     loop = asyncio.get_running_loop()
     admin = ScheduleAdmin(cluster.store)
-    ran: list[tuple[str, int, dict[str, Any]]] = []
+    names = [f"s{i}" for i in range(count)]
+    ran: list[tuple[str, str, int, dict[str, Any]]] = []
     try:
         for i in range(3):
 
             async def work(tick: Tick, args: dict[str, Any], index: int = i) -> None:
-                ran.append((tick.run_key or "", index, args))
+                ran.append((tick.schedule, tick.run_key or "", index, args))
 
             await cluster.start(i, [], stored=work)
 
-        await admin.create("s", handler="work", every_ms=1_000, args={"n": 0}, actor="t")
+        for name in names:
+            await admin.create(name, handler="work", every_ms=1_000, args={"n": 0}, actor="t")
         await asyncio.sleep(3.0)
         first = math.ceil(loop.time()) + 1
-        victim = _fire_owners(cluster, "s", first)[0]
+        victim = _fire_owners(cluster, names[0], first)[0]
         await asyncio.sleep(first - 0.5 - loop.time())
         await cluster.crash(victim)
         for n, at in enumerate(range(first, first + 3), start=1):
             await asyncio.sleep(at + 0.01 - loop.time())
-            await admin.update("s", args={"n": n}, actor="t")
+            for name in names:
+                await admin.update(name, args={"n": n}, actor="t")
         await asyncio.sleep(1.0)
     finally:
         await cluster.stop_all()
@@ -692,17 +702,18 @@ async def test_a_stored_schedule_changed_while_a_later_owner_waits_still_runs_th
         (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")
         for s in range(first, first + 3)
     }
-    per_key = Counter(k for k, _, _ in ran if k in keys)
-    assert per_key == dict.fromkeys(keys, 1), sorted(ran)
+    per_key = Counter((name, k) for name, k, _, _ in ran if k in keys)
+    assert per_key == {(name, k): 1 for name in names for k in keys}
 
 
 @in_loop_time
 async def test_at_a_bursts_instant_only_its_owners_walk_its_schedules(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The replicas that are none of an instant's owners look at its ticks after the last
-    owner's turn (three delays: three seconds for a minutely cron), to re-arm them only. At the
-    instant, the owners have the CPU to themselves."""
+    """At a burst's instant only its first owner walks its schedules: the later owners look at
+    them at their turns (one and two delays: one and two seconds for a minutely cron), the
+    others after the last owner's turn (three delays), to re-arm them only. At the instant, the
+    first owner has the CPU to itself."""
     from sdcore.scheduling._timer import Timer
 
     looked: list[tuple[int, float]] = []  # (timer, loop time) of each tick looked at
@@ -729,7 +740,8 @@ async def test_at_a_bursts_instant_only_its_owners_walk_its_schedules(
     when: dict[int, Counter[float]] = {}
     for timer, at in looked:
         when.setdefault(timers[timer], Counter())[round(at - instant, 3)] += 1
-    expected = {i: Counter({0.0 if i in order else 3.0: len(names)}) for i in range(6)}
+    turns = {index: float(place) for place, index in enumerate(order)}
+    expected = {i: Counter({turns.get(i, 3.0): len(names)}) for i in range(6)}
     assert when == expected
     run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ran = [(i, at) for _, key, i, at in cluster.ran if key == run_key]
@@ -749,26 +761,30 @@ def _above(cluster: _Cluster, index: int, at: float) -> str:
             return candidate
 
 
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
 @in_loop_time
-async def test_a_replica_joining_after_an_instant_does_not_take_a_later_owners_turn() -> None:
+async def test_a_replica_joining_after_an_instant_does_not_take_a_later_owners_turn(
+    count: int,
+) -> None:
     """The first two owners are killed (still in every view); just after the instant a replica
     starts that ranks above the third in the instant's epoch. It cannot fire a tick from before
-    its start, and the third owner, which looks at the tick two delays later with the joiner in
-    its view, still asks for it: its place when the instant came counts."""
+    its start, and the third owner, which looks at the ticks two delays later with the joiner in
+    its view, still asks for them: its place when the instant came counts."""
     cluster = _cluster()
     loop = asyncio.get_running_loop()
     instant = 120.0
+    names = [f"job{i}" for i in range(count)]
     try:
         await asyncio.sleep(1.5)  # a heartbeat read falls between the join and the third's turn
         for i in range(5):
-            await cluster.start(i, ["job"], cron="* * * * *", catch_up="off")
+            await cluster.start(i, names, cron="* * * * *", catch_up="off")
         await asyncio.sleep(instant - 0.1 - loop.time())
-        first, second, third = _fire_owners(cluster, "job", instant)
+        first, second, third = _fire_owners(cluster, names[0], instant)
         await cluster.crash(first)
         await cluster.crash(second)
         await asyncio.sleep(instant + 0.3 - loop.time())
         joiner = _above(cluster, third, instant)
-        await cluster.start(5, ["job"], cron="* * * * *", catch_up="off", replica_id=joiner)
+        await cluster.start(5, names, cron="* * * * *", catch_up="off", replica_id=joiner)
         await asyncio.sleep(instant + 1.9 - loop.time())
         view = cluster.replicas[third][1]._owners.members or ()
         assert joiner in {m.replica_id for m in view}  # the third's view has it before its turn
@@ -776,29 +792,64 @@ async def test_a_replica_joining_after_an_instant_does_not_take_a_later_owners_t
     finally:
         await cluster.stop_all()
     run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ran = [(i, round(at, 3)) for _, key, i, at in cluster.ran if key == run_key]
-    assert ran == [(third, instant + 2 * second_delay(timedelta(minutes=1)))]
+    ran = sorted((n, i, round(at, 3)) for n, key, i, at in cluster.ran if key == run_key)
+    turn = instant + 2 * second_delay(timedelta(minutes=1))
+    assert ran == sorted((name, third, turn) for name in names)
 
 
-@in_loop_time
-async def test_a_schedule_stopped_and_started_while_its_later_owner_waits_keeps_that_ask() -> None:
-    """The first owner is killed; the second stops and starts the schedule locally while it
-    waits for its turn (armed again from then, for the next minute): its turn still asks for the
-    instant's tick, a delay late, not the third owner's two."""
+async def _stopped_on_the_second_owner(
+    count: int, stop_at: float, start_at: float, rounds: int = 1
+) -> tuple[list[tuple[str, int, float]], list[int]]:
+    """Four replicas of ``count`` minutely crons; the first owner of the instant at 120 s is
+    killed just before it, and the second stops its schedules locally at loop time ``stop_at``
+    and starts them again at ``start_at`` (``rounds`` times over). Returns the runs of the
+    instant's ticks (schedule, replica, loop time) and the owners, first first."""
     cluster = _cluster()
     loop = asyncio.get_running_loop()
     instant = 120.0
+    names = [f"job{i}" for i in range(count)]
     try:
-        first, second, _ = await _four_replicas(cluster, "job", "* * * * *", instant)
+        owners = await _four_replicas(cluster, names, "* * * * *", instant)
         await asyncio.sleep(instant - 0.1 - loop.time())
-        await cluster.crash(first)
-        await asyncio.sleep(instant + 0.3 - loop.time())
-        scheduler = cluster.replicas[second][0]
-        scheduler.stop("job")
-        scheduler.start("job")
+        await cluster.crash(owners[0])
+        scheduler = cluster.replicas[owners[1]][0]
+        await asyncio.sleep(stop_at - loop.time())
+        for _ in range(rounds):
+            for name in names:
+                scheduler.stop(name)
+            await asyncio.sleep(start_at - loop.time())
+            for name in names:
+                scheduler.start(name)
         await asyncio.sleep(instant + 4.0 - loop.time())
     finally:
         await cluster.stop_all()
     run_key = (BASE + timedelta(seconds=instant)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ran = [(i, round(at, 3)) for _, key, i, at in cluster.ran if key == run_key]
-    assert ran == [(second, instant + second_delay(timedelta(minutes=1)))]
+    ran = sorted((n, i, round(at, 3)) for n, key, i, at in cluster.ran if key == run_key)
+    return ran, owners
+
+
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
+@in_loop_time
+async def test_a_schedule_stopped_and_started_while_its_later_owner_waits_keeps_that_ask(
+    count: int,
+) -> None:
+    """The second owner stops and starts the schedules locally while it waits for its turn
+    (armed again from then, for the next minute; three times over, so that the timer compacts
+    its buckets meanwhile): its turn still asks for the instant's ticks, a delay late, not the
+    third owner's two."""
+    ran, owners = await _stopped_on_the_second_owner(count, 120.3, 120.3, rounds=3)
+    turn = 120.0 + second_delay(timedelta(minutes=1))
+    assert ran == sorted((f"job{i}", owners[1], turn) for i in range(count))
+
+
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
+@in_loop_time
+async def test_a_schedule_stopped_at_the_instant_on_a_later_owner_is_not_asked_for_at_its_turn(
+    count: int,
+) -> None:
+    """The second owner has the schedules stopped at the instant and started again before its
+    turn. It does not ask for the instant's ticks (it was not firing them): the third owner
+    does, at its turn."""
+    ran, owners = await _stopped_on_the_second_owner(count, 119.95, 120.3)
+    turn = 120.0 + 2 * second_delay(timedelta(minutes=1))
+    assert ran == sorted((f"job{i}", owners[2], turn) for i in range(count))

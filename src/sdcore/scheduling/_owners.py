@@ -14,9 +14,10 @@ an epoch is :data:`EPOCH_S` seconds):
   one losing statement, and if the first is dead or cut off, the tick starts that much late;
 - every other replica leaves the tick alone.
 
-A replica that is none of the owners of a burst's ticks (:meth:`Owners.place`, the least of its
-ranks for the schedules it declares) looks at them after the owners' turns, only to re-arm them,
-not while the first owner needs the CPU (:mod:`sdcore.scheduling._timer`).
+At a burst's instant, only its first owner walks its ticks. A later owner (by :meth:`Owners.place`,
+the least of its ranks for the schedules it declares) looks at them at its turn, ranking them in
+the order the view had at the instant (:meth:`Owners.order`); any other replica after the owners'
+turns, only to re-arm them (:mod:`sdcore.scheduling._timer`).
 
 Three, not two: a replica killed with ``kill -9`` stays in the others' view until its heartbeat
 lapses, and an instant is lost only when every owner is such a replica. Under churn (a replica
@@ -63,6 +64,7 @@ __all__ = [
     "MEMBER_TTL_BEATS",
     "OWNERS",
     "Member",
+    "Order",
     "Owners",
     "second_delay",
 ]
@@ -104,6 +106,10 @@ class Member:
     names: frozenset[str] | None = None
 
 
+# The live replicas in the rendezvous order of an epoch (``None``: this replica).
+Order = tuple[Member | None, ...]
+
+
 def _score(name: str, replica_id: str) -> bytes:
     return hashlib.blake2b(f"{name}\0{replica_id}".encode(), digest_size=8).digest()
 
@@ -130,8 +136,8 @@ class Owners:
         self._others: tuple[Member, ...] | None = None
         self._read_at = 0.0
         self._ranks: dict[str, int] = {}
-        # Each recent epoch's replicas in rendezvous order (None: this replica).
-        self._orders: dict[int, tuple[Member | None, ...]] = {}
+        # Each recent epoch's replicas in rendezvous order.
+        self._orders: dict[int, Order] = {}
         self._epoch_s = EPOCH_S
         # What this replica declares (update()), and each recent epoch's place (place()).
         self._mine: frozenset[str] | None = None
@@ -222,16 +228,27 @@ class Owners:
             self.forget()
         return self._others
 
-    def fire_rank(self, name: str, instant: datetime) -> int:
+    def order(self, instant: datetime) -> Order | None:
+        """The live replicas in the rendezvous order of ``instant``'s epoch, as the view has
+        them now (``None``: no fresh view): to rank the instant's ticks later as they ranked
+        at the instant (:meth:`fire_rank`)."""
+        others = self._fresh()
+        if others is None:
+            return None
+        return self._order(others, int(instant.timestamp() // self._epoch_s))
+
+    def fire_rank(self, name: str, instant: datetime, order: Order | None = None) -> int:
         """This replica's place among the owners of ``name``'s tick at ``instant`` (0 first;
         :data:`OWNERS` for any place from there on; 0 without a fresh view): the live replicas
         that declare ``name``, in the rendezvous order of the instant's epoch, which every
-        schedule due in it shares."""
-        others = self._fresh()
-        if others is None:
-            return 0
+        schedule due in it shares; or in ``order``, that order as :meth:`order` read it
+        earlier."""
+        if order is None:
+            order = self.order(instant)
+            if order is None:
+                return 0
         rank = 0
-        for m in self._order(others, int(instant.timestamp() // self._epoch_s)):
+        for m in order:
             if m is None:
                 return rank
             if m.names is None or name in m.names:
@@ -240,7 +257,7 @@ class Owners:
                     return rank  # not an owner: how far below does not matter
         return rank  # pragma: no cover - this replica is always in its own order
 
-    def _order(self, others: tuple[Member, ...], epoch: int) -> tuple[Member | None, ...]:
+    def _order(self, others: tuple[Member, ...], epoch: int) -> Order:
         """The live replicas in the rendezvous order of ``epoch`` (``None``: this replica)."""
         order = self._orders.get(epoch)
         if order is None:

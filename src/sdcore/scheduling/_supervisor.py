@@ -29,7 +29,7 @@ from sdcore.scheduling._catch_up import (
     to_start,
 )
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Owners, second_delay
+from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Order, Owners, second_delay
 from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
 from sdcore.scheduling._policy import current_path as current_path  # re-exported
 from sdcore.scheduling._runner import (
@@ -48,6 +48,9 @@ _SWEEP_MARGIN = timedelta(seconds=1)
 # Regular fires acquired together: the timer closes a batch once it holds this many ticks (its
 # acquire is one statement of as many keys), or when the burst has no more due ticks.
 BATCH_TICKS = 250
+# A later owner whose turn is less than this far away asks now (a timer looks at an instant's
+# ticks at that turn, up to a clock's rounding).
+_TURN_COME_S = 0.001
 _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
 _name = operator.attrgetter("name")
 
@@ -251,7 +254,7 @@ class TickStarter:
         path: StartPath,
         *,
         deadline: Deadline,
-        owned: bool = False,
+        rank: int | None = None,
     ) -> bool:
         """Start the tick of ``entry`` at ``due`` unless a policy says no; ``True`` if started.
 
@@ -259,8 +262,9 @@ class TickStarter:
         as skipped (exclusive schedules); a catch-up or sweep start stays pending instead.
 
         A regular fire of an exclusive cron or interval schedule is started here only by the
-        instant's owners (:meth:`route`): at once by the first, :func:`second_delay` later by
-        the second, twice that by the third (``owned``: such a later start).
+        instant's owners: at once by the first, :func:`second_delay` after the instant by the
+        second, twice that by the third. ``rank`` is this replica's place among them (0: ask
+        now; ``None``: as :meth:`route` says now).
 
         A regular fire of an exclusive schedule is acquired before its task exists: the ticks
         started until the timer closes the batch (:meth:`flush`) share one batch task, which
@@ -268,12 +272,12 @@ class TickStarter:
         lost ones that still have retry offers to make). Until the answer, the batch task counts
         as the tick's run for the overlap policy, and the tick as in flight.
         """
-        if path is StartPath.FIRE and not owned:
-            rank = self.route(entry, due)
+        if path is StartPath.FIRE and rank != 0:
+            if rank is None:
+                rank = self.route(entry, due)
             if rank >= OWNERS:
                 return False  # the schedule's owners ask for it
-            if rank > 0:
-                self._start_later(_Fire(entry, due, None, deadline), rank)
+            if rank > 0 and self._start_later(_Fire(entry, due, None, deadline), rank):
                 return True
         if path is not StartPath.FIRE or not self._runner.acquires_first(entry.policy):
             return self.launch(entry, due, path, deadline=deadline) is not None
@@ -293,17 +297,22 @@ class TickStarter:
         entry.in_flight.add(due)
         return True
 
-    def route(self, entry: Entry, due: datetime | None = None) -> int:
+    def route(self, entry: Entry, due: datetime | None = None, order: Order | None = None) -> int:
         """This replica's rank among the owners of ``entry``'s regular fire at ``due`` (``None``:
         of its catch-up and sweep): 0 asks at the instant, ``r`` below :data:`OWNERS` asks ``r``
         times :func:`second_delay` later, :data:`OWNERS` or more never (0 for every schedule
-        that has no owners: not exclusive, one-shot, or no view of the cluster)."""
+        that has no owners: not exclusive, one-shot, or no view of the cluster). ``order``: the
+        instant's order as :meth:`Owners.order` read it earlier (default: the view's now)."""
         owners = self.owners
         if owners is None or not self.routed(entry):
             return 0
         if due is None:
             return owners.rank(entry.name)
-        return owners.fire_rank(entry.name, due)
+        return owners.fire_rank(entry.name, due, order)
+
+    def order(self, due: datetime) -> Order | None:
+        """The owners' order of ``due``'s epoch as the view has it now (:meth:`Owners.order`)."""
+        return None if self.owners is None else self.owners.order(due)
 
     def routed(self, entry: Entry) -> bool:
         """Whether ``entry``'s regular fires go by owners (once the cluster has a view)."""
@@ -319,23 +328,26 @@ class TickStarter:
         """Whether this replica does ``entry``'s start-up catch-up and sweep."""
         return self.route(entry) < OWNERS
 
-    def _start_later(self, fire: _Fire, rank: int) -> None:
+    def _start_later(self, fire: _Fire, rank: int) -> bool:
         """Start ``fire`` as its instant's owner of ``rank`` (1 or more), ``rank`` times
         :func:`second_delay` after its instant: the fires of one instant that wait as long
-        share one timer, and go out as one batch."""
+        share one timer, and go out as one batch. ``False``: that time has come (the caller
+        starts it now)."""
         loop = asyncio.get_running_loop()
         deadline = fire.deadline
         following = deadline() if callable(deadline) else deadline
         gap = None if following is None else following - fire.due
-        late = (self._clock() - fire.due).total_seconds()
-        at = loop.time() + max(0.0, rank * second_delay(gap) - late)
-        at = round(at, 2)  # fires due together share one timer (10 ms apart at most)
+        wait = rank * second_delay(gap) - (self._clock() - fire.due).total_seconds()
+        if wait < _TURN_COME_S:
+            return False
+        at = round(loop.time() + wait, 2)  # fires due together share one timer (10 ms apart)
         waiting = self._later.get(at)
         if waiting is None:
             waiting = self._later[at] = []
             handle = loop.call_at(at, self._start_waiting, at)
             self._later_handles[at] = handle
         waiting.append(fire)
+        return True
 
     def _start_waiting(self, at: float) -> None:
         self._later_handles.pop(at, None)
@@ -345,7 +357,7 @@ class TickStarter:
         for fire in waiting:
             try:
                 self.start_tick(
-                    fire.entry, fire.due, StartPath.FIRE, deadline=fire.deadline, owned=True
+                    fire.entry, fire.due, StartPath.FIRE, deadline=fire.deadline, rank=0
                 )
             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                 self._log.exception(

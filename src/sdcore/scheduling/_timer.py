@@ -26,11 +26,21 @@ When a bucket comes due, the loop starts its ticks in slices of :data:`SLICE`:
 
 Every tick goes through :meth:`TickStarter.start_tick`, which also decides whether this replica
 asks for it at all: at the instant as a first owner, later as a second or third
-(:mod:`sdcore.scheduling._owners`), or not at all. A replica that is none of the owners of a
-bucket's ticks (:meth:`TickStarter.place`) looks at a bucket of :data:`SLICE` ticks or more three
-owner delays after the instant (at most half the gap), only to re-arm them: a burst then costs it
-nothing at its instant, where the first owner needs the CPU (on a fleet of 24, that was 23
-replicas walking 10,000 schedules at once). A smaller bucket costs it less than waking up again.
+(:mod:`sdcore.scheduling._owners`), or not at all. Only the first owner of a bucket of
+:data:`BURST` ticks or more walks it at the instant, where it needs the CPU (on a fleet of 24,
+23 other replicas walked 10,000 schedules at once). The others look at it later
+(:meth:`Timer._later`, by this replica's place among the ticks' owners, :meth:`TickStarter.place`):
+
+- a later owner at its turn, one or two owner delays after the instant. It asks for the ticks
+  armed at the instant whose schedules are still active (one stopped and started meanwhile is
+  asked for, as a waiting fire would be; compaction leaves the bucket alone). Each is ranked in
+  the owners' order the view had at the instant: a replica that joined meanwhile does not take
+  the turn (it did not fire the tick). A schedule replaced meanwhile is armed again at the
+  instant, as a new entry, and asked for by its own bucket;
+- any other replica three delays after the instant (at most half the gap), only to re-arm the
+  ticks; it asks for one only if its view now says it has become an owner.
+
+A smaller bucket costs less than waking up again: its later owners' fires wait in the starter.
 
 A tick later than that (the loop was blocked, the process suspended) takes the old path: ticks
 that passed are coalesced to the latest, then it starts.
@@ -47,12 +57,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sdcore.scheduling._entry import Entry
-from sdcore.scheduling._owners import OWNERS, second_delay
+from sdcore.scheduling._owners import OWNERS, Order, second_delay
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import TickStarter
 from sdcore.scheduling._triggers import OnceTrigger, Trigger
 
 SLICE = 100  # ticks started between two yields
+# Owned ticks due at one instant that only their first owner walks at the instant (a smaller
+# bucket costs the others less than waking up again for it).
+BURST = SLICE
 _MAX_SLEEP = 30.0
 _MAX_NEXT = 4096  # next instants kept, by (trigger, instant)
 
@@ -86,11 +99,15 @@ class Bucket:
         owned: Whether its schedules' ticks go by owners (:meth:`TickStarter.routed`).
         gap: The least time from ``due`` to the next instant of any schedule armed in it
             (``None``: none has one, or not an owned bucket).
-        at: When the loop looks at it: ``due``, or later on a replica that is none of its
-            ticks' owners (set once it came due).
+        at: When the loop looks at it: ``due``, or later on a replica that is not their first
+            owner (set once it came due).
+        turn: This replica's place among the owners of its ticks when it came due, if it
+            looks at it later as one of them (1 or 2; 0 otherwise).
+        order: The owners' order of ``due``'s epoch at that time, which ranks its ticks then
+            (:meth:`Owners.order`).
     """
 
-    __slots__ = ("at", "due", "entries", "gap", "owned", "versions")
+    __slots__ = ("at", "due", "entries", "gap", "order", "owned", "turn", "versions")
 
     def __init__(self, due: datetime, owned: bool) -> None:
         self.due = due
@@ -99,6 +116,19 @@ class Bucket:
         self.versions: list[int] = []
         self.gap: timedelta | None = None
         self.at: datetime | None = None
+        self.turn = 0
+        self.order: Order | None = None
+
+    def keep(self, live: Callable[[Entry, int | None], bool]) -> int:
+        """Drop the entries ``live`` says are stale; how many are left."""
+        kept = [
+            (entry, version)
+            for entry, version in zip(self.entries, self.versions, strict=True)
+            if live(entry, version)
+        ]
+        self.entries = [entry for entry, _ in kept]
+        self.versions = [version for _, version in kept]
+        return len(kept)
 
 
 # A heap item: (when the loop looks at the bucket, arm sequence, bucket).
@@ -131,7 +161,7 @@ class Timer:
         self._registered = registered
         self.heap: list[_Item] = []
         self._open: dict[tuple[datetime, bool], Bucket] = {}  # buckets not yet due, by instant
-        self.armed = 0  # entries in the heap's buckets, stale ones included
+        self.armed = 0  # entries in the buckets not yet due, stale ones included
         # The instant after an armed one (for its bucket's gap), reused when it fires.
         self._next: dict[tuple[Trigger, datetime], datetime | None] = {}
         self._last_next: tuple[Trigger, datetime, datetime | None] | None = None
@@ -199,16 +229,13 @@ class Timer:
         self.armed = 0
         for item in self.heap:
             bucket = item[2]
-            live = [
-                (entry, version)
-                for entry, version in zip(bucket.entries, bucket.versions, strict=True)
-                if self._live(entry, version)
-            ]
-            bucket.entries = [entry for entry, _ in live]
-            bucket.versions = [version for _, version in live]
+            if bucket.at is not None:
+                kept.append(item)  # came due: looked at soon, as it was then
+                continue
+            live = bucket.keep(self._live)
             if live:
                 kept.append(item)
-                self.armed += len(live)
+                self.armed += live
             elif self._open.get((bucket.due, bucket.owned)) is bucket:
                 del self._open[bucket.due, bucket.owned]
         heapq.heapify(kept)
@@ -259,40 +286,50 @@ class Timer:
 
     def _take(self, now: datetime) -> Bucket | None:
         """The next bucket to look at now, taken off the heap, or ``None``. A burst of owned ticks
-        that this replica does not ask for goes back under the time it looks at it."""
+        whose first owner this replica is not goes back under the time it looks at it."""
         heap = self.heap
         while heap and heap[0][0] <= now:
             _, _, bucket = heapq.heappop(heap)
             if bucket.at is None:
                 bucket.at = bucket.due
+                self.armed -= len(bucket.entries)
                 if self._open.get((bucket.due, bucket.owned)) is bucket:
                     del self._open[bucket.due, bucket.owned]
-                # A replica that is none of a burst's owners looks at it after their turns.
-                # (A bucket smaller than a slice costs it less than waking up again for it.)
-                if (
-                    bucket.owned
-                    and len(bucket.entries) >= SLICE
-                    and self._sup.place(bucket.due, bucket.entries) >= OWNERS
-                ):
-                    later = OWNERS * second_delay(bucket.gap)
-                    if bucket.gap is not None:
-                        later = min(later, bucket.gap.total_seconds() / 2)
-                    bucket.at = bucket.due + timedelta(seconds=later)
-                    if bucket.at > now:
-                        heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
-                        continue
-            self.armed -= len(bucket.entries)
+                if bucket.owned and len(bucket.entries) >= BURST and self._later(bucket) > now:
+                    heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
+                    continue
             return bucket
         return None
+
+    def _later(self, bucket: Bucket) -> datetime:
+        """When this replica looks at a burst of owned ticks that has just come due (sets
+        ``bucket.at``): at once as their first owner; at its turn as a later one; after the
+        last owner's turn (at most half the gap) as none of them, only to re-arm them."""
+        place = self._sup.place(bucket.due, bucket.entries)
+        if place == 0:
+            return bucket.due
+        later = min(place, OWNERS) * second_delay(bucket.gap)
+        half = None if bucket.gap is None else bucket.gap.total_seconds() / 2
+        if place < OWNERS:
+            order = self._sup.order(bucket.due)
+            if order is None or (half is not None and later > half):
+                return bucket.due  # its turns wait in the starter (TickStarter._start_later)
+            # Its ticks are asked for then as they ranked now, and as they were armed now: one
+            # stopped and started meanwhile is still asked for, one stale now is not.
+            bucket.turn, bucket.order = place, order
+            bucket.keep(self._live)
+        elif half is not None:
+            later = min(later, half)
+        bucket.at = bucket.due + timedelta(seconds=later)
+        return bucket.at
 
     def _put_back(self, bucket: Bucket, done: int) -> None:
         """Arm again what a bucket taken off the heap still holds after ``done`` entries (the
         loop stopped in its middle: a crash it restarts after, or a cancellation)."""
         rest = Bucket(bucket.due, bucket.owned)
         rest.entries, rest.versions = bucket.entries[done:], bucket.versions[done:]
-        rest.gap, rest.at = bucket.gap, bucket.at
+        rest.gap, rest.at, rest.turn, rest.order = bucket.gap, bucket.at, bucket.turn, bucket.order
         heapq.heappush(self.heap, (bucket.at or bucket.due, next(self._seq), rest))
-        self.armed += len(rest.entries)
 
     async def _fire_due(self, now: datetime) -> None:
         memo: dict[tuple[Trigger, datetime], NextFire] = {}
@@ -312,21 +349,25 @@ class Timer:
                 while bucket is not None:
                     due = bucket.due
                     within = bucket.gap if bucket.owned else None
+                    turn, order = bucket.turn, bucket.order
                     armed, armed_versions = bucket.entries, bucket.versions
                     for start in range(0, len(armed), SLICE):
                         for index in range(start, min(start + SLICE, len(armed))):
                             done = index + 1
                             entry, version = armed[index], armed_versions[index]
-                            if not self._live(entry, version):
+                            # At its turn, a later owner asks for every tick armed at the
+                            # instant whose schedule is still active, as ranked then.
+                            if not self._live(entry, None if turn else version):
                                 continue
+                            rank = self._sup.route(entry, due, order) if turn else None
                             try:
-                                following = self._fire(entry, due, now, memo, within)
+                                following = self._fire(entry, version, due, now, memo, within, rank)
                             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                                 self._fire_failed(entry)
                                 continue
                             if following is not None:
                                 entries.append(entry)
-                                versions.append(entry.version)
+                                versions.append(version)
                                 followings.append(following)
                         # Let this slice's handlers start; once enough exclusive ticks have
                         # started (or the burst is over), close their batch and let its
@@ -372,16 +413,20 @@ class Timer:
     def _fire(
         self,
         entry: Entry,
+        version: int,
         due: datetime,
         now: datetime,
         memo: dict[tuple[Trigger, datetime], NextFire],
         within: timedelta | None,
+        rank: int | None,
     ) -> NextFire | None:
-        """Start the tick due at ``due``; return its successor, to re-arm after the burst.
+        """Start the tick due at ``due`` of ``entry`` armed at ``version``; return its successor,
+        to re-arm after the burst.
 
         ``within``: how late a tick is still on time (its successor is after now): its bucket's
-        gap, or (``None``) its trigger's spacing. ``None``: already re-armed (the loop was late
-        and ticks were coalesced).
+        gap, or (``None``) its trigger's spacing. ``rank``: this replica's place among the
+        tick's owners (``None``: as the view says now). ``None``: already re-armed (the loop was
+        late and ticks were coalesced).
         """
         spacing = entry.trigger.spacing
         if spacing is not None and now - due < (within or spacing):
@@ -395,7 +440,7 @@ class Timer:
                 if following is None:
                     following = memo[key] = NextFire(trigger, due, self._next.get(key, False))
                 self._last = following
-            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following)
+            self._sup.start_tick(entry, due, StartPath.FIRE, deadline=following, rank=rank)
             return following
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
@@ -410,8 +455,8 @@ class Timer:
                 skipped,
                 extra={"action": "ticks_coalesced", "schedule": entry.name},
             )
-        self._rearm(entry, entry.version, after)
-        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after)
+        self._rearm(entry, version, after)
+        self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after, rank=rank)
         return None
 
     def _rearm(self, entry: Entry, version: int, following: datetime | None) -> None:

@@ -21,7 +21,7 @@ SELECT pg_advisory_xact_lock_shared(%s)
 INSERT INTO {table} AS s
     (name, origin, kind, expression, time_zone, options, fingerprint, day_rule)
 SELECT u.n, 'code', u.k, u.e, u.z, u.o::jsonb, u.f, u.r
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])
      AS u(n, k, e, z, o, f, r)
 LEFT JOIN {table} AS old ON old.name = u.n
 WHERE old.name IS NULL OR old.removed_at IS NOT NULL
@@ -44,7 +44,7 @@ WHERE s.removed_at IS NOT NULL
 -- Which of a replica's declared schedules are new, changed or removed (names and fingerprints
 -- only: the full definitions are sent for these alone).
 SELECT u.n
-FROM unnest(%s::text[], %s::text[]) AS u(n, f)
+FROM unnest(%b::text[], %b::text[]) AS u(n, f)
 LEFT JOIN {table} AS old ON old.name = u.n
 WHERE old.name IS NULL OR old.removed_at IS NOT NULL
    OR (old.origin = 'code' AND old.fingerprint IS DISTINCT FROM u.f)
@@ -60,7 +60,7 @@ SET handlers = EXCLUDED.handlers, last_seen = clock_timestamp()
 -- it, and 10,000 definitions would double a restart's sync); keep_definitions fills it in when the
 -- row moves on to another version. A stored schedule's declaration carries its definition.
 INSERT INTO {declarations} AS d (schedule, replica_id, fingerprint, definition)
-SELECT u.n, %s::uuid, u.f, u.d::jsonb FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(n, f, d)
+SELECT u.n, %s::uuid, u.f, u.d::jsonb FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(n, f, d)
 ON CONFLICT (schedule, replica_id) DO UPDATE
 SET fingerprint = EXCLUDED.fingerprint,
     definition = coalesce(EXCLUDED.definition,
@@ -291,8 +291,8 @@ WHERE lock_key = ANY(%s::text[]) AND status = 'SUCCESS' AND modified_at < %s
 -- fencing_token, replica_id, host, pid.
 WITH given AS (
     SELECT *
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[],
-                %s::bigint[], %s::uuid[], %s::text[], %s::integer[])
+    FROM unnest(%b::text[], %b::text[], %b::text[], %b::timestamptz[], %b::integer[],
+                %b::bigint[], %b::uuid[], %b::text[], %b::integer[])
          WITH ORDINALITY AS u(schedule, run_key, source, scheduled_at, attempt, fencing_token,
                               replica_id, host, pid, ord)
 ), newest AS (
@@ -342,7 +342,7 @@ SET finished_at = clock_timestamp(),
 FROM (
     SELECT o.id, u.status, u.error,
            CASE WHEN l.fencing_token > o.fencing_token THEN l.fencing_token END AS newer
-    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::uuid[]) AS u(id, status, error, lease)
+    FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::uuid[]) AS u(id, status, error, lease)
     JOIN {runs} AS o ON o.id = u.id
     LEFT JOIN {lease} AS l ON l.id = u.lease
     WHERE o.status = 'RUNNING'
