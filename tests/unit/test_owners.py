@@ -23,8 +23,9 @@ import sdcore.scheduling._owners as owners_module
 from sdcore.job_scheduler import AttemptAcquireResult, AttemptBudget, JobAcquireOptions
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._owners import OWNERS, Member, Owners, second_delay
+from sdcore.scheduling._policy import StartPath
 from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
-from tests.unit._looptime import BASE, in_loop_time
+from tests.unit._looptime import BASE, block_loop, in_loop_time
 
 # --- the rank on its own ----------------------------------------------------------------------
 
@@ -748,6 +749,18 @@ async def test_at_a_bursts_instant_only_its_owners_walk_its_schedules(
     assert sorted(ran) == [(order[0], instant)] * len(names)
 
 
+async def _first_two_killed(cluster: _Cluster, name: str, instant: float) -> tuple[int, str]:
+    """Kill the first two owners of ``name``'s tick at loop time ``instant`` just before it;
+    0.3 s after it, the third owner and a replica id that ranks above it (a joiner's)."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(instant - 0.1 - loop.time())
+    first, second, third = _fire_owners(cluster, name, instant)
+    await cluster.crash(first)
+    await cluster.crash(second)
+    await asyncio.sleep(instant + 0.3 - loop.time())
+    return third, _above(cluster, third, instant)
+
+
 def _above(cluster: _Cluster, index: int, at: float) -> str:
     """A replica id that ranks above replica ``index`` in the epoch of loop time ``at``."""
     epoch = str(int((BASE + timedelta(seconds=at)).timestamp() // owners_module.EPOCH_S))
@@ -778,12 +791,7 @@ async def test_a_replica_joining_after_an_instant_does_not_take_a_later_owners_t
         await asyncio.sleep(1.5)  # a heartbeat read falls between the join and the third's turn
         for i in range(5):
             await cluster.start(i, names, cron="* * * * *", catch_up="off")
-        await asyncio.sleep(instant - 0.1 - loop.time())
-        first, second, third = _fire_owners(cluster, names[0], instant)
-        await cluster.crash(first)
-        await cluster.crash(second)
-        await asyncio.sleep(instant + 0.3 - loop.time())
-        joiner = _above(cluster, third, instant)
+        third, joiner = await _first_two_killed(cluster, names[0], instant)
         await cluster.start(5, names, cron="* * * * *", catch_up="off", replica_id=joiner)
         await asyncio.sleep(instant + 1.9 - loop.time())
         view = cluster.replicas[third][1]._owners.members or ()
@@ -853,3 +861,139 @@ async def test_a_schedule_stopped_at_the_instant_on_a_later_owner_is_not_asked_f
     ran, owners = await _stopped_on_the_second_owner(count, 119.95, 120.3)
     turn = 120.0 + 2 * second_delay(timedelta(minutes=1))
     assert ran == sorted((f"job{i}", owners[2], turn) for i in range(count))
+
+
+@pytest.mark.parametrize("instant", [120.0, 179.0], ids=["in-epoch", "epoch-end"])
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
+@in_loop_time
+async def test_a_later_owners_loop_blocked_past_the_next_instant_still_asks_at_its_turn(
+    count: int, instant: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-second schedules; the first owner of an instant is killed just before it, and every
+    loop blocks for a second from a tenth after it, past the next instant. The second owner still
+    asks for the instant's ticks (as it ranked then), once the loop runs again; the ticks that
+    passed after it are coalesced to the latest, asked for by that instant's owners as ranked
+    then: at 179 s the next instant is in the next epoch, whose owners differ."""
+    from sdcore.scheduling._supervisor import TickStarter
+
+    loop = asyncio.get_running_loop()
+    asked: list[tuple[int, datetime, float]] = []  # (starter, instant, loop time)
+    admit = TickStarter._admit
+
+    def recording(self: TickStarter, entry: Any, due: datetime, path: Any, tick: Any) -> Any:
+        if path is StartPath.FIRE and entry.name == "job0":
+            asked.append((id(self), due, loop.time()))
+        return admit(self, entry, due, path, tick)
+
+    monkeypatch.setattr(TickStarter, "_admit", recording)
+    cluster = _cluster()
+    names = [f"job{i}" for i in range(count)]
+    try:
+        for i in range(4):
+            await cluster.start(i, names, catch_up="off")
+        await asyncio.sleep(instant - 0.1 - loop.time())
+        owners = _fire_owners(cluster, names[0], instant)
+        following = _fire_owners(cluster, names[0], instant + 1)
+        await cluster.crash(owners[0])
+        await asyncio.sleep(instant + 0.1 - loop.time())
+        block_loop(1.0)
+        await asyncio.sleep(instant + 4.0 - loop.time())
+    finally:
+        await cluster.stop_all()
+    ran = Counter((n, k) for n, k, _, _ in cluster.ran)
+    assert set(ran.values()) == {1}
+    assert all(ran[n, _key(at)] == 1 for n in names for at in (instant, instant + 1))
+    starters = {id(scheduler._sup): i for i, (scheduler, _) in enumerate(cluster.replicas)}
+    by = {
+        (starters[s], (due - BASE).total_seconds()): round(at - instant, 3)
+        for s, due, at in asked
+        if (due - BASE).total_seconds() in (instant, instant + 1)
+    }
+    delay = second_delay(timedelta(seconds=1))
+    back = 1.1  # the loops run again
+    live = [i for i in following if i != owners[0]]
+    expected = {(i, instant): back for i in owners[1:]}
+    expected |= {(i, instant + 1): max(back, 1 + r * delay) for r, i in enumerate(following)}
+    assert by == {key: at for key, at in expected.items() if key[0] in live or key[1] == instant}
+
+
+def _key(at: float) -> str:
+    return (BASE + timedelta(seconds=at)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
+@in_loop_time
+async def test_stored_schedules_updated_after_a_joiner_keep_the_third_owners_turn(
+    count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first two owners are killed; just after the instant a replica joins that ranks above
+    the third, and before the third's turn the stored schedules are updated (each replica reads
+    the live replicas through a store with a round trip's latency). The updated schedules'
+    ticks keep the third owner's turn, ranked as at the instant: they run there, at its turn."""
+    members = MemoryScheduleStore.members
+
+    async def slow(self: MemoryScheduleStore, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.02)  # a database round trip
+        return await members(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryScheduleStore, "members", slow)
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    admin = ScheduleAdmin(cluster.store)
+    names = [f"s{i}" for i in range(count)]
+    instant = 120.0
+
+    def work_on(index: int) -> Callable[[Tick, dict[str, Any]], Awaitable[None]]:
+        async def work(tick: Tick, args: dict[str, Any]) -> None:
+            cluster.ran.append((tick.schedule, tick.run_key or "", index, loop.time()))
+
+        return work
+
+    try:
+        await asyncio.sleep(1.5)
+        for i in range(5):
+            await cluster.start(i, [], stored=work_on(i))
+        for name in names:
+            await admin.create(
+                name, handler="work", cron="* * * * *", args={}, options={"catch_up": "off"},
+                actor="t",
+            )  # fmt: skip
+        third, joiner = await _first_two_killed(cluster, names[0], instant)
+        await cluster.start(5, [], stored=work_on(5), replica_id=joiner)
+        await asyncio.sleep(instant + 1.5 - loop.time())
+        view = cluster.replicas[third][1]._owners.members or ()
+        assert joiner in {m.replica_id for m in view}
+        for name in names:
+            await admin.update(name, args={"n": 1}, actor="t")
+        await asyncio.sleep(instant + 5.0 - loop.time())
+    finally:
+        await cluster.stop_all()
+    ran = sorted((n, i, round(at, 3)) for n, key, i, at in cluster.ran if key == _key(instant))
+    turn = instant + 2 * second_delay(timedelta(minutes=1))
+    assert ran == sorted((name, third, turn) for name in names)
+
+
+@in_loop_time
+async def test_while_a_later_owner_waits_for_its_turn_the_plane_and_the_api_see_it() -> None:
+    """During a later owner's wait for a burst's turn (its schedules stopped and started there
+    meanwhile): the control plane's next start is the turn (it reads the paused state before),
+    and each schedule's next fire time is the next instant, not the one that passed."""
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 120.0
+    names = [f"job{i}" for i in range(150)]
+    try:
+        owners = await _four_replicas(cluster, names, "* * * * *", instant)
+        await asyncio.sleep(instant + 0.2 - loop.time())
+        scheduler, control = cluster.replicas[owners[1]]
+        for name in names:
+            scheduler.stop(name)
+            scheduler.start(name)
+        hooks = control._hooks
+        upcoming = hooks.next_start_in(0.0, 5.0)
+        assert upcoming is not None
+        assert upcoming <= 0.8 + 1e-6
+        for _, plane in cluster.replicas:
+            assert plane._hooks.scheduler.get("job0").next_fire_at == BASE + timedelta(minutes=3)
+    finally:
+        await cluster.stop_all()

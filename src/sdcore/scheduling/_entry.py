@@ -79,6 +79,15 @@ class Entry:
         # catch-up ticks give way to them (each trigger's run ends, then the next tick starts).
         self.triggers_waiting = 0
 
+    def upcoming(self, now: datetime) -> datetime | None:
+        """The next instant after ``now`` this schedule fires at: the one it is armed at, or,
+        while the timer has not looked at an instant that passed yet (a burst it looks at
+        later, a loop running late), the one after ``now``."""
+        at = self.next_at
+        if at is None or at > now:
+            return at
+        return self.trigger.next_after(now)
+
     @property
     def catches_up(self) -> bool:
         """Whether catch-up and the sweep apply to this schedule."""

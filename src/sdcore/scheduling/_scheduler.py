@@ -302,7 +302,7 @@ class Scheduler:
         return sorted(infos, key=lambda i: (i.next_fire_at is None, i.next_fire_at or far, i.name))
 
     def _info(self, entry: Entry) -> ScheduleInfo:
-        upcoming = entry.next_at
+        upcoming = entry.upcoming(self._clock())
         if upcoming is None and entry.active and self._started_at is None:
             upcoming = entry.trigger.next_after(self._clock())
         if not entry.active:

@@ -173,7 +173,7 @@ class TickStarter:
         known.set()
         waiting, self._unknown = self._unknown, {}
         for entry, due in waiting.items():
-            self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
+            self.launch(entry, due, StartPath.FIRE, deadline=entry.upcoming(self._clock()))
         pending, self._unknown_pending = self._unknown_pending, set()
         for entry in pending:
             self.drain(entry)
@@ -715,7 +715,7 @@ class TickStarter:
                     "path": path.value,
                 },
             )
-            self.start_tick(entry, instant, path, deadline=entry.next_at)
+            self.start_tick(entry, instant, path, deadline=entry.upcoming(self._clock()))
 
     def record_paused(self, entry: Entry, since: datetime, until: datetime) -> None:
         """Record the ticks that fell while ``entry`` was stopped as skipped (``"paused"``).
@@ -809,7 +809,7 @@ class TickStarter:
                 extra={"action": "tick_deferred_gated", "schedule": entry.name},
             )
             return
-        self.launch(entry, due, StartPath.FIRE, deadline=entry.next_at)
+        self.launch(entry, due, StartPath.FIRE, deadline=entry.upcoming(self._clock()))
 
     def drain(self, entry: Entry) -> None:
         """Start the next pending catch-up tick of ``entry`` if nothing of it runs here and no
@@ -827,7 +827,8 @@ class TickStarter:
             if not isinstance(offered, set):
                 offered = entry.offered = set(offered)
             offered.add(instant)
-            if self.start_tick(entry, instant, StartPath.CATCH_UP, deadline=entry.next_at):
+            deadline = entry.upcoming(self._clock())
+            if self.start_tick(entry, instant, StartPath.CATCH_UP, deadline=deadline):
                 return
 
     def _catch_up_failed(self, entry: Entry, exc: BaseException) -> None:

@@ -33,10 +33,11 @@ asks for it at all: at the instant as a first owner, later as a second or third
 
 - a later owner at its turn, one or two owner delays after the instant. It asks for the ticks
   armed at the instant whose schedules are still active (one stopped and started meanwhile is
-  asked for, as a waiting fire would be; compaction leaves the bucket alone). Each is ranked in
+  asked for, as a waiting fire would be; compaction leaves the bucket alone), however late the
+  loop gets there (the instants that passed after it are coalesced as usual). Each is ranked in
   the owners' order the view had at the instant: a replica that joined meanwhile does not take
   the turn (it did not fire the tick). A schedule replaced meanwhile is armed again at the
-  instant, as a new entry, and asked for by its own bucket;
+  instant, as a new entry, in a bucket that takes the same turn and order (:attr:`Timer._turns`);
 - any other replica three delays after the instant (at most half the gap), only to re-arm the
   ticks; it asks for one only if its view now says it has become an owner.
 
@@ -68,6 +69,7 @@ SLICE = 100  # ticks started between two yields
 BURST = SLICE
 _MAX_SLEEP = 30.0
 _MAX_NEXT = 4096  # next instants kept, by (trigger, instant)
+_MAX_TURNS = 64  # burst instants whose turn is kept
 
 
 class NextFire:
@@ -165,6 +167,9 @@ class Timer:
         # The instant after an armed one (for its bucket's gap), reused when it fires.
         self._next: dict[tuple[Trigger, datetime], datetime | None] = {}
         self._last_next: tuple[Trigger, datetime, datetime | None] | None = None
+        # This replica's turn at each recent burst instant it is a later owner of: (place, the
+        # owners' order then).
+        self._turns: dict[datetime, tuple[int, Order]] = {}
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
         self._last: NextFire | None = None  # the last NextFire of this burst
@@ -173,6 +178,7 @@ class Timer:
         """Forget every armed instant (before a start)."""
         self.heap.clear()
         self._open.clear()
+        self._turns.clear()
         self.armed = 0
         self._wake = asyncio.Event()
 
@@ -269,12 +275,13 @@ class Timer:
             if at > until:
                 return None
             bucket = heap[index][2]
-            due = bucket.due
+            due, turn = bucket.due, bucket.turn
+            # (A later owner's turn asks for every tick of its bucket still active.)
             if (
                 after <= at
-                and not (bucket.owned and self._sup.place(due, bucket.entries) >= OWNERS)
+                and (turn or not (bucket.owned and self._sup.place(due, bucket.entries) >= OWNERS))
                 and any(
-                    self._live(entry, version) and starts(entry, due)
+                    self._live(entry, None if turn else version) and (turn or starts(entry, due))
                     for entry, version in zip(bucket.entries, bucket.versions, strict=True)
                 )
             ):
@@ -295,7 +302,11 @@ class Timer:
                 self.armed -= len(bucket.entries)
                 if self._open.get((bucket.due, bucket.owned)) is bucket:
                     del self._open[bucket.due, bucket.owned]
-                if bucket.owned and len(bucket.entries) >= BURST and self._later(bucket) > now:
+                if (
+                    bucket.owned
+                    and (len(bucket.entries) >= BURST or bucket.due in self._turns)
+                    and self._later(bucket) > now
+                ):
                     heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
                     continue
             return bucket
@@ -305,22 +316,30 @@ class Timer:
         """When this replica looks at a burst of owned ticks that has just come due (sets
         ``bucket.at``): at once as their first owner; at its turn as a later one; after the
         last owner's turn (at most half the gap) as none of them, only to re-arm them."""
-        place = self._sup.place(bucket.due, bucket.entries)
-        if place == 0:
-            return bucket.due
-        later = min(place, OWNERS) * second_delay(bucket.gap)
-        half = None if bucket.gap is None else bucket.gap.total_seconds() / 2
-        if place < OWNERS:
+        turn = self._turns.get(bucket.due)
+        if turn is None:
+            place = self._sup.place(bucket.due, bucket.entries)
+            if place == 0:
+                return bucket.due
+            later = min(place, OWNERS) * second_delay(bucket.gap)
+            half = None if bucket.gap is None else bucket.gap.total_seconds() / 2
+            if place >= OWNERS:
+                later = later if half is None else min(later, half)
+                bucket.at = bucket.due + timedelta(seconds=later)
+                return bucket.at
             order = self._sup.order(bucket.due)
             if order is None or (half is not None and later > half):
                 return bucket.due  # its turns wait in the starter (TickStarter._start_later)
-            # Its ticks are asked for then as they ranked now, and as they were armed now: one
-            # stopped and started meanwhile is still asked for, one stale now is not.
-            bucket.turn, bucket.order = place, order
-            bucket.keep(self._live)
-        elif half is not None:
-            later = min(later, half)
-        bucket.at = bucket.due + timedelta(seconds=later)
+            if len(self._turns) >= _MAX_TURNS:
+                del self._turns[next(iter(self._turns))]
+            turn = self._turns[bucket.due] = (place, order)
+        # Its ticks are asked for then as they ranked now, and as they were armed now: one
+        # stopped and started meanwhile is still asked for, one stale now is not. A schedule
+        # replaced meanwhile is armed again at the instant (Scheduler._add), in a bucket of its
+        # own, which takes the same turn.
+        bucket.turn, bucket.order = turn
+        bucket.keep(self._live)
+        bucket.at = bucket.due + timedelta(seconds=bucket.turn * second_delay(bucket.gap))
         return bucket.at
 
     def _put_back(self, bucket: Bucket, done: int) -> None:
@@ -445,7 +464,8 @@ class Timer:
         # Coalesce ticks that passed while the loop was blocked or the process suspended: fire
         # only the most recent one (missed ticks are what the catch-up policy is for).
         skipped = 0
-        after = entry.trigger.next_after(due)
+        instant, after = due, entry.trigger.next_after(due)
+        next_instant = after
         while after is not None and after <= now and skipped < 100_000:
             due, after, skipped = after, entry.trigger.next_after(after), skipped + 1
         if skipped:
@@ -456,6 +476,13 @@ class Timer:
                 extra={"action": "ticks_coalesced", "schedule": entry.name},
             )
         self._rearm(entry, version, after)
+        if rank is not None:
+            # A later owner's turn, however late: the instant's own tick is asked for all the
+            # same, ranked as then (its earlier owners may be gone); later ones as ranked now.
+            self._sup.start_tick(entry, instant, StartPath.FIRE, deadline=next_instant, rank=rank)
+            if not skipped:
+                return None
+            rank = None
         self._sup.start_tick(entry, due, StartPath.FIRE, deadline=after, rank=rank)
         return None
 
