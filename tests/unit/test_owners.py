@@ -921,15 +921,17 @@ def _key(at: float) -> str:
     return (BASE + timedelta(seconds=at)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@pytest.mark.parametrize("change", ["args", "cron"])
 @pytest.mark.parametrize("count", [1, 150], ids=["one", "burst"])
 @in_loop_time
 async def test_stored_schedules_updated_after_a_joiner_keep_the_third_owners_turn(
-    count: int, monkeypatch: pytest.MonkeyPatch
+    count: int, change: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first two owners are killed; just after the instant a replica joins that ranks above
     the third, and before the third's turn the stored schedules are updated (each replica reads
-    the live replicas through a store with a round trip's latency). The updated schedules'
-    ticks keep the third owner's turn, ranked as at the instant: they run there, at its turn."""
+    the live replicas through a store with a round trip's latency): their arguments, or their
+    cron to one that has no tick at the instant. The updated schedules' ticks keep the third
+    owner's turn, ranked as at the instant: they run there, at its turn."""
     members = MemoryScheduleStore.members
 
     async def slow(self: MemoryScheduleStore, *args: Any, **kwargs: Any) -> Any:
@@ -941,7 +943,7 @@ async def test_stored_schedules_updated_after_a_joiner_keep_the_third_owners_tur
     loop = asyncio.get_running_loop()
     admin = ScheduleAdmin(cluster.store)
     names = [f"s{i}" for i in range(count)]
-    instant = 120.0
+    instant = 180.0  # 03:03: an odd minute, which "*/2 * * * *" skips
 
     def work_on(index: int) -> Callable[[Tick, dict[str, Any]], Awaitable[None]]:
         async def work(tick: Tick, args: dict[str, Any]) -> None:
@@ -964,7 +966,10 @@ async def test_stored_schedules_updated_after_a_joiner_keep_the_third_owners_tur
         view = cluster.replicas[third][1]._owners.members or ()
         assert joiner in {m.replica_id for m in view}
         for name in names:
-            await admin.update(name, args={"n": 1}, actor="t")
+            if change == "args":
+                await admin.update(name, args={"n": 1}, actor="t")
+            else:
+                await admin.update(name, cron="*/2 * * * *", actor="t")
         await asyncio.sleep(instant + 5.0 - loop.time())
     finally:
         await cluster.stop_all()

@@ -270,9 +270,11 @@ class Scheduler:
         if old is not None:
             # The replaced schedule's runs going on, ticks in flight and fires waiting here are
             # the new one's: overlap still sees them, and a fire a later owner waits to ask for
-            # (or one the timer has not reached yet) is not lost to the change.
+            # (in the starter, or in a burst the timer looks at at its turn) or one the timer
+            # has not reached yet is not lost to the change.
+            waiting = self._started_at is not None and self._timer.replace(old, entry)
             due = old.next_at if old.active and self._started_at is not None else None
-            if due is not None and due <= now:
+            if due is not None and due <= now and not waiting:
                 after = due - timedelta(microseconds=1)
             self.stop(name)
             old.removed = True

@@ -36,8 +36,9 @@ asks for it at all: at the instant as a first owner, later as a second or third
   asked for, as a waiting fire would be; compaction leaves the bucket alone), however late the
   loop gets there (the instants that passed after it are coalesced as usual). Each is ranked in
   the owners' order the view had at the instant: a replica that joined meanwhile does not take
-  the turn (it did not fire the tick). A schedule replaced meanwhile is armed again at the
-  instant, as a new entry, in a bucket that takes the same turn and order (:attr:`Timer._turns`);
+  the turn (it did not fire the tick). A schedule replaced meanwhile (its stored definition
+  changed) takes its old entry's place in the bucket (:meth:`Timer.replace`), whatever its new
+  timing, as a fire waiting in the starter would (:meth:`TickStarter.replace`);
 - any other replica three delays after the instant (at most half the gap), only to re-arm the
   ticks; it asks for one only if its view now says it has become an owner.
 
@@ -69,7 +70,6 @@ SLICE = 100  # ticks started between two yields
 BURST = SLICE
 _MAX_SLEEP = 30.0
 _MAX_NEXT = 4096  # next instants kept, by (trigger, instant)
-_MAX_TURNS = 64  # burst instants whose turn is kept
 
 
 class NextFire:
@@ -107,9 +107,10 @@ class Bucket:
             looks at it later as one of them (1 or 2; 0 otherwise).
         order: The owners' order of ``due``'s epoch at that time, which ranks its ticks then
             (:meth:`Owners.order`).
+        index: Each entry's position, once :meth:`Timer.replace` looked one up.
     """
 
-    __slots__ = ("at", "due", "entries", "gap", "order", "owned", "turn", "versions")
+    __slots__ = ("at", "due", "entries", "gap", "index", "order", "owned", "turn", "versions")
 
     def __init__(self, due: datetime, owned: bool) -> None:
         self.due = due
@@ -120,6 +121,7 @@ class Bucket:
         self.at: datetime | None = None
         self.turn = 0
         self.order: Order | None = None
+        self.index: dict[Entry, int] | None = None
 
     def keep(self, live: Callable[[Entry, int | None], bool]) -> int:
         """Drop the entries ``live`` says are stale; how many are left."""
@@ -167,9 +169,9 @@ class Timer:
         # The instant after an armed one (for its bucket's gap), reused when it fires.
         self._next: dict[tuple[Trigger, datetime], datetime | None] = {}
         self._last_next: tuple[Trigger, datetime, datetime | None] | None = None
-        # This replica's turn at each recent burst instant it is a later owner of: (place, the
-        # owners' order then).
-        self._turns: dict[datetime, tuple[int, Order]] = {}
+        # The buckets of owned ticks this replica asks for at a later turn, from the instant
+        # until they are walked.
+        self._waiting: list[Bucket] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
         self._last: NextFire | None = None  # the last NextFire of this burst
@@ -178,7 +180,7 @@ class Timer:
         """Forget every armed instant (before a start)."""
         self.heap.clear()
         self._open.clear()
-        self._turns.clear()
+        self._waiting.clear()
         self.armed = 0
         self._wake = asyncio.Event()
 
@@ -302,11 +304,7 @@ class Timer:
                 self.armed -= len(bucket.entries)
                 if self._open.get((bucket.due, bucket.owned)) is bucket:
                     del self._open[bucket.due, bucket.owned]
-                if (
-                    bucket.owned
-                    and (len(bucket.entries) >= BURST or bucket.due in self._turns)
-                    and self._later(bucket) > now
-                ):
+                if bucket.owned and len(bucket.entries) >= BURST and self._later(bucket) > now:
                     heapq.heappush(heap, (bucket.at, next(self._seq), bucket))
                     continue
             return bucket
@@ -316,31 +314,47 @@ class Timer:
         """When this replica looks at a burst of owned ticks that has just come due (sets
         ``bucket.at``): at once as their first owner; at its turn as a later one; after the
         last owner's turn (at most half the gap) as none of them, only to re-arm them."""
-        turn = self._turns.get(bucket.due)
-        if turn is None:
-            place = self._sup.place(bucket.due, bucket.entries)
-            if place == 0:
-                return bucket.due
-            later = min(place, OWNERS) * second_delay(bucket.gap)
-            half = None if bucket.gap is None else bucket.gap.total_seconds() / 2
-            if place >= OWNERS:
-                later = later if half is None else min(later, half)
-                bucket.at = bucket.due + timedelta(seconds=later)
-                return bucket.at
+        place = self._sup.place(bucket.due, bucket.entries)
+        if place == 0:
+            return bucket.due
+        later = min(place, OWNERS) * second_delay(bucket.gap)
+        half = None if bucket.gap is None else bucket.gap.total_seconds() / 2
+        if place < OWNERS:
             order = self._sup.order(bucket.due)
             if order is None or (half is not None and later > half):
                 return bucket.due  # its turns wait in the starter (TickStarter._start_later)
-            if len(self._turns) >= _MAX_TURNS:
-                del self._turns[next(iter(self._turns))]
-            turn = self._turns[bucket.due] = (place, order)
-        # Its ticks are asked for then as they ranked now, and as they were armed now: one
-        # stopped and started meanwhile is still asked for, one stale now is not. A schedule
-        # replaced meanwhile is armed again at the instant (Scheduler._add), in a bucket of its
-        # own, which takes the same turn.
-        bucket.turn, bucket.order = turn
-        bucket.keep(self._live)
-        bucket.at = bucket.due + timedelta(seconds=bucket.turn * second_delay(bucket.gap))
+            # Its ticks are asked for then as they ranked now, and as they were armed now: one
+            # stopped and started meanwhile is still asked for, one stale now is not.
+            bucket.turn, bucket.order = place, order
+            bucket.keep(self._live)
+            self._waiting.append(bucket)
+        elif half is not None:
+            later = min(later, half)
+        bucket.at = bucket.due + timedelta(seconds=later)
         return bucket.at
+
+    def replace(self, old: Entry, new: Entry) -> bool:
+        """``new`` takes ``old``'s place in the buckets this replica asks for at a later turn
+        (its schedule changed meanwhile): the instant's tick is asked for as ``new``'s, whatever
+        ``new``'s timing, as a fire waiting in the starter is (:meth:`TickStarter.replace`);
+        ``True`` if ``old`` had such a tick. ``new`` is not armed again from there."""
+        found = False
+        for bucket in self._waiting:
+            index = bucket.index
+            if index is None:
+                index = bucket.index = {entry: i for i, entry in enumerate(bucket.entries)}
+            position = index.pop(old, None)
+            if position is not None:
+                bucket.entries[position] = new
+                bucket.versions[position] = -1  # never a version of new's
+                index[new] = position
+                found = True
+        return found
+
+    def _walked(self, bucket: Bucket | None) -> None:
+        """``bucket`` has been walked (or put back as another)."""
+        if bucket is not None and bucket.turn:
+            self._waiting = [b for b in self._waiting if b is not bucket]
 
     def _put_back(self, bucket: Bucket, done: int) -> None:
         """Arm again what a bucket taken off the heap still holds after ``done`` entries (the
@@ -349,6 +363,9 @@ class Timer:
         rest.entries, rest.versions = bucket.entries[done:], bucket.versions[done:]
         rest.gap, rest.at, rest.turn, rest.order = bucket.gap, bucket.at, bucket.turn, bucket.order
         heapq.heappush(self.heap, (bucket.at or bucket.due, next(self._seq), rest))
+        self._walked(bucket)
+        if rest.turn:
+            self._waiting.append(rest)
 
     async def _fire_due(self, now: datetime) -> None:
         memo: dict[tuple[Trigger, datetime], NextFire] = {}
@@ -394,11 +411,13 @@ class Timer:
                         await asyncio.sleep(0)
                         last = start + SLICE >= len(armed)
                         if last:
+                            self._walked(bucket)
                             bucket, done = self._take(now), 0
                         if self._sup.flush(final=last and bucket is None):
                             await asyncio.sleep(0)
                             await asyncio.sleep(0)
                     if not armed:
+                        self._walked(bucket)
                         bucket, done = self._take(now), 0
             finally:
                 if bucket is not None and done < len(bucket.entries):
