@@ -749,6 +749,13 @@ async def test_at_a_bursts_instant_only_its_owners_walk_its_schedules(
     assert sorted(ran) == [(order[0], instant)] * len(names)
 
 
+async def _minutely_burst(cluster: _Cluster, instant: float) -> tuple[list[str], list[int]]:
+    """150 minutely crons on four replicas (:func:`_four_replicas`): their names, and the
+    owners of their ticks at loop time ``instant``."""
+    names = [f"job{i}" for i in range(150)]
+    return names, await _four_replicas(cluster, names, "* * * * *", instant)
+
+
 async def _first_two_killed(cluster: _Cluster, name: str, instant: float) -> tuple[int, str]:
     """Kill the first two owners of ``name``'s tick at loop time ``instant`` just before it;
     0.3 s after it, the third owner and a replica id that ranks above it (a joiner's)."""
@@ -986,9 +993,8 @@ async def test_while_a_later_owner_waits_for_its_turn_the_plane_and_the_api_see_
     cluster = _cluster()
     loop = asyncio.get_running_loop()
     instant = 120.0
-    names = [f"job{i}" for i in range(150)]
     try:
-        owners = await _four_replicas(cluster, names, "* * * * *", instant)
+        names, owners = await _minutely_burst(cluster, instant)
         await asyncio.sleep(instant + 0.2 - loop.time())
         scheduler, control = cluster.replicas[owners[1]]
         for name in names:
@@ -1002,3 +1008,43 @@ async def test_while_a_later_owner_waits_for_its_turn_the_plane_and_the_api_see_
             assert plane._hooks.scheduler.get("job0").next_fire_at == BASE + timedelta(minutes=3)
     finally:
         await cluster.stop_all()
+
+
+@in_loop_time
+async def test_a_tick_that_fails_at_a_later_owners_turn_stops_only_its_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first owner is killed; at the second owner's turn, ranking the burst's last tick
+    raises. That schedule is stopped there (as any schedule that cannot fire) and the third
+    owner runs its tick at its turn; the others' ticks run at the second's, and no replica keeps
+    the turn's bucket once walked."""
+    from sdcore.scheduling._supervisor import TickStarter
+
+    route = TickStarter.route
+    failing_on: list[TickStarter] = []
+
+    def failing(self: TickStarter, entry: Any, due: Any = None, order: Any = None) -> int:
+        if self in failing_on and order is not None and entry.name == "job149":
+            raise RuntimeError("cannot rank")
+        return route(self, entry, due, order)
+
+    monkeypatch.setattr(TickStarter, "route", failing)
+    cluster = _cluster()
+    loop = asyncio.get_running_loop()
+    instant = 120.0
+    try:
+        names, owners = await _minutely_burst(cluster, instant)
+        failing_on.append(cluster.replicas[owners[1]][0]._sup)
+        await asyncio.sleep(instant - 0.1 - loop.time())
+        await cluster.crash(owners[0])
+        await asyncio.sleep(instant + 2.5 - loop.time())
+        waiting = [len(scheduler._timer._waiting) for scheduler, _ in cluster.replicas]
+        stopped = not cluster.replicas[owners[1]][0].get("job149").active
+    finally:
+        await cluster.stop_all()
+    delay = second_delay(timedelta(minutes=1))
+    ran = sorted((n, i, round(at, 3)) for n, key, i, at in cluster.ran if key == _key(instant))
+    expected = [(name, owners[1], instant + delay) for name in names[:-1]]
+    assert ran == sorted([*expected, ("job149", owners[2], instant + 2 * delay)])
+    assert waiting == [0, 0, 0, 0]
+    assert stopped

@@ -395,8 +395,8 @@ class Timer:
                             # instant whose schedule is still active, as ranked then.
                             if not self._live(entry, None if turn else version):
                                 continue
-                            rank = self._sup.route(entry, due, order) if turn else None
                             try:
+                                rank = self._sup.route(entry, due, order) if turn else None
                                 following = self._fire(entry, version, due, now, memo, within, rank)
                             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
                                 self._fire_failed(entry)
@@ -422,6 +422,8 @@ class Timer:
             finally:
                 if bucket is not None and done < len(bucket.entries):
                     self._put_back(bucket, done)
+                else:
+                    self._walked(bucket)
                 self._sup.flush()  # never leave a batch open (cancelled mid-burst)
             while rearmed < len(entries):
                 if rearmed % SLICE == 0:
