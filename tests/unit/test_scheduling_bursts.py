@@ -438,3 +438,22 @@ def test_schedules_with_equal_options_share_one_policy_and_no_catch_up_sets() ->
     lease_ms = entries["same-0"].policy.lease_ms
     again = build_policy("p", {"retries": 2}, has_jobs=True, default_lease_ms=lease_ms)
     assert again == entries["same-0"].policy
+
+
+def test_a_bucket_with_no_stale_entry_is_kept_as_it_is() -> None:
+    """A later owner checks a burst's 10,000 entries at the instant: with none stale it keeps
+    the bucket's lists as they are (no list, no object per entry for the collector); a stale
+    one is dropped."""
+    from sdcore.scheduling._timer import Bucket
+
+    bucket = Bucket(datetime(2026, 7, 20, 3, 0, tzinfo=UTC), owned=True)
+    bucket.entries = [object() for _ in range(10_000)]  # type: ignore[misc]
+    bucket.versions = [1] * 10_000
+    entries, versions = bucket.entries, bucket.versions
+    assert bucket.keep(lambda entry, version: True) == 10_000
+    assert bucket.entries is entries
+    assert bucket.versions is versions
+    stale = entries[5]
+    assert bucket.keep(lambda entry, version: entry is not stale) == 9_999
+    assert stale not in bucket.entries
+    assert len(bucket.versions) == 9_999

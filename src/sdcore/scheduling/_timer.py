@@ -125,6 +125,9 @@ class Bucket:
 
     def keep(self, live: Callable[[Entry, int | None], bool]) -> int:
         """Drop the entries ``live`` says are stale; how many are left."""
+        pairs = zip(self.entries, self.versions, strict=True)
+        if all(live(entry, version) for entry, version in pairs):
+            return len(self.entries)  # (the usual case: no list, no object per entry)
         kept = [
             (entry, version)
             for entry, version in zip(self.entries, self.versions, strict=True)
