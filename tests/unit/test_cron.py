@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcore.scheduling import CronExpression, InvalidScheduleError, format_run_key
+from sdcore.scheduling._catch_up import latest_instants
 from sdcore.scheduling._cron import CronSpec
 from sdcore.scheduling._triggers import CronTrigger, IntervalTrigger, expected_instants
 
@@ -427,3 +428,60 @@ def test_nestjs_day_rule_matches_npm_cron(fields: tuple[str, str]) -> None:
     dom, dow = fields
     start = datetime(2026, 3, 1, tzinfo=UTC)
     assert _next_days(f"0 0 {dom} * {dow}", "nestjs", count=8) == _npm_days(dom, dow, start, 8)
+
+
+class _Counting:
+    """A trigger that counts its ``next_after`` calls."""
+
+    def __init__(self, trigger: CronTrigger | IntervalTrigger) -> None:
+        self.trigger = trigger
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.trigger, name)
+
+    def next_after(self, after: datetime) -> datetime | None:
+        self.calls += 1
+        return self.trigger.next_after(after)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    expression=st.sampled_from(["* * * * *", "*/7 * * * * *", "0 2 * * *", "30 1 * * 0"]),
+    every_ms=st.sampled_from([1, 250, 1_000, 90_000]),
+    cron=st.booleans(),
+    start=st.datetimes(_NAIVE_2020, _NAIVE_2035, timezones=st.just(PARIS)),
+    length_s=st.integers(0, 3 * 86_400),
+    count=st.sampled_from([1, 3, 1_000]),
+)
+def test_latest_instants_are_the_last_of_the_whole_window(
+    expression: str, every_ms: int, cron: bool, start: datetime, length_s: int, count: int
+) -> None:
+    """The last ``count`` instants of ``[start, end)``, whatever the window, trigger and count:
+    the same as walking the whole window (kept short enough to walk)."""
+    trigger = CronTrigger(CronSpec.parse(expression, PARIS)) if cron else IntervalTrigger(every_ms)
+    length = timedelta(seconds=length_s)
+    if not cron:
+        length = min(length, every_ms * timedelta(milliseconds=20_000))
+    start = start.astimezone(UTC)
+    end = start + length
+    whole = expected_instants(trigger, start, end, limit=200_000)
+    assert latest_instants(trigger, start, end, count) == whole[-count:]
+
+
+def test_latest_instants_cost_follows_the_instants_returned_not_the_window() -> None:
+    """A sweep's short window of a minutely cron is walked once; the last 1,000 instants of a
+    1 ms interval in an hour walk about 1,000 instants, not 3.6 million."""
+    start = datetime(2026, 12, 7, 8, 0, 30, tzinfo=UTC)
+    minutely = _Counting(CronTrigger(CronSpec.parse("* * * * *", PARIS)))
+    assert latest_instants(minutely, start, start + timedelta(seconds=2), 1_000) == []  # type: ignore[arg-type]
+    assert minutely.calls == 1
+    assert latest_instants(minutely, start, start + timedelta(seconds=31), 1_000) == [  # type: ignore[arg-type]
+        start + timedelta(seconds=30)
+    ]
+    assert minutely.calls == 3
+    fast = _Counting(IntervalTrigger(1))
+    last = latest_instants(fast, start, start + timedelta(hours=1), 1_000)  # type: ignore[arg-type]
+    assert last[-1] == start + timedelta(hours=1) - timedelta(milliseconds=1)
+    assert len(last) == 1_000
+    assert fast.calls <= 1_001

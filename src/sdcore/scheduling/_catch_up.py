@@ -37,6 +37,7 @@ from sdcore.scheduling._triggers import Trigger, expected_instants
 
 MAX_CATCH_UP = 1_000
 MAX_RANGE_TICKS = 10_000
+_MS = timedelta(milliseconds=1)
 # The clock skew allowed between a replica and the database when comparing their instants.
 PAUSE_SKEW = timedelta(seconds=5)
 
@@ -76,11 +77,13 @@ class MissedTick:
 def latest_instants(trigger: Trigger, start: datetime, end: datetime, count: int) -> list[datetime]:
     """Return the last ``count`` fire instants in ``[start, end)``, walking back from ``end``.
 
-    The window doubles from 1 ms until it holds ``count`` instants or reaches ``start``, so the
-    cost follows the ticks returned, not the ticks in ``[start, end)`` (a 1 ms interval over a
-    1 hour window is cheap).
+    The window starts as the narrowest that can hold ``count`` instants (``count`` times the
+    trigger's spacing, a lower bound on the gap between two) and doubles until it holds them or
+    reaches ``start``, so the cost follows the ticks returned, not the ticks in ``[start, end)``
+    (a 1 ms interval over a 1 hour window is cheap), and a window shorter than that is walked
+    once.
     """
-    span = timedelta(milliseconds=1)
+    span = max(trigger.spacing or _MS, _MS) * count
     while True:
         low = max(start, end - span)
         found = expected_instants(trigger, low, end, limit=4 * count + 64, keep_last=True)
