@@ -485,3 +485,12 @@ def test_latest_instants_cost_follows_the_instants_returned_not_the_window() -> 
     assert last[-1] == start + timedelta(hours=1) - timedelta(milliseconds=1)
     assert len(last) == 1_000
     assert fast.calls <= 1_001
+
+
+def test_latest_instants_near_the_first_representable_year() -> None:
+    """A window whose look-back would reach before year 1 is walked from its start."""
+    every = IntervalTrigger(2**31 - 1)  # about 24.9 days: 1,000 of them span 68 years
+    start, end = datetime(1, 1, 2, tzinfo=UTC), datetime(3, 1, 1, tzinfo=UTC)
+    whole = expected_instants(every, start, end, limit=1_000)
+    assert latest_instants(every, start, end, 1_000) == whole
+    assert len(whole) == 30

@@ -85,7 +85,7 @@ def latest_instants(trigger: Trigger, start: datetime, end: datetime, count: int
     """
     span = max(trigger.spacing or _MS, _MS) * count
     while True:
-        low = max(start, end - span)
+        low = start if end - start <= span else end - span
         found = expected_instants(trigger, low, end, limit=4 * count + 64, keep_last=True)
         if len(found) >= count or low <= start:
             return found[-count:]
