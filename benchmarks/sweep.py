@@ -1,26 +1,42 @@
-"""CPU of one catch-up sweep's instants: what ``TickStarter.sweep`` computes for each schedule it
-owns before it asks the database anything (``candidates``, the last 1,000 instants of the
-window swept), against the minimal computation, one walk over the same window
-(``expected_instants``).
+"""The catch-up sweep's cost, in two parts.
 
-A scheduler sweeps every ``min(lease, 60 s)`` (60 s with the default 300 s lease), over the
-window since its last sweep. Each trigger kind is timed on that window for ``--schedules``
-schedules, both computations interleaved in one process, ``--rounds`` times; printed: the
-median per schedule, the spread and the ratio to the walk.
+Instants (always): what ``TickStarter.sweep`` computes for each schedule it owns before it asks
+the database anything (``candidates``, the last 1,000 instants of the window swept), against
+the minimal computation, one walk over the same window (``expected_instants``). A scheduler
+sweeps every ``min(lease, 60 s)`` (60 s with the default 300 s lease), over the window since
+its last sweep. Each trigger kind is timed on that window for ``--schedules`` schedules, both
+interleaved in one process, ``--rounds`` times; printed: the median per schedule, the spread
+and the ratio to the walk.
 
-Run: ``python benchmarks/sweep.py [--schedules 1000] [--rounds 7] [--window-s 60]``.
+A round on PostgreSQL (with ``--database-url``): a ``Scheduler`` on a ``JobSchedulerService``
+with ``--schedules`` minutely exclusive crons, each active for the last ``--window-s`` seconds
+with a ``SUCCESS`` row for every tick of that window (the steady state: nothing to catch up).
+One sweep round over all of them (``TickStarter.sweep``: their instants, the rows of their ticks,
+nothing to start), against the minimal SQL for the same answer: one bare psycopg
+``SELECT ... WHERE lock_key = ANY(...)`` of all the keys. Interleaved, ``--rounds`` times;
+printed: wall time and statements per round, and the ratio.
+
+Run: ``python benchmarks/sweep.py [--schedules 1000] [--rounds 7] [--window-s 60]
+[--database-url postgresql://postgres@127.0.0.1:5432/postgres]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from sdcore.scheduling._catch_up import MAX_CATCH_UP, candidates
+import psycopg
+from _harness import scratch_database
+
+from sdcore.job_scheduler import JobSchedulerService
+from sdcore.scheduling import Scheduler
+from sdcore.scheduling._catch_up import MAX_CATCH_UP, candidates, tick_keys
 from sdcore.scheduling._cron import CronSpec
 from sdcore.scheduling._policy import CatchUp
 from sdcore.scheduling._triggers import CronTrigger, IntervalTrigger, Trigger, expected_instants
@@ -45,6 +61,7 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--database-url", default=None, help="also time a round on PostgreSQL")
     args = parser.parse_args()
     end = datetime(2026, 12, 7, 8, 0, 30, tzinfo=UTC)
     start = end - timedelta(seconds=args.window_s)
@@ -70,6 +87,94 @@ def main() -> None:
             f"({min(walk):.1f}–{max(walk):.1f})  ratio {statistics.median(ratios):.2f}× "
             f"({min(ratios):.2f}–{max(ratios):.2f})"
         )
+
+    if args.database_url:
+        with scratch_database(args.database_url, "sdcore_bench_sweep") as dsn:
+            asyncio.run(_round_on_postgres(dsn, args.schedules, args.rounds, args.window_s))
+
+
+async def _round_on_postgres(dsn: str, schedules: int, rounds: int, window_s: float) -> None:
+    """A sweep round of ``schedules`` minutely crons against one bare SELECT of their keys."""
+    async with JobSchedulerService.connect(dsn) as jobs:
+        await jobs.ensure_schema()
+        scheduler = Scheduler(jobs=jobs)
+        handler: Callable[[Any], None] = lambda tick: None  # noqa: E731 - never called
+        names = [f"sweep-{i:05d}" for i in range(schedules)]
+        for name in names:
+            scheduler.add_cron(name, "* * * * *", handler, catch_up="all")
+        entries = [scheduler._entries[name] for name in names]
+        now = datetime.now(UTC)
+        keys: list[str] = []
+        for entry in entries:
+            instants = candidates(
+                entry.policy.catch_up, entry.trigger, now - timedelta(seconds=window_s), now
+            )
+            ticks = tick_keys(entry.name, entry.trigger, instants)
+            keys.extend(ticks)
+            for run_key in (entry.trigger.run_key(t) for t in ticks.values()):
+                won = await jobs.acquire({"code": entry.name, "run_key": run_key})
+                assert won.acquired
+                await jobs.complete(won.lease)
+        print(
+            f"on PostgreSQL: {schedules} minutely crons, {len(keys)} ticks in the window, "
+            f"all SUCCESS"
+        )
+
+        async def sweep() -> None:
+            start = datetime.now(UTC) - timedelta(seconds=window_s)
+            for entry in entries:
+                entry.active_since, entry.swept_until = start, None
+            await scheduler._sup.sweep(entries, scheduler._clock, lambda e: True)
+
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+            async def bare() -> None:
+                await (
+                    await conn.execute(
+                        "SELECT lock_key, status, attempts FROM job_scheduler"
+                        " WHERE lock_key = ANY(%s)",
+                        (keys,),
+                    )
+                ).fetchall()
+
+            ours: list[float] = []
+            base: list[float] = []
+            statements = await _calls(jobs, sweep)
+            for _ in range(rounds):
+                ours.append(await _wall(sweep))
+                base.append(await _wall(bare))
+        ratios = [o / b for o, b in zip(ours, base, strict=True)]
+        print(
+            f"  sweep round {statistics.median(ours) * 1e3:8.1f} ms ({min(ours) * 1e3:.1f}–"
+            f"{max(ours) * 1e3:.1f}), {statements} tick_records statements; bare SELECT "
+            f"{statistics.median(base) * 1e3:.1f} ms ({min(base) * 1e3:.1f}–{max(base) * 1e3:.1f})"
+            f", 1 statement; ratio {statistics.median(ratios):.2f}× "
+            f"({min(ratios):.2f}–{max(ratios):.2f})"
+        )
+
+
+async def _wall(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    await fn()
+    return time.perf_counter() - started
+
+
+async def _calls(jobs: JobSchedulerService, fn: Callable[[], Any]) -> int:
+    """How many ``tick_records`` calls one call of ``fn`` makes."""
+    count = 0
+    real = jobs.tick_records
+
+    async def counting(lock_keys: Any) -> Any:
+        nonlocal count
+        count += 1
+        return await real(lock_keys)
+
+    jobs.tick_records = counting  # type: ignore[method-assign]
+    try:
+        await fn()
+    finally:
+        del jobs.tick_records
+    return count
 
 
 if __name__ == "__main__":

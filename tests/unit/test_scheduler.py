@@ -614,6 +614,102 @@ async def test_sweep_reruns_a_tick_whose_owner_died() -> None:
 
 
 @in_loop_time
+async def test_a_sweep_round_reads_many_schedules_ticks_in_few_statements() -> None:
+    """1,500 schedules whose owner died holding a tick each: the sweep reruns every one once,
+    reading the rows of a round's ticks in statements of up to ``SWEEP_KEYS`` keys, not one
+    statement per schedule."""
+    from sdcore.scheduling._supervisor import SWEEP_KEYS
+
+    clock = loop_clock()
+    reads: list[tuple[float, int]] = []  # (loop time, keys) of each tick_records call
+
+    class Counting(MemoryJobScheduler):
+        async def tick_records(self, lock_keys: Any) -> Any:
+            reads.append((asyncio.get_running_loop().time(), len(lock_keys)))
+            return await super().tick_records(lock_keys)
+
+    jobs = Counting(clock=clock)
+    grid, count = 500, 1_500
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    past = epoch + timedelta(
+        milliseconds=((clock() - epoch) // timedelta(milliseconds=grid) - 2) * grid
+    )
+    run_key = past.strftime("%Y-%m-%dT%H:%M:%S.") + f"{past.microsecond // 1000:03d}Z"
+    for i in range(count):
+        dead = await jobs.acquire({"code": f"s{i}", "run_key": run_key, "lease_ms": 1000})
+        assert dead.acquired
+    ran: list[tuple[str, str]] = []
+    scheduler = Scheduler(clock=clock, jobs=jobs)
+    for i in range(count):
+        scheduler.add_interval(
+            f"s{i}",
+            grid,
+            lambda tick: ran.append((tick.schedule, tick.run_key or "")),
+            catch_up="all",
+            catch_up_window_ms=5_000,
+            lease_ms=1000,
+        )
+    started = asyncio.get_running_loop().time()
+    async with scheduler:
+        await asyncio.sleep(2.6)
+    assert {name for name, key in ran if key == run_key} == {f"s{i}" for i in range(count)}
+    assert set(Counter(ran).values()) == {1}
+    # After start-up catch-up (one read per schedule at the start), the sweep rounds.
+    calls: Counter[int] = Counter()
+    keys: Counter[int] = Counter()
+    for at, n in reads:
+        if at - started > 0.5:
+            calls[round(at - started)] += 1
+            keys[round(at - started)] += n
+    assert calls, "no sweep round ran"
+    assert max(n for _, n in reads) <= SWEEP_KEYS
+    for second, n in calls.items():
+        assert n <= keys[second] // (SWEEP_KEYS // 2) + 1, (second, n, keys[second])
+
+
+@in_loop_time
+async def test_a_sweep_round_whose_read_fails_is_logged_and_the_next_round_reruns_the_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The read of a sweep round raises something unexpected: each of its schedules is logged
+    (``sweep_failed``), the sweep goes on, and its next round reruns the abandoned tick once."""
+    clock = loop_clock()
+    calls = itertools.count()
+
+    class FailsOnce(MemoryJobScheduler):
+        async def tick_records(self, lock_keys: Any) -> Any:
+            if next(calls) == 1:  # the first sweep round's read (0: start-up catch-up's)
+                raise RuntimeError("boom")
+            return await super().tick_records(lock_keys)
+
+    jobs = FailsOnce(clock=clock)
+    grid = 500
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    past = epoch + timedelta(
+        milliseconds=((clock() - epoch) // timedelta(milliseconds=grid) - 2) * grid
+    )
+    run_key = past.strftime("%Y-%m-%dT%H:%M:%S.") + f"{past.microsecond // 1000:03d}Z"
+    assert (await jobs.acquire({"code": "s", "run_key": run_key, "lease_ms": 1000})).acquired
+    ran: list[str] = []
+    scheduler = Scheduler(clock=clock, jobs=jobs)
+    scheduler.add_interval(
+        "s",
+        grid,
+        lambda tick: ran.append(tick.run_key or ""),
+        catch_up="all",
+        catch_up_window_ms=5_000,
+        lease_ms=1000,
+    )
+    with caplog.at_level(logging.ERROR, logger="sdcore.scheduling"):
+        async with scheduler:
+            await asyncio.sleep(3.6)
+    failed = [r for r in caplog.records if getattr(r, "action", None) == "sweep_failed"]
+    assert [r.schedule for r in failed] == ["s"]  # type: ignore[attr-defined]
+    assert ran.count(run_key) == 1
+    assert set(Counter(ran).values()) == {1}
+
+
+@in_loop_time
 async def test_a_late_loop_fires_the_scheduled_key_not_now() -> None:
     """SC-04: a replica whose loop is blocked across ticks uses the schedule's keys."""
     seen: list[Tick] = []

@@ -22,6 +22,7 @@ Rules (docs/explanation/scheduling.md, "Catch-up"):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -215,8 +216,22 @@ async def to_start(
         ``(start, running)``: unsettled ticks (never started, released, or ``RUNNING``: the lease
         decides whether it expired), and the ``RUNNING`` ones among them.
     """
-    keys = {lock_key(name, trigger, instant)[0]: instant for instant in instants}
-    records = await jobs.tick_records(list(keys))
+    keys = tick_keys(name, trigger, instants)
+    return unsettled(await jobs.tick_records(list(keys)), keys, chosen)
+
+
+def tick_keys(name: str, trigger: Trigger, instants: Iterable[datetime]) -> dict[str, datetime]:
+    """The lock key of each of ``instants``' ticks of ``name``: lock key -> instant."""
+    return {lock_key(name, trigger, instant)[0]: instant for instant in instants}
+
+
+def unsettled(
+    records: Mapping[str, TickRecord],
+    keys: Mapping[str, datetime],
+    chosen: AbstractSet[datetime] = frozenset(),
+) -> tuple[list[datetime], list[datetime]]:
+    """:func:`to_start`'s split of the ticks of ``keys`` (lock key -> instant), given the
+    ``records`` read for them."""
     start: list[datetime] = []
     running: list[datetime] = []
     for key, instant in keys.items():

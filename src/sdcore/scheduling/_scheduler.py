@@ -473,17 +473,7 @@ class Scheduler:
             entries = [e for e in self._entries.values() if e.policy.catch_up is not CatchUp.OFF]
             lease = min((e.policy.lease_ms for e in entries), default=30_000)
             await asyncio.sleep(max(1.0, min(lease, 60_000) / 1000))
-            for entry in entries:
-                if not self._live(entry):
-                    continue
-                try:
-                    await self._sup.sweep(entry, self._clock(), self._live)
-                except Exception:  # noqa: BLE001 - the sweep must outlive a bad round
-                    self._log.exception(
-                        "schedule %r: catch-up sweep failed",
-                        entry.name,
-                        extra={"action": "sweep_failed", "schedule": entry.name},
-                    )
+            await self._sup.sweep(entries, self._clock, self._live)
 
     # --- missed ticks ------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ import dataclasses
 import functools
 import logging
 import operator
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,8 @@ from sdcore.scheduling._catch_up import (
     at_start,
     candidates,
     latest_instants,
-    to_start,
+    tick_keys,
+    unsettled,
 )
 from sdcore.scheduling._entry import Entry
 from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Order, Owners, second_delay
@@ -51,6 +53,8 @@ BATCH_TICKS = 250
 # A later owner whose turn is less than this far away asks now (a timer looks at an instant's
 # ticks at that turn, up to a clock's rounding).
 _TURN_COME_S = 0.001
+# The most tick keys a sweep round reads in one statement (``tick_records``).
+SWEEP_KEYS = 1_000
 _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
 _name = operator.attrgetter("name")
 
@@ -64,6 +68,17 @@ class _Fire:
     due: datetime
     tick: Tick | None
     deadline: Deadline
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Swept:
+    """One schedule in a sweep round: the ticks to read (lock key -> instant), the end of the
+    window swept, and the instants its catch-up had chosen already (its pending set then)."""
+
+    entry: Entry
+    end: datetime
+    keys: dict[str, datetime]
+    chosen: AbstractSet[datetime]
 
 
 class TickStarter:
@@ -619,42 +634,101 @@ class TickStarter:
                 continue  # removed while we awaited
             self.start_pending(entry, start, StartPath.CATCH_UP, log_level=logging.INFO)
 
-    async def sweep(self, entry: Entry, now: datetime, live: Callable[[Entry], bool]) -> None:
-        """Re-run ticks fired since the schedule became active here that never started or
-        were abandoned (``RUNNING`` past their lease: the lease decides), plus pending ones."""
-        jobs = self._jobs
-        if jobs is None or not entry.catches_up or entry.active_since is None:
+    async def sweep(
+        self,
+        entries: Iterable[Entry],
+        clock: Callable[[], datetime],
+        live: Callable[[Entry], bool],
+    ) -> None:
+        """One sweep round: re-run ticks fired since each schedule became active here that
+        never started or were abandoned (``RUNNING`` past their lease: the lease decides), plus
+        pending ones. The rows of many schedules' ticks are read in one statement of up to
+        :data:`SWEEP_KEYS` keys; a schedule whose round fails is logged and left to the next."""
+        if self._jobs is None:
             return
-        if not self.owns(entry):
-            return  # its owners sweep it
+        batch: list[_Swept] = []
+        keys = 0
+        for entry in entries:
+            if not live(entry) or not entry.catches_up or entry.active_since is None:
+                continue
+            if not self.owns(entry):
+                continue  # its owners sweep it
+            try:
+                swept = await self._window(entry, clock(), live)
+            except Exception:  # noqa: BLE001 - one schedule's failure must not end the round
+                self._sweep_failed(entry)
+                continue
+            if swept is None:
+                continue
+            if batch and keys + len(swept.keys) > SWEEP_KEYS:
+                await self._sweep_batch(batch, live)
+                batch, keys = [], 0
+            batch.append(swept)
+            keys += len(swept.keys)
+        if batch:
+            await self._sweep_batch(batch, live)
+
+    async def _window(
+        self, entry: Entry, now: datetime, live: Callable[[Entry], bool]
+    ) -> _Swept | None:
+        """What a sweep at ``now`` reads for ``entry``: its ticks to look at, or ``None`` (an
+        owed start-up catch-up done instead, or a failure logged)."""
         end = now - _SWEEP_MARGIN
         if self.owners is not None and self.routed(entry):
             end -= timedelta(seconds=LAST_ASK_S)
         window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
         # Strictly after the activation instant: a tick exactly at it was start-up catch-up's.
+        assert entry.active_since is not None  # noqa: S101 - sweep checked it
         active = entry.active_since + timedelta(microseconds=1)
         since = max(active, window_start, entry.swept_until or active)
         if entry.policy.catch_up is CatchUp.LATEST:
             since = max(active, window_start)
         if entry.catch_up_owed is not None:
             await self._catch_up_owed(entry, entry.catch_up_owed, window_start, live)
-            return  # the next round sweeps from the start on
+            return None  # the next round sweeps from the start on
         try:
             fresh = candidates(entry.policy.catch_up, entry.trigger, since, end)
             consider = sorted({*fresh, *(t for t in entry.pending if t >= window_start)})
-            # The pending ticks were chosen already: a resume's among them were chosen because
-            # the pause skipped them, and replacing the pending set must not drop them.
-            start, _ = await to_start(
-                jobs, entry.name, entry.trigger, consider, chosen=entry.pending
-            )
-        except (JobSchedulerError, ValueError) as exc:
+            keys = tick_keys(entry.name, entry.trigger, consider)
+        except ValueError as exc:
             self._catch_up_failed(entry, exc)
+            return None
+        # The pending ticks were chosen already: a resume's among them were chosen because the
+        # pause skipped them, and replacing the pending set must not drop them.
+        return _Swept(entry, end, keys, entry.pending)
+
+    async def _sweep_batch(self, batch: list[_Swept], live: Callable[[Entry], bool]) -> None:
+        """Read the rows of ``batch``'s ticks in one statement, then start each schedule's
+        unsettled ones."""
+        assert self._jobs is not None  # noqa: S101 - sweep checked it
+        try:
+            records = await self._jobs.tick_records([k for swept in batch for k in swept.keys])
+        except (JobSchedulerError, ValueError) as exc:
+            for swept in batch:
+                self._catch_up_failed(swept.entry, exc)
             return
-        if not live(entry):
-            return  # stopped or removed while we awaited
-        if end > (entry.swept_until or end):
-            entry.swept_until = end
-        self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
+        except Exception:  # noqa: BLE001 - the sweep must outlive a bad round
+            for swept in batch:
+                self._sweep_failed(swept.entry)
+            return
+        for swept in batch:
+            entry = swept.entry
+            if not live(entry):
+                continue  # stopped or removed while we awaited
+            try:
+                start, _ = unsettled(records, swept.keys, swept.chosen)
+                if swept.end > (entry.swept_until or swept.end):
+                    entry.swept_until = swept.end
+                self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
+            except Exception:  # noqa: BLE001 - one schedule's failure must not end the round
+                self._sweep_failed(entry)
+
+    def _sweep_failed(self, entry: Entry) -> None:
+        self._log.exception(
+            "schedule %r: catch-up sweep failed",
+            entry.name,
+            extra={"action": "sweep_failed", "schedule": entry.name},
+        )
 
     async def _catch_up_owed(
         self,
