@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
 
-from sdcore.job_scheduler import JobAcquireOptions
+from sdcore.job_scheduler import JobAcquireOptions, TickRecord
 from sdcore.scheduling import ScheduleAdmin, ScheduleControl, Scheduler, Tick
 from sdcore.scheduling._policy import StartPath
 from sdcore.scheduling._supervisor import current_path
@@ -179,13 +179,13 @@ class _OneReplica:
     admin: ScheduleAdmin
 
 
-def _one_replica() -> _OneReplica:
+def _one_replica(jobs_class: type[MemoryJobScheduler] = MemoryJobScheduler) -> _OneReplica:
     loop = asyncio.get_running_loop()
 
     def now() -> datetime:
         return BASE + timedelta(seconds=loop.time())
 
-    jobs = MemoryJobScheduler(clock=now)
+    jobs = jobs_class(clock=now)
     store = MemoryScheduleStore(jobs, clock=now)
     scheduler = Scheduler(jobs=jobs, lease_ms=2_000, clock=now)
     control = ScheduleControl(scheduler, store, poll_interval_ms=100, clock=now)
@@ -403,6 +403,47 @@ async def test_the_sweep_keeps_the_ticks_a_resume_chose_to_catch_up() -> None:
         resumed = now()
         await asyncio.sleep(8.0)  # six catch-up runs of 0.45 s, live ticks between, two sweeps
         missed = await scheduler.missed_ticks("sync", paused, resumed)
+        assert missed == [], [(m.run_key, m.skipped) for m in missed]
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_resume_that_lands_while_the_sweep_reads_keeps_the_ticks_it_chose() -> None:
+    # As above, but the resume and its catch-up's choice land while a sweep round waits for
+    # the rows it read before them: that round's choice is stale and must not replace the
+    # resume's pending ticks (the next round looks again).
+    resume: list[Callable[[], Awaitable[object]]] = []
+
+    class ResumesDuringTheSweep(MemoryJobScheduler):
+        async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
+            records = await super().tick_records(lock_keys)
+            task = asyncio.current_task()
+            if resume and task is not None and "sweep" in task.get_name():
+                await resume.pop()()
+                await asyncio.sleep(0.2)  # the resume's catch-up chooses and starts its first
+            return records
+
+    one = _one_replica(ResumesDuringTheSweep)
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
+
+    async def sync(tick: Tick) -> None:
+        await asyncio.sleep(0.45)
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=2_000)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.05)
+        await admin.pause("sync", actor="ops")
+        paused = now()
+        await asyncio.sleep(3.0)  # six ticks skipped as paused
+        resume.append(lambda: admin.resume("sync", actor="ops"))
+        await asyncio.sleep(3.0)  # the next sweep round resumes
+        assert not resume, "no sweep round read meanwhile"
+        await asyncio.sleep(8.0)  # the catch-up runs of 0.45 s, live ticks between, sweeps
+        missed = await scheduler.missed_ticks("sync", paused, paused + timedelta(seconds=3))
         assert missed == [], [(m.run_key, m.skipped) for m in missed]
     finally:
         await control.aclose()

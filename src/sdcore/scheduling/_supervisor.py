@@ -715,6 +715,10 @@ class TickStarter:
             entry = swept.entry
             if not live(entry):
                 continue  # stopped or removed while we awaited
+            if entry.pending is not swept.chosen:
+                # Another catch-up chose this schedule's pending ticks while we awaited (a
+                # resume's): that choice is newer than ours. The next round looks again.
+                continue
             try:
                 start, _ = unsettled(records, swept.keys, swept.chosen)
                 if swept.end > (entry.swept_until or swept.end):
