@@ -9,15 +9,19 @@ interleaved in one process, ``--rounds`` times; printed: the median per schedule
 and the ratio to the walk.
 
 A round on PostgreSQL (with ``--database-url``): a ``Scheduler`` on a ``JobSchedulerService``
-with ``--schedules`` minutely exclusive crons, each active for the last ``--window-s`` seconds
-with a ``SUCCESS`` row for every tick of that window (the steady state: nothing to catch up).
+with ``--schedules`` exclusive crons (``--cron``, minutely by default), each active for the last
+``--window-s`` seconds with a ``SUCCESS`` row for every tick of that window, or an older one if
+none falls in it (the steady state: nothing to catch up).
 One sweep round over all of them (``TickStarter.sweep``: their instants, the rows of their ticks,
 nothing to start), against the minimal SQL for the same answer: one bare psycopg
 ``SELECT ... WHERE lock_key = ANY(...)`` of all the keys. Interleaved, ``--rounds`` times;
-printed: wall time and statements per round, and the ratio.
+printed: wall time and statements per round, and the ratio. Then the same schedules' start
+(``start_all`` then ``aclose``: start-up catch-up reads when each first ran and the rows of its
+window's ticks, and finds nothing to start) against the bare reads of the same (one
+``GROUP BY code`` of ``min(created_at)`` and the SELECT above).
 
 Run: ``python benchmarks/sweep.py [--schedules 1000] [--rounds 7] [--window-s 60]
-[--database-url postgresql://postgres@127.0.0.1:5432/postgres]``.
+[--database-url postgresql://postgres@127.0.0.1:5432/postgres] [--cron "0 2 * * *"]``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--database-url", default=None, help="also time a round on PostgreSQL")
+    parser.add_argument("--cron", default="* * * * *", help="the schedules' cron on PostgreSQL")
     args = parser.parse_args()
     end = datetime(2026, 12, 7, 8, 0, 30, tzinfo=UTC)
     start = end - timedelta(seconds=args.window_s)
@@ -90,18 +95,22 @@ def main() -> None:
 
     if args.database_url:
         with scratch_database(args.database_url, "sdcore_bench_sweep") as dsn:
-            asyncio.run(_round_on_postgres(dsn, args.schedules, args.rounds, args.window_s))
+            asyncio.run(
+                _round_on_postgres(dsn, args.schedules, args.rounds, args.window_s, args.cron)
+            )
 
 
-async def _round_on_postgres(dsn: str, schedules: int, rounds: int, window_s: float) -> None:
-    """A sweep round of ``schedules`` minutely crons against one bare SELECT of their keys."""
+async def _round_on_postgres(
+    dsn: str, schedules: int, rounds: int, window_s: float, cron: str
+) -> None:
+    """A sweep round of ``schedules`` crons against one bare SELECT of their keys."""
     async with JobSchedulerService.connect(dsn) as jobs:
         await jobs.ensure_schema()
         scheduler = Scheduler(jobs=jobs)
         handler: Callable[[Any], None] = lambda tick: None  # noqa: E731 - never called
         names = [f"sweep-{i:05d}" for i in range(schedules)]
         for name in names:
-            scheduler.add_cron(name, "* * * * *", handler, catch_up="all")
+            scheduler.add_cron(name, cron, handler, catch_up="all")
         entries = [scheduler._entries[name] for name in names]
         now = datetime.now(UTC)
         keys: list[str] = []
@@ -111,12 +120,14 @@ async def _round_on_postgres(dsn: str, schedules: int, rounds: int, window_s: fl
             )
             ticks = tick_keys(entry.name, entry.trigger, instants)
             keys.extend(ticks)
-            for run_key in (entry.trigger.run_key(t) for t in ticks.values()):
+            run_keys = [entry.trigger.run_key(t) for t in ticks.values()]
+            # A schedule with no tick in the window ran before all the same (an older row).
+            for run_key in run_keys or ["2026-01-01T00:00:00Z"]:
                 won = await jobs.acquire({"code": entry.name, "run_key": run_key})
                 assert won.acquired
                 await jobs.complete(won.lease)
         print(
-            f"on PostgreSQL: {schedules} minutely crons, {len(keys)} ticks in the window, "
+            f"on PostgreSQL: {schedules} crons {cron!r}, {len(keys)} ticks in the window, "
             f"all SUCCESS"
         )
 
@@ -143,7 +154,37 @@ async def _round_on_postgres(dsn: str, schedules: int, rounds: int, window_s: fl
             for _ in range(rounds):
                 ours.append(await _wall(sweep))
                 base.append(await _wall(bare))
+
+            # Start-up: start_all (start-up catch-up reads when each schedule first ran and the
+            # rows of its window's ticks; nothing to start) against the bare reads of the same.
+            async def start() -> None:
+                await scheduler.start_all()
+                await scheduler.aclose()
+
+            async def bare_start() -> None:
+                await (
+                    await conn.execute(
+                        "SELECT code, min(created_at) FROM job_scheduler"
+                        " WHERE code = ANY(%s) GROUP BY code",
+                        (names,),
+                    )
+                ).fetchall()
+                await bare()
+
+            starts: list[float] = []
+            base_starts: list[float] = []
+            for _ in range(rounds):
+                starts.append(await _wall(start))
+                base_starts.append(await _wall(bare_start))
         ratios = [o / b for o, b in zip(ours, base, strict=True)]
+        start_ratios = [o / b for o, b in zip(starts, base_starts, strict=True)]
+        print(
+            f"  start_all + aclose {statistics.median(starts) * 1e3:8.1f} ms "
+            f"({min(starts) * 1e3:.1f}–{max(starts) * 1e3:.1f}); bare reads "
+            f"{statistics.median(base_starts) * 1e3:.1f} ms; ratio "
+            f"{statistics.median(start_ratios):.2f}× "
+            f"({min(start_ratios):.2f}–{max(start_ratios):.2f})"
+        )
         print(
             f"  sweep round {statistics.median(ours) * 1e3:8.1f} ms ({min(ours) * 1e3:.1f}–"
             f"{max(ours) * 1e3:.1f}), {statements} tick_records statements; bare SELECT "

@@ -6,6 +6,7 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -212,6 +213,14 @@ class SyncFacade(BaseJobScheduler):
     async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
         inner = self.jobs._service
         return await asyncio.to_thread(self.jobs.portal.call, inner.tick_records, lock_keys)
+
+    async def first_seen(self, code: str) -> datetime | None:
+        inner = self.jobs._service
+        return await asyncio.to_thread(self.jobs.portal.call, inner.first_seen, code)
+
+    async def first_seen_many(self, codes: Sequence[str]) -> dict[str, datetime]:
+        inner = self.jobs._service
+        return await asyncio.to_thread(self.jobs.portal.call, inner.first_seen_many, codes)
 
 
 async def sync_backend(dsn: str) -> AsyncIterator[Backend]:

@@ -92,3 +92,26 @@ async def test_give_back_needs_a_reason(backend: Backend) -> None:
     assert got.acquired
     with pytest.raises(ValueError, match="reason"):
         await backend.service.give_back(got.lease, "")
+
+
+async def test_first_seen_many_answers_first_seen_of_each_code_with_a_row(backend: Backend) -> None:
+    """One call for many schedules: each code with a row maps to its oldest row's creation,
+    as ``first_seen`` says; codes without a row and repeats are left out or merged."""
+    jobs = backend.service
+    for code, keys in {"a": 3, "b": 1}.items():
+        for i in range(keys):
+            got = await jobs.acquire(
+                JobAcquireOptions(code=code, run_key=f"2026-07-20T03:00:0{i}Z")
+            )
+            assert got.acquired
+            assert await jobs.complete(got.lease)
+    many = await jobs.first_seen_many(["a", "b", "never", "a"])
+    assert many == {"a": await jobs.first_seen("a"), "b": await jobs.first_seen("b")}
+    assert None not in many.values()
+    assert await jobs.first_seen_many([]) == {}
+    with pytest.raises(ValueError, match="codes must be a sequence of str"):
+        await jobs.first_seen_many("a")
+    with pytest.raises(ValueError, match="at most 10000 codes per call"):
+        await jobs.first_seen_many([f"c{i}" for i in range(10_001)])
+    with pytest.raises(ValueError, match="codes must not contain NUL"):
+        await jobs.first_seen_many(["a\x00"])

@@ -451,6 +451,80 @@ async def test_a_resume_that_lands_while_the_sweep_reads_keeps_the_ticks_it_chos
 
 
 @in_loop_time
+async def test_an_abandoned_tick_a_sweep_chose_during_a_pause_runs_after_the_resume() -> None:
+    # A tick whose owner died holding it (RUNNING, lease 1 s) just before a pause: a sweep
+    # round during the pause chooses it, and the gate refuses to start it. The resume's
+    # catch-up replaces the pending ticks: it must keep that one, which the lease then gives
+    # to this replica.
+    one = _one_replica()
+    now, scheduler, control, admin, jobs = one.now, one.scheduler, one.control, one.admin, one.jobs
+    ran: list[str] = []
+
+    async def sync(tick: Tick) -> None:
+        ran.append(tick.run_key or "")
+
+    scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=1_000)
+    at = now() + timedelta(seconds=1)  # loop time 1.0: a grid instant (BASE is whole)
+    key = at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+    assert (await jobs.acquire({"code": "sync", "run_key": key, "lease_ms": 1_000})).acquired
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.3)
+        await admin.pause("sync", actor="ops")
+        await asyncio.sleep(6.0)  # sweeps during the pause choose the abandoned tick
+        assert at in scheduler._entries["sync"].pending
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(10.0)
+        missed = await scheduler.missed_ticks("sync", at, at + timedelta(milliseconds=1))
+        assert missed == [], [(m.run_key, m.status) for m in missed]
+        assert ran.count(key) == 1
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+
+
+@in_loop_time
+async def test_a_resume_reads_again_when_another_catch_up_chose_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While the resume's catch-up reads its rows, another catch-up (a sweep round) replaces
+    # the schedule's pending ticks with a tick from before the pause that never ran. The
+    # resume's choice replaces the pending set in turn: it reads again and keeps that tick.
+    from sdcore.scheduling._actions import ActionRunner
+
+    one = _one_replica()
+    now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
+    ran: list[str] = []
+    scheduler.add_interval("sync", 500, lambda t: ran.append(t.run_key or ""), catch_up="all")
+    never = now() - timedelta(seconds=2)  # before the start: no row
+    read = ActionRunner._records
+    replaced: list[datetime] = []
+
+    async def replacing(self: ActionRunner, keys: list[str]) -> dict[str, TickRecord]:
+        records = await read(self, keys)
+        if not replaced:
+            replaced.append(never)
+            scheduler._entries["sync"].pending = {never}  # as start_pending sets it
+        return records
+
+    monkeypatch.setattr(ActionRunner, "_records", replacing)
+    await control.start()
+    await scheduler.start_all()
+    try:
+        await asyncio.sleep(1.3)
+        await admin.pause("sync", actor="ops")
+        await asyncio.sleep(2.0)
+        await admin.resume("sync", actor="ops")
+        await asyncio.sleep(3.0)
+    finally:
+        await control.aclose()
+        await scheduler.aclose()
+    assert replaced == [never]
+    assert ran.count(never.strftime("%Y-%m-%dT%H:%M:%S.000Z")) == 1
+
+
+@in_loop_time
 async def test_the_sweep_lets_a_resume_tick_go_once_its_window_has_passed() -> None:
     # catch_up="all" within a 3 s window: the resume's catch-up chooses five ticks the pause
     # skipped, and its first run hangs 5 s. The sweeps meanwhile keep the chosen ticks only while

@@ -668,6 +668,60 @@ async def test_a_sweep_round_reads_many_schedules_ticks_in_few_statements() -> N
 
 
 @in_loop_time
+async def test_start_up_catch_up_reads_many_schedules_in_few_statements() -> None:
+    """1,500 schedules that ran before and missed their last tick while no replica ran: each
+    missed tick starts once at start, read in two ``first_seen_many`` calls and a few
+    ``tick_records`` calls of at most ``SWEEP_KEYS`` keys, not two statements per schedule."""
+    from sdcore.scheduling._supervisor import SWEEP_KEYS
+
+    clock = loop_clock()
+    reads: list[tuple[str, int]] = []
+
+    class Counting(MemoryJobScheduler):
+        async def first_seen(self, code: str) -> Any:
+            reads.append(("first_seen", 1))
+            return await super().first_seen(code)
+
+        async def first_seen_many(self, codes: Any) -> Any:
+            reads.append(("first_seen_many", len(codes)))
+            return await super().first_seen_many(codes)
+
+        async def tick_records(self, lock_keys: Any) -> Any:
+            reads.append(("tick_records", len(lock_keys)))
+            return await super().tick_records(lock_keys)
+
+    jobs = Counting(clock=clock)
+    grid, count = 1_000, 1_500
+    for i in range(count):
+        got = await jobs.acquire({"code": f"s{i}", "run_key": "2026-07-20T02:59:00Z"})
+        assert got.acquired
+        assert await jobs.complete(got.lease)
+    await asyncio.sleep(3.5)  # no replica runs: three ticks of each are missed
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    last = epoch + (clock() - epoch) // timedelta(milliseconds=grid) * timedelta(milliseconds=grid)
+    missed = (last - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ran: list[tuple[str, str]] = []
+    scheduler = Scheduler(clock=clock, jobs=jobs)
+    for i in range(count):
+        scheduler.add_interval(
+            f"s{i}",
+            grid,
+            lambda tick: ran.append((tick.schedule, tick.run_key or "")),
+            catch_up="all",
+            catch_up_window_ms=5_000,
+        )
+    async with scheduler:
+        await asyncio.sleep(0.5)
+    assert {name for name, key in ran if key == missed} == {f"s{i}" for i in range(count)}
+    assert set(Counter(ran).values()) == {1}
+    assert reads.count(("first_seen", 1)) == 0
+    assert [n for what, n in reads if what == "first_seen_many"] == [SWEEP_KEYS, count - SWEEP_KEYS]
+    rows = [n for what, n in reads if what == "tick_records"]
+    assert max(rows) <= SWEEP_KEYS
+    assert len(rows) <= sum(rows) // (SWEEP_KEYS // 2) + 2, rows
+
+
+@in_loop_time
 async def test_a_sweep_round_whose_read_fails_is_logged_and_the_next_round_reruns_the_tick(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -253,6 +253,16 @@ class BaseJobScheduler(abc.ABC):
         """Return when the first row of ``code`` still in the table was created, if any."""
         raise NotImplementedError(f"{type(self).__name__} cannot tell when a schedule first ran")
 
+    async def first_seen_many(self, codes: Sequence[str]) -> dict[str, datetime]:
+        """:meth:`first_seen` of each of ``codes`` that has a row (this default asks one code
+        at a time; the PostgreSQL and in-memory backends answer in one call)."""
+        seen: dict[str, datetime] = {}
+        for code in dict.fromkeys(codes):
+            first = await self.first_seen(code)
+            if first is not None:
+                seen[code] = first
+        return seen
+
     async def run_attempt(
         self,
         options: JobAcquireOptions,

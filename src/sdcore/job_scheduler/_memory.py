@@ -205,6 +205,15 @@ class MemoryJobScheduler(BaseJobScheduler):
             (row.created_at for row in self._rows.values() if row.code == code), default=None
         )
 
+    async def first_seen_many(self, codes: Sequence[str]) -> dict[str, datetime]:
+        """See :meth:`sdcore.job_scheduler.JobSchedulerService.first_seen_many`."""
+        wanted = set(_check_lock_keys(codes, "codes"))
+        seen: dict[str, datetime] = {}
+        for row in self._rows.values():
+            if row.code in wanted and (row.code not in seen or row.created_at < seen[row.code]):
+                seen[row.code] = row.created_at
+        return seen
+
     async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
         """See :meth:`sdcore.job_scheduler.JobSchedulerService.tick_records`."""
         records = {}

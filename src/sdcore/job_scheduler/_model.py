@@ -181,27 +181,29 @@ def _check_lease(lease: object) -> tuple[str, str]:
     return job_id.lower(), token.lower()
 
 
-def _check_lock_keys(lock_keys: Iterable[str]) -> list[str]:
-    """Validate the keys of a ``statuses()`` call before any backend reads them.
+def _check_lock_keys(lock_keys: Iterable[str], what: str = "lock keys") -> list[str]:
+    """Validate the keys of a ``statuses()`` call (or the codes of a ``first_seen_many()``
+    call: ``what``) before any backend reads them.
 
     Raises:
         ValueError: A single str instead of a sequence, more than :data:`MAX_STATUS_KEYS` keys,
             a key that is not a str, or a key PostgreSQL cannot store (NUL, invalid Unicode).
     """
+    arg = what.replace(" ", "_")
     if isinstance(lock_keys, str | bytes):
-        raise ValueError("lock_keys must be a sequence of str, not a single str")
+        raise ValueError(f"{arg} must be a sequence of str, not a single str")
     keys = list(lock_keys)
     if len(keys) > MAX_STATUS_KEYS:
-        raise ValueError(f"at most {MAX_STATUS_KEYS} lock keys per call, got {len(keys)}")
+        raise ValueError(f"at most {MAX_STATUS_KEYS} {what} per call, got {len(keys)}")
     for key in keys:
         if type(key) is not str:
-            raise ValueError("lock keys must be str")
+            raise ValueError(f"{what} must be str")
         if "\x00" in key:
-            raise ValueError("lock keys must not contain NUL")
+            raise ValueError(f"{what} must not contain NUL")
         try:
             key.encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError("lock keys must be valid Unicode (no lone surrogates)") from None
+            raise ValueError(f"{what} must be valid Unicode (no lone surrogates)") from None
     return keys
 
 

@@ -540,6 +540,21 @@ class JobSchedulerService(BaseJobScheduler):
         row = await engine.statement(engine.fetch(engine.tick_sql.first_seen, (code,)))
         return None if row is None else row[0]
 
+    async def first_seen_many(self, codes: Sequence[str]) -> dict[str, datetime]:
+        """Return :meth:`first_seen` of each of ``codes`` that has a row, in one statement.
+
+        Raises:
+            ValueError: A single str instead of a sequence, more than 10,000 codes, or a code
+                that is not a str or PostgreSQL cannot store (before any SQL).
+            JobSchedulerUnavailableError: The database could not be reached.
+        """
+        names = list(dict.fromkeys(_check_lock_keys(codes, "codes")))
+        if not names:
+            return {}
+        engine = self._engine
+        rows = await engine.statement(engine.rows(engine.tick_sql.first_seen_many, (names,)))
+        return {code: first for code, first in rows}
+
     async def tick_records(self, lock_keys: Sequence[str]) -> dict[str, TickRecord]:
         """Return what the table says about each tick that has a row, by ``lock_key``.
 

@@ -82,6 +82,7 @@ class TickStatements(_Rendered):
     tick_records: bytes
     reopen_initial: bytes
     first_seen: bytes
+    first_seen_many: bytes
 
 
 @dataclass(frozen=True, slots=True)

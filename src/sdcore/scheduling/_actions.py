@@ -20,6 +20,7 @@ from sdcore.scheduling._catch_up import (
     MAX_RANGE_TICKS,
     latest_instants,
     lock_key,
+    settled,
     skipped_by_pause,
     skipped_paused,
 )
@@ -42,6 +43,9 @@ __all__ = ["CANCELLED", "ActionRunner"]
 CANCELLED = "CANCELLED"
 # How often a backfill's coordinator writes its progress while its ticks run.
 PROGRESS_EVERY_S = 1.0
+# A resume's catch-up reads its ticks' rows again, up to this many times in all, while another
+# catch-up keeps replacing the schedule's pending ticks under it.
+_READS = 3
 
 
 def _done(record: TickRecord | None) -> bool:
@@ -372,12 +376,17 @@ class ActionRunner:
         before_set = set(before)
         earlier = set(before[:-1])  # all but the last tick before the pause
         # Ticks an earlier catch-up chose and this pause held back (a resume's, say, paused
-        # again before it reached them): starting this catch-up replaces the pending set, so
-        # they are chosen again here by the same rules, or they would be dropped.
-        held = {t for t in entry.pending if window_start <= t < start}
-        ordered = sorted({*before, *held, *instants})
-        keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in ordered}
-        records = await self._records(list(keys))
+        # again before it reached them, or an abandoned one a sweep chose during the pause):
+        # starting this catch-up replaces the pending set, so they are chosen again here, or
+        # they would be dropped. Read again if another catch-up replaced that set meanwhile.
+        for _ in range(_READS):
+            pending = entry.pending
+            held = {t for t in pending if window_start <= t < start}
+            ordered = sorted({*before, *held, *instants})
+            keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in ordered}
+            records = await self._records(list(keys))
+            if entry.pending is pending:
+                break
         chosen = []
         budget = entry.policy.retries + 1
         for key, instant in keys.items():
@@ -406,6 +415,10 @@ class ActionRunner:
                 and not record.released
             ):
                 chosen.append(instant)  # a failed tick whose retries the pause held back
+            elif instant in held and not settled(record):
+                # An earlier catch-up chose it and it is still unsettled (RUNNING: its lease
+                # decides whether it was abandoned).
+                chosen.append(instant)
             elif instant in before_set and instant not in held:
                 continue  # before the pause: the schedule's own policies had it
             elif record is None or record.released or skipped_paused(record):

@@ -167,9 +167,29 @@ async def at_start(
     first = await jobs.first_seen(name)
     if first is None:
         return []
-    instants = latest_instants(trigger, window_start, now, MAX_CATCH_UP)
-    keys = {lock_key(name, trigger, instant)[0]: instant for instant in instants}
+    keys = start_keys(name, trigger, window_start, now)
     records = await jobs.tick_records(list(keys))
+    return started_at_start(first, records, keys, mode, window_start, now, resumed)
+
+
+def start_keys(
+    name: str, trigger: Trigger, window_start: datetime, now: datetime
+) -> dict[str, datetime]:
+    """The ticks :func:`at_start` looks at: lock key -> instant."""
+    return tick_keys(name, trigger, latest_instants(trigger, window_start, now, MAX_CATCH_UP))
+
+
+def started_at_start(
+    first: datetime,
+    records: Mapping[str, TickRecord],
+    keys: Mapping[str, datetime],
+    mode: CatchUp,
+    window_start: datetime,
+    now: datetime,
+    resumed: Resumed | None,
+) -> list[datetime]:
+    """:func:`at_start`'s choice among the ticks of ``keys`` (:func:`start_keys`) of a schedule
+    that first ran at ``first``, given the ``records`` read for them."""
     existing = [t for k, t in keys.items() if t >= first or k in records]
     if mode is CatchUp.LATEST:
         existing = existing[-1:]

@@ -27,10 +27,12 @@ from sdcore.scheduling._catch_up import (
     at_start,
     candidates,
     latest_instants,
+    start_keys,
+    started_at_start,
     tick_keys,
     unsettled,
 )
-from sdcore.scheduling._entry import Entry
+from sdcore.scheduling._entry import NO_INSTANTS, Entry
 from sdcore.scheduling._owners import LAST_ASK_S, OWNERS, Order, Owners, second_delay
 from sdcore.scheduling._policy import _PATH, CatchUp, Overlap, StartPath
 from sdcore.scheduling._policy import current_path as current_path  # re-exported
@@ -55,6 +57,8 @@ BATCH_TICKS = 250
 _TURN_COME_S = 0.001
 # The most tick keys a sweep round reads in one statement (``tick_records``).
 SWEEP_KEYS = 1_000
+# A round (sweep or start-up catch-up) lets the loop run other tasks every this many schedules.
+_YIELD_EVERY = 50
 _OWNED_KINDS = (ScheduleKind.CRON, ScheduleKind.INTERVAL)
 _name = operator.attrgetter("name")
 
@@ -72,8 +76,9 @@ class _Fire:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Swept:
-    """One schedule in a sweep round: the ticks to read (lock key -> instant), the end of the
-    window swept, and the instants its catch-up had chosen already (its pending set then)."""
+    """One schedule in a round of reads (a sweep's, or start-up catch-up's): the ticks to read
+    (lock key -> instant), the end of the window looked at, and the instants its catch-up had
+    chosen already (its pending set then)."""
 
     entry: Entry
     end: datetime
@@ -601,10 +606,14 @@ class TickStarter:
     async def catch_up_at_start(
         self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
     ) -> None:
-        """Start-up catch-up: missed ticks of the window, never before the schedule's first row."""
+        """Start-up catch-up: missed ticks of the window, never before the schedule's first row.
+
+        When the owned schedules first ran is read for up to :data:`SWEEP_KEYS` of them in one
+        statement, and the rows of their ticks in statements of up to as many keys."""
         jobs = self._jobs
         if jobs is None:
             return
+        owned: list[Entry] = []
         for entry in entries:
             entry.catch_up_owed = None
             if not entry.catches_up or not entry.active:
@@ -616,22 +625,80 @@ class TickStarter:
                 entry.catch_up_owed = now
                 continue
             entry.swept_until = now
+            owned.append(entry)
+        for index in range(0, len(owned), SWEEP_KEYS):
+            await self._catch_up_chunk(owned[index : index + SWEEP_KEYS], now, registry)
+
+    async def _catch_up_chunk(
+        self, entries: list[Entry], now: datetime, registry: Mapping[str, Entry]
+    ) -> None:
+        assert self._jobs is not None  # noqa: S101 - catch_up_at_start checked it
+        try:
+            firsts = await self._jobs.first_seen_many([entry.name for entry in entries])
+        except (JobSchedulerError, ValueError) as exc:
+            for entry in entries:
+                self._catch_up_failed(entry, exc)
+            return
+        batch: list[_Swept] = []
+        keys = 0
+        for index, entry in enumerate(entries, 1):
+            if index % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a long window's instants and keys take CPU
+            first = firsts.get(entry.name)
             window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
             try:
-                start = await at_start(
-                    jobs,
-                    entry.name,
-                    entry.trigger,
+                # Never ran anywhere (no row): nothing to catch up.
+                ticks = (
+                    {}
+                    if first is None
+                    else start_keys(entry.name, entry.trigger, window_start, now)
+                )
+            except ValueError as exc:
+                self._catch_up_failed(entry, exc)
+                continue
+            if batch and keys + len(ticks) > SWEEP_KEYS:
+                await self._catch_up_batch(batch, firsts, now, registry)
+                batch, keys = [], 0
+            batch.append(_Swept(entry, now, ticks, NO_INSTANTS))
+            keys += len(ticks)
+        if batch:
+            await self._catch_up_batch(batch, firsts, now, registry)
+
+    async def _catch_up_batch(
+        self,
+        batch: list[_Swept],
+        firsts: Mapping[str, datetime],
+        now: datetime,
+        registry: Mapping[str, Entry],
+    ) -> None:
+        """Read the rows of ``batch``'s ticks in one statement; start each schedule's missed
+        ones."""
+        assert self._jobs is not None  # noqa: S101 - catch_up_at_start checked it
+        try:
+            records = await self._jobs.tick_records([k for item in batch for k in item.keys])
+        except (JobSchedulerError, ValueError) as exc:
+            for item in batch:
+                self._catch_up_failed(item.entry, exc)
+            return
+        for item in batch:
+            entry = item.entry
+            if registry.get(entry.name) is not entry:
+                continue  # removed while we awaited
+            first = firsts.get(entry.name)
+            window_start = now - timedelta(milliseconds=entry.policy.catch_up_window_ms)
+            start = (
+                []
+                if first is None
+                else started_at_start(
+                    first,
+                    records,
+                    item.keys,
                     entry.policy.catch_up,
                     window_start,
                     now,
                     entry.resumed,
                 )
-            except (JobSchedulerError, ValueError) as exc:
-                self._catch_up_failed(entry, exc)
-                continue
-            if registry.get(entry.name) is not entry:
-                continue  # removed while we awaited
+            )
             self.start_pending(entry, start, StartPath.CATCH_UP, log_level=logging.INFO)
 
     async def sweep(
@@ -648,7 +715,9 @@ class TickStarter:
             return
         batch: list[_Swept] = []
         keys = 0
-        for entry in entries:
+        for index, entry in enumerate(entries, 1):
+            if index % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a round of many schedules takes CPU
             if not live(entry) or not entry.catches_up or entry.active_since is None:
                 continue
             if not self.owns(entry):

@@ -90,3 +90,11 @@ WHERE j.lock_key = %s AND j.type = 'INITIAL' AND j.status = 'FAIL'
 -- name: first_seen
 -- When did a schedule first leave a row (catch-up never reaches back before it)?
 SELECT min(created_at) FROM {table} WHERE code = %s
+
+-- name: first_seen_many
+-- first_seen for many schedules in one statement: each code that has a row, with its oldest
+-- row's created_at (one probe of the (code, created_at) index per code).
+SELECT c.code, f.first
+FROM unnest(%b::text[]) AS c(code)
+CROSS JOIN LATERAL (SELECT min(j.created_at) AS first FROM {table} AS j WHERE j.code = c.code) AS f
+WHERE f.first IS NOT NULL
