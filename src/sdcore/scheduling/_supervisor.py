@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sdcore._internal.telemetry import SKIPPED_OVERLAP, SKIPPED_PAUSE
-from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError
+from sdcore.job_scheduler import BaseJobScheduler, JobSchedulerError, TickRecord
 from sdcore.scheduling._catch_up import (
     MAX_CATCH_UP,
     at_start,
@@ -673,12 +673,8 @@ class TickStarter:
     ) -> None:
         """Read the rows of ``batch``'s ticks in one statement; start each schedule's missed
         ones."""
-        assert self._jobs is not None  # noqa: S101 - catch_up_at_start checked it
-        try:
-            records = await self._jobs.tick_records([k for item in batch for k in item.keys])
-        except (JobSchedulerError, ValueError) as exc:
-            for item in batch:
-                self._catch_up_failed(item.entry, exc)
+        records = await self._read(batch, sweep=False)
+        if records is None:
             return
         for item in batch:
             entry = item.entry
@@ -769,16 +765,8 @@ class TickStarter:
     async def _sweep_batch(self, batch: list[_Swept], live: Callable[[Entry], bool]) -> None:
         """Read the rows of ``batch``'s ticks in one statement, then start each schedule's
         unsettled ones."""
-        assert self._jobs is not None  # noqa: S101 - sweep checked it
-        try:
-            records = await self._jobs.tick_records([k for swept in batch for k in swept.keys])
-        except (JobSchedulerError, ValueError) as exc:
-            for swept in batch:
-                self._catch_up_failed(swept.entry, exc)
-            return
-        except Exception:  # noqa: BLE001 - the sweep must outlive a bad round
-            for swept in batch:
-                self._sweep_failed(swept.entry)
+        records = await self._read(batch, sweep=True)
+        if records is None:
             return
         for swept in batch:
             entry = swept.entry
@@ -795,6 +783,23 @@ class TickStarter:
                 self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
             except Exception:  # noqa: BLE001 - one schedule's failure must not end the round
                 self._sweep_failed(entry)
+
+    async def _read(self, batch: list[_Swept], *, sweep: bool) -> dict[str, TickRecord] | None:
+        """The rows of ``batch``'s ticks in one statement, or ``None`` with each schedule's
+        failure logged. A database error is a catch-up failure; anything else fails only a
+        sweep's round (the sweep must outlive a bad round), and is raised at start."""
+        assert self._jobs is not None  # noqa: S101 - the callers checked it
+        try:
+            return await self._jobs.tick_records([k for item in batch for k in item.keys])
+        except (JobSchedulerError, ValueError) as exc:
+            for item in batch:
+                self._catch_up_failed(item.entry, exc)
+        except Exception:
+            if not sweep:
+                raise
+            for item in batch:
+                self._sweep_failed(item.entry)
+        return None
 
     def _sweep_failed(self, entry: Entry) -> None:
         self._log.exception(
