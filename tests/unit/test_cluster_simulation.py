@@ -450,12 +450,15 @@ async def test_a_resume_that_lands_while_the_sweep_reads_keeps_the_ticks_it_chos
         await scheduler.aclose()
 
 
+@pytest.mark.parametrize("during", [False, True], ids=["before-the-pause", "during-it"])
 @in_loop_time
-async def test_an_abandoned_tick_a_sweep_chose_during_a_pause_runs_after_the_resume() -> None:
-    # A tick whose owner died holding it (RUNNING, lease 1 s) just before a pause: a sweep
-    # round during the pause chooses it, and the gate refuses to start it. The resume's
-    # catch-up replaces the pending ticks: it must keep that one, which the lease then gives
-    # to this replica.
+async def test_an_abandoned_tick_a_sweep_chose_during_a_pause_runs_after_the_resume(
+    during: bool,
+) -> None:
+    # A tick whose owner died holding it (RUNNING, lease 1 s): won just before the pause, or
+    # during it by a replica that had not applied the pause yet. A sweep round during the
+    # pause chooses it, and the gate refuses to start it. The resume's catch-up replaces the
+    # pending ticks: it must keep that one, which the lease then gives to this replica.
     one = _one_replica()
     now, scheduler, control, admin, jobs = one.now, one.scheduler, one.control, one.admin, one.jobs
     ran: list[str] = []
@@ -464,15 +467,23 @@ async def test_an_abandoned_tick_a_sweep_chose_during_a_pause_runs_after_the_res
         ran.append(tick.run_key or "")
 
     scheduler.add_interval("sync", 500, sync, catch_up="all", lease_ms=1_000)
-    at = now() + timedelta(seconds=1)  # loop time 1.0: a grid instant (BASE is whole)
+    at = now() + timedelta(seconds=2.0 if during else 1.0)  # a grid instant (BASE is whole)
     key = at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
-    assert (await jobs.acquire({"code": "sync", "run_key": key, "lease_ms": 1_000})).acquired
+
+    async def abandoned() -> None:
+        assert (await jobs.acquire({"code": "sync", "run_key": key, "lease_ms": 1_000})).acquired
+
+    if not during:
+        await abandoned()
     await control.start()
     await scheduler.start_all()
     try:
         await asyncio.sleep(1.3)
         await admin.pause("sync", actor="ops")
-        await asyncio.sleep(6.0)  # sweeps during the pause choose the abandoned tick
+        await asyncio.sleep(0.4)
+        if during:
+            await abandoned()
+        await asyncio.sleep(5.6)  # sweeps during the pause choose the abandoned tick
         assert at in scheduler._entries["sync"].pending
         await admin.resume("sync", actor="ops")
         await asyncio.sleep(10.0)
@@ -489,23 +500,27 @@ async def test_a_resume_reads_again_when_another_catch_up_chose_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # While the resume's catch-up reads its rows, another catch-up (a sweep round) replaces
-    # the schedule's pending ticks with a tick from before the pause that never ran. The
-    # resume's choice replaces the pending set in turn: it reads again and keeps that tick.
+    # the schedule's pending ticks, adding a tick from before the pause that never ran, under
+    # each of its reads. The resume's choice replaces the pending set in turn: it reads again,
+    # up to three times, and keeps every such tick, the last one unread.
     from sdcore.scheduling._actions import ActionRunner
 
     one = _one_replica()
     now, scheduler, control, admin = one.now, one.scheduler, one.control, one.admin
     ran: list[str] = []
     scheduler.add_interval("sync", 500, lambda t: ran.append(t.run_key or ""), catch_up="all")
-    never = now() - timedelta(seconds=2)  # before the start: no row
+    # Ticks from before the start (no row); one more chosen under each of the first three reads,
+    # the last under the last read the resume makes.
+    nevers = [now() - timedelta(seconds=s) for s in (4, 3, 2)]
     read = ActionRunner._records
     replaced: list[datetime] = []
 
     async def replacing(self: ActionRunner, keys: list[str]) -> dict[str, TickRecord]:
         records = await read(self, keys)
-        if not replaced:
-            replaced.append(never)
-            scheduler._entries["sync"].pending = {never}  # as start_pending sets it
+        if len(replaced) < len(nevers):
+            replaced.append(nevers[len(replaced)])
+            entry = scheduler._entries["sync"]
+            entry.pending = {*entry.pending, replaced[-1]}  # as start_pending sets it
         return records
 
     monkeypatch.setattr(ActionRunner, "_records", replacing)
@@ -520,8 +535,8 @@ async def test_a_resume_reads_again_when_another_catch_up_chose_meanwhile(
     finally:
         await control.aclose()
         await scheduler.aclose()
-    assert replaced == [never]
-    assert ran.count(never.strftime("%Y-%m-%dT%H:%M:%S.000Z")) == 1
+    assert replaced == nevers
+    assert [ran.count(n.strftime("%Y-%m-%dT%H:%M:%S.000Z")) for n in nevers] == [1, 1, 1]
 
 
 @in_loop_time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 from collections import Counter
@@ -719,6 +720,38 @@ async def test_start_up_catch_up_reads_many_schedules_in_few_statements() -> Non
     rows = [n for what, n in reads if what == "tick_records"]
     assert max(rows) <= SWEEP_KEYS
     assert len(rows) <= sum(rows) // (SWEEP_KEYS // 2) + 2, rows
+
+
+@in_loop_time
+async def test_start_up_catch_up_of_a_str_enum_named_schedule_and_the_others() -> None:
+    """A schedule named by a ``StrEnum`` member catches up at start, and so do the schedules
+    read with it (their codes go to the backend as plain ``str``)."""
+
+    class Name(enum.StrEnum):
+        A = "enum-a"
+
+    clock = loop_clock()
+    jobs = MemoryJobScheduler(clock=clock)
+    for name in ("enum-a", "plain-1", "plain-2"):
+        got = await jobs.acquire({"code": name, "run_key": "2026-07-20T02:59:00Z"})
+        assert got.acquired
+        assert await jobs.complete(got.lease)
+    await asyncio.sleep(3.5)  # no replica runs: three ticks of each are missed
+    ran: list[str] = []
+    scheduler = Scheduler(clock=clock, jobs=jobs)
+    for name in (Name.A, "plain-1", "plain-2"):
+        scheduler.add_interval(
+            name,
+            1_000,
+            lambda tick: ran.append(tick.schedule),
+            catch_up="all",
+            catch_up_window_ms=5_000,
+        )
+    async with scheduler:
+        await asyncio.sleep(0.5)
+    runs = Counter(ran)
+    assert set(runs) == {"enum-a", "plain-1", "plain-2"}
+    assert runs["enum-a"] == runs["plain-1"] == runs["plain-2"] >= 3  # the missed ones
 
 
 @in_loop_time

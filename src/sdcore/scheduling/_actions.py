@@ -379,14 +379,19 @@ class ActionRunner:
         # again before it reached them, or an abandoned one a sweep chose during the pause):
         # starting this catch-up replaces the pending set, so they are chosen again here, or
         # they would be dropped. Read again if another catch-up replaced that set meanwhile.
+        late: set[datetime] = set()
         for _ in range(_READS):
             pending = entry.pending
-            held = {t for t in pending if window_start <= t < start}
+            held = {t for t in pending if window_start <= t}
             ordered = sorted({*before, *held, *instants})
             keys = {lock_key(entry.name, entry.trigger, t)[0]: t for t in ordered}
             records = await self._records(list(keys))
             if entry.pending is pending:
                 break
+        else:
+            # Still replaced under the last read: the set's ticks are kept unread (the lease
+            # decides whether any of them still runs).
+            late = {t for t in entry.pending if window_start <= t}
         chosen = []
         budget = entry.policy.retries + 1
         for key, instant in keys.items():
@@ -423,6 +428,8 @@ class ActionRunner:
                 continue  # before the pause: the schedule's own policies had it
             elif record is None or record.released or skipped_paused(record):
                 chosen.append(instant)
+        if late:
+            chosen = sorted({*chosen, *late})
         if entry.policy.catch_up is CatchUp.LATEST:
             chosen = chosen[-1:]
         if not chosen or entry.removed:

@@ -634,7 +634,9 @@ class TickStarter:
     ) -> None:
         assert self._jobs is not None  # noqa: S101 - catch_up_at_start checked it
         try:
-            firsts = await self._jobs.first_seen_many([entry.name for entry in entries])
+            # Plain str codes: a name may be a str subclass (a StrEnum member), equal to its
+            # value as a dict key.
+            firsts = await self._jobs.first_seen_many([str.__str__(e.name) for e in entries])
         except (JobSchedulerError, ValueError) as exc:
             for entry in entries:
                 self._catch_up_failed(entry, exc)
