@@ -266,8 +266,21 @@ def test_backfill_survives_a_sigkilled_coordinator(cluster: Cluster) -> None:
 
     wait_for(finished, 90, "another replica to finish the backfill")
     for tick in keys:
-        assert cluster.count("done", "beat", tick) == 1, tick
-    assert cluster.duplicates("done") == []
+        assert cluster.count("done", "beat", tick) >= 1, tick
+    # Each tick ran to its end once, but for one the victim ended in the instant before its
+    # SIGKILL (it is killed as soon as it reports a tick done): its success was not recorded
+    # yet, so a survivor took the tick over with a higher token and ran it again (at least once
+    # across a crash between a handler's end and its finalize).
+    for schedule, run_key, _ in cluster.duplicates("done"):
+        runs = cluster.query(
+            "SELECT pid, fence FROM control_events WHERE phase = 'done' AND schedule = %s"
+            " AND run_key = %s ORDER BY fence",
+            (schedule, run_key),
+        )
+        assert len(runs) == 2, (run_key, runs)
+        (first_pid, first_fence), (second_pid, second_fence) = runs
+        assert first_pid == victim != second_pid, (run_key, runs)
+        assert first_fence < second_fence, (run_key, runs)
     survivors = {
         int(r[0])
         for r in cluster.query(
