@@ -218,28 +218,6 @@ def skipped_by_pause(record: TickRecord | None, paused_at: datetime, now: dateti
     )
 
 
-async def to_start(
-    jobs: BaseJobScheduler,
-    name: str,
-    trigger: Trigger,
-    instants: list[datetime],
-    *,
-    chosen: AbstractSet[datetime] = frozenset(),
-) -> tuple[list[datetime], list[datetime]]:
-    """Split ``instants`` into ticks to start now and ticks left ``RUNNING`` (to re-check).
-
-    ``chosen``: instants a catch-up already decided to start (the schedule's pending ones). A
-    resume's catch-up chooses ticks *because* the pause skipped them, so a ``"paused"`` skip row
-    does not settle those: it did not settle them when they were chosen either.
-
-    Returns:
-        ``(start, running)``: unsettled ticks (never started, released, or ``RUNNING``: the lease
-        decides whether it expired), and the ``RUNNING`` ones among them.
-    """
-    keys = tick_keys(name, trigger, instants)
-    return unsettled(await jobs.tick_records(list(keys)), keys, chosen)
-
-
 def tick_keys(name: str, trigger: Trigger, instants: Iterable[datetime]) -> dict[str, datetime]:
     """The lock key of each of ``instants``' ticks of ``name``: lock key -> instant."""
     return {lock_key(name, trigger, instant)[0]: instant for instant in instants}
@@ -249,16 +227,17 @@ def unsettled(
     records: Mapping[str, TickRecord],
     keys: Mapping[str, datetime],
     chosen: AbstractSet[datetime] = frozenset(),
-) -> tuple[list[datetime], list[datetime]]:
-    """:func:`to_start`'s split of the ticks of ``keys`` (lock key -> instant), given the
-    ``records`` read for them."""
-    start: list[datetime] = []
-    running: list[datetime] = []
-    for key, instant in keys.items():
-        record = records.get(key)
-        if settled(record) and not (instant in chosen and skipped_paused(record)):
-            continue
-        start.append(instant)
-        if record is not None and record.status is JobSchedulerStatus.RUNNING:
-            running.append(instant)
-    return start, running
+) -> list[datetime]:
+    """The ticks of ``keys`` (lock key -> instant) to start, given the ``records`` read for
+    them: unsettled ones (never started, released, or ``RUNNING``: the lease decides whether it
+    expired).
+
+    ``chosen``: instants a catch-up already decided to start (the schedule's pending ones). A
+    resume's catch-up chooses ticks *because* the pause skipped them, so a ``"paused"`` skip row
+    does not settle those: it did not settle them when they were chosen either.
+    """
+    return [
+        instant
+        for key, instant in keys.items()
+        if not settled(record := records.get(key)) or (instant in chosen and skipped_paused(record))
+    ]

@@ -779,7 +779,7 @@ class TickStarter:
                 # resume's): that choice is newer than ours. The next round looks again.
                 continue
             try:
-                start, _ = unsettled(records, swept.keys, swept.chosen)
+                start = unsettled(records, swept.keys, swept.chosen)
                 if swept.end > (entry.swept_until or swept.end):
                     entry.swept_until = swept.end
                 self.start_pending(entry, start, StartPath.SWEEP, log_level=logging.DEBUG)
