@@ -7,7 +7,6 @@ The rank function on its own, then real schedulers and control planes on one sha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 import random
@@ -718,14 +717,14 @@ async def test_at_a_bursts_instant_only_its_owners_walk_its_schedules(
     first owner has the CPU to itself."""
     from sdcore.scheduling._timer import Timer
 
-    looked: list[tuple[int, float]] = []  # (timer, loop time) of each tick re-armed
-    rearm = Timer._rearm
+    looked: list[tuple[int, float]] = []  # (timer, loop time) of each tick looked at
+    fire = Timer._fire
 
     def recording(self: Timer, *args: Any, **kwargs: Any) -> Any:
         looked.append((id(self), asyncio.get_running_loop().time()))
-        return rearm(self, *args, **kwargs)
+        return fire(self, *args, **kwargs)
 
-    monkeypatch.setattr(Timer, "_rearm", recording)
+    monkeypatch.setattr(Timer, "_fire", recording)
     cluster = _cluster()
     names = [f"s{i}" for i in range(300)]
     instant = 120.0
@@ -1049,95 +1048,3 @@ async def test_a_tick_that_fails_at_a_later_owners_turn_stops_only_its_schedule(
     assert ran == sorted([*expected, ("job149", owners[2], instant + 2 * delay)])
     assert waiting == [0, 0, 0, 0]
     assert stopped
-
-
-def _left_to_others(
-    names: list[str], cron: str, start: datetime
-) -> tuple[Scheduler, Owners, datetime]:
-    """A scheduler of exclusive ``cron`` schedules ``names``, armed at their first instant after
-    ``start``, in a view of 24 replicas where it owns none of that instant's ticks."""
-    scheduler = Scheduler(jobs=MemoryJobScheduler())
-    for name in names:
-        scheduler.add_cron(name, cron, lambda tick: None, exclusive=True)
-    due = scheduler._entries[names[0]].trigger.next_after(start)
-    assert due is not None
-    ids = [str(uuid.UUID(int=i)) for i in range(24)]
-    for me in ids:  # a replica whose place at that instant is past the owners'
-        owners = Owners(me, stale_s=1e9, clock=lambda: 0.0)
-        owners.update((Member(r, None) for r in ids), frozenset(names))
-        if owners.place(due, names) >= OWNERS:
-            break
-    scheduler._sup.owners = owners
-    timer = scheduler._timer
-    timer.reset()
-    for entry in scheduler._entries.values():
-        # (armed even when the instant after it cannot be computed: the arm then raises)
-        with contextlib.suppress(OverflowError):
-            timer.arm(entry, due - timedelta(microseconds=1))
-    assert timer.heap[0][0] == due
-    return scheduler, owners, due
-
-
-async def test_a_replica_owning_none_of_an_instants_ticks_re_arms_them_without_asking(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ticks on time that this replica owns none of are re-armed at their next instants, and
-    never offered to the starter (which would decline each)."""
-    from sdcore.scheduling._supervisor import TickStarter
-
-    offered: list[str] = []
-    start_tick = TickStarter.start_tick
-
-    def recording(self: TickStarter, entry: Any, *args: Any, **kwargs: Any) -> bool:
-        offered.append(entry.name)
-        return start_tick(self, entry, *args, **kwargs)
-
-    monkeypatch.setattr(TickStarter, "start_tick", recording)
-    names = [f"s{i}" for i in range(60)]  # (fewer than a burst: walked at the instant)
-    scheduler, _, due = _left_to_others(names, "* * * * * *", BASE)
-    for late in (0.0, 0.9):
-        await scheduler._timer._fire_due(due + timedelta(seconds=late))
-        assert offered == []
-        assert {e.next_at for e in scheduler._entries.values()} == {due + timedelta(seconds=1)}
-        due += timedelta(seconds=1)
-    # Late past the next instant: the old walk coalesces them, and asks for none here either.
-    await scheduler._timer._fire_due(due + timedelta(seconds=1.5))
-    assert len(offered) == len(names)
-    assert scheduler._sup.tasks == 0
-    assert {e.next_at for e in scheduler._entries.values()} == {due + timedelta(seconds=2)}
-
-
-async def test_a_view_read_while_ticks_are_left_to_others_counts_from_the_next_slice() -> None:
-    """The view is read for each slice of an instant's ticks: once this replica's place turns
-    to 0 (the replicas ahead of it died), the ticks of the following slices are asked for."""
-    names = [f"s{i}" for i in range(300)]
-    scheduler, owners, due = _left_to_others(names, "0 * * * * *", BASE)
-    order = owners.order(due)
-    assert order is not None
-    ahead = {m.replica_id for m in order[: order.index(None)] if m is not None}
-    timer = scheduler._timer
-    await timer._fire_due(due)  # a burst this replica does not own: looked at later
-    [(at, _, _)] = timer.heap
-    survivors = [m for m in owners.members or () if m.replica_id not in ahead]
-
-    async def owners_ahead_die() -> None:
-        await asyncio.sleep(0)
-        owners.update(survivors, frozenset(names))
-
-    changing = asyncio.create_task(owners_ahead_die())
-    await timer._fire_due(at)
-    await changing
-    started = sorted(int(e.name[1:]) for e in scheduler._entries.values() if e.in_flight)
-    assert started == list(range(100, 300)) or started == list(range(200, 300))
-    await scheduler._sup.shutdown()
-
-
-async def test_schedules_sharing_a_trigger_that_cannot_be_re_armed_are_each_stopped() -> None:
-    """A tick left to others whose next instant cannot be computed (past year 9999) stops its
-    schedule; every schedule of the same trigger is stopped too, none re-armed with another's
-    instant."""
-    names = ["a", "b", "c"]
-    start = datetime(9999, 12, 31, 23, 58, tzinfo=UTC)
-    scheduler, _, due = _left_to_others(names, "59 59 23 31 12 *", start)
-    await scheduler._timer._fire_due(due)
-    assert [scheduler.get(name).active for name in names] == [False, False, False]

@@ -26,15 +26,9 @@ When a bucket comes due, the loop starts its ticks in slices of :data:`SLICE`:
 
 Every tick goes through :meth:`TickStarter.start_tick`, which also decides whether this replica
 asks for it at all: at the instant as a first owner, later as a second or third
-(:mod:`sdcore.scheduling._owners`), or not at all. A slice of owned ticks on time of which this
-replica owns none (:meth:`TickStarter.place`, read for each slice: a view read meanwhile counts)
-is only re-armed, at once: ``start_tick`` would decline each of them. That is what most replicas
-of a large fleet do at most instants; it takes half the time the walk does
-(``benchmarks/non_owner.py``: 20 per-second schedules, 2.7x a bare re-arm against 5.4x).
-
-Only the first owner of a bucket of :data:`BURST` ticks or more walks it at the instant, where it
-needs the CPU (on a fleet of 24, 23 other replicas walked 10,000 schedules at once). The others
-look at it later
+(:mod:`sdcore.scheduling._owners`), or not at all. Only the first owner of a bucket of
+:data:`BURST` ticks or more walks it at the instant, where it needs the CPU (on a fleet of 24,
+23 other replicas walked 10,000 schedules at once). The others look at it later
 (:meth:`Timer._later`, by this replica's place among the ticks' owners, :meth:`TickStarter.place`):
 
 - a later owner at its turn, one or two owner delays after the instant. It asks for the ticks
@@ -57,6 +51,7 @@ that passed are coalesced to the latest, then it starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -267,13 +262,9 @@ class Timer:
                 at = self.heap[0][0]
                 delay = min(delay, max(0.0, (at - self._clock()).total_seconds()))
             self._wake.clear()
-            # Not asyncio.timeout: its expiry cancels the task and raises (once a second on
-            # every replica, for nothing), and on Python 3.11 a cancel() racing it is swallowed.
-            wake = asyncio.get_running_loop().call_later(delay, self._wake.set)
-            try:
-                await self._wake.wait()
-            finally:
-                wake.cancel()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
     def next_start(
         self, after: datetime, until: datetime, starts: Callable[[Entry, datetime], bool]
@@ -399,14 +390,8 @@ class Timer:
                     within = bucket.gap if bucket.owned else None
                     turn, order = bucket.turn, bucket.order
                     armed, armed_versions = bucket.entries, bucket.versions
-                    # Owned ticks on time, not at a later owner's turn: a slice of them this
-                    # replica owns none of is only re-armed (their next instants are after now).
-                    passing = not turn and within is not None and now - due < within
                     for start in range(0, len(armed), SLICE):
-                        end = min(start + SLICE, len(armed))
-                        leaves = passing and self._sup.place(due, armed[start:end]) >= OWNERS
-                        trigger: Trigger | None = None
-                        for index in range(start, end):
+                        for index in range(start, min(start + SLICE, len(armed))):
                             done = index + 1
                             entry, version = armed[index], armed_versions[index]
                             # At its turn, a later owner asks for every tick armed at the
@@ -414,12 +399,6 @@ class Timer:
                             if not self._live(entry, None if turn else version):
                                 continue
                             try:
-                                if leaves:
-                                    if entry.trigger is not trigger:
-                                        next_at = self._following(entry.trigger, due)
-                                        trigger = entry.trigger
-                                    self._rearm(entry, version, next_at)
-                                    continue
                                 rank = self._sup.route(entry, due, order) if turn else None
                                 following = self._fire(entry, version, due, now, memo, within, rank)
                             except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
