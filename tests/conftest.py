@@ -30,6 +30,7 @@ import os
 import queue
 import re
 import secrets
+import signal
 import socket
 import threading
 import uuid
@@ -76,6 +77,19 @@ ROOM_LOCK_WAIT = "20min"
 # pg_advisory_lock key of the acceptance turn shared by every sdcore test run ("sdcore-accept").
 TURN_LOCK_KEY = 0x5DC0_AC_CE_97
 TURN_LOCK_WAIT = "20min"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run as from a terminal: SIGINT has its default action here and in the programs we start.
+
+    A CI runner (or ``cmd &`` in a shell without job control) hands SIGINT over ignored; an
+    ignored signal stays ignored across ``exec``, and Python then installs no
+    ``KeyboardInterrupt``: a program the tests stop with "Ctrl-C" would run on. The tests of an
+    inherited disposition set theirs in the child (``tests/acceptance/test_demo.py``).
+    """
+    del config
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(trylast=True)

@@ -45,6 +45,7 @@ from sdcore.outbox import (
     check_options,
 )
 from sdcore.outbox._model import job_id_v2
+from sdcore.outbox._relay import KEEP_CLAIMS
 from sdcore.postgres import migrations
 from sdcore.queues import BullMQPublisher, Job, Processor, Workers
 from sdcore.testing import RecordingPublisher
@@ -410,10 +411,25 @@ class Gated:
         return await self.inner.publish(messages)
 
 
-async def _until_claim_expired(pool: AsyncConnectionPool[Any]) -> None:
-    """Wait until the row's claim has expired: a relay still publishing keeps its claim for up to
-    KEEP_CLAIMS claims, so only a publish that hangs longer than that loses it."""
-    deadline = time.monotonic() + 20
+class Keeping(PostgresOutboxStore):
+    """A store that counts the claim extensions its relay has made (each once it returned)."""
+
+    extended = 0
+
+    async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
+        await super().extend_claim(ids, token=token, claim_ms=claim_ms)
+        self.extended += 1
+
+
+async def _until_claim_expired(pool: AsyncConnectionPool[Any], keeping: Keeping) -> None:
+    """Wait until the slow relay stopped keeping its claim (``KEEP_CLAIMS`` claims, one extension
+    every third of one) and the claim expired: only a publish that hangs longer loses it. Not
+    the expiry alone: a keeper late under load extends a claim the test saw lapse."""
+    deadline = time.monotonic() + 30
+    while keeping.extended < KEEP_CLAIMS * 3:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the slow relay extended its claim {keeping.extended} times in 30 s")
+        await asyncio.sleep(0.05)
     while True:
         async with pool.connection() as conn:
             cur = await conn.execute(
@@ -423,7 +439,7 @@ async def _until_claim_expired(pool: AsyncConnectionPool[Any]) -> None:
         if row is not None and row[0]:
             return
         if time.monotonic() > deadline:
-            pytest.fail("the slow relay's claim did not expire within 20 s")
+            pytest.fail("the slow relay's claim did not expire within 30 s")
         await asyncio.sleep(0.05)
 
 
@@ -445,13 +461,12 @@ async def test_a_taken_over_relay_cannot_mark_a_delivered_row_dead(
         BullMQPublisher.from_url(REDIS_URL, prefix=prefix) as big,
     ):
         gated = Gated(small)
-        relay_a = OutboxRelay(
-            PostgresOutboxStore(pool, outbox=outbox), gated, claim_ms=200, retry_base_ms=1
-        )
+        keeping = Keeping(pool, outbox=outbox)
+        relay_a = OutboxRelay(keeping, gated, claim_ms=200, retry_base_ms=1)
         relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), big, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
-        await _until_claim_expired(pool)  # A's publish outlasted its kept claim
+        await _until_claim_expired(pool, keeping)  # A's publish outlasted its kept claim
         assert await relay_b.run_once() == 1
         gated.release.set()
         assert await asyncio.wait_for(a_round, 10) == 1
@@ -477,11 +492,12 @@ async def test_a_row_delivered_by_a_taken_over_relay_ends_published(
         BullMQPublisher.from_url(REDIS_URL, prefix=prefix, max_job_bytes=100) as small,
     ):
         gated = Gated(big)
-        relay_a = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), gated, claim_ms=200)
+        keeping = Keeping(pool, outbox=outbox)
+        relay_a = OutboxRelay(keeping, gated, claim_ms=200)
         relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), small, claim_ms=200)
         a_round = asyncio.create_task(relay_a.run_once())
         await asyncio.wait_for(gated.entered.wait(), 10)
-        await _until_claim_expired(pool)  # A's publish outlasted its kept claim
+        await _until_claim_expired(pool, keeping)  # A's publish outlasted its kept claim
         assert await relay_b.run_once() == 1
         assert (await _rows(pool))[0][1] == "DEAD"
         gated.release.set()
@@ -511,11 +527,12 @@ async def test_a_broker_outage_does_not_release_another_relays_claim(
             return await down.publish(messages)
 
     slow = Slow()
-    relay_a = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), slow, claim_ms=200)
+    keeping = Keeping(pool, outbox=outbox)
+    relay_a = OutboxRelay(keeping, slow, claim_ms=200)
     relay_b = OutboxRelay(PostgresOutboxStore(pool, outbox=outbox), gated_inner, claim_ms=60_000)
     a_round = asyncio.create_task(relay_a.run_once())
     await asyncio.wait_for(slow.entered.wait(), 10)
-    await _until_claim_expired(pool)  # A's publish outlasted its kept claim
+    await _until_claim_expired(pool, keeping)  # A's publish outlasted its kept claim
     # B claims (a long claim) but is still publishing when A's unclaim arrives.
     async with pool.connection() as conn:
         cur = await conn.execute(outbox.sql.claim, (10, 2**40, 60_000, uuid.uuid4()))
