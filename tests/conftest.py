@@ -22,6 +22,7 @@ never a silent skip.
 from __future__ import annotations
 
 import asyncio
+import asyncio.selector_events
 import concurrent.futures
 import contextlib
 import itertools
@@ -32,8 +33,11 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
+import traceback
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -77,6 +81,82 @@ ROOM_LOCK_WAIT = "20min"
 # pg_advisory_lock key of the acceptance turn shared by every sdcore test run ("sdcore-accept").
 TURN_LOCK_KEY = 0x5DC0_AC_CE_97
 TURN_LOCK_WAIT = "20min"
+
+
+# Where each socket, stream writer and transport of this process was opened (by id, while it
+# lives): one left unclosed is found by the collector at some later point, often in another test;
+# its ResourceWarning then names the test and the code that opened it, not where the collector ran.
+_ORIGINS: dict[int, tuple[str, traceback.StackSummary]] = {}
+
+
+def _record_origin(obj: object) -> None:
+    frames = traceback.StackSummary.extract(
+        traceback.walk_stack(sys._getframe(2)), limit=10, lookup_lines=False
+    )
+    _ORIGINS[id(obj)] = (os.environ.get("PYTEST_CURRENT_TEST", "outside a test"), frames)
+
+
+def _origin_text(origin: tuple[str, traceback.StackSummary]) -> str:
+    test, frames = origin
+    return f"opened in {test} at (innermost first)\n{''.join(frames.format())}"
+
+
+def _trace_socket() -> None:
+    """The socket's finalizer is C code that reports its warning itself: say it first here."""
+    init = socket.socket.__init__
+    finalize: Callable[[socket.socket], None] = getattr(socket.socket, "__del__")  # noqa: B009
+
+    def traced_init(self: socket.socket, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _record_origin(self)
+
+    def traced_del(
+        self: socket.socket,
+        origins: dict[int, tuple[str, traceback.StackSummary]] = _ORIGINS,
+        warn: Callable[..., None] = warnings.warn,
+        text: Callable[[tuple[str, traceback.StackSummary]], str] = _origin_text,
+    ) -> None:
+        # The defaults keep what it needs at interpreter exit, when module globals may be gone.
+        origin = origins.pop(id(self), None)
+        if origin is not None and self.fileno() != -1:
+            message = f"unclosed {self!r}, {text(origin)}"
+            self.close()  # the socket's own finalizer then has nothing to say
+            warn(message, ResourceWarning, source=self, stacklevel=1)
+        finalize(self)
+
+    socket.socket.__init__ = traced_init  # type: ignore[method-assign]
+    setattr(socket.socket, "__del__", traced_del)  # noqa: B010 - not in the stubs
+
+
+def _trace_finalizer(cls: type[Any]) -> None:
+    """``cls.__del__`` warns in Python: under ``-W error`` its ResourceWarning is an exception,
+    raised again here with the origin."""
+    init, finalize = cls.__init__, cls.__del__
+
+    def traced_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _record_origin(self)
+
+    def traced_del(
+        self: Any,
+        origins: dict[int, tuple[str, traceback.StackSummary]] = _ORIGINS,
+        text: Callable[[tuple[str, traceback.StackSummary]], str] = _origin_text,
+    ) -> None:
+        origin = origins.pop(id(self), None)
+        try:
+            finalize(self)
+        except ResourceWarning as exc:
+            if origin is None:
+                raise
+            raise ResourceWarning(f"{exc}: {type(self).__name__} {text(origin)}") from None
+
+    cls.__init__ = traced_init
+    cls.__del__ = traced_del
+
+
+_trace_socket()
+_trace_finalizer(asyncio.StreamWriter)
+_trace_finalizer(getattr(asyncio.selector_events, "_SelectorTransport"))  # noqa: B009 - private
 
 
 def pytest_configure(config: pytest.Config) -> None:
