@@ -93,12 +93,15 @@ def _wait_line(
             return replica, line
 
 
-def _signed_kinds(recorder: HttpRecorder) -> tuple[Counter[str], list[dict[str, Any]]]:
+def _signed_kinds(recorder: HttpRecorder) -> tuple[Counter[str], dict[str, dict[str, Any]]]:
+    """The alerts' kinds counted, and the last alert of each kind. Not in arrival order: each
+    replica relays the alert rows it claims, so a ``resolved`` may arrive before its ``missed``
+    (the ``incident`` it carries ties them)."""
     hooks = recorder.ok("/hook")
     for request in hooks:
         verify_webhook(SECRET, request.body, request.headers)
     alerts = [r.json() for r in hooks]
-    return Counter(a["kind"] for a in alerts), alerts
+    return Counter(a["kind"] for a in alerts), {a["kind"]: a for a in alerts}
 
 
 def _resolved(recorder: HttpRecorder) -> bool:
@@ -129,7 +132,7 @@ def test_a_killed_replicas_tick_alerts_missed_once_and_resolves_once(
         kinds, alerts = _signed_kinds(recorder)
     print(f"alerting: kill -9 mid-tick: resolved {took:.1f} s after the kill; {dict(kinds)}")  # noqa: T201
     assert kinds == Counter({"missed": 1, "resolved": 1}), kinds
-    missed, resolved = alerts
+    missed, resolved = alerts["missed"], alerts["resolved"]
     assert missed["run_key"] == run_key
     assert missed["attempt"] >= 2  # the takeover of the tick the killed replica held
     assert resolved["incident"] == {"kind": "missed", "run_key": run_key}
@@ -167,7 +170,7 @@ def test_an_outage_of_every_replica_alerts_missed_once_and_resolves_once(
     print(f"alerting: outage of every replica: {dict(kinds)}")  # noqa: T201
     assert len(caught_up) >= 2, caught_up  # one incident, however many late runs
     assert kinds == Counter({"missed": 1, "resolved": 1}), alerts
-    missed, resolved = alerts
+    missed, resolved = alerts["missed"], alerts["resolved"]
     # The incident is a tick of the outage: one before the restart, or one that fell while the
     # replicas were still starting (slow on a loaded machine); the tick that resolves it is later.
     assert last_before < missed["run_key"] < resolved["run_key"], (missed, resolved, caught_up)
