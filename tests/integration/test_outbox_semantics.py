@@ -412,13 +412,16 @@ class Gated:
 
 
 class Keeping(PostgresOutboxStore):
-    """A store that counts the claim extensions its relay has made (each once it returned)."""
+    """A store that counts the claim extensions its relay has made (each once it returned or
+    failed: the relay goes on after a failed one)."""
 
     extended = 0
 
     async def extend_claim(self, ids: Sequence[int], *, token: uuid.UUID, claim_ms: int) -> None:
-        await super().extend_claim(ids, token=token, claim_ms=claim_ms)
-        self.extended += 1
+        try:
+            await super().extend_claim(ids, token=token, claim_ms=claim_ms)
+        finally:
+            self.extended += 1
 
 
 async def _until_claim_expired(pool: AsyncConnectionPool[Any], keeping: Keeping) -> None:
