@@ -91,7 +91,7 @@ _ORIGINS: dict[int, tuple[str, traceback.StackSummary]] = {}
 
 def _record_origin(obj: object) -> None:
     frames = traceback.StackSummary.extract(
-        traceback.walk_stack(sys._getframe(2)), limit=10, lookup_lines=False
+        traceback.walk_stack(sys._getframe(2)), limit=30, lookup_lines=False
     )
     _ORIGINS[id(obj)] = (os.environ.get("PYTEST_CURRENT_TEST", "outside a test"), frames)
 
