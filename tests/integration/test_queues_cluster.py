@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,7 +24,8 @@ from sdcore.queues import BullMQPublisher, Workers
 from tests._servers import RedisClusterGroup, redis_cluster
 from tests.integration import test_queues_sentinel as sentinel
 
-pytestmark = pytest.mark.slow
+# Every test collects what the cluster client dropped (see collected_here in tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_here")]
 ROWS = 1_500
 QUEUES = ("mails", "sms", "push")
 # The hash tag puts every key of every queue on one slot, as BullMQ's scripts need.
@@ -200,14 +201,6 @@ async def _run_through(
         master_before=master,
         master_after=group.owner_of(f"{PREFIX}:{QUEUES[0]}:wait"),
     )
-
-
-@pytest.fixture(autouse=True)
-def collected_here() -> Iterator[None]:
-    """Collect, in this test's teardown (after its event loop closed), what the cluster client
-    left to the garbage collector: a later test on this worker would fail on the warnings."""
-    yield
-    gc.collect()
 
 
 def _report(what: str, seen: Disrupted) -> None:

@@ -7,9 +7,7 @@ and removes it at the end; the shared Redis is never touched.
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -120,15 +118,6 @@ class Collector(Processor):
     async def process(self, job: Job) -> Any:
         self.runs.append(str(job.id))
         return None
-
-
-@pytest.fixture
-def collected_here() -> Iterator[None]:
-    """Collect, in the test's teardown (after its event loop closed), the connections redis-py's
-    pools opened to the Sentinel group and left to the garbage collector: a later test on this
-    worker would fail on their ResourceWarnings."""
-    yield
-    gc.collect()
 
 
 # After the master is killed, redis-py's pools (reached through ``get_connection``) can leave up to
