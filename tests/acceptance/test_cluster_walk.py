@@ -506,12 +506,12 @@ def outcome(row: tuple[Any, ...]) -> str:
 # What a replica logs for a due tick it leaves without a row (documented: each is a missed tick
 # that the catch-up policy, off here, decides about).
 EXPLAINED = {
-    "tick_waits_on_database": "the run in the way waited on the database",
     "tick_gate_unknown": "the paused state was not fresh",
     "ticks_coalesced": "the replica's loop was late",
-    # A live fire that waited for a backfill or catch-up run of its schedule, replaced by a
-    # later one before that run ended (docs/explanation/scheduling.md: a missed tick).
-    "tick_deferred_missed": "a later fire took its place behind a backfill run",
+    # A live fire that waited for the runs in its way (a backfill or catch-up run, or the
+    # previous run waiting on the database), and whose successor came first
+    # (docs/explanation/scheduling.md: a missed tick).
+    "tick_deferred_missed": "its successor was due before the runs in its way ended",
 }
 
 
@@ -549,8 +549,8 @@ def excused(cluster: Cluster, walk: Walk, name: str, instant: datetime) -> str |
 
     - no replica was alive at its instant (a replica counts from its ready file);
     - every replica that was up around its instant (ready for a second, and not ending within
-      2 s) logged why it left the tick without a row (:data:`EXPLAINED`: the run in the way was
-      in its acquire or completion commit, a not-fresh paused state, a late loop);
+      2 s) logged why it left the tick without a row (:data:`EXPLAINED`: its successor was due
+      before the runs in its way ended, a not-fresh paused state, a late loop);
     - its schedule was paused, from 3 s before the pause's commit to 3 s after the resume (a
       replica whose view was not fresh held the tick as unknown);
     - at least :data:`OWNERS` replicas were killed in the membership TTL before it (3 heartbeats,

@@ -560,21 +560,20 @@ class Sim:
     def _watch_deferrals(
         self, replica: Replica, scheduler: Scheduler, control: ScheduleControl
     ) -> None:
-        """Note the live fires that waited behind a backfill or catch-up run and did not start
-        by contract: replaced by a later fire while waiting (a missed tick for the catch-up
-        policy), or held by a pause applied while they waited."""
+        """Note the live fires that waited for the runs in their way (a backfill or catch-up
+        run, or a previous run waiting on the database) and did not start by contract: replaced
+        by a later fire while waiting or their successor due before those runs ended (a missed
+        tick for the catch-up policy), or held by a pause applied while they waited."""
         sup = scheduler._sup
-        defer, start_deferred = sup._defer, sup._start_deferred
+        deferred_missed, start_deferred = sup._deferred_missed, sup._start_deferred
         loop = self.loop
 
         def key(entry: Any, due: datetime) -> tuple[str, str]:
             return entry.name, entry.trigger.run_key(due) or ""
 
-        def watched_defer(entry: Any, due: datetime, tick: Tick) -> None:
-            earlier = sup._deferred.get(entry)
-            defer(entry, due, tick)
-            if earlier is not None and sup._deferred.get(entry) != earlier:
-                self.deferred_missed[key(entry, earlier)] = loop.time()
+        def watched_missed(entry: Any, due: datetime, why: str) -> None:
+            deferred_missed(entry, due, why)
+            self.deferred_missed[key(entry, due)] = loop.time()
 
         def watched_start(entry: Any) -> None:
             due = sup._deferred.get(entry)
@@ -585,7 +584,7 @@ class Sim:
                 assert due is not None
                 self.deferred_gated[key(entry, due)] = loop.time()
 
-        sup._defer = watched_defer  # type: ignore[method-assign]
+        sup._deferred_missed = watched_missed  # type: ignore[method-assign]
         sup._start_deferred = watched_start  # type: ignore[method-assign]
 
     def _watch_catch_up(self, scheduler: Scheduler, clock: Callable[[], datetime]) -> None:
@@ -1115,11 +1114,12 @@ class Sim:
             if row is None and key in self.deferred_gated:
                 continue  # a pause applied while it waited: a missed tick, by contract
             if row is None and key in self.deferred_missed:
-                # Replaced by a later fire while it waited behind a backfill or catch-up run: a
-                # missed tick, without a row (missed_ticks lists it: check_missed_reports), that
-                # the catch-up policy decides about. Under "all" the sweep runs it if its window
-                # still holds it once the schedule is free here, which runs of its own (up to
-                # SLOW_MAX_S each) may outlast: as the schedule's own overlap skips would.
+                # Replaced by a later fire while it waited for the runs in its way, or its
+                # successor due before they ended: a missed tick, without a row (missed_ticks
+                # lists it: check_missed_reports), that the catch-up policy decides about.
+                # Under "all" the sweep runs it if its window still holds it once the schedule
+                # is free here, which runs of its own (up to SLOW_MAX_S each) may outlast: as
+                # the schedule's own overlap skips would.
                 continue
             if not quiet:
                 continue

@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from sdcore.job_scheduler import JobAcquireOptions, JobLease, JobSchedulerStatus
+from sdcore.job_scheduler import (
+    AttemptAcquireResult,
+    AttemptBudget,
+    JobAcquireOptions,
+    JobLease,
+    JobSchedulerStatus,
+)
 from sdcore.job_scheduler._options import JS_TRIM_CHARS, js_trim
 from sdcore.scheduling import InvalidScheduleError, Scheduler, Tick
 from sdcore.testing import MemoryJobScheduler
@@ -503,6 +509,99 @@ async def test_a_fire_during_the_previous_tick_s_jitter_is_an_overlap_skip() -> 
     )
     assert missed, "a 2.5 s jitter every second overlaps"
     assert all(m.skipped == "overlap" for m in missed), missed
+
+
+class _SlowCompletion(MemoryJobScheduler):
+    """Completions of the ticks at ``slow`` (seconds after ``BASE``) take ``seconds`` of loop
+    time: the database does not answer the commit meanwhile."""
+
+    def __init__(self, slow: int, seconds: float) -> None:
+        super().__init__(clock=loop_clock())
+        self.slow_key = (BASE + timedelta(seconds=slow)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.seconds = seconds
+
+    async def complete(self, lease: JobLease, data: Any = None) -> bool:
+        row = self.get(lease.id)
+        if row is not None and row.run_key == self.slow_key:
+            await asyncio.sleep(self.seconds)
+        return await super().complete(lease, data)
+
+
+@pytest.mark.parametrize(("stall", "lost"), [(1.5, []), (2.5, [4])])
+@in_loop_time
+async def test_a_fire_behind_a_run_waiting_on_the_database_starts_when_it_ends(
+    stall: float, lost: list[int]
+) -> None:
+    """A fire that finds the previous run waiting on the database (its completion's commit) is no
+    overlap: it starts once that run ends, before its successor is due; a fire whose successor
+    comes first is a missed tick without a row (``catch_up="off"``: never run)."""
+    jobs = _SlowCompletion(slow=3, seconds=stall)
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[tuple[str | None, float]] = []
+
+    async def handler(tick: Tick) -> None:
+        started.append((tick.run_key, asyncio.get_running_loop().time()))
+
+    scheduler.add_interval("slow", 1000, handler)
+    async with scheduler:
+        await asyncio.sleep(8.5)
+    keys = [(BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(1, 9)]
+    ran = Counter(key for key, _ in started)
+    missed = await scheduler.missed_ticks(
+        "slow", BASE + timedelta(seconds=1), BASE + timedelta(seconds=8)
+    )
+    assert [m.run_key for m in missed] == [keys[s - 1] for s in lost]
+    assert all(m.status is None and m.skipped is None for m in missed), missed
+    assert {key: ran[key] for key in keys} == {
+        key: int(key not in {keys[s - 1] for s in lost}) for key in keys
+    }
+    # The waiting fire started when the commit in its way answered, not at its successor.
+    late = [at for key, at in started if key == keys[3 + len(lost)]]
+    assert late == [pytest.approx(3 + stall, abs=0.05)], started
+
+
+class _SlowAcquire(MemoryJobScheduler):
+    """The acquire of the tick at 3 s after ``BASE`` takes 1.5 s of loop time."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=loop_clock())
+        self.slow_key = (BASE + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    async def acquire_attempt(
+        self, options: JobAcquireOptions, budget: AttemptBudget
+    ) -> AttemptAcquireResult:
+        if options.run_key == self.slow_key:
+            await asyncio.sleep(1.5)
+        return await super().acquire_attempt(options, budget)
+
+
+@in_loop_time
+async def test_a_waiting_fire_whose_successor_came_first_does_not_start_late() -> None:
+    """The tick at 4 s waits for the run of 3 s, whose acquire waits on the database until 4.5 s;
+    that run then holds its handler until 5.5 s, so the fire at 5 s is an overlap skip, and the
+    waiting tick, whose successor came before the run ended, is a missed tick: it does not start
+    at 5.5 s behind its successor's skip."""
+    jobs = _SlowAcquire()
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[tuple[str | None, float]] = []
+
+    async def handler(tick: Tick) -> None:
+        started.append((tick.run_key, asyncio.get_running_loop().time()))
+        if tick.run_key == jobs.slow_key:
+            await asyncio.sleep(1.0)
+
+    scheduler.add_interval("slow", 1000, handler)
+    async with scheduler:
+        await asyncio.sleep(7.5)
+    missed = await scheduler.missed_ticks(
+        "slow", BASE + timedelta(seconds=1), BASE + timedelta(seconds=7)
+    )
+    at = {s: (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(1, 8)}
+    assert [(m.run_key, m.status, m.skipped) for m in missed] == [
+        (at[4], None, None),
+        (at[5], JobSchedulerStatus.FAIL, "overlap"),
+    ]
+    assert [key for key, _ in started] == [at[1], at[2], at[3], at[6], at[7]], started
 
 
 class _SlowStart(ThreadPoolExecutor):

@@ -471,7 +471,7 @@ class TickStarter:
                 # of the schedule with itself, and skipping it would lose it for good (a skip
                 # row is settled). It starts when they end (_ended), unless a later fire
                 # replaces it first (see _deferred).
-                self._defer(entry, due, tick)
+                self._defer(entry, due, tick, "a backfill or catch-up run of it", "tick_deferred")
                 return None
             if (
                 path is StartPath.FIRE
@@ -480,18 +480,15 @@ class TickStarter:
                 and entry.name not in self._runner.in_handler
             ):
                 # The run in the way is not in its handler: it waits on the database (its
-                # acquire, or its completion's commit during an outage or a failover). That is
-                # not an overlap, and a skip row would settle this tick for good; left without
-                # a row, it is a missed tick that the catch-up policy decides about.
-                self._log.info(
-                    "schedule %r run %r: not started, the previous run waits on the database",
-                    entry.name,
-                    tick.run_key,
-                    extra={
-                        "action": "tick_waits_on_database",
-                        "schedule": entry.name,
-                        "run_key": tick.run_key,
-                    },
+                # acquire, or its completion's commit: a slow moment, an outage, a failover).
+                # That is not an overlap, and a skip row would settle this tick for good: it
+                # starts when that run ends, unless its successor is due first (see _deferred).
+                self._defer(
+                    entry,
+                    due,
+                    tick,
+                    "its previous run, which waits on the database,",
+                    "tick_waits_on_database",
                 )
                 return None
             self._log.log(
@@ -919,30 +916,35 @@ class TickStarter:
                 if fire.entry is old:
                     fires[index] = dataclasses.replace(fire, entry=new)
 
-    def _defer(self, entry: Entry, due: datetime, tick: Tick) -> None:
+    def _defer(self, entry: Entry, due: datetime, tick: Tick, what: str, action: str) -> None:
+        """Let the fire of ``entry`` at ``due`` wait for ``what`` to end here: the latest such
+        fire of a schedule waits, an earlier one is a missed tick."""
         earlier = self._deferred.get(entry)
         if earlier is not None and earlier < due:
-            self._log.info(
-                "schedule %r run %r: a missed tick, the next fire waits in its place",
-                entry.name,
-                make_tick(entry.name, entry.trigger, entry.zone, earlier).run_key,
-                extra={
-                    "action": "tick_deferred_missed",
-                    "schedule": entry.name,
-                    "run_key": make_tick(entry.name, entry.trigger, entry.zone, earlier).run_key,
-                },
-            )
+            self._deferred_missed(entry, earlier, "the next fire waits in its place")
         if earlier is None or earlier < due:
             self._deferred[entry] = due
         self._log.info(
-            "schedule %r run %r: waits for a backfill or catch-up run of it to end here",
+            "schedule %r run %r: waits for %s to end here",
             entry.name,
             tick.run_key,
-            extra={"action": "tick_deferred", "schedule": entry.name, "run_key": tick.run_key},
+            what,
+            extra={"action": action, "schedule": entry.name, "run_key": tick.run_key},
+        )
+
+    def _deferred_missed(self, entry: Entry, due: datetime, why: str) -> None:
+        run_key = make_tick(entry.name, entry.trigger, entry.zone, due).run_key
+        self._log.info(
+            "schedule %r run %r: a missed tick, %s",
+            entry.name,
+            run_key,
+            why,
+            extra={"action": "tick_deferred_missed", "schedule": entry.name, "run_key": run_key},
         )
 
     def _start_deferred(self, entry: Entry) -> None:
-        """Start the live fire of ``entry`` that waited for a backfill or catch-up run."""
+        """Start the live fire of ``entry`` that waited for the runs in its way, if its
+        successor is not due yet (then it is a missed tick)."""
         due = self._deferred.get(entry)
         if due is None or entry.removed or not entry.active:
             self._deferred.pop(entry, None)
@@ -950,6 +952,10 @@ class TickStarter:
         if entry.running:
             return  # something started first; its end calls this again
         del self._deferred[entry]
+        following = entry.trigger.next_after(due)
+        if following is not None and following <= self._clock():
+            self._deferred_missed(entry, due, "the runs in its way ended after the next was due")
+            return
         reason = None if self.gate is None else self.gate(entry.name)
         if reason is not None and reason != GATE_UNKNOWN:
             # Paused while it waited: the tick fell before the pause, so it is not the pause's
