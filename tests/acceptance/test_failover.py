@@ -3,9 +3,10 @@
 Our own primary and a streaming standby (``pg_basebackup -R``) on free loopback ports; three
 ``python -m tests.acceptance._failover_replica`` processes on the multi-host DSN
 ``host=…,… port=P,S target_session_attrs=read-write`` run a per-second cron schedule. Then the
-primary's WAL sender is paused (a replication stall), the primary is crashed with
-``pg_ctl -m immediate`` (the paused sender killed first), and after a detection gap the standby is
-promoted.
+primary's WAL sender is paused (a replication stall), the paused sender is killed (a backend's
+crash: the server restarts, with the commits that waited for the standby, and answers for
+``RESTARTED_S``), the primary is crashed with ``pg_ctl -m immediate``, and after a detection gap
+the standby is promoted.
 
 The evidence is each replica's stdout (a handler start is a ``ran`` line), not the database, which
 may have lost rows. Counted over the ticks scheduled between the start and the stop:
@@ -52,6 +53,7 @@ STARTUP_S = 4.0  # a replica not ready by then starts once it is (the window fol
 BEFORE_S = 4.0
 STALL_S = 2.0
 DETECTION_GAP_S = 2.0
+RESTARTED_S = 0.3  # the old primary, restarted after a backend's crash, answers this long
 AFTER_S = 8.0
 
 
@@ -185,6 +187,11 @@ def test_failover_under_three_replicas(synchronous: bool) -> None:
                 crashed_at = time.time()
             finally:
                 os.kill(sender, signal.SIGKILL)
+            # A backend's crash: the postmaster restarts the server, which recovers the commits
+            # that waited for the standby (the standby never got them) and takes connections
+            # again ~50 ms later, until the crash of the whole server: what a replica confirms
+            # there meanwhile must not be lost to the promotion.
+            time.sleep(RESTARTED_S)
             primary.crash()
             time.sleep(DETECTION_GAP_S)
             promoted_at = time.time()

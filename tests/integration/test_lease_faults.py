@@ -32,7 +32,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from sdcore.job_scheduler import (
+    AttemptBudget,
     JobAcquired,
+    JobAcquireOptions,
     JobAcquireResult,
     JobExecutionLease,
     JobLease,
@@ -43,6 +45,7 @@ from sdcore.job_scheduler import (
 )
 from sdcore.postgres import PoolSettings
 from tests._pgproxy import PgProxy, on_message
+from tests._servers import own_postgres
 from tests.conftest import ADMIN_DSN
 
 Row = dict[str, Any]
@@ -283,6 +286,76 @@ async def test_db03_answer_lost_after_commit_of_acquire(
             # Not told it owns the run: the orphan row must be taken over after the lease.
             won, _ = await _acquire_until(jobs, options)
             assert won.fencing_token == 2
+
+
+# --------------------------------------------------------------------------- synchronous standby
+
+
+async def _standby_required(dsn: str) -> None:
+    """From now on every commit that writes waits for a synchronous standby that never comes."""
+    await _sql(dsn, "ALTER SYSTEM SET synchronous_standby_names = 'absent'")
+    await _sql(dsn, "SELECT pg_reload_conf()")
+    while (await _sql(dsn, "SHOW synchronous_standby_names"))[0][0] != "absent":
+        await asyncio.sleep(0.02)
+
+
+async def _kill_when_waiting_for_standby(dsn: str) -> None:
+    """Terminate the backend whose commit waits for the standby: the primary's crash. The
+    commit stays on the primary; a standby promoted now would not have it."""
+    query = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+    for _ in range(1_000):
+        rows = await _sql(dsn, query)
+        if rows:
+            await _sql(dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no commit waited for the standby")
+
+
+@pytest.mark.parametrize("call", ["complete", "acquire", "acquire_attempts"])
+async def test_a_commit_the_synchronous_standby_never_got_is_not_confirmed(call: str) -> None:
+    """The backend of a ``complete`` or an acquire dies while its commit waits for the
+    synchronous standby (a crashed primary recovers such commits; a failover loses them). The
+    read-back that resolves the ambiguous commit must not confirm it on that primary: a plain
+    read saw the row as written, and the scheduler then ran a tick the promoted standby gave to
+    another replica, or reported a completion it lost, with nothing logged."""
+    options = JobAcquireOptions(code="sync-standby", run_key="k", lease_ms=2_000)
+    with own_postgres() as server:
+        async with JobSchedulerService.connect(
+            server.dsn, pool=PoolSettings(max_size=2, application_name="sdcore-sync-standby")
+        ) as svc:
+            await svc.ensure_schema()
+            lease = None
+            if call == "complete":
+                acquired = await svc.acquire(options)
+                assert isinstance(acquired, JobAcquired)
+                lease = acquired.lease
+            await _standby_required(server.dsn)
+            pending: asyncio.Future[Any]
+            if lease is not None:
+                pending = asyncio.ensure_future(svc.complete(lease))
+            elif call == "acquire":
+                pending = asyncio.ensure_future(svc.acquire(options))
+            else:
+                pending = asyncio.ensure_future(
+                    svc.acquire_attempts([(options, AttemptBudget(max_attempts=1, backoff_ms=0))])
+                )
+            await _kill_when_waiting_for_standby(server.dsn)
+            try:
+                outcome: Any = await asyncio.wait_for(pending, 30)
+            except JobSchedulerUnavailableError as exc:
+                outcome = exc
+            rows = await _sql(server.dsn, "SELECT status FROM job_scheduler")
+        _report(f"sync standby, {call}: {outcome!r}; the primary's row {rows}")
+    assert rows == [("SUCCESS" if call == "complete" else "RUNNING",)], "no fault injected"
+    if call == "complete":
+        assert outcome is not True, "a completion the standby never got was confirmed"
+    elif call == "acquire":
+        assert not isinstance(outcome, JobAcquired), "an acquire the standby never got was won"
+    else:
+        assert isinstance(outcome, Exception) or not any(
+            answer.result.acquired for answer in outcome
+        ), outcome
 
 
 # --------------------------------------------------------------------------- DB-07 / DB-08

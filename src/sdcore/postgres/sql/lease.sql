@@ -115,8 +115,12 @@ WHERE t.id = ANY (ARRAY(SELECT id FROM mine)) AND t.id = mine.id
 RETURNING t.id::text
 
 -- name: read_status
--- Resolves an ambiguous finalize: did our UPDATE commit?
-SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid
+-- Resolves an ambiguous finalize: did our UPDATE commit? The row lock makes this statement's
+-- commit, like a write's, wait for a synchronous standby: a primary that crashed and recovered
+-- holds commits that were waiting for the standby when it went down, which a failover loses; a
+-- plain read there would confirm one. (KEY SHARE, the weakest row lock: a heartbeat or a
+-- takeover never waits on it, nor it on them.)
+SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid FOR KEY SHARE
 
 -- name: statuses
 SELECT lock_key, status FROM {table} WHERE lock_key = ANY(%b)
@@ -181,9 +185,11 @@ SELECT * FROM taken UNION ALL SELECT * FROM created
 
 -- name: read_owned_many
 -- Resolves an ambiguous acquire or acquire_many, or a cancelled one: the rows that show our
--- tokens are the ones we won. Parameters: the lock keys and the owner tokens, pairwise.
+-- tokens are the ones we won. Parameters: the lock keys and the owner tokens, pairwise. Locks
+-- the rows it reports, so that it confirms only what a failover keeps (see read_status).
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at
 FROM {table} AS j
 JOIN unnest(%b::text[], %b::uuid[]) AS v (lock_key, owner_token)
   ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token
+FOR KEY SHARE OF j

@@ -100,9 +100,11 @@ SELECT * FROM taken UNION ALL SELECT * FROM created UNION ALL SELECT * FROM conf
 -- Resolves an ambiguous acquire_attempt or acquire_attempt_many: the rows that show our tokens
 -- are the ones we won, with their attempt numbers. Parameters: the lock keys and the owner
 -- tokens, pairwise. Rows: (lock_key, status, id, fencing_token, idempotency_key, created_at,
--- modified_at, attempts).
+-- modified_at, attempts). Locks the rows it reports, so that it confirms only what a failover
+-- keeps (see lease.sql, read_status).
 SELECT j.lock_key, j.status, j.id::text, j.fencing_token, j.idempotency_key, j.created_at,
        j.modified_at, j.attempts
 FROM {table} AS j
 JOIN unnest(%b::text[], %b::uuid[]) AS v (lock_key, owner_token)
   ON j.lock_key = v.lock_key AND j.owner_token = v.owner_token
+FOR KEY SHARE OF j
