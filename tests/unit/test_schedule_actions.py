@@ -16,7 +16,7 @@ from sdcore.scheduling import ScheduleAdmin, ScheduleControl, ScheduleControlErr
 from sdcore.scheduling._control import ActionKind, Declared, Write, fingerprint, policy_options
 from sdcore.scheduling._policy import build_policy
 from sdcore.testing import MemoryJobScheduler, MemoryScheduleStore
-from tests.unit._looptime import in_loop_time
+from tests.unit._looptime import BASE, in_loop_time, loop_clock
 from tests.unit.test_schedule_control import (
     EVERY_MS,
     Cluster,
@@ -219,3 +219,50 @@ def test_expected_instants_names_a_year_1_start_instead_of_overflowing() -> None
     last = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
     end = datetime.max.replace(tzinfo=UTC)
     assert expected_instants(IntervalTrigger(60_000), last, end, limit=10) == [last]
+
+
+class _SlowCommits(MemoryJobScheduler):
+    """The completions of the schedule's regular ticks take 1.3 s, longer than its spacing (a
+    slow synchronous standby): a regular fire always waits for the run before it."""
+
+    async def complete(self, lease: Any, data: Any = None) -> bool:
+        row = self.get(lease.id)
+        if row is not None and (row.run_key or "")[:1].isdigit():
+            await asyncio.sleep(1.3)
+        return bool(await super().complete(lease, data))
+
+
+@pytest.mark.parametrize("kind", ["trigger", "backfill"])
+@in_loop_time
+async def test_a_trigger_or_backfill_is_not_starved_by_fires_waiting_on_the_database(
+    kind: str,
+) -> None:
+    """Each regular run's commit outlasts the spacing, so a regular fire always waits for the
+    run before it and starts when it ends. A trigger or backfill refused for those runs goes
+    before the next such fire, instead of waiting for ever."""
+    jobs = _SlowCommits(clock=loop_clock())
+    store = MemoryScheduleStore(jobs, clock=loop_clock())
+    admin = ScheduleAdmin(store, clock=loop_clock())
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[tuple[str | None, float]] = []
+
+    async def handler(tick: Tick) -> None:
+        started.append((tick.run_key, asyncio.get_running_loop().time()))
+
+    scheduler.add_interval("s", 1000, handler)
+    control = ScheduleControl(
+        scheduler, store, poll_interval_ms=200, heartbeat_ms=1000, clock=loop_clock()
+    )
+    async with control, scheduler:
+        await asyncio.sleep(3.2)
+        if kind == "trigger":
+            await admin.trigger("s", actor="ops")
+        else:
+            at = BASE + timedelta(seconds=1)
+            await admin.backfill("s", at, at, actor="ops", rerun_succeeded=True)
+        await asyncio.sleep(6)
+    asked = [at for key, at in started if (key or "").startswith(f"{kind}:")]
+    assert len(asked) == 1, started
+    assert asked[0] < 3.2 + 1.5, started
+    regular = [at for key, at in started if (key or "")[:1].isdigit() and at > 3.2]
+    assert len(regular) >= 4, "the regular fires went on"

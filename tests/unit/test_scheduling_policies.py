@@ -9,6 +9,7 @@ so hours of schedule run in milliseconds and nothing depends on the machine's lo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -602,6 +603,66 @@ async def test_a_waiting_fire_whose_successor_came_first_does_not_start_late() -
         (at[5], JobSchedulerStatus.FAIL, "overlap"),
     ]
     assert [key for key, _ in started] == [at[1], at[2], at[3], at[6], at[7]], started
+
+
+@in_loop_time
+async def test_a_waiting_fire_survives_its_schedule_replaced_during_the_acquire_in_its_way() -> (
+    None
+):
+    """The tick at 4 s waits for the run of 3 s, whose batch acquire waits on the database until
+    4.5 s; at 4.2 s the schedule is replaced (a stored schedule updated): the waiting tick runs,
+    with the new handler, once that acquire has answered."""
+    jobs = _SlowAcquire()
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[tuple[str, str | None, float]] = []
+
+    def handler(version: str) -> Callable[[Tick], Any]:
+        async def handle(tick: Tick) -> None:
+            started.append((version, tick.run_key, asyncio.get_running_loop().time()))
+
+        return handle
+
+    scheduler.add_interval("slow", 1000, handler("v1"))
+    async with scheduler:
+        await asyncio.sleep(4.2)
+        entry = scheduler._entries["slow"]
+        scheduler._add("slow", entry.trigger, handler("v2"), entry.zone, {}, replace=True)
+        await asyncio.sleep(2.5)
+    at = {s: (BASE + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(1, 7)}
+    assert [(v, key) for v, key, _ in started] == [
+        ("v1", at[1]),
+        ("v1", at[2]),
+        ("v2", at[3]),
+        ("v2", at[4]),
+        ("v2", at[5]),
+        ("v2", at[6]),
+    ], started
+    assert started[3][2] == pytest.approx(4.5, abs=0.05), started
+
+
+@in_loop_time
+async def test_a_waiting_fire_dropped_by_a_stop_is_logged_as_missed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tick at 4 s waits for the run of 3 s (its acquire waits on the database); the
+    schedule is stopped at 4.2 s: the waiting tick does not start, and is logged missed."""
+    jobs = _SlowAcquire()
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[str | None] = []
+
+    async def handler(tick: Tick) -> None:
+        started.append(tick.run_key)
+
+    scheduler.add_interval("slow", 1000, handler)
+    with caplog.at_level(logging.INFO, logger="sdcore"):
+        async with scheduler:
+            await asyncio.sleep(4.2)
+            scheduler.stop("slow")
+            await asyncio.sleep(1.0)
+    key = (BASE + timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert key not in started
+    missed = [r for r in caplog.records if getattr(r, "action", None) == "tick_deferred_missed"]
+    assert [getattr(r, "run_key", None) for r in missed] == [key], caplog.text
 
 
 class _SlowStart(ThreadPoolExecutor):

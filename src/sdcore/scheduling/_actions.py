@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sdcore.job_scheduler import JobAcquireOptions, JobSchedulerStatus, TickRecord
 from sdcore.scheduling._catch_up import (
@@ -114,13 +113,13 @@ class ActionRunner:
         # keep their phase against the schedule's grid, so they can land in every run. The
         # catch-up ticks pending here wait for it (they would otherwise start first each time).
         if task is None and entry.running:
-            entry.triggers_waiting += 1
+            entry.actions_waiting += 1
             try:
                 while task is None and entry.running and self.hooks.entry(entry.name) is entry:
                     await asyncio.wait(set(entry.running), return_when=asyncio.FIRST_COMPLETED)
                     task = self.hooks.launch(entry, slot, StartPath.TRIGGER, tick=tick)
             finally:
-                entry.triggers_waiting -= 1
+                entry.actions_waiting -= 1
                 if task is None:
                     self.hooks.drain(entry)  # refused for good: the catch-up goes on
         if task is not None:
@@ -338,9 +337,18 @@ class ActionRunner:
                         break
                     if instant in entry.in_flight:
                         break  # already running here (a regular fire): its row decides
-                busy: set[asyncio.Task[Any]] = set(active) or set(entry.running)
-                if busy:
-                    await asyncio.wait(busy, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if active:
+                    await asyncio.wait(active, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                elif entry.running:
+                    # Refused for the runs of the schedule in its way: it goes before a live fire
+                    # that waits for them too (TickStarter._start_deferred).
+                    entry.actions_waiting += 1
+                    try:
+                        await asyncio.wait(
+                            set(entry.running), timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        entry.actions_waiting -= 1
                 else:
                     await asyncio.sleep(0.05)
         pending = [t for t in launched if not t.done()]

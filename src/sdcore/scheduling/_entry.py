@@ -25,6 +25,7 @@ class Entry:
     """One registered schedule and its state on this scheduler."""
 
     __slots__ = (
+        "actions_waiting",
         "active",
         "active_since",
         "catch_up_owed",
@@ -43,7 +44,6 @@ class Entry:
         "stopped_at",
         "swept_until",
         "trigger",
-        "triggers_waiting",
         "version",
         "zone",
     )
@@ -75,9 +75,10 @@ class Entry:
         self.resumed: Resumed | None = None
         self.offered: AbstractSet[datetime] = NO_INSTANTS
         self.stopped_at: datetime | None = None
-        # Triggers refused for overlap that wait for the run in their way to end: the pending
-        # catch-up ticks give way to them (each trigger's run ends, then the next tick starts).
-        self.triggers_waiting = 0
+        # Triggers and backfills refused for overlap that wait for the runs in their way to end:
+        # the pending catch-up ticks and a live fire waiting too give way to them (each one's
+        # run ends, then the next starts).
+        self.actions_waiting = 0
 
     def upcoming(self, now: datetime) -> datetime | None:
         """The next instant after ``now`` this schedule fires at: the one it is armed at, or,

@@ -117,6 +117,8 @@ class TickStarter:
         self._batch: list[_Fire] | None = None  # the fires of this loop turn (start_tick)
         self._batch_task: asyncio.Task[Any] | None = None
         self._batch_go: asyncio.Future[None] | None = None  # closes the open batch
+        # Every batch whose task has not ended (the open one, and those awaiting their acquire).
+        self._batches: dict[asyncio.Task[Any], list[_Fire]] = {}
         # Set by the control plane (sdcore.scheduling._control): the reason a schedule's ticks
         # must not start now ("paused"), or None. Trigger and backfill starts pass it.
         self.gate: Callable[[str], str | None] | None = None
@@ -217,6 +219,7 @@ class TickStarter:
         """A batch task ended: cancelled (before or during its acquire), its ticks end here."""
         if self._batch is batch:
             self._batch = self._batch_go = None  # cancelled before it was closed
+        self._batches.pop(task, None)
         for fire in batch:
             if task in fire.entry.running:
                 fire.entry.running.discard(task)
@@ -312,6 +315,7 @@ class TickStarter:
                 self._acquire_batch(batch, go), "sdcore-tick-batch"
             )
             holder.add_done_callback(functools.partial(self._batch_ended, batch))
+            self._batches[holder] = batch
         batch.append(_Fire(entry, due, tick, deadline))
         entry.running.add(holder)
         entry.in_flight.add(due)
@@ -899,7 +903,8 @@ class TickStarter:
         """``new`` takes the place of ``old`` (its schedule changed): the runs of ``old`` going
         on here, its ticks in flight, the fires waiting for a later owner's turn, for a backfill
         or catch-up run to end or for the paused state, and those in the open batch are
-        ``new``'s from now on (each starts with ``new``'s handler and policy)."""
+        ``new``'s from now on (each starts with ``new``'s handler and policy), also in the
+        batches awaiting their acquire."""
         new.running = old.running
         new.in_flight = old.in_flight
         for task, tick in self._tasks.items():
@@ -908,13 +913,14 @@ class TickStarter:
         for waiting in (self._deferred, self._unknown):
             if old in waiting:
                 waiting[new] = waiting.pop(old)
-        lists = list(self._later.values())
-        if self._batch is not None:
-            lists.append(self._batch)
-        for fires in lists:
+        for fires in (*self._later.values(), *self._batches.values()):
             for index, fire in enumerate(fires):
                 if fire.entry is old:
                     fires[index] = dataclasses.replace(fire, entry=new)
+        if new in self._deferred and not new.running:
+            # The runs in its way ended after the start of the old entry's fire was queued.
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                asyncio.get_running_loop().call_soon(self._start_deferred, new)
 
     def _defer(self, entry: Entry, due: datetime, tick: Tick, what: str, action: str) -> None:
         """Let the fire of ``entry`` at ``due`` wait for ``what`` to end here: the latest such
@@ -944,13 +950,19 @@ class TickStarter:
 
     def _start_deferred(self, entry: Entry) -> None:
         """Start the live fire of ``entry`` that waited for the runs in its way, if its
-        successor is not due yet (then it is a missed tick)."""
+        successor is not due yet (then it is a missed tick), after the triggers and backfills
+        that wait for them too."""
         due = self._deferred.get(entry)
-        if due is None or entry.removed or not entry.active:
-            self._deferred.pop(entry, None)
+        if due is None:
             return
-        if entry.running:
-            return  # something started first; its end calls this again
+        if entry.removed or not entry.active:
+            del self._deferred[entry]
+            self._deferred_missed(entry, due, "the schedule stopped while it waited")
+            return
+        if entry.running or entry.actions_waiting:
+            # Something started first, or a trigger or backfill refused for the runs in its way
+            # goes first: the end of its run calls this again.
+            return
         del self._deferred[entry]
         following = entry.trigger.next_after(due)
         if following is not None and following <= self._clock():
@@ -961,27 +973,32 @@ class TickStarter:
             # Paused while it waited: the tick fell before the pause, so it is not the pause's
             # skip (a resume's catch-up covers only the pause's own ticks). It stays without a
             # row, a missed tick that the catch-up policy decides about.
+            run_key = make_tick(entry.name, entry.trigger, entry.zone, due).run_key
             self._log.info(
                 "schedule %r run %r: not started, the schedule became %s while it waited",
                 entry.name,
-                make_tick(entry.name, entry.trigger, entry.zone, due).run_key,
+                run_key,
                 reason,
-                extra={"action": "tick_deferred_gated", "schedule": entry.name},
+                extra={"action": "tick_deferred_gated", "schedule": entry.name, "run_key": run_key},
             )
             return
         self.launch(entry, due, StartPath.FIRE, deadline=entry.upcoming(self._clock()))
 
     def drain(self, entry: Entry) -> None:
         """Start the next pending catch-up tick of ``entry`` if nothing of it runs here and no
-        trigger waits for its turn."""
+        trigger or backfill waits for its turn; a live fire waiting here goes first."""
         if (
             self.closed
             or entry.removed
             or not entry.active
             or entry.running
-            or entry.triggers_waiting
+            or entry.actions_waiting
         ):
             return
+        if entry in self._deferred:
+            self._start_deferred(entry)
+            if entry.running:
+                return  # its end drains again
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
             offered = entry.offered
             if not isinstance(offered, set):
@@ -1004,6 +1021,8 @@ class TickStarter:
         # Fires that were waiting belong to this run of the scheduler: none starts after it.
         self._unknown.clear()
         self._unknown_pending.clear()
+        for entry, due in self._deferred.items():
+            self._deferred_missed(entry, due, "the scheduler stopped while it waited")
         self._deferred.clear()
         for handle in self._later_handles.values():
             handle.cancel()

@@ -118,8 +118,9 @@ RETURNING t.id::text
 -- Resolves an ambiguous finalize: did our UPDATE commit? The row lock makes this statement's
 -- commit, like a write's, wait for a synchronous standby: a primary that crashed and recovered
 -- holds commits that were waiting for the standby when it went down, which a failover loses; a
--- plain read there would confirm one. (KEY SHARE, the weakest row lock: a heartbeat or a
--- takeover never waits on it, nor it on them.)
+-- plain read there would confirm one. (KEY SHARE, the weakest row lock: a heartbeat, a single
+-- finalize or a takeover never waits on it, nor it on them; finalize_many's FOR UPDATE and a
+-- prune's DELETE do, also behind a read-back abandoned while it waits for the standby.)
 SELECT status FROM {table} WHERE id = %s::uuid AND owner_token = %s::uuid FOR KEY SHARE
 
 -- name: statuses
