@@ -266,3 +266,37 @@ async def test_a_trigger_or_backfill_is_not_starved_by_fires_waiting_on_the_data
     assert asked[0] < 3.2 + 1.5, started
     regular = [at for key, at in started if (key or "")[:1].isdigit() and at > 3.2]
     assert len(regular) >= 4, "the regular fires went on"
+
+
+@in_loop_time
+async def test_two_backfills_leave_the_live_schedule_at_most_one_tick_behind() -> None:
+    """Two backfills of 2.5 s runs against a per-second schedule: a live fire that waited for
+    one of their runs starts when it ends, before the other backfill's next run (the two do not
+    hand the schedule to each other while its live fires wait)."""
+    jobs = MemoryJobScheduler(clock=loop_clock())
+    store = MemoryScheduleStore(jobs, clock=loop_clock())
+    admin = ScheduleAdmin(store, clock=loop_clock())
+    scheduler = Scheduler(jobs=jobs, clock=loop_clock())
+    started: list[tuple[str, float]] = []
+
+    async def handler(tick: Tick) -> None:
+        key = tick.run_key or ""
+        started.append((key, asyncio.get_running_loop().time()))
+        await asyncio.sleep(2.5 if key.startswith("backfill:") else 0.1)
+
+    scheduler.add_interval("s", 1000, handler)
+    control = ScheduleControl(
+        scheduler, store, poll_interval_ms=200, heartbeat_ms=1000, clock=loop_clock()
+    )
+    async with control, scheduler:
+        await asyncio.sleep(8.2)
+        for actor in ("ops-a", "ops-b"):
+            first, last = BASE + timedelta(seconds=1), BASE + timedelta(seconds=6)
+            await admin.backfill("s", first, last, actor=actor, rerun_succeeded=True)
+        await asyncio.sleep(40)
+    backfilled = [at for key, at in started if key.startswith("backfill:")]
+    assert len(backfilled) == 12, started
+    end = max(backfilled) + 2.5
+    live = [at for key, at in started if key[:1].isdigit() and 8.2 < at < end]
+    # Each backfill run holds the schedule 2.5 s; a live fire runs between two of them.
+    assert len(live) >= len(backfilled) - 1, started

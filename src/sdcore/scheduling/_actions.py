@@ -318,6 +318,7 @@ class ActionRunner:
         for instant in todo:
             while True:
                 if entry.removed or not entry.active:
+                    self.hooks.drain(entry)  # a live fire that waited here is dropped, logged
                     break
                 active = {t for t in launched if not t.done()}
                 if len(active) < concurrency:
@@ -347,8 +348,11 @@ class ActionRunner:
                         await asyncio.wait(
                             set(entry.running), timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                         )
-                    finally:
+                    except BaseException:
                         entry.actions_waiting -= 1
+                        self.hooks.drain(entry)  # a live fire waiting behind it starts now
+                        raise
+                    entry.actions_waiting -= 1
                 else:
                     await asyncio.sleep(0.05)
         pending = [t for t in launched if not t.done()]

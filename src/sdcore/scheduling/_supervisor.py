@@ -143,6 +143,10 @@ class TickStarter:
         # fires are then overlap skips behind stale ones). An earlier fire it replaces is a
         # missed tick, without a row, that the catch-up policy decides about.
         self._deferred: dict[Entry, datetime] = {}
+        # The schedules whose waiting fire waits for a live run waiting on the database: it
+        # gives way to a trigger or backfill refused for that run (one behind a backfill or
+        # catch-up run does not, or two backfills would keep the schedule waiting between them).
+        self._yielding: set[Entry] = set()
         # The latest fire of each schedule that came while the gate could not tell whether it
         # is paused (GATE_UNKNOWN); started by release_unknown() once the gate knows again.
         self._unknown: dict[Entry, datetime] = {}
@@ -913,6 +917,9 @@ class TickStarter:
         for waiting in (self._deferred, self._unknown):
             if old in waiting:
                 waiting[new] = waiting.pop(old)
+        if old in self._yielding:
+            self._yielding.discard(old)
+            self._yielding.add(new)
         for fires in (*self._later.values(), *self._batches.values()):
             for index, fire in enumerate(fires):
                 if fire.entry is old:
@@ -930,6 +937,10 @@ class TickStarter:
             self._deferred_missed(entry, earlier, "the next fire waits in its place")
         if earlier is None or earlier < due:
             self._deferred[entry] = due
+            if action == "tick_waits_on_database":
+                self._yielding.add(entry)
+            else:
+                self._yielding.discard(entry)
         self._log.info(
             "schedule %r run %r: waits for %s to end here",
             entry.name,
@@ -950,20 +961,22 @@ class TickStarter:
 
     def _start_deferred(self, entry: Entry) -> None:
         """Start the live fire of ``entry`` that waited for the runs in its way, if its
-        successor is not due yet (then it is a missed tick), after the triggers and backfills
-        that wait for them too."""
+        successor is not due yet (then it is a missed tick); behind a live run waiting on the
+        database, after the triggers and backfills that wait for it too."""
         due = self._deferred.get(entry)
         if due is None:
             return
         if entry.removed or not entry.active:
             del self._deferred[entry]
+            self._yielding.discard(entry)
             self._deferred_missed(entry, due, "the schedule stopped while it waited")
             return
-        if entry.running or entry.actions_waiting:
-            # Something started first, or a trigger or backfill refused for the runs in its way
-            # goes first: the end of its run calls this again.
+        if entry.running or (entry.actions_waiting and entry in self._yielding):
+            # Something started first, or a trigger or backfill refused for the live run in its
+            # way goes first: the end of its run calls this again.
             return
         del self._deferred[entry]
+        self._yielding.discard(entry)
         following = entry.trigger.next_after(due)
         if following is not None and following <= self._clock():
             self._deferred_missed(entry, due, "the runs in its way ended after the next was due")
@@ -986,7 +999,10 @@ class TickStarter:
 
     def drain(self, entry: Entry) -> None:
         """Start the next pending catch-up tick of ``entry`` if nothing of it runs here and no
-        trigger or backfill waits for its turn; a live fire waiting here goes first."""
+        trigger or backfill waits for its turn; a live fire waiting here goes first (one of a
+        schedule stopped or removed meanwhile is dropped, logged)."""
+        if entry in self._deferred and not entry.running:
+            self._start_deferred(entry)
         if (
             self.closed
             or entry.removed
@@ -995,10 +1011,6 @@ class TickStarter:
             or entry.actions_waiting
         ):
             return
-        if entry in self._deferred:
-            self._start_deferred(entry)
-            if entry.running:
-                return  # its end drains again
         for instant in sorted(entry.pending - entry.offered - entry.in_flight):
             offered = entry.offered
             if not isinstance(offered, set):
@@ -1024,6 +1036,7 @@ class TickStarter:
         for entry, due in self._deferred.items():
             self._deferred_missed(entry, due, "the scheduler stopped while it waited")
         self._deferred.clear()
+        self._yielding.clear()
         for handle in self._later_handles.values():
             handle.cancel()
         self._later_handles.clear()
