@@ -342,7 +342,7 @@ class ActionRunner:
                     await asyncio.wait(active, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                 elif entry.running:
                     # Refused for the runs of the schedule in its way: it goes before a live fire
-                    # that waits for them too (TickStarter._start_deferred).
+                    # waiting for a live run on the database (TickStarter._start_deferred).
                     entry.actions_waiting += 1
                     try:
                         await asyncio.wait(

@@ -76,8 +76,8 @@ class Entry:
         self.offered: AbstractSet[datetime] = NO_INSTANTS
         self.stopped_at: datetime | None = None
         # Triggers and backfills refused for overlap that wait for the runs in their way to end:
-        # the pending catch-up ticks and a live fire waiting too give way to them (each one's
-        # run ends, then the next starts).
+        # the pending catch-up ticks give way to them, and so does a live fire waiting for a live
+        # run on the database (each one's run ends, then the next starts).
         self.actions_waiting = 0
 
     def upcoming(self, now: datetime) -> datetime | None:

@@ -497,6 +497,7 @@ class TickStarter:
                     tick,
                     "its previous run, which waits on the database,",
                     "tick_waits_on_database",
+                    yields=True,
                 )
                 return None
             self._log.log(
@@ -929,15 +930,25 @@ class TickStarter:
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 asyncio.get_running_loop().call_soon(self._start_deferred, new)
 
-    def _defer(self, entry: Entry, due: datetime, tick: Tick, what: str, action: str) -> None:
+    def _defer(
+        self,
+        entry: Entry,
+        due: datetime,
+        tick: Tick,
+        what: str,
+        action: str,
+        *,
+        yields: bool = False,
+    ) -> None:
         """Let the fire of ``entry`` at ``due`` wait for ``what`` to end here: the latest such
-        fire of a schedule waits, an earlier one is a missed tick."""
+        fire of a schedule waits, an earlier one is a missed tick. ``yields``: it gives way to
+        the triggers and backfills refused for the same runs (see _yielding)."""
         earlier = self._deferred.get(entry)
         if earlier is not None and earlier < due:
             self._deferred_missed(entry, earlier, "the next fire waits in its place")
         if earlier is None or earlier < due:
             self._deferred[entry] = due
-            if action == "tick_waits_on_database":
+            if yields:
                 self._yielding.add(entry)
             else:
                 self._yielding.discard(entry)
